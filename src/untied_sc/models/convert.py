@@ -1,0 +1,232 @@
+"""Converters from the official checkpoint formats to diffusers-format model folders.
+
+- ELF (official PyTorch port): one `torch.save` file `checkpoint_<step>` holding `params`, `ema_params1`, optimizer
+  state and counters. Evaluation uses `ema_params1`, and so do we. The file is read with `weights_only=True`; a
+  checkpoint that needs arbitrary unpickling is refused unless the caller opts in with `allow_pickle=True`.
+- LangFlow: a transformers custom-code folder with `config.json` and `model.safetensors`.
+
+Either source may be a local path or a Hugging Face Hub repo id (downloaded with `snapshot_download`).
+"""
+
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+
+import torch
+from huggingface_hub import snapshot_download
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .elf_transformer import ELFTransformerModel
+from .langflow_transformer import LangFlowTransformerModel
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """Raised when a checkpoint can only be read by unpickling arbitrary Python objects."""
+
+
+def _resolve(source: str | os.PathLike, allow_patterns: list[str], **hub_kwargs) -> Path:
+    """A local file or folder as is; anything else is taken as a Hub repo id and downloaded."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path
+    if str(source).startswith(("/", ".", "~")) or str(source).count("/") != 1:
+        raise FileNotFoundError(f"{source!r} is neither an existing path nor a Hub repo id of the form 'owner/name'.")
+    return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
+
+
+def _newest_checkpoint(folder: Path) -> Path:
+    """The official loader's rule: the `checkpoint_<step>` file with the largest step."""
+    candidates = [p for p in folder.iterdir() if re.fullmatch(r"checkpoint_\d+", p.name)]
+    if not candidates:
+        raise FileNotFoundError(f"No `checkpoint_<step>` file in {folder}.")
+    return max(candidates, key=lambda p: int(p.name.split("_")[1]))
+
+
+def _torch_load(path: Path, allow_pickle: bool) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
+    except pickle.UnpicklingError as error:
+        if allow_pickle:
+            raise ValueError(f"{path} is not a readable PyTorch checkpoint: {error}") from error
+        raise UnsafeCheckpointError(
+            f"{path} can only be loaded by unpickling arbitrary Python objects, which can run code. It was refused "
+            f"(torch.load(weights_only=True) said: {str(error).splitlines()[0]}). If you trust its source, pass "
+            "`allow_pickle=True` (CLI: `--allow-pickle`)."
+        ) from error
+    except (RuntimeError, EOFError, OSError) as error:
+        raise ValueError(f"{path} is not a readable PyTorch checkpoint (corrupt or truncated?): {error}") from error
+
+
+def _check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Missing keys, unexpected keys and shape mismatches are all errors, listed in full."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mismatched = [
+        f"{key}: checkpoint {tuple(state_dict[key].shape)} vs model {tuple(expected[key].shape)}"
+        for key in sorted(set(expected) & set(state_dict))
+        if tuple(state_dict[key].shape) != tuple(expected[key].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys ({len(missing)}): {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches ({len(mismatched)}): {'; '.join(mismatched)}")
+    if problems:
+        raise ValueError(f"The weights in {source} do not fit {type(model).__name__}: " + " | ".join(problems))
+
+
+def _count_blocks(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
+    indices = {int(m.group(1)) for key in state_dict if (m := re.match(re.escape(prefix) + r"(\d+)\.", key))}
+    if indices != set(range(len(indices))):
+        raise ValueError(f"Block indices under {prefix!r} are not contiguous: {sorted(indices)}.")
+    return len(indices)
+
+
+def _require(state_dict: dict[str, torch.Tensor], key: str, source: str) -> torch.Tensor:
+    if key not in state_dict:
+        raise ValueError(f"{source} has no {key!r}: is it an official checkpoint of this model family?")
+    return state_dict[key]
+
+
+def elf_config_from_state_dict(state_dict: dict[str, torch.Tensor], max_length: int, source: str = "state dict"):
+    """Reads every ELF size from the tensor shapes; only `max_length` (RoPE, not stored) must be given."""
+    latent_dim = _require(state_dict, "self_cond_proj.weight", source).shape[0]
+    bottleneck_dim = _require(state_dict, "text_proj.proj1.weight", source).shape[0]
+    hidden_size = _require(state_dict, "text_proj.proj2.weight", source).shape[0]
+    head_dim = _require(state_dict, "blocks.0.attn.q_norm.weight", source).shape[0]
+    sc_cfg = state_dict.get("self_cond_cfg_tokens")
+    mode = state_dict.get("mode_tokens")
+    return {
+        "latent_dim": latent_dim,
+        "max_length": max_length,
+        "hidden_size": hidden_size,
+        "num_layers": _count_blocks(state_dict, "blocks."),
+        "num_attention_heads": hidden_size // head_dim,
+        "intermediate_size": _require(state_dict, "blocks.0.mlp.w3.weight", source).shape[1],
+        "bottleneck_dim": bottleneck_dim,
+        "num_time_tokens": _require(state_dict, "t_emb_tokens", source).shape[1],
+        "num_sc_cfg_tokens": 0 if sc_cfg is None else sc_cfg.shape[1],
+        "num_mode_tokens": 0 if mode is None else mode.shape[1],
+        "vocab_size": _require(state_dict, "unembed_bias", source).shape[0],
+    }
+
+
+def _build(model_cls, config: dict, state_dict: dict[str, torch.Tensor], source: str):
+    model = model_cls(**config)
+    _check_state_dict(model, state_dict, source)
+    model.load_state_dict({key: value.float() for key, value in state_dict.items()})
+    return model.eval()
+
+
+def load_official_elf(
+    source: str | os.PathLike,
+    max_length: int = 1024,
+    weights: str = "ema_params1",
+    allow_pickle: bool = False,
+    **hub_kwargs,
+) -> ELFTransformerModel:
+    """
+    Builds an [`ELFTransformerModel`] from an official ELF PyTorch checkpoint.
+
+    Args:
+        source (`str` or `os.PathLike`): a `checkpoint_<step>` file, a folder holding such files (the newest step is
+            taken, as the official loader does), or a Hub repo id such as `embedded-language-flows/ELF-B-owt-torch`.
+        max_length (`int`, defaults to 1024): the training sequence length, which the checkpoint does not store
+            (1024 for the OpenWebText models, 1088 for XSum).
+        weights (`str`, defaults to `"ema_params1"`): which weight set to load; the official evaluation uses the EMA.
+        allow_pickle (`bool`, defaults to `False`): read the file with full unpickling. Only for trusted files.
+        hub_kwargs: passed to `huggingface_hub.snapshot_download` (`revision`, `cache_dir`, `token`, ...).
+    """
+    path = _resolve(source, ["checkpoint_*"], **hub_kwargs)
+    if path.is_dir():
+        path = _newest_checkpoint(path)
+    payload = _torch_load(path, allow_pickle)
+    if not isinstance(payload, dict) or weights not in payload:
+        keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"{path} has no {weights!r} entry (found: {keys}); is it an official ELF checkpoint?")
+    state_dict = dict(payload[weights])
+    config = elf_config_from_state_dict(state_dict, max_length, str(path))
+    return _build(ELFTransformerModel, config, state_dict, str(path))
+
+
+def langflow_config_from_official(official: dict) -> dict:
+    """Maps an official LangFlow `config.json` onto [`LangFlowTransformerModel`]'s config."""
+    if (
+        official.get("use_normalized_embedding", True) is not True
+        or official.get("embedding_norm_method", "layernorm") != "layernorm"
+    ):
+        raise ValueError(
+            "Only LangFlow checkpoints with `use_normalized_embedding: true` and `embedding_norm_method: layernorm` "
+            f"are supported (the released ones); got {official.get('use_normalized_embedding')!r} and "
+            f"{official.get('embedding_norm_method')!r}."
+        )
+    return {
+        "vocab_size": official["vocab_size"],
+        "hidden_size": official["hidden_size"],
+        "cond_dim": official["cond_dim"],
+        "num_layers": official["n_blocks"],
+        "num_attention_heads": official["n_heads"],
+        "max_length": official["model_length"],
+        "self_conditioning": official["self_conditioning"],
+        "use_skip_logits": official["use_bias"],
+        "gumbel_cutoff": official["gumbel_cutoff"],
+    }
+
+
+def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowTransformerModel:
+    """
+    Builds a [`LangFlowTransformerModel`] from an official LangFlow folder (`config.json` + `model.safetensors`).
+
+    Args:
+        source (`str` or `os.PathLike`): a local folder or a Hub repo id such as
+            `Continuous-Rivals-Discrete/langflow-owt`.
+        hub_kwargs: passed to `huggingface_hub.snapshot_download` (`revision`, `cache_dir`, `token`, ...).
+
+    The Gumbel proposal's `loc` and `scale` come from the weights (`proposal.*`), not from `config.json`.
+    """
+    folder = _resolve(source, ["config.json", "*.safetensors"], **hub_kwargs)
+    config_file, weights_file = folder / "config.json", folder / "model.safetensors"
+    for file in (config_file, weights_file):
+        if not file.is_file():
+            raise FileNotFoundError(f"{folder} has no {file.name}; an official LangFlow folder holds both files.")
+    try:
+        official = json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_file} is not valid JSON: {error}") from error
+    missing = [
+        k
+        for k in ("vocab_size", "hidden_size", "cond_dim", "n_blocks", "n_heads", "model_length")
+        if k not in official
+    ]
+    if missing:
+        raise ValueError(f"{config_file} lacks {missing}; is it an official LangFlow config?")
+    official = {"self_conditioning": True, "use_bias": True, "gumbel_cutoff": 1e-5, **official}
+    try:
+        state_dict = load_file(weights_file)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(
+            f"{weights_file} is not a readable safetensors file (corrupt or truncated?): {error}"
+        ) from error
+    return _build(LangFlowTransformerModel, langflow_config_from_official(official), state_dict, str(weights_file))
+
+
+def convert_official_elf(source: str | os.PathLike, output_dir: str | os.PathLike, **kwargs) -> ELFTransformerModel:
+    """Loads an official ELF checkpoint (see [`load_official_elf`]) and saves it as a diffusers model folder."""
+    model = load_official_elf(source, **kwargs)
+    model.save_pretrained(output_dir)
+    return model
+
+
+def convert_official_langflow(
+    source: str | os.PathLike, output_dir: str | os.PathLike, **kwargs
+) -> LangFlowTransformerModel:
+    """Loads an official LangFlow folder (see [`load_official_langflow`]) and saves it as a diffusers model folder."""
+    model = load_official_langflow(source, **kwargs)
+    model.save_pretrained(output_dir)
+    return model
