@@ -47,14 +47,14 @@ def rotate_half_split(x: torch.Tensor) -> torch.Tensor:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm without bias, normalised in float32 (eps 1e-5)."""
+    """LayerNorm without bias, normalised in float32 (eps 1e-5), returned in the input's dtype."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.float(), [self.weight.shape[0]]) * self.weight
+        return (F.layer_norm(x.float(), [self.weight.shape[0]]) * self.weight.float()).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -232,7 +232,7 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
 
     def gumbel_parameters(self) -> tuple[float, float]:
         """(loc, scale) of the learned Gumbel proposal, read from the weights."""
-        return float(self.proposal.loc), float(self.proposal.scale)
+        return self.proposal.loc.item(), self.proposal.scale.item()
 
     def gamma_range(self) -> tuple[float, float]:
         """(γ_min, γ_max) = (loc − scale·log(−log c), loc − scale·log c) with c = `gumbel_cutoff`."""
