@@ -8,6 +8,8 @@ from .models import (
     load_official_elf,
     load_official_langflow,
 )
+from .pipelines import ELFPipeline, LangFlowPipeline, LanguageFlowPipelineOutput
+from .schedulers import ELFScheduler, LangFlowScheduler
 
 
 __version__ = "0.1.0.dev0"

@@ -15,26 +15,16 @@ import re
 from pathlib import Path
 
 import torch
-from huggingface_hub import snapshot_download
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from ..hub import resolve_local
 from .elf_transformer import ELFTransformerModel
 from .langflow_transformer import LangFlowTransformerModel
 
 
 class UnsafeCheckpointError(RuntimeError):
     """Raised when a checkpoint can only be read by unpickling arbitrary Python objects."""
-
-
-def _resolve(source: str | os.PathLike, allow_patterns: list[str], **hub_kwargs) -> Path:
-    """A local file or folder as is; anything else is taken as a Hub repo id and downloaded."""
-    path = Path(source).expanduser()
-    if path.exists():
-        return path
-    if str(source).startswith(("/", ".", "~")) or str(source).count("/") != 1:
-        raise FileNotFoundError(f"{source!r} is neither an existing path nor a Hub repo id of the form 'owner/name'.")
-    return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
 
 
 def _newest_checkpoint(folder: Path) -> Path:
@@ -143,7 +133,7 @@ def load_official_elf(
         allow_pickle (`bool`, defaults to `False`): read the file with full unpickling. Only for trusted files.
         hub_kwargs: passed to `huggingface_hub.snapshot_download` (`revision`, `cache_dir`, `token`, ...).
     """
-    path = _resolve(source, ["checkpoint_*"], **hub_kwargs)
+    path = resolve_local(source, ["checkpoint_*"], **hub_kwargs)
     if path.is_dir():
         path = _newest_checkpoint(path)
     payload = _torch_load(path, allow_pickle)
@@ -190,7 +180,7 @@ def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowT
 
     The Gumbel proposal's `loc` and `scale` come from the weights (`proposal.*`), not from `config.json`.
     """
-    folder = _resolve(source, ["config.json", "*.safetensors"], **hub_kwargs)
+    folder = resolve_local(source, ["config.json", "*.safetensors"], **hub_kwargs)
     config_file, weights_file = folder / "config.json", folder / "model.safetensors"
     for file in (config_file, weights_file):
         if not file.is_file():

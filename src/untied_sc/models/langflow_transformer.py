@@ -163,7 +163,7 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
     (`α/σ² = exp((softplus(−γ) − γ)/2)`, the Gaussian log-likelihood of each token given z).
 
     The proposal parameters (`proposal.loc`, `proposal.scale`) are weights, not config: read them with
-    [`~LangFlowTransformerModel.gumbel_parameters`].
+    [`~LangFlowTransformerModel.gumbel_parameters`]; the sampling grid is their quantiles ([`LangFlowScheduler`]).
 
     Args:
         vocab_size (`int`, defaults to 50257): vocabulary size.
@@ -230,15 +230,9 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         probs = F.softmax(logits.float(), dim=-1)
         return torch.einsum("blv,ve->ble", probs, self.embedding_matrix().float())
 
-    def gumbel_parameters(self) -> tuple[float, float]:
-        """(loc, scale) of the learned Gumbel proposal, read from the weights."""
-        return self.proposal.loc.item(), self.proposal.scale.item()
-
-    def gamma_range(self) -> tuple[float, float]:
-        """(γ_min, γ_max) = (loc − scale·log(−log c), loc − scale·log c) with c = `gumbel_cutoff`."""
-        loc, scale = self.gumbel_parameters()
-        cutoff = self.config.gumbel_cutoff
-        return loc - math.log(-math.log(cutoff)) * scale, loc - math.log(cutoff) * scale
+    def gumbel_parameters(self) -> tuple[float, float, float]:
+        """(loc, scale, cutoff) of the learned Gumbel proposal; loc and scale are read from the weights."""
+        return self.proposal.loc.item(), self.proposal.scale.item(), self.config.gumbel_cutoff
 
     def forward(
         self,
@@ -267,11 +261,11 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
             )
         backbone = self.backbone
         gamma = broadcast_per_example(timestep, sample.shape[0], sample.device, "timestep")
-        x = sample
+        x = sample.to(backbone.vocab_embed.embedding.dtype)
         if config.self_conditioning:
             if self_conditioning is None:
-                self_conditioning = torch.zeros_like(sample)
-            x = x + backbone.self_cond_proj(torch.cat([x, self_conditioning], dim=-1))
+                self_conditioning = torch.zeros_like(x)
+            x = x + backbone.self_cond_proj(torch.cat([x, self_conditioning.to(x.dtype)], dim=-1))
         c = F.silu(backbone.sigma_map(gamma))
         cos, sin = backbone.rotary_emb(x.shape[1], x.device)
         for block in backbone.blocks:

@@ -1,0 +1,3 @@
+from .pipeline_elf import ELFPipeline, mask_after_eos
+from .pipeline_langflow import LangFlowPipeline
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput

@@ -1,0 +1,83 @@
+"""ELFPipeline: unconditional sampling from an ELF model."""
+
+import os
+
+import torch
+
+from ..models import load_official_elf
+from ..schedulers import ELFScheduler
+from .pipeline_utils import LanguageFlowPipeline
+
+
+# The SC-CFG scale of the released models, used when the scheduler (a stock one) does not carry it.
+DEFAULT_SC_CFG_SCALE = 3.0
+
+
+def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) -> torch.LongTensor:
+    """Replaces the first EOS and everything after it with the pad id (the official ELF post-processing)."""
+    keep = (ids == eos_token_id).int().cumsum(dim=1) == 0
+    return torch.where(keep, ids, torch.full_like(ids, pad_token_id))
+
+
+class ELFPipeline(LanguageFlowPipeline):
+    r"""
+    Unconditional text generation with ELF (Embedded Language Flows).
+
+    Each step calls the network once on the (re-noised) latent with the scheduler's self-conditioning input and the
+    SC-CFG scale `scheduler.config.sc_cfg_scale`. After the last step, one decode pass (t = 1, zero
+    self-conditioning, mode tokens on) gives logits; the argmax is cut at the first EOS. NFE = number of steps.
+
+    Args:
+        transformer ([`ELFTransformerModel`]): the network.
+        scheduler ([`ELFScheduler`] or [`UntiedSelfConditioningScheduler`]): the sampler.
+        tokenizer (`PreTrainedTokenizerBase`): the tokenizer of the model's vocabulary (T5 for the released models).
+        sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
+
+    Example:
+        ```py
+        >>> from untied_sc import ELFPipeline
+        >>> pipe = ELFPipeline.from_pretrained("hub_artifacts/elf-small")
+        >>> pipe(batch_size=4, num_inference_steps=8, generator=torch.Generator().manual_seed(0)).texts
+        ```
+    """
+
+    @property
+    def latent_shape(self) -> tuple[int, int]:
+        return self.transformer.config.max_length, self.transformer.config.latent_dim
+
+    @property
+    def sc_cfg_scale(self) -> float:
+        return getattr(self.scheduler.config, "sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
+
+    def _predict(self, model_input, timestep, self_conditioning):
+        output = self.transformer(model_input, timestep, self_conditioning, self.sc_cfg_scale)
+        return output.sample.float(), None
+
+    def _tokens(self, latents, last_logits):
+        decode = self.transformer(latents, 1.0, None, self.sc_cfg_scale, decoder_step_active=True)
+        ids = decode.logits.argmax(dim=-1)
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        return ids if eos is None else mask_after_eos(ids, eos, pad if pad is not None else eos)
+
+    def _texts(self, sequences):
+        return self.tokenizer.batch_decode(sequences, skip_special_tokens=True)
+
+    @classmethod
+    def from_official(
+        cls, checkpoint: str | os.PathLike, tokenizer="t5-small", max_length: int = 1024, **kwargs
+    ) -> "ELFPipeline":
+        """
+        Builds a pipeline from an official ELF PyTorch checkpoint (see [`load_official_elf`]).
+
+        Args:
+            checkpoint: `checkpoint_<step>` file, folder, or Hub repo id.
+            tokenizer: a tokenizer or its name/path (`"t5-small"` for the released models).
+            max_length (`int`, defaults to 1024): the model's sequence length.
+            kwargs: passed to [`load_official_elf`].
+        """
+        if isinstance(tokenizer, str | os.PathLike):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        transformer = load_official_elf(checkpoint, max_length=max_length, **kwargs)
+        return cls(transformer=transformer, scheduler=ELFScheduler(), tokenizer=tokenizer)

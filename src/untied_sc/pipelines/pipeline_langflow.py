@@ -1,0 +1,59 @@
+"""LangFlowPipeline: unconditional sampling from a LangFlow model."""
+
+import os
+
+from ..models import load_official_langflow
+from ..schedulers import LangFlowScheduler
+from .pipeline_utils import LanguageFlowPipeline
+
+
+class LangFlowPipeline(LanguageFlowPipeline):
+    r"""
+    Unconditional text generation with LangFlow.
+
+    Each step calls the network once at γ_k with the scheduler's self-conditioning input; the clean prediction
+    handed to the scheduler is x̂ = softmax(logits)·E_norm. The tokens are the argmax of the final evaluation's
+    logits (at γ_min; there is no extra denoising step). NFE = number of steps.
+
+    Texts are decoded with special tokens kept, as the official Gen. PPL protocol does.
+
+    Args:
+        transformer ([`LangFlowTransformerModel`]): the network.
+        scheduler ([`LangFlowScheduler`] or [`UntiedSelfConditioningScheduler`]): the sampler.
+        tokenizer (`PreTrainedTokenizerBase`): the tokenizer of the model's vocabulary.
+        sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
+    """
+
+    @property
+    def latent_shape(self) -> tuple[int, int]:
+        return self.transformer.config.max_length, self.transformer.config.hidden_size
+
+    def _set_timesteps_kwargs(self, generator):
+        return {**super()._set_timesteps_kwargs(generator), "proposal": self.transformer.gumbel_parameters()}
+
+    def _predict(self, model_input, timestep, self_conditioning):
+        logits = self.transformer(model_input, timestep, self_conditioning).logits
+        return self.transformer.clean_prediction(logits), logits
+
+    def _tokens(self, latents, last_logits):
+        return last_logits.argmax(dim=-1)
+
+    def _texts(self, sequences):
+        return self.tokenizer.batch_decode(sequences, skip_special_tokens=False)
+
+    @classmethod
+    def from_official(cls, source: str | os.PathLike, tokenizer="gpt2", **kwargs) -> "LangFlowPipeline":
+        """
+        Builds a pipeline from an official LangFlow folder or repo (see [`load_official_langflow`]).
+
+        Args:
+            source: folder or Hub repo id (`Continuous-Rivals-Discrete/langflow-owt`).
+            tokenizer: a tokenizer or its name/path (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B).
+            kwargs: passed to [`load_official_langflow`].
+        """
+        if isinstance(tokenizer, str | os.PathLike):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        transformer = load_official_langflow(source, **kwargs)
+        return cls(transformer=transformer, scheduler=LangFlowScheduler(), tokenizer=tokenizer)

@@ -1,0 +1,182 @@
+"""The official ELF sampler as a diffusers scheduler."""
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils.torch_utils import randn_tensor
+
+from .outputs import LanguageFlowSchedulerOutput
+from .solvers import ELFSolver
+
+
+# γ_sde per NFE for the base models (the paper's protocol; the official configs list 32 → 1.5 and 64 → 1.0).
+DEFAULT_SDE_GAMMA = {"8": 2.0, "16": 2.0, "32": 1.5, "64": 1.0}
+
+
+def elf_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_std: float) -> torch.Tensor:
+    """t_0 = 0 < sorted(sigmoid(N(p_mean, p_std²)), N−1 draws) < t_N = 1, float32, drawn from `generator` on CPU."""
+    normals = torch.randn((num_steps - 1,), generator=generator, dtype=torch.float32)
+    inner = torch.sort(torch.sigmoid(normals * p_std + p_mean)).values
+    return torch.cat([torch.zeros(1), inner, torch.ones(1)])
+
+
+def copy_generator(generator: torch.Generator) -> torch.Generator:
+    """A generator in the same state, so that a stream can be drawn twice."""
+    copy = torch.Generator(device=generator.device)
+    copy.set_state(generator.get_state())
+    return copy
+
+
+class ELFScheduler(SchedulerMixin, ConfigMixin):
+    r"""
+    The official ELF sampler (SPEC §3.1): a random logit-normal time grid shared by the batch, N−1 SDE steps that
+    re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass that
+    follows is not counted.
+
+    Randomness follows the official PyTorch port on CPU, where the global RNG and a `torch.Generator` are seeded
+    alike: the grid's N−1 normals come from a copy of `generator` taken in `set_timesteps` (before any draw), then
+    the initial latent (the pipeline) and one noise tensor before every SDE step's network call come from
+    `generator` itself. One seed therefore gives the official result.
+
+    Use: `set_timesteps(N, generator=g)`; then per step `model_input = scale_model_input(z, t)` (the re-noising,
+    drawn from `g`), the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and
+    `step(x_pred, t, z)`.
+
+    Args:
+        noise_scale (`float`, defaults to 2.0): std of the initial and re-noising noise (`init_noise_sigma`).
+        p_mean (`float`, defaults to -1.5), p_std (`float`, defaults to 0.8): the logit-normal grid (the training
+            values, as the official sampler uses).
+        sde_gamma (`float`, *optional*): churn strength for every NFE; `None` looks it up in `sde_gamma_by_steps`.
+        sde_gamma_by_steps (`dict[str, float]`): churn strength per NFE (8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0).
+        t_eps (`float`, defaults to 0.05): velocity clamp, max(1 − s, t_eps).
+        sc_cfg_scale (`float`, defaults to 3.0): the SC-CFG scale, a network input.
+    """
+
+    order = 1
+
+    @register_to_config
+    def __init__(
+        self,
+        noise_scale: float = 2.0,
+        p_mean: float = -1.5,
+        p_std: float = 0.8,
+        sde_gamma: float | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = None,
+        t_eps: float = 0.05,
+        sc_cfg_scale: float = 3.0,
+    ):
+        if sde_gamma_by_steps is None:
+            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
+        self.init_noise_sigma = noise_scale
+        self.solver: ELFSolver | None = None
+        self.timesteps: torch.Tensor | None = None
+        self.num_inference_steps: int | None = None
+        self._reset_state()
+
+    def _reset_state(self, generator: torch.Generator | None = None) -> None:
+        self._generator = generator
+        self._step_index = 0
+        self._model_input: torch.Tensor | None = None
+        self.self_conditioning: torch.Tensor | None = None
+
+    @property
+    def step_index(self) -> int:
+        return self._step_index
+
+    def sde_gamma_for(self, num_inference_steps: int) -> float:
+        if self.config.sde_gamma is not None:
+            return float(self.config.sde_gamma)
+        table = self.config.sde_gamma_by_steps
+        if str(num_inference_steps) not in table:
+            raise ValueError(
+                f"No default SDE churn for {num_inference_steps} steps (defaults exist for "
+                f"{sorted(int(k) for k in table)}); set it with `ELFScheduler.from_config(config, sde_gamma=...)`."
+            )
+        return float(table[str(num_inference_steps)])
+
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """
+        Draws the time grid and resets the trajectory state.
+
+        Args:
+            num_inference_steps (`int`): N ≥ 2, the number of network evaluations.
+            device (`str` or `torch.device`, *optional*): where `timesteps` lives.
+            generator (`torch.Generator`, *optional*): the sampling generator (CPU). The grid is drawn from a copy
+                of it; the re-noising draws advance it. `None` uses a freshly seeded, non-reproducible generator.
+        """
+        if isinstance(generator, list):
+            raise ValueError("ELF draws one time grid per batch: pass a single torch.Generator, not a list.")
+        if generator is None:
+            generator = torch.Generator()
+            generator.seed()
+        if generator.device.type != "cpu":
+            raise ValueError("Pass a CPU torch.Generator: the official draws are made on CPU.")
+        self.solver = ELFSolver(
+            self._draw_grid(num_inference_steps, generator),
+            self.sde_gamma_for(num_inference_steps),
+            self.config.noise_scale,
+            self.config.t_eps,
+        )
+        self.num_inference_steps = num_inference_steps
+        self.timesteps = torch.tensor(self.solver.eval_times, dtype=torch.float32, device=device)
+        self._reset_state(generator)
+
+    def _draw_grid(self, num_inference_steps: int, generator: torch.Generator) -> list[float]:
+        if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
+            raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
+        grid = elf_time_grid(num_inference_steps, copy_generator(generator), self.config.p_mean, self.config.p_std)
+        return grid.tolist()
+
+    def _check_ready(self) -> None:
+        if self.solver is None:
+            raise RuntimeError("Call `set_timesteps` before sampling.")
+        if self._step_index >= self.solver.num_update_steps:
+            raise RuntimeError(f"All {self.solver.num_update_steps} steps are done; call `set_timesteps` again.")
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
+        """The network input of the current step: z_b = a·z + (1 − a)·noise_scale·ε on SDE steps, z on the last."""
+        self._check_ready()
+        k = self._step_index
+        model_input = sample
+        if self.solver.renoises(k):
+            noise = randn_tensor(sample.shape, generator=self._generator, device=sample.device, dtype=sample.dtype)
+            model_input = self.solver.renoise(k, sample, noise)
+        self._model_input = model_input
+        return model_input
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor | float,
+        sample: torch.Tensor,
+        return_dict: bool = True,
+    ) -> LanguageFlowSchedulerOutput | tuple:
+        """
+        One solver update with the network's clean prediction x̂ (evaluated on `scale_model_input`'s output).
+
+        Args:
+            model_output (`torch.Tensor`): the x-prediction x̂ of this step.
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps` (steps are counted internally).
+            sample (`torch.Tensor`): the current latent z_k (before re-noising).
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
+        """
+        self._check_ready()
+        if self._model_input is None:
+            raise RuntimeError("Call `scale_model_input` before `step`: ELF re-noises the latent before the network.")
+        if model_output.shape != sample.shape:
+            raise ValueError(f"model_output has shape {tuple(model_output.shape)}, expected {tuple(sample.shape)}.")
+        prev_sample = self.solver.update(self._step_index, self._model_input, model_output)
+        self.self_conditioning = model_output
+        self._model_input = None
+        self._step_index += 1
+        if not return_dict:
+            return (prev_sample, model_output, model_output)
+        return LanguageFlowSchedulerOutput(prev_sample, model_output, model_output)
+
+    def __len__(self) -> int:
+        return self.num_inference_steps or 0
