@@ -117,7 +117,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
             return latents.to(device=device, dtype=torch.float32)
         shape = (batch_size, *self.latent_shape)
         noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
-        return noise * self.scheduler.init_noise_sigma
+        return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
     @property
     def num_timesteps(self) -> int:
@@ -174,7 +174,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         logits = None
         with self.progress_bar(total=len(timesteps)) as progress_bar:
             for i, t in enumerate(timesteps):
-                model_input = scheduler.scale_model_input(latents, t)
+                # Stock flow-matching schedulers have no `scale_model_input`; ELF's re-noises here.
+                scale = getattr(scheduler, "scale_model_input", None)
+                model_input = scale(latents, t) if scale is not None else latents
                 self_conditioning = getattr(scheduler, "self_conditioning", None)
                 prediction, logits = self._predict(model_input, t, self_conditioning)
                 latents = scheduler.step(prediction, t, latents, **step_kwargs).prev_sample
