@@ -9,7 +9,12 @@ from .models import (
     load_official_langflow,
 )
 from .pipelines import ELFPipeline, LangFlowPipeline, LanguageFlowPipelineOutput
-from .schedulers import ELFScheduler, LangFlowScheduler
+from .schedulers import (
+    ELFScheduler,
+    LangFlowScheduler,
+    SamplerStatistics,
+    UntiedSelfConditioningScheduler,
+)
 
 
 __version__ = "0.1.0.dev0"

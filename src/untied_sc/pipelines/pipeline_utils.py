@@ -161,11 +161,10 @@ class LanguageFlowPipeline(DiffusionPipeline):
             generator.seed()
 
         scheduler = self.scheduler
-        scheduler.set_timesteps(
-            num_inference_steps,
-            device=device,
-            **_accepted_kwargs(scheduler.set_timesteps, self._set_timesteps_kwargs(generator)),
-        )
+        timestep_kwargs = _accepted_kwargs(scheduler.set_timesteps, self._set_timesteps_kwargs(generator))
+        if timestep_kwargs.get("statistics") is not None:
+            timestep_kwargs["statistics"].check_model(self.transformer)
+        scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
         latents = self.prepare_latents(batch_size, generator, latents, device)
         timesteps = scheduler.timesteps

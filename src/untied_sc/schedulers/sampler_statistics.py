@@ -1,0 +1,149 @@
+"""SamplerStatistics: the precomputed tensors the untied scheduler needs, saved as a pipeline component."""
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+
+
+FORMAT_VERSION = 1
+SOLVERS = ("elf", "langflow")
+COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
+
+
+def num_update_steps(solver: str, num_inference_steps: int) -> int:
+    """K_u: every ELF evaluation updates (the last is the ODE step); LangFlow's final evaluation does not."""
+    return num_inference_steps if solver == "elf" else num_inference_steps - 1
+
+
+def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights that define the overlap geometry: ELF's `self_cond_proj` and bottleneck, LangFlow's SC projection."""
+    if hasattr(model, "text_proj"):
+        return [model.self_cond_proj.weight, model.text_proj.proj1.weight]
+    if hasattr(model, "backbone") and hasattr(model.backbone, "self_cond_proj"):
+        return [model.backbone.self_cond_proj.weight]
+    raise ValueError(
+        f"{type(model).__name__} has no self-conditioning input projection, so untied self-conditioning does not apply."
+    )
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the input-projection weights (float32 bytes), identifying the model statistics belong to."""
+    digest = hashlib.sha256()
+    for weight in input_projection_weights(model):
+        tensor = weight.detach().to("cpu", torch.float32).contiguous()
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class StepStatistics:
+    """The calibration of one NFE: per update step k, μ_k (K_u, D), σ_k (K_u,), δ̄_k (K_u,), and coefficients."""
+
+    mean: torch.Tensor
+    rms: torch.Tensor
+    cosine_distance: torch.Tensor
+    coefficients: dict[str, float]
+
+
+class SamplerStatistics(ModelMixin, ConfigMixin):
+    r"""
+    Precomputed statistics of untied self-conditioning for one model (SPEC §5), held as persistent buffers:
+
+    - `basis` Q (D, r) and `rho_sq` ρ² (r,): the overlap basis of the self-conditioning and latent input maps;
+    - `base_scales` (λ_R^(0), g_T^(0));
+    - per calibrated NFE N: `mean_nfe{N}` μ (K_u, D), `rms_nfe{N}` σ (K_u,), `cosine_distance_nfe{N}` δ̄ (K_u,)
+      and `coefficients_nfe{N}` (η_R, η_T, η_O, α).
+
+    K_u = N for ELF and N − 1 for LangFlow. The config records what produced them, so that a mismatch is caught.
+
+    Args:
+        solver (`str`): `"elf"` or `"langflow"`.
+        latent_dim (`int`): width D of the latent.
+        rank (`int`): number r of overlap directions.
+        calibrated_steps (`list[int]`): the calibrated NFEs.
+        model_fingerprint (`str`): [`model_fingerprint`] of the model the statistics were computed for.
+        format_version (`int`): layout version of this component.
+        solver_config (`dict`): the base solver's configuration during calibration (grid parameters, churn).
+        bank_sizes (`dict`), seeds (`dict`): calibration bank sizes and seeds per NFE (as strings).
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        solver: str = "elf",
+        latent_dim: int = 512,
+        rank: int = 128,
+        calibrated_steps: list[int] | None = None,
+        model_fingerprint: str = "",
+        format_version: int = FORMAT_VERSION,
+        solver_config: dict | None = None,
+        bank_sizes: dict | None = None,
+        seeds: dict | None = None,
+    ):
+        super().__init__()
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+        if format_version != FORMAT_VERSION:
+            raise ValueError(
+                f"These sampler statistics have format version {format_version}; this untied-sc reads version "
+                f"{FORMAT_VERSION}. Recalibrate with `untied-sc calibrate` or install a matching untied-sc."
+            )
+        self.register_buffer("basis", torch.zeros(latent_dim, rank))
+        self.register_buffer("rho_sq", torch.zeros(rank))
+        self.register_buffer("base_scales", torch.ones(2))
+        for steps in calibrated_steps or []:
+            updates = num_update_steps(solver, steps)
+            self.register_buffer(f"mean_nfe{steps}", torch.zeros(updates, latent_dim))
+            self.register_buffer(f"rms_nfe{steps}", torch.zeros(updates))
+            self.register_buffer(f"cosine_distance_nfe{steps}", torch.zeros(updates))
+            self.register_buffer(f"coefficients_nfe{steps}", torch.ones(len(COEFFICIENT_NAMES)))
+
+    def forward(self) -> None:
+        raise RuntimeError("SamplerStatistics holds tensors; pass it to the scheduler's `set_timesteps`.")
+
+    @property
+    def base_transform_exponent(self) -> float:
+        """λ_R^(0)."""
+        return self.base_scales[0].item()
+
+    @property
+    def base_correction_scale(self) -> float:
+        """g_T^(0)."""
+        return self.base_scales[1].item()
+
+    def for_steps(self, num_inference_steps: int) -> StepStatistics:
+        """The calibration for `num_inference_steps`, or a clear error naming the calibrated NFEs."""
+        calibrated = sorted(self.config.calibrated_steps or [])
+        if num_inference_steps not in calibrated:
+            raise ValueError(
+                f"No sampler statistics for {num_inference_steps} steps (calibrated: {calibrated or 'none'}). "
+                f"Calibrate them with `untied-sc calibrate PIPELINE_DIR --nfe {num_inference_steps}` or "
+                f"`pipe.calibrate(nfe=[{num_inference_steps}])`, or sample with a calibrated number of steps."
+            )
+        values = getattr(self, f"coefficients_nfe{num_inference_steps}").tolist()
+        return StepStatistics(
+            mean=getattr(self, f"mean_nfe{num_inference_steps}"),
+            rms=getattr(self, f"rms_nfe{num_inference_steps}"),
+            cosine_distance=getattr(self, f"cosine_distance_nfe{num_inference_steps}"),
+            coefficients=dict(zip(COEFFICIENT_NAMES, values, strict=True)),
+        )
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Raises if these statistics were computed for another model (width or input-projection weights)."""
+        width = model.config.latent_dim if hasattr(model.config, "latent_dim") else model.config.hidden_size
+        if width != self.config.latent_dim:
+            raise ValueError(
+                f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
+                "belong to another model. Recalibrate with `untied-sc calibrate`."
+            )
+        fingerprint = model_fingerprint(model)
+        if fingerprint != self.config.model_fingerprint:
+            raise ValueError(
+                f"The sampler statistics were computed for a model with fingerprint {self.config.model_fingerprint!r}, "
+                f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
+                "weights changed). Recalibrate with `untied-sc calibrate`."
+            )
