@@ -1,0 +1,12 @@
+"""Calibration: the overlap basis, base scales and trajectory statistics computed once per model (SPEC §4.1, §4.5)."""
+
+from .overlap import (
+    OverlapBasis,
+    ProjectionGeometry,
+    effective_input_maps,
+    format_projection_geometry,
+    overlap_basis,
+    overlap_basis_from_model,
+    projection_geometry,
+    row_space_basis,
+)
