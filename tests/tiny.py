@@ -10,3 +10,27 @@ def tiny_tokenizer(vocab_size: int = 40) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0, coefficients=None):
+    """SamplerStatistics with the model's real overlap basis and random per-step moments (for scheduler tests)."""
+    import torch
+
+    from untied_sc.calibration import overlap_basis_from_model
+    from untied_sc.schedulers.sampler_statistics import SamplerStatistics, StepStatistics, num_update_steps
+
+    generator = torch.Generator().manual_seed(seed)
+    basis = overlap_basis_from_model(model)
+    q, rho_sq = basis.storage_tensors()
+    per_step = {}
+    for n in steps:
+        k = num_update_steps(solver, n)
+        rms = torch.rand(k, generator=generator) + 0.1
+        rms[0] = 0.0  # an inactive step, as the reference schedule produces early on
+        per_step[n] = StepStatistics(
+            mean=0.05 * torch.randn(k, q.shape[0], generator=generator) * (rms > 0)[:, None],
+            rms=rms,
+            cosine_distance=torch.rand(k, generator=generator) * (rms > 0),
+            coefficients=coefficients or {"eta_r": 1.5, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.8},
+        )
+    return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), per_step)

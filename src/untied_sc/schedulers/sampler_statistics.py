@@ -102,6 +102,43 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             self.register_buffer(f"cosine_distance_nfe{steps}", torch.zeros(updates))
             self.register_buffer(f"coefficients_nfe{steps}", torch.ones(len(COEFFICIENT_NAMES)))
 
+    @classmethod
+    def build(
+        cls,
+        model: torch.nn.Module,
+        solver: str,
+        basis: torch.Tensor,
+        rho_sq: torch.Tensor,
+        base_scales: tuple[float, float],
+        steps: dict[int, StepStatistics],
+        solver_config: dict | None = None,
+        bank_sizes: dict | None = None,
+        seeds: dict | None = None,
+    ) -> "SamplerStatistics":
+        """Assembles statistics for `model` from computed tensors (what calibration produces)."""
+        statistics = cls(
+            solver=solver,
+            latent_dim=basis.shape[0],
+            rank=basis.shape[1],
+            calibrated_steps=sorted(steps),
+            model_fingerprint=model_fingerprint(model),
+            solver_config=solver_config,
+            bank_sizes=bank_sizes,
+            seeds=seeds,
+        )
+        with torch.no_grad():
+            statistics.basis.copy_(basis)
+            statistics.rho_sq.copy_(rho_sq)
+            statistics.base_scales.copy_(torch.tensor(base_scales))
+            for n, step in steps.items():
+                getattr(statistics, f"mean_nfe{n}").copy_(step.mean)
+                getattr(statistics, f"rms_nfe{n}").copy_(step.rms)
+                getattr(statistics, f"cosine_distance_nfe{n}").copy_(step.cosine_distance)
+                values = [step.coefficients[name] for name in COEFFICIENT_NAMES]
+                getattr(statistics, f"coefficients_nfe{n}").copy_(torch.tensor(values))
+        statistics.check_model(model)
+        return statistics
+
     def forward(self) -> None:
         raise RuntimeError("SamplerStatistics holds tensors; pass it to the scheduler's `set_timesteps`.")
 

@@ -1,0 +1,99 @@
+"""Throughput of untied vs official sampling on an ELF-B-sized network (random weights), in one run.
+
+    python benchmarks/overhead.py [--steps 8] [--batch-size 4] [--repeats 3] [--layers 12]
+
+Both samplers run the same network, grid and latents; runs alternate (official, untied, ...) so that drifts in
+machine load hit both alike. Retained throughput = official time / untied time (the paper reports 91-98%).
+Writes benchmarks/results/overhead.json.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from untied_sc import ELFScheduler, ELFTransformerModel, UntiedSelfConditioningScheduler
+from untied_sc.calibration import overlap_basis_from_model
+from untied_sc.schedulers.sampler_statistics import SamplerStatistics, StepStatistics
+
+
+def build(layers: int, max_length: int) -> tuple[ELFTransformerModel, SamplerStatistics, int]:
+    torch.manual_seed(0)
+    model = ELFTransformerModel.from_preset("elf-b", num_layers=layers, max_length=max_length).eval()
+    with torch.no_grad():  # the official init zeroes the flow head; give it weights so predictions are non-trivial
+        model.final_layer.linear.weight.normal_(std=0.02)
+    q, rho_sq = overlap_basis_from_model(model).storage_tensors()
+    generator = torch.Generator().manual_seed(0)
+    steps = {}
+    for n in (8, 16, 32, 64):
+        steps[n] = StepStatistics(
+            mean=0.01 * torch.randn(n, q.shape[0], generator=generator),
+            rms=0.1 + torch.rand(n, generator=generator),
+            cosine_distance=torch.rand(n, generator=generator),
+            coefficients={"eta_r": 3.3, "eta_t": 1.7, "eta_o": 1.0, "alpha": 0.7},
+        )
+    stats = SamplerStatistics.build(model, "elf", q, rho_sq, (0.8, 0.9), steps)
+    return model, stats, sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def sample(model, scheduler, stats, steps: int, batch_size: int, seed: int) -> float:
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    scheduler.set_timesteps(steps, generator=generator, **({"statistics": stats} if stats is not None else {}))
+    shape = (batch_size, model.config.max_length, model.config.latent_dim)
+    latents = torch.randn(shape, generator=generator) * scheduler.init_noise_sigma
+    for t in scheduler.timesteps:
+        model_input = scheduler.scale_model_input(latents, t)
+        prediction = model(model_input, t, scheduler.self_conditioning, 3.0).sample
+        latents = scheduler.step(prediction, t, latents).prev_sample
+    model(latents, 1.0, None, 3.0, decoder_step_active=True).logits.argmax(-1)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-length", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default="benchmarks/results/overhead.json")
+    args = parser.parse_args()
+
+    model, stats, parameters = build(args.layers, args.max_length)
+    official = ELFScheduler()
+    untied = UntiedSelfConditioningScheduler.from_config(official.config, coefficients="elf-b")
+    sample(model, official, None, args.steps, args.batch_size, seed=0)  # warm-up
+    times = {"official": [], "untied": []}
+    for repeat in range(args.repeats):
+        times["official"].append(sample(model, official, None, args.steps, args.batch_size, seed=repeat))
+        times["untied"].append(sample(model, untied, stats, args.steps, args.batch_size, seed=repeat))
+        print(f"repeat {repeat}: official {times['official'][-1]:.2f} s, untied {times['untied'][-1]:.2f} s")
+    median = {name: statistics.median(values) for name, values in times.items()}
+    retained = median["official"] / median["untied"]
+    result = {
+        "network": f"ELF-B sized ({parameters / 1e6:.1f}M parameters, {args.layers} layers), random weights",
+        "batch_size": args.batch_size,
+        "sequence_length": args.max_length,
+        "nfe": args.steps,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "seconds_per_run": times,
+        "median_seconds": median,
+        "samples_per_second": {name: args.batch_size / value for name, value in median.items()},
+        "retained_throughput": retained,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"Retained throughput: {100 * retained:.2f}% (target ≥ 99%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""UntiedSelfConditioningScheduler: the official invariant, Algorithm 1's routing, statistics and errors."""
+
+import json
+
+import pytest
+import torch
+
+from untied_sc import (
+    ELFPipeline,
+    ELFScheduler,
+    LangFlowPipeline,
+    LangFlowScheduler,
+    SamplerStatistics,
+    UntiedSelfConditioningScheduler,
+)
+from untied_sc.schedulers import paper_coefficients
+
+from .conftest import Golden, elf_from_golden, langflow_from_golden
+from .tiny import random_statistics, tiny_tokenizer
+
+
+SOLVER = {"elf": "elf", "langflow": "langflow"}
+
+
+def _pipeline(family: str, nfe_file: int, statistics: bool = True, **untied):
+    golden = Golden(f"{family}_sample_nfe{nfe_file}.safetensors")
+    if family == "elf":
+        model = elf_from_golden(golden)
+        pipe = ELFPipeline(model, ELFScheduler(), tiny_tokenizer())
+    else:
+        model = langflow_from_golden(golden)
+        pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
+    if statistics:
+        pipe.register_modules(sampler_statistics=random_statistics(model, family, steps=(8, 32, 64)))
+    if untied:
+        pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **untied)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, golden
+
+
+def _run(pipe, nfe, seed=42, batch_size=3):
+    trajectory = []
+
+    def record(pipe, step, timestep, tensors):
+        trajectory.append(tensors["latents"].clone())
+        return {}
+
+    output = pipe(
+        batch_size=batch_size,
+        num_inference_steps=nfe,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="seq",
+        callback_on_step_end=record,
+    )
+    return output, torch.stack(trajectory)
+
+
+ZERO = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 1.5, "alpha": 0.7}
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+@pytest.mark.parametrize("nfe", [8, 32])
+def test_zero_strength_reproduces_the_official_trajectory_bit_for_bit(family, nfe):
+    official, _ = _pipeline(family, 8, statistics=False)
+    untied, _ = _pipeline(family, 8, **ZERO)  # statistics present: only the strengths are zero
+    expected, expected_trajectory = _run(official, nfe)
+    got, trajectory = _run(untied, nfe)
+    assert torch.equal(trajectory, expected_trajectory)
+    assert torch.equal(got.latents, expected.latents) and torch.equal(got.sequences, expected.sequences)
+
+
+@pytest.mark.parametrize("family,nfe", [("elf", 8), ("elf", 32), ("langflow", 8), ("langflow", 64)])
+def test_zero_strength_matches_the_official_golden_generation(family, nfe):
+    pipe, golden = _pipeline(family, nfe, **ZERO)
+    output, _ = _run(pipe, nfe, seed=json.loads(golden.metadata["sampler"])["seed"])
+    assert torch.equal(output.latents, golden.outputs["latents"])
+    assert torch.equal(output.sequences, golden.outputs["tokens"])
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_untied_sampling_changes_the_trajectory_and_stays_finite(family):
+    official, _ = _pipeline(family, 8, statistics=False)
+    untied, _ = _pipeline(family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    expected, expected_trajectory = _run(official, 8)
+    got, trajectory = _run(untied, 8)
+    assert torch.isfinite(trajectory).all()
+    # Step 0 has no history (E = O = 0 and σ_0 = 0 in these statistics): it matches; later steps differ.
+    assert torch.equal(trajectory[0], expected_trajectory[0])
+    assert not torch.allclose(trajectory[-1], expected_trajectory[-1])
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_one_network_evaluation_per_step(family):
+    pipe, _ = _pipeline(family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    calls = []
+    pipe.transformer.register_forward_hook(lambda *args: calls.append(1))
+    _run(pipe, 8)
+    assert len(calls) == 8 + (1 if family == "elf" else 0)  # ELF's decode pass is not an NFE
+
+
+def _step_by_step(scheduler, model_fn, steps, latents, **set_kwargs):
+    scheduler.set_timesteps(steps, **set_kwargs)
+    records = []
+    for t in scheduler.timesteps:
+        model_input = scheduler.scale_model_input(latents, t)
+        sc = scheduler.self_conditioning
+        prediction = model_fn(model_input, t, sc)
+        out = scheduler.step(prediction, t, latents)
+        records.append((prediction, sc, out))
+        latents = out.prev_sample
+    return records
+
+
+@pytest.mark.parametrize("routing", ["solver", "self_conditioning", "both"])
+def test_correction_routing(routing):
+    pipe, _ = _pipeline("langflow", 8)
+    model, statistics = pipe.transformer, pipe.sampler_statistics
+    scheduler = UntiedSelfConditioningScheduler(
+        solver="langflow", eta_r=0.0, eta_t=1.5, eta_o=1.0, alpha=0.8, correction_routing=routing
+    )
+
+    def model_fn(z, t, sc):
+        return model.clean_prediction(model(z, t, sc).logits)
+
+    latents = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(0))
+    records = _step_by_step(scheduler, model_fn, 8, latents, proposal=model.gumbel_parameters(), statistics=statistics)
+    corrected_steps = 0
+    for k, (prediction, _, out) in enumerate(records[:-2]):
+        next_sc = records[k + 1][1]
+        solver_got_correction = not torch.equal(out.pred_original_sample, prediction)
+        sc_got_correction = not torch.equal(next_sc, prediction)
+        corrected_steps += solver_got_correction or sc_got_correction
+        assert solver_got_correction == (routing != "self_conditioning") or statistics.rms_nfe8[k] == 0
+        assert sc_got_correction == (routing != "solver") or statistics.rms_nfe8[k] == 0
+    assert corrected_steps >= 4
+
+
+def test_state_is_reset_by_set_timesteps():
+    pipe, _ = _pipeline("elf", 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    first, _ = _run(pipe, 8, seed=1)
+    second, _ = _run(pipe, 8, seed=1)
+    assert torch.equal(first.latents, second.latents)
+    assert pipe.scheduler.step_index == 8
+    pipe.scheduler.set_timesteps(8, generator=torch.Generator(), statistics=pipe.sampler_statistics)
+    assert pipe.scheduler.step_index == 0 and pipe.scheduler.ema is None and pipe.scheduler.self_conditioning is None
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_from_config_turns_an_official_pipeline_untied_and_back(family):
+    pipe, _ = _pipeline(family, 8)
+    official_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
+    untied = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, coefficients="elf-b")
+    assert untied.config.solver == family
+    back = type(pipe.scheduler).from_config(untied.config)
+    # diffusers keeps the untied-only keys as hidden config, so that swapping again restores them.
+    assert {k: back.config[k] for k in official_config} == official_config
+    assert type(pipe.scheduler).from_config(back.config) is not None
+
+
+def test_save_and_reload_pipeline_with_statistics_gives_identical_untied_samples(tmp_path):
+    pipe, _ = _pipeline("elf", 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    pipe.save_pretrained(tmp_path)
+    assert (tmp_path / "sampler_statistics" / "diffusion_pytorch_model.safetensors").is_file()
+    assert not any(p.suffix == ".safetensors" for p in (tmp_path / "scheduler").iterdir())
+    reloaded = ELFPipeline.from_pretrained(tmp_path)
+    reloaded.set_progress_bar_config(disable=True)
+    assert isinstance(reloaded.sampler_statistics, SamplerStatistics)
+    assert isinstance(reloaded.scheduler, UntiedSelfConditioningScheduler)
+    assert torch.equal(_run(reloaded, 8)[0].latents, _run(pipe, 8)[0].latents)
+
+
+def test_coefficients_resolve_config_then_preset_then_statistics():
+    pipe, _ = _pipeline("elf", 8)
+    statistics = pipe.sampler_statistics
+    scheduler = UntiedSelfConditioningScheduler(solver="elf")
+    assert scheduler.resolve_coefficients(8, statistics) == statistics.for_steps(8).coefficients
+    preset = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b")
+    assert preset.resolve_coefficients(8, statistics) == paper_coefficients()["elf-b"]["8"]
+    override = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b", eta_t=0.25)
+    assert override.resolve_coefficients(8, statistics)["eta_t"] == 0.25
+    # The paper's "---" is the base value 1.
+    assert (
+        paper_coefficients()["elf-b"]["64"]["eta_t"] == 1.0
+        and paper_coefficients()["langflow-owt"]["8"]["alpha"] == 1.0
+    )
+
+
+def test_uncalibrated_nfe_names_the_calibrated_ones_and_the_command():
+    pipe, _ = _pipeline("elf", 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    with pytest.raises(
+        ValueError, match=r"No sampler statistics for 16 steps \(calibrated: \[8, 32, 64\]\).*untied-sc calibrate"
+    ):
+        _run(pipe, 16)
+
+
+def test_statistics_of_another_model_are_refused():
+    pipe, _ = _pipeline("elf", 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
+    with torch.no_grad():
+        pipe.transformer.self_cond_proj.weight.mul_(1.01)
+    with pytest.raises(ValueError, match="belong to another model"):
+        _run(pipe, 8)
+    langflow, _ = _pipeline("langflow", 8)
+    with pytest.raises(ValueError, match="latent width 32, the model has 16"):
+        langflow.sampler_statistics.check_model(pipe.transformer)
+    untied = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b")
+    with pytest.raises(ValueError, match="'langflow' solver"):
+        untied.set_timesteps(8, generator=torch.Generator(), statistics=langflow.sampler_statistics)
+
+
+def test_invalid_coefficients_and_options_are_refused():
+    with pytest.raises(ValueError, match="eta_r must be ≥ 0"):
+        UntiedSelfConditioningScheduler(solver="elf", eta_r=-1.0)
+    with pytest.raises(ValueError, match="eta_o must be ≥ 0"):
+        UntiedSelfConditioningScheduler(solver="elf", eta_o=-0.1)
+    for alpha in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"alpha must lie in \(0, 1\]"):
+            UntiedSelfConditioningScheduler(solver="elf", alpha=alpha)
+    with pytest.raises(ValueError, match="solver must be 'elf' or 'langflow'"):
+        UntiedSelfConditioningScheduler()
+    with pytest.raises(ValueError, match="correction_routing must be one of"):
+        UntiedSelfConditioningScheduler(solver="elf", correction_routing="latent")
+    with pytest.raises(ValueError, match="Unknown coefficient preset"):
+        UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-xl")
+    with pytest.raises(ValueError, match="needs the model's SamplerStatistics"):
+        UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b").set_timesteps(
+            8, generator=torch.Generator()
+        )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"transform_assignment": "reversed"},
+        {"transform_assignment": "random", "transform_seed": 3},
+        {"global_scaling": False},
+        {"cosine_distance": "online"},
+    ],
+)
+def test_ablation_switches_change_the_self_conditioning_input(options):
+    base = {"eta_r": 3.0, "eta_t": 0.0, "eta_o": 1.0, "alpha": 0.8}
+    default, _ = _pipeline("elf", 8, **base)
+    ablated, _ = _pipeline("elf", 8, **base, **options)
+    a, b = _run(default, 8)[1], _run(ablated, 8)[1]
+    assert torch.isfinite(b).all() and not torch.equal(a, b)
