@@ -1,4 +1,4 @@
-"""The `untied-sc` command line."""
+"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines."""
 
 import argparse
 import sys
@@ -15,6 +15,27 @@ def _convert(args: argparse.Namespace) -> None:
         model = convert_official_langflow(args.source, args.output)
     parameters = sum(p.numel() for p in model.parameters())
     print(f"Wrote {type(model).__name__} ({parameters / 1e6:.1f}M parameters) to {args.output}")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from .calibration import format_summary
+    from .pipelines import load_pipeline
+
+    pipe = load_pipeline(args.pipeline)
+    result = pipe.calibrate(
+        nfe=args.nfe,
+        bank_size=args.bank_size,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        coefficients=args.coefficients,
+    )
+    folder = args.output or args.pipeline
+    pipe.save_pretrained(folder)
+    print(format_summary(result))
+    print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
+    if args.push_to_hub:
+        pipe.push_to_hub(args.push_to_hub)
+        print(f"Pushed to {args.push_to_hub}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-pickle", action="store_true", help="ELF only: allow full unpickling (trusted files only)."
     )
     convert.set_defaults(handler=_convert)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="Compute a pipeline's sampler statistics (overlap basis, base scales, per-NFE statistics)."
+    )
+    calibrate.add_argument("pipeline", help="Pipeline folder (or Hub repo id) to calibrate.")
+    calibrate.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to calibrate, e.g. 8 16 32 64.")
+    calibrate.add_argument("--bank-size", type=int, default=64, help="Trajectories in each of the two banks.")
+    calibrate.add_argument("--seed", type=int, default=0, help="Bank seed (banks 2·seed and 2·seed+1).")
+    calibrate.add_argument("--batch-size", type=int, default=16)
+    calibrate.add_argument("--coefficients", help="Paper coefficient preset stored with the statistics.")
+    calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
+    calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
+    calibrate.set_defaults(handler=_calibrate)
     return parser
 
 

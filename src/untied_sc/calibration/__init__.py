@@ -1,5 +1,7 @@
 """Calibration: the overlap basis, base scales and trajectory statistics computed once per model (SPEC §4.1, §4.5)."""
 
+from .base_scales import base_scales_from_gram, elf_response_gram
+from .calibrate import CalibrationResult, calibrate_pipeline, format_summary, trajectory_statistics
 from .overlap import (
     OverlapBasis,
     ProjectionGeometry,
@@ -10,3 +12,4 @@ from .overlap import (
     projection_geometry,
     row_space_basis,
 )
+from .reference import MomentAccumulator, ReferenceRecurrenceScheduler, reference_activation

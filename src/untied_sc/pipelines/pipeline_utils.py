@@ -119,6 +119,20 @@ class LanguageFlowPipeline(DiffusionPipeline):
         noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
         return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
+    def calibrate(
+        self, nfe: list[int], bank_size: int = 64, seed: int = 0, batch_size: int = 16, **kwargs
+    ) -> "CalibrationResult":  # noqa: F821
+        """
+        Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see
+        [`~untied_sc.calibration.calibrate_pipeline`] for the arguments. Returns the calibration result (statistics
+        and a per-NFE summary).
+        """
+        from ..calibration import calibrate_pipeline
+
+        result = calibrate_pipeline(self, nfe, bank_size=bank_size, seed=seed, batch_size=batch_size, **kwargs)
+        self.register_modules(sampler_statistics=result.statistics)
+        return result
+
     @property
     def num_timesteps(self) -> int:
         return self._num_timesteps

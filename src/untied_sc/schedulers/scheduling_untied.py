@@ -187,8 +187,8 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin):
                     f"{sorted(int(k) for k in table)}); set eta_r/eta_t/eta_o/alpha explicitly."
                 )
             fallback = table[str(num_inference_steps)]
-        elif statistics is not None and num_inference_steps in (statistics.config.calibrated_steps or []):
-            fallback = statistics.for_steps(num_inference_steps).coefficients
+        elif statistics is not None and any(resolved[name] is None for name in COEFFICIENT_NAMES):
+            fallback = statistics.for_steps(num_inference_steps).coefficients  # names the calibrated NFEs if absent
         else:
             fallback = {}
         for name in COEFFICIENT_NAMES:

@@ -1,0 +1,244 @@
+"""Calibration: from a frozen pipeline to its SamplerStatistics (overlap basis, base scales, per-NFE statistics)."""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from ..schedulers.sampler_statistics import SamplerStatistics, StepStatistics, num_update_steps
+from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler, paper_coefficients
+from .base_scales import base_scales_from_gram, elf_response_gram
+from .overlap import overlap_basis_from_model
+from .reference import MomentAccumulator, ReferenceRecurrenceScheduler
+
+
+# Coefficients written with the statistics when none are given: the paper's closest system ([choice]; `untied-sc
+# tune` replaces them with values searched for the model).
+DEFAULT_PRESET = {"elf": "elf-b", "langflow": "langflow-lm1b"}
+# Bank j of a calibration with seed s draws its batches from generators seeded s·BANK_STRIDE + i (i < BANK_STRIDE).
+BANK_STRIDE = 1_000_003
+
+
+@dataclass
+class CalibrationSummary:
+    """What one calibrated NFE looks like (printed by the CLI)."""
+
+    num_inference_steps: int
+    active_steps: int
+    mean_rms: float
+    max_rms: float
+    mean_cosine_distance: float
+    mean_norm: float
+    seconds: float
+    trajectories: int
+
+
+@dataclass
+class CalibrationResult:
+    statistics: SamplerStatistics
+    summaries: list[CalibrationSummary] = field(default_factory=list)
+    base_scale_seconds: float = 0.0
+
+
+def pipeline_solver(pipe) -> str:
+    """'elf' or 'langflow', from the pipeline's network."""
+    return "elf" if hasattr(pipe.transformer.config, "latent_dim") else "langflow"
+
+
+def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
+    """(generator seed, batch size) of each batch of bank `bank` (0: B_μ, 1: B_σ) of a calibration with `seed`."""
+    base = (2 * seed + bank) * BANK_STRIDE
+    sizes = [batch_size] * (bank_size // batch_size) + ([bank_size % batch_size] if bank_size % batch_size else [])
+    return [(base + i, size) for i, size in enumerate(sizes)]
+
+
+def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceScheduler:
+    config = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, eta_r=0.0, eta_t=0.0).config
+    config = {key: value for key, value in config.items() if not key.startswith("_")}
+    return ReferenceRecurrenceScheduler(base_correction_scale, **{**config, "alpha": alpha})
+
+
+@torch.no_grad()
+def run_updates(pipe, scheduler, num_inference_steps: int, generator: torch.Generator, batch_size: int) -> None:
+    """Runs the update steps of one batch (the pipeline's network call; LangFlow's final evaluation is skipped)."""
+    device = pipe._execution_device
+    scheduler.set_timesteps(num_inference_steps, device=device, **pipe._set_timesteps_kwargs(generator))
+    latents = pipe.prepare_latents(batch_size, generator, None, device)
+    for t in scheduler.timesteps[: num_update_steps(scheduler.config.solver, num_inference_steps)]:
+        model_input = scheduler.scale_model_input(latents, t)
+        prediction, _ = pipe._predict(model_input, t, scheduler.self_conditioning)
+        latents = scheduler.step(prediction, t, latents).prev_sample
+
+
+def trajectory_statistics(
+    pipe,
+    num_inference_steps: int,
+    base_correction_scale: float,
+    alpha: float,
+    bank_mu: list[tuple[int, int]],
+    bank_sigma: list[tuple[int, int]],
+    progress: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """
+    μ_k, σ_k, δ̄_k from the reference recurrence on two disjoint banks (eq. empirical_carrier_statistics).
+
+    Each bank is a list of (generator seed, batch size); a batch shares ELF's random grid, as in official sampling.
+    Returns float32 (K_u, D), (K_u,), (K_u,).
+    """
+    if num_inference_steps < 2:
+        raise ValueError(f"num_inference_steps must be ≥ 2, got {num_inference_steps}.")
+    shared = {seed for seed, _ in bank_mu} & {seed for seed, _ in bank_sigma}
+    if shared:
+        raise ValueError(f"The two banks overlap (shared batch seeds {sorted(shared)[:5]}); use disjoint banks.")
+    for name, bank in (("B_mu", bank_mu), ("B_sigma", bank_sigma)):
+        if sum(size for _, size in bank) < 2:
+            raise ValueError(f"Bank {name} has fewer than 2 trajectories; use bank_size ≥ 2.")
+    scheduler = _reference_scheduler(pipe, base_correction_scale, alpha)
+    updates, dim = num_update_steps(scheduler.config.solver, num_inference_steps), pipe.latent_shape[1]
+    accumulators = []
+    for bank_name, bank in (("μ, δ̄", bank_mu), ("σ", bank_sigma)):
+        scheduler.accumulator = MomentAccumulator(updates, dim)
+        description = f"NFE {num_inference_steps}, bank {bank_name}"
+        for seed, size in tqdm(bank, desc=description, disable=not progress, leave=False):
+            run_updates(pipe, scheduler, num_inference_steps, torch.Generator().manual_seed(seed), size)
+        accumulators.append(scheduler.accumulator)
+    mu_bank, sigma_bank = accumulators
+    return mu_bank.mean().float(), sigma_bank.rms().float(), mu_bank.cosine_distance().float()
+
+
+def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str | dict | None) -> dict[int, dict]:
+    """Coefficients per NFE: a preset name, an explicit {nfe: {eta_r, eta_t, eta_o, alpha}}, or the family default."""
+    if isinstance(coefficients, dict):
+        missing = [n for n in steps if n not in coefficients]
+        if missing:
+            raise ValueError(f"No coefficients given for NFE {missing}.")
+        return {n: dict(coefficients[n]) for n in steps}
+    name = coefficients or DEFAULT_PRESET[solver]
+    table = paper_coefficients().get(name)
+    if table is None:
+        raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
+    missing = [n for n in steps if str(n) not in table]
+    if missing:
+        raise ValueError(
+            f"The {name!r} preset has no coefficients for NFE {missing} (it has {sorted(int(k) for k in table)}); "
+            "pass `coefficients={nfe: {'eta_r': ..., 'eta_t': ..., 'eta_o': ..., 'alpha': ...}}`."
+        )
+    return {n: dict(table[str(n)]) for n in steps}
+
+
+def calibrate_pipeline(
+    pipe,
+    nfe: list[int],
+    bank_size: int = 64,
+    seed: int = 0,
+    batch_size: int = 16,
+    coefficients: str | dict | None = None,
+    base_scale_steps: int = 16,
+    base_scale_bank_size: int = 32,
+    progress: bool = True,
+) -> CalibrationResult:
+    """
+    Computes the pipeline's [`SamplerStatistics`] for the NFEs in `nfe`, keeping other NFEs already calibrated for
+    this model (the basis and base scales are recomputed; they are deterministic).
+
+    Args:
+        pipe ([`ELFPipeline`] or [`LangFlowPipeline`]): the frozen pipeline.
+        nfe (`list[int]`): NFEs to calibrate (each ≥ 2).
+        bank_size (`int`, defaults to 64): trajectories in each of the two disjoint banks B_μ and B_σ.
+        seed (`int`, defaults to 0): bank B_μ uses seed 2·seed, B_σ 2·seed + 1 (disjoint by construction).
+        batch_size (`int`, defaults to 16): trajectories per batch (an ELF batch shares one random grid).
+        coefficients (`str` or `dict`, *optional*): a paper preset name or explicit coefficients per NFE, stored
+            with the statistics (and α is the reference recurrence's EMA weight); default: the family's preset.
+        base_scale_steps (`int`, defaults to 16), base_scale_bank_size (`int`, defaults to 32): ELF only: the NFE
+            and number of trajectories of the response-Gram measurement.
+        progress (`bool`, defaults to `True`): show progress bars.
+    """
+    nfe = sorted(set(nfe))
+    if not nfe or any(not isinstance(n, int) or n < 2 for n in nfe):
+        raise ValueError(f"Every NFE must be an integer ≥ 2, got {nfe}.")
+    if bank_size < 2:
+        raise ValueError(f"bank_size must be ≥ 2 (each bank needs at least 2 trajectories), got {bank_size}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
+    solver = pipeline_solver(pipe)
+    if solver == "langflow" and not pipe.transformer.config.self_conditioning:
+        raise ValueError("This LangFlow model has no self-conditioning input; untied self-conditioning needs one.")
+    per_nfe_coefficients = resolve_preset_coefficients(solver, nfe, coefficients)
+    overlap = overlap_basis_from_model(pipe.transformer)
+
+    start = time.perf_counter()
+    if solver == "elf":
+        generators = [
+            torch.Generator().manual_seed(s) for s, _ in bank_seeds(seed + 7919, 0, base_scale_bank_size, batch_size)
+        ]
+        bar = tqdm(total=len(generators), desc="base scales (response Gram)", disable=not progress, leave=False)
+        gram = elf_response_gram(pipe, overlap, generators, batch_size, base_scale_steps, progress=bar)
+        bar.close()
+        base_scales = base_scales_from_gram(gram)
+    else:
+        base_scales = (1.0, 1.0)  # full-rank geometry (paper Appendix "Precomputation and inference-time settings")
+    result = CalibrationResult(statistics=None, base_scale_seconds=time.perf_counter() - start)
+
+    steps, bank_sizes, seeds = _existing(pipe)
+    for n in nfe:
+        start = time.perf_counter()
+        bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
+        mean, rms, distance = trajectory_statistics(
+            pipe, n, base_scales[1], per_nfe_coefficients[n]["alpha"], bank_mu, bank_sigma, progress
+        )
+        steps[n] = StepStatistics(mean, rms, distance, per_nfe_coefficients[n])
+        bank_sizes[str(n)], seeds[str(n)] = [bank_size, bank_size], [2 * seed, 2 * seed + 1]
+        result.summaries.append(_summarise(n, mean, rms, distance, time.perf_counter() - start, 2 * bank_size))
+
+    basis, rho_sq = overlap.storage_tensors()
+    solver_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
+    result.statistics = SamplerStatistics.build(
+        pipe.transformer, solver, basis, rho_sq, base_scales, steps, solver_config, bank_sizes, seeds
+    )
+    return result
+
+
+def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict]:
+    """Calibrations already in the pipeline for this very model (kept when adding NFEs), with their banks."""
+    statistics = getattr(pipe, "sampler_statistics", None)
+    if statistics is None:
+        return {}, {}, {}
+    try:
+        statistics.check_model(pipe.transformer)
+    except ValueError:
+        return {}, {}, {}
+    steps = {n: statistics.for_steps(n) for n in statistics.config.calibrated_steps or []}
+    return steps, dict(statistics.config.bank_sizes or {}), dict(statistics.config.seeds or {})
+
+
+def _summarise(n, mean, rms, distance, seconds, trajectories) -> CalibrationSummary:
+    active = rms > 0
+    return CalibrationSummary(
+        num_inference_steps=n,
+        active_steps=int(active.sum()),
+        mean_rms=rms[active].mean().item() if active.any() else 0.0,
+        max_rms=rms.max().item(),
+        mean_cosine_distance=distance[active].mean().item() if active.any() else 0.0,
+        mean_norm=mean.norm(dim=1)[active].mean().item() if active.any() else 0.0,
+        seconds=seconds,
+        trajectories=trajectories,
+    )
+
+
+def format_summary(result: CalibrationResult) -> str:
+    """A Markdown table of the calibrated NFEs."""
+    statistics = result.statistics
+    lines = [
+        f"λ_R^(0) = {statistics.base_transform_exponent:.4f}, g_T^(0) = {statistics.base_correction_scale:.4f} "
+        f"({result.base_scale_seconds:.1f} s); overlap rank {statistics.config.rank}",
+        "",
+        "| NFE | active steps | mean σ | max σ | mean δ̄ | mean ‖μ‖ | trajectories | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in result.summaries:
+        lines.append(
+            f"| {s.num_inference_steps} | {s.active_steps} | {s.mean_rms:.4f} | {s.max_rms:.4f} | "
+            f"{s.mean_cosine_distance:.4f} | {s.mean_norm:.4f} | {s.trajectories} | {s.seconds:.1f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Calibration: the reference recurrence's moments, base scales, determinism, entry points and errors."""
+
+import math
+
+import pytest
+import torch
+
+from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
+from untied_sc.calibration import (
+    MomentAccumulator,
+    base_scales_from_gram,
+    calibrate_pipeline,
+    reference_activation,
+    trajectory_statistics,
+)
+from untied_sc.calibration.calibrate import bank_seeds, run_updates
+from untied_sc.calibration.reference import ReferenceRecurrenceScheduler
+from untied_sc.cli import main as cli_main
+from untied_sc.models import LangFlowTransformerModel
+from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers.untied_functions import moment_projection
+
+from .conftest import elf_from_golden, langflow_from_golden
+from .tiny import tiny_tokenizer
+
+
+@pytest.fixture
+def elf_pipe(elf_golden):
+    pipe = ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture
+def langflow_pipe(langflow_golden):
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_reference_activation_schedule():
+    assert [reference_activation(k, 10) for k in (0, 3)] == [0.0, 0.0]  # r ≤ 0.40
+    assert reference_activation(4, 10) == pytest.approx(math.sqrt(0.1 / 0.55))  # r = 0.5
+    assert reference_activation(8, 10) == pytest.approx(math.sqrt(0.5 / 0.55))  # r = 0.9
+    assert reference_activation(9, 10) == 0.0  # r = 1.0 > 0.95
+
+
+def test_base_scales_from_a_known_gram():
+    chi = math.sqrt(2 / (0.25**2 + 0.75**2))
+    assert base_scales_from_gram(torch.eye(2)) == pytest.approx((0.75 * chi * 0.25, 0.75 * chi * 0.75))
+    # Scaling both responses alike leaves the scales unchanged: only their relative geometry matters.
+    gram = torch.tensor([[2.0, 0.5], [0.5, 1.0]])
+    assert base_scales_from_gram(10 * gram) == pytest.approx(base_scales_from_gram(gram))
+    with pytest.raises(ValueError, match="degenerate"):
+        base_scales_from_gram(torch.zeros(2, 2))
+
+
+def test_moment_accumulator_matches_a_direct_computation_over_stored_corrections(langflow_pipe):
+    """Runs the reference recurrence, keeps every Ũ_k and δ̃_k, and recomputes eq. (empirical_carrier_statistics)."""
+    stored = []
+
+    class Recording(MomentAccumulator):
+        def add(self, step, correction, distance, mask):
+            stored.append((step, correction.double().clone(), distance.double().clone()))
+            super().add(step, correction, distance, mask)
+
+    scheduler = ReferenceRecurrenceScheduler(1.0, solver="langflow", alpha=0.8)
+    scheduler.accumulator = Recording(7, 32)
+    for seed in (1, 2):
+        run_updates(langflow_pipe, scheduler, 8, torch.Generator().manual_seed(seed), batch_size=3)
+    active_steps = sorted({step for step, _, _ in stored})
+    assert active_steps == [k for k in range(7) if reference_activation(k, 7) > 0]
+    for k in range(7):
+        corrections = [c for step, c, _ in stored if step == k]
+        distances = [d for step, _, d in stored if step == k]
+        if not corrections:
+            assert scheduler.accumulator.mean()[k].abs().max() == 0 and scheduler.accumulator.rms()[k] == 0
+            continue
+        u, d = torch.cat(corrections), torch.cat(distances)
+        token_mean = u.mean(dim=1)
+        assert torch.allclose(scheduler.accumulator.mean()[k], token_mean.mean(dim=0), atol=1e-10)
+        assert torch.allclose(scheduler.accumulator.cosine_distance()[k], d.mean(dim=1).mean(), atol=1e-10)
+        rms = ((u - token_mean[:, None]) ** 2).sum().div(u.numel()).sqrt()
+        assert torch.allclose(scheduler.accumulator.rms()[k], rms, atol=1e-10)
+
+
+def test_same_seeds_give_bitwise_identical_statistics(elf_pipe):
+    first = calibrate_pipeline(elf_pipe, [8], bank_size=4, batch_size=2, base_scale_bank_size=2, progress=False)
+    second = calibrate_pipeline(elf_pipe, [8], bank_size=4, batch_size=2, base_scale_bank_size=2, progress=False)
+    for name, tensor in first.statistics.state_dict().items():
+        assert torch.equal(tensor, second.statistics.state_dict()[name]), name
+    assert first.statistics.rms_nfe8.max() > 0
+
+
+def test_bank_order_does_not_change_the_statistics(elf_pipe):
+    bank_mu, bank_sigma = bank_seeds(3, 0, 6, 2), bank_seeds(3, 1, 6, 2)
+    forward = trajectory_statistics(elf_pipe, 8, 1.0, 0.8, bank_mu, bank_sigma, progress=False)
+    backward = trajectory_statistics(elf_pipe, 8, 1.0, 0.8, bank_mu[::-1], bank_sigma[::-1], progress=False)
+    for a, b in zip(forward, backward, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_calibrated_moments_carry_over_to_a_held_out_bank(langflow_pipe):
+    """Π_k with calibrated μ_k, σ_k has exactly those moments; a held-out bank's own moments agree within noise."""
+    mean, rms, _ = trajectory_statistics(
+        langflow_pipe, 8, 1.0, 0.8, bank_seeds(0, 0, 24, 8), bank_seeds(0, 1, 24, 8), progress=False
+    )
+    held_mean, held_rms, _ = trajectory_statistics(
+        langflow_pipe, 8, 1.0, 0.8, bank_seeds(5, 0, 24, 8), bank_seeds(5, 1, 24, 8), progress=False
+    )
+    active = rms > 0
+    assert active.sum() >= 3
+    relative_rms_error = ((held_rms - rms).abs() / rms)[active]
+    assert relative_rms_error.max() < 0.25
+    direction = torch.randn(4, 12, 32, generator=torch.Generator().manual_seed(0))
+    for k in torch.nonzero(active).flatten().tolist():
+        projected = moment_projection(direction, mean[k], rms[k].item())
+        assert torch.allclose(projected.mean(dim=1), mean[k].expand(4, -1), atol=1e-5)
+        centred = projected - projected.mean(dim=1, keepdim=True)
+        assert torch.allclose(centred.pow(2).mean(dim=(1, 2)).sqrt(), rms[k].expand(4), rtol=1e-4)
+
+
+def test_calibrate_extends_existing_statistics_and_enables_untied_sampling(langflow_pipe):
+    langflow_pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    first = langflow_pipe.sampler_statistics.rms_nfe8.clone()
+    langflow_pipe.calibrate(nfe=[16], bank_size=4, batch_size=4, progress=False)
+    statistics = langflow_pipe.sampler_statistics
+    assert statistics.config.calibrated_steps == [8, 16] and torch.equal(statistics.rms_nfe8, first)
+    assert statistics.config.bank_sizes == {"8": [4, 4], "16": [4, 4]}
+    langflow_pipe.scheduler = UntiedSelfConditioningScheduler.from_config(langflow_pipe.scheduler.config)
+    output = langflow_pipe(batch_size=2, num_inference_steps=16, generator=torch.Generator().manual_seed(0))
+    assert len(output.texts) == 2
+    with pytest.raises(ValueError, match=r"calibrated: \[8, 16\]"):
+        langflow_pipe(batch_size=2, num_inference_steps=32)
+
+
+def test_cli_calibrate_writes_statistics_into_the_folder(tmp_path, capsys, langflow_pipe):
+    langflow_pipe.save_pretrained(tmp_path)
+    code = cli_main(["calibrate", str(tmp_path), "--nfe", "8", "--bank-size", "4", "--batch-size", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| NFE | active steps |" in out and "calibrated NFEs [8]" in out
+    reloaded = load_pipeline(tmp_path)
+    assert reloaded.sampler_statistics.config.calibrated_steps == [8]
+    assert reloaded.sampler_statistics.config.seeds == {"8": [0, 1]}
+
+
+def test_bad_calibration_input_gives_clear_errors(elf_pipe, langflow_golden):
+    with pytest.raises(ValueError, match="bank_size must be ≥ 2"):
+        calibrate_pipeline(elf_pipe, [8], bank_size=1, progress=False)
+    with pytest.raises(ValueError, match="integer ≥ 2"):
+        calibrate_pipeline(elf_pipe, [1], progress=False)
+    with pytest.raises(ValueError, match="banks overlap"):
+        trajectory_statistics(elf_pipe, 8, 1.0, 0.8, bank_seeds(0, 0, 4, 2), bank_seeds(0, 0, 4, 2), progress=False)
+    with pytest.raises(ValueError, match="no coefficients for NFE \\[12\\]"):
+        calibrate_pipeline(elf_pipe, [12], progress=False)
+    config = dict(langflow_from_golden(langflow_golden).config)
+    no_sc = LangFlowTransformerModel(**{**config, "self_conditioning": False})
+    pipe = LangFlowPipeline(no_sc, LangFlowScheduler(), tiny_tokenizer())
+    with pytest.raises(ValueError, match="no self-conditioning input"):
+        calibrate_pipeline(pipe, [8], progress=False)
