@@ -43,7 +43,7 @@ def elf_b_random(args) -> dict:
     model = ELFTransformerModel.from_preset("elf-b", num_layers=args.layers).eval()
     with torch.no_grad():
         model.final_layer.linear.weight.normal_(std=0.02)
-    pipe = ELFPipeline(model, ELFScheduler(), _Tokenizer(model.config.vocab_size))
+    pipe = ELFPipeline(model, ELFScheduler(sde_gamma=2.0), _Tokenizer(model.config.vocab_size))
     scheduler = ReferenceRecurrenceScheduler(1.0, solver="elf", alpha=0.7)
     scheduler.accumulator = MomentAccumulator(args.steps, model.config.latent_dim)
     start = time.perf_counter()
