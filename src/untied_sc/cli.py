@@ -1,8 +1,9 @@
-"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines."""
+"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, evaluate samples."""
 
 import argparse
 import sys
 
+from .evaluation.cli import register_evaluate_command
 from .models.convert import UnsafeCheckpointError, convert_official_elf, convert_official_langflow
 
 
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)
+
+    register_evaluate_command(commands)
     return parser
 
 
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except (UnsafeCheckpointError, ValueError, FileNotFoundError) as error:
+    except (UnsafeCheckpointError, ValueError, FileNotFoundError, ImportError) as error:
         print(f"untied-sc {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

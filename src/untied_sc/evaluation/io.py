@@ -1,0 +1,205 @@
+"""Samples files and scoring them: the data behind `untied-sc evaluate`.
+
+A samples file is JSONL: one JSON object per line and per sample, with
+
+- `text` (`str`, required): the decoded sample (ELF's `generated` key is accepted when reading);
+- `ids` (`list[int]`, optional): the generator's token ids (LangFlow's entropy is computed on these);
+- `seed` (`int`, optional), `sampler` (`str`, optional, e.g. `"official"` / `"untied"`), `nfe` (`int`, optional);
+- any other key, kept as is in `Sample.extra`.
+"""
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .metrics import distinct_n, generative_perplexity, mean_unigram_entropy, unigram_entropy, word_repetition
+from .statistics import paired_comparison
+
+
+_KNOWN_KEYS = ("text", "ids", "seed", "sampler", "nfe")
+
+
+@dataclass
+class Sample:
+    """One generated sample: its text and, optionally, its generator ids and provenance."""
+
+    text: str
+    ids: list[int] | None = None
+    seed: int | None = None
+    sampler: str | None = None
+    nfe: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        record = {key: getattr(self, key) for key in _KNOWN_KEYS if getattr(self, key) is not None}
+        return {**self.extra, **record}
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "Sample":
+        record = dict(record)
+        if "text" not in record and "generated" in record:
+            record["text"] = record.pop("generated")
+        if not isinstance(record.get("text"), str):
+            raise ValueError(f"A sample needs a string 'text' (or 'generated'), got keys {sorted(record)}.")
+        known = {key: record.pop(key) for key in _KNOWN_KEYS if key in record}
+        if known.get("ids") is not None:
+            known["ids"] = [int(i) for i in known["ids"]]
+        return cls(**known, extra=record)
+
+
+def write_samples(path: str | os.PathLike, samples: Iterable[Sample | dict]) -> Path:
+    """Writes `samples` (`Sample`s or dicts with at least `text`) to a JSONL file, one object per line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for sample in samples:
+            sample = sample if isinstance(sample, Sample) else Sample.from_dict(sample)
+            handle.write(json.dumps(sample.to_dict(), ensure_ascii=False) + "\n")
+    return path
+
+
+def read_samples(path: str | os.PathLike) -> list[Sample]:
+    """Reads a JSONL samples file (blank lines skipped)."""
+    samples = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                samples.append(Sample.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as error:
+                raise ValueError(f"{path}, line {number}: {error}") from error
+    return samples
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+def evaluate_samples(
+    samples: str | os.PathLike | Sequence[Sample],
+    evaluator="smollm2-135m",
+    protocol: str = "elf",
+    batch_size: int = 8,
+    max_length: int | None = None,
+    context_size: int | None = None,
+    repetition_n: int = 4,
+    distinct: Sequence[int] = (1, 2, 3, 4),
+    **evaluator_kwargs,
+) -> dict:
+    """Scores a samples file (or a list of [`Sample`]) and returns a JSON-ready result dict.
+
+    Args:
+        samples: a JSONL path (see the module docstring) or a list of [`Sample`].
+        evaluator: an evaluator name for [`load_evaluator`] (default `"smollm2-135m"`), or a `(model, tokenizer)` pair.
+        protocol (`str`, defaults to `"elf"`): `"elf"` or `"langflow"` (see [`sample_nlls`]).
+        batch_size, max_length, context_size: passed to [`sample_nlls`].
+        repetition_n (`int`, defaults to 4): n of the word Rep-n.
+        distinct (`Sequence[int]`, defaults to `(1, 2, 3, 4)`): the n of each distinct-n.
+        **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
+
+    Returns:
+        `dict` with `protocol`, `evaluator`, counts, `gen_ppl`, `nll_per_token`, `num_tokens`, `entropy` (the
+        protocol's own: evaluator ids for `"elf"`, generator ids for `"langflow"`, `None` when the file has no ids),
+        both entropies, `rep_<n>`, `distinct_<n>` (text metrics over the samples the protocol scores) and
+        `per_sample` (one dict per sample, in file order, with its provenance and scores, for paired comparisons).
+    """
+    from .evaluator import load_evaluator
+
+    if isinstance(samples, (str, os.PathLike)):
+        samples = read_samples(samples)
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+        model, tokenizer = load_evaluator(evaluator, **evaluator_kwargs)
+    else:
+        model, tokenizer = evaluator
+        evaluator_name = getattr(model, "name_or_path", None) or type(model).__name__
+    texts = [sample.text for sample in samples]
+    result = generative_perplexity(
+        texts,
+        model,
+        tokenizer,
+        protocol=protocol,
+        batch_size=batch_size,
+        max_length=max_length,
+        context_size=context_size,
+    )
+    scores = result.per_sample
+    scored = scores.scored.tolist()
+    scored_texts = [text for text, keep in zip(texts, scored, strict=True) if keep]
+    evaluator_entropy = mean_unigram_entropy(
+        [ids for ids, keep in zip(scores.evaluator_ids, scored, strict=True) if keep]
+    )[0]
+    has_ids = all(sample.ids is not None for sample in samples)
+    generator_entropy = mean_unigram_entropy([sample.ids for sample in samples])[0] if has_ids else float("nan")
+    mean_nll = scores.mean_nll.tolist()
+    per_sample = []
+    for i, sample in enumerate(samples):
+        record = {key: getattr(sample, key) for key in ("seed", "sampler", "nfe") if getattr(sample, key) is not None}
+        record.update(
+            index=i,
+            scored=scored[i],
+            nll_sum=float(scores.nll_sum[i]),
+            num_tokens=int(scores.num_tokens[i]),
+            mean_nll=_finite_or_none(mean_nll[i]),
+            entropy_evaluator_ids=_finite_or_none(unigram_entropy(scores.evaluator_ids[i])),
+            entropy_generator_ids=_finite_or_none(unigram_entropy(sample.ids)) if sample.ids is not None else None,
+            **{f"rep_{repetition_n}": word_repetition(sample.text, repetition_n)},
+        )
+        per_sample.append(record)
+    official_entropy = evaluator_entropy if protocol == "elf" else generator_entropy
+    return {
+        "protocol": protocol,
+        "evaluator": evaluator_name,
+        "num_samples": len(samples),
+        "num_scored": sum(scored),
+        "num_dropped": len(samples) - sum(scored),
+        "samplers": sorted({s.sampler for s in samples if s.sampler is not None}),
+        "nfe": sorted({s.nfe for s in samples if s.nfe is not None}),
+        "gen_ppl": result.gen_ppl,
+        "nll_per_token": result.nll_per_token,
+        "num_tokens": result.num_tokens,
+        "entropy": _finite_or_none(official_entropy),
+        "entropy_evaluator_ids": _finite_or_none(evaluator_entropy),
+        "entropy_generator_ids": _finite_or_none(generator_entropy),
+        f"rep_{repetition_n}": sum(word_repetition(t, repetition_n) for t in scored_texts) / max(len(scored_texts), 1),
+        **{f"distinct_{n}": distinct_n(scored_texts, n) for n in distinct},
+        "per_sample": per_sample,
+    }
+
+
+def compare_results(
+    baseline: dict,
+    candidate: dict,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = None,
+) -> dict:
+    """Paired comparison of two [`evaluate_samples`] results (baseline = a, candidate = b), pairing samples by order.
+
+    The two files must hold the same number of samples and, where both record seeds, the same seed at each position.
+    Returns [`PairedComparison`]'s fields as a dict (Δ = candidate - baseline per-token NLL).
+    """
+    a, b = baseline["per_sample"], candidate["per_sample"]
+    if len(a) != len(b):
+        raise ValueError(f"Paired files must hold the same number of samples, got {len(a)} and {len(b)}.")
+    for first, second in zip(a, b, strict=True):
+        if "seed" in first and "seed" in second and first["seed"] != second["seed"]:
+            raise ValueError(
+                f"Sample {first['index']} has seed {first['seed']} in the baseline but {second['seed']} in the "
+                "candidate; write both files in the same seed order."
+            )
+    nan = float("nan")
+    comparison = paired_comparison(
+        [nan if r["mean_nll"] is None else r["mean_nll"] for r in a],
+        [nan if r["mean_nll"] is None else r["mean_nll"] for r in b],
+        num_resamples=num_resamples,
+        confidence=confidence,
+        generator=generator,
+    )
+    return dict(vars(comparison))

