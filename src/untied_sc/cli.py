@@ -39,6 +39,23 @@ def _calibrate(args: argparse.Namespace) -> None:
         print(f"Pushed to {args.push_to_hub}")
 
 
+def _data_build(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .training import build_corpus, train_tokenizer
+
+    build_corpus(Path(args.out))
+    train_tokenizer(Path(args.out) / "train.txt", Path(args.tokenizer_out))
+
+
+def _train(args: argparse.Namespace) -> None:
+    import importlib
+
+    status = importlib.import_module(f"untied_sc.training.{args.family}").main(args.rest)
+    if status:
+        raise SystemExit(status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="untied-sc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.set_defaults(handler=_calibrate)
 
     register_evaluate_command(commands)
+
+    data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    build = data_commands.add_parser("build", help="Download, clean, deduplicate and split the corpus; train BPE.")
+    build.add_argument("--out", default="data/corpus")
+    build.add_argument("--tokenizer-out", default="data/tokenizer-8k")
+    build.set_defaults(handler=_data_build)
+
+    train = commands.add_parser(
+        "train", help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`."
+    )
+    train.add_argument("family", choices=["elf", "langflow"])
+    train.add_argument("rest", nargs=argparse.REMAINDER, help="Arguments of `python -m untied_sc.training.<family>`.")
+    train.set_defaults(handler=_train)
     return parser
 
 

@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, output in results.items():
             ppl = generative_perplexity(output.texts, *evaluator, protocol=protocol)
             entropy, _ = mean_unigram_entropy([ids.tolist() for ids in output.sequences])
-            print(f"\n--- {name}: GenPPL {ppl.gen_ppl:.1f} ({protocol} protocol), unigram entropy of generator ids {entropy:.2f}")
+            print(
+                f"\n--- {name}: GenPPL {ppl.gen_ppl:.1f} ({protocol} protocol), unigram entropy of generator ids {entropy:.2f}"
+            )
             for text in output.texts[: args.show]:
                 print(textwrap.indent(textwrap.fill(text, 110), "  | "), end="\n\n")
     return 0

@@ -21,10 +21,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def tokenize_paragraphs(paragraphs: list[str], tokenizer, batch: int = 4096) -> torch.Tensor:
     """Concatenated ids of `paragraph + "\\n"` for each paragraph, without special tokens (int32, 1-D)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     ids: list[int] = []
     for start in range(0, len(paragraphs), batch):
         chunk = [p + "\n" for p in paragraphs[start : start + batch]]
-        for row in tokenizer(chunk, add_special_tokens=False)["input_ids"]:
+        if backend is not None:  # the fast path, and no "longer than model_max_length" warnings
+            rows = [encoding.ids for encoding in backend.encode_batch(chunk, add_special_tokens=False)]
+        else:
+            rows = tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        for row in rows:
             ids.extend(row)
     return torch.tensor(ids, dtype=torch.int32)
 

