@@ -1,8 +1,9 @@
-"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, evaluate samples."""
+"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, evaluate and benchmark samplers."""
 
 import argparse
 import sys
 
+from .evaluation.benchmark import register_benchmark_command
 from .evaluation.cli import register_evaluate_command
 from .models.convert import UnsafeCheckpointError, convert_official_elf, convert_official_langflow
 
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.set_defaults(handler=_calibrate)
 
     register_evaluate_command(commands)
+    register_benchmark_command(commands)
 
     data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
     data_commands = data.add_subparsers(dest="data_command", required=True)

@@ -1,6 +1,7 @@
 """Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
 throughput, and the statistics of matched comparisons (SPEC §6). It scores texts and token ids only."""
 
+from .benchmark import aggregate, format_markdown, run_sweep, write_results
 from .evaluator import SMOLLM2_NAME, default_cache_dir, evaluator_context_size, load_evaluator
 from .io import Sample, compare_results, evaluate_samples, read_samples, write_samples
 from .metrics import (
@@ -20,4 +21,5 @@ from .metrics import (
     word_ngrams,
     word_repetition,
 )
+from .plots import plot_benchmark
 from .statistics import PairedComparison, bootstrap_ci, mean_and_standard_error, paired_comparison

@@ -24,8 +24,9 @@ class ELFPipeline(LanguageFlowPipeline):
     Unconditional text generation with ELF (Embedded Language Flows).
 
     Each step calls the network once on the (re-noised) latent with the scheduler's self-conditioning input and the
-    SC-CFG scale `scheduler.config.sc_cfg_scale`. After the last step, one decode pass (t = 1, zero
-    self-conditioning, mode tokens on) gives logits; the argmax is cut at the first EOS. NFE = number of steps.
+    SC-CFG scale w (`scheduler.config.sc_cfg_scale`, or the call's `sc_cfg_scale`). After the last step, one decode
+    pass (t = 1, zero self-conditioning, mode tokens on) gives logits; the argmax is cut at the first EOS. NFE = number
+    of steps.
 
     Args:
         transformer ([`ELFTransformerModel`]): the network.
@@ -41,12 +42,34 @@ class ELFPipeline(LanguageFlowPipeline):
         ```
     """
 
+    _sc_cfg_scale = None  # w of the call in progress (set by `__call__`; None: the scheduler config's)
+
+    def __call__(self, *args, sc_cfg_scale: float | None = None, **kwargs):
+        r"""
+        Samples as [`LanguageFlowPipeline.__call__`] (same arguments), with one ELF-specific knob.
+
+        Args:
+            sc_cfg_scale (`float`, *optional*): the SC-CFG scale w, a network input at every step and in the final
+                decode pass; ELF's own quality/diversity trade-off (w moves GenPPL and entropy), used as the
+                diversity control of GenPPL–entropy curves. `None` (default): `scheduler.config.sc_cfg_scale`.
+        """
+        if sc_cfg_scale is not None and not isinstance(sc_cfg_scale, int | float):
+            raise ValueError(f"sc_cfg_scale must be a number or None, got {sc_cfg_scale!r}.")
+        self._sc_cfg_scale = None if sc_cfg_scale is None else float(sc_cfg_scale)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._sc_cfg_scale = None
+
     @property
     def latent_shape(self) -> tuple[int, int]:
         return self.transformer.config.max_length, self.transformer.config.latent_dim
 
     @property
     def sc_cfg_scale(self) -> float:
+        """The SC-CFG scale w in use: the call's override, else the scheduler config's, else 3.0."""
+        if self._sc_cfg_scale is not None:
+            return self._sc_cfg_scale
         return getattr(self.scheduler.config, "sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
 
     def _predict(self, model_input, timestep, self_conditioning):

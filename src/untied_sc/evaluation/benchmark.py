@@ -1,0 +1,629 @@
+"""The matched benchmark behind `untied-sc benchmark`: official vs untied sampling across NFEs and seeds (SPEC §6).
+
+For every seed s, NFE N and sampler, the pipeline generates `num_samples` samples in batches; batch b of every
+sampler is drawn from `torch.Generator().manual_seed(batch_seed(s, b))`, so sample i of the official run and sample i
+of the untied run share the initial latent z_0 and the random stream (pairs are matched; results depend on
+`batch_size` through the batch seeds, which is recorded). Each run is scored with [`evaluate_samples`] (GenPPL under
+the evaluator and protocol, entropies, Rep-4, distinct-n, per-sample NLL) and timed (samples/s of sampling alone).
+
+Aggregates per (sampler, NFE): mean ± standard error over seeds. Paired per (candidate, NFE) against the baseline
+sampler, pooling the pairs of all seeds: the GenPPL ratio candidate / baseline with a paired bootstrap CI, the mean
+per-token ΔNLL with its CI and the fraction of pairs where the candidate is worse ([`paired_comparison`]), and the
+retained throughput. The diversity sweep runs the official sampler at several values of the family's diversity knob
+(LangFlow: the temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the SC-CFG scale w) so that samplers can be
+compared at equal entropy (GenPPL–entropy curves).
+
+The benchmark runs pipelines (it is the one place in `evaluation` that does) but scores only texts and token ids.
+"""
+
+import inspect
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from .io import Sample, evaluate_samples, write_samples
+from .metrics import retained_throughput, samples_per_second
+from .statistics import bootstrap_ci, mean_and_standard_error, paired_comparison
+
+
+DEFAULT_NFE = (8, 16, 32, 64)
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
+BASELINE = "official"
+# Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
+CALL_KEYS = ("temperature", "sc_cfg_scale")
+AGGREGATED_METRICS = (
+    "gen_ppl",
+    "nll_per_token",
+    "entropy",
+    "entropy_generator_ids",
+    "entropy_evaluator_ids",
+    "rep_4",
+    "distinct_1",
+    "distinct_2",
+    "distinct_3",
+    "distinct_4",
+    "samples_per_second",
+)
+
+
+def batch_seed(seed: int, batch_index: int) -> int:
+    """Seed of batch `batch_index` of benchmark seed `seed` (the same for every sampler and NFE: pairs match)."""
+    return 1_000_003 * int(seed) + int(batch_index)
+
+
+def family_of(pipe) -> str:
+    """`"elf"` or `"langflow"`: which solver family a pipeline samples with."""
+    from ..pipelines import ELFPipeline, LangFlowPipeline
+
+    if isinstance(pipe, ELFPipeline):
+        return "elf"
+    if isinstance(pipe, LangFlowPipeline):
+        return "langflow"
+    raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+
+
+def diversity_knob(family: str) -> str:
+    """The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow), `"sc_cfg_scale"` (ELF)."""
+    return "sc_cfg_scale" if family == "elf" else "temperature"
+
+
+def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None):
+    """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
+
+    `spec["scheduler"]` is `"official"` (the family's official scheduler) or `"untied"`
+    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides).
+    """
+    from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+
+    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler")}
+    config = dict(pipe.scheduler.config if config is None else config)
+    if spec["scheduler"] == "official":
+        cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+        accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
+        return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
+    if spec["scheduler"] == "untied":
+        return UntiedSelfConditioningScheduler.from_config(config, **overrides)
+    raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
+
+
+def _normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Each spec gets an explicit `scheduler` key: `"official"` for the sampler named official, else `"untied"`."""
+    if BASELINE not in samplers:
+        raise ValueError(
+            f"`samplers` must include the baseline {BASELINE!r} (the pairs' first side), got {list(samplers)}."
+        )
+    return {
+        name: {"scheduler": "official" if name == BASELINE else "untied", **dict(spec)}
+        for name, spec in samplers.items()
+    }
+
+
+def _generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:
+    """The generator's ids of each sample: LangFlow every position; ELF up to the EOS cut (trailing pads removed)."""
+    rows = sequences.cpu().tolist()
+    if family != "elf" or pad_token_id is None:
+        return rows
+    trimmed = []
+    for row in rows:
+        end = len(row)
+        while end > 0 and row[end - 1] == pad_token_id:
+            end -= 1
+        trimmed.append(row[:end])
+    return trimmed
+
+
+def generate(pipe, num_inference_steps: int, seed: int, num_samples: int, batch_size: int, **call_kwargs):
+    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds)."""
+    family = family_of(pipe)
+    pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
+    texts, ids, seconds = [], [], 0.0
+    for batch_index, start in enumerate(range(0, num_samples, batch_size)):
+        size = min(batch_size, num_samples - start)
+        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index))
+        began = time.perf_counter()
+        output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
+        if output.sequences is not None and output.sequences.is_cuda:
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - began
+        texts.extend(output.texts)
+        ids.extend(_generator_ids(output.sequences, family, pad))
+    return texts, ids, seconds
+
+
+def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
+    per_sample = result["per_sample"]
+    return {
+        "sampler": sampler,
+        "nfe": nfe,
+        "seed": seed,
+        knob: value,
+        "num_samples": result["num_samples"],
+        "num_scored": result["num_scored"],
+        "seconds": seconds,
+        "samples_per_second": samples_per_second(result["num_samples"], seconds),
+        **{key: result[key] for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        "num_tokens": result["num_tokens"],
+        "per_sample": {
+            "mean_nll": [r["mean_nll"] for r in per_sample],
+            "nll_sum": [r["nll_sum"] for r in per_sample],
+            "num_tokens": [r["num_tokens"] for r in per_sample],
+        },
+    }
+
+
+def _mean_se(values) -> dict:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    if not finite:
+        return {"mean": None, "se": None, "n": 0}
+    mean, se = mean_and_standard_error(finite)
+    return {"mean": mean, "se": None if math.isnan(se) else se, "n": len(finite)}
+
+
+def _nan_if_none(values) -> list[float]:
+    return [float("nan") if v is None else float(v) for v in values]
+
+
+def genppl_ratio_ci(
+    baseline_runs: Sequence[dict],
+    candidate_runs: Sequence[dict],
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = 0,
+) -> tuple[float, tuple[float, float]]:
+    """Pooled GenPPL ratio candidate / baseline over matched runs, and its paired bootstrap CI (pairs resampled).
+
+    GenPPL = exp(Σ nll_sum / Σ num_tokens) pooled over the pairs of all the runs (one run per seed, same order), so the
+    ratio is exp(NLL/token of the candidate - NLL/token of the baseline).
+    """
+    rows = []
+    for a, b in zip(baseline_runs, candidate_runs, strict=True):
+        pa, pb = a["per_sample"], b["per_sample"]
+        rows += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+    table = torch.tensor(rows, dtype=torch.float64)
+
+    def ratio(pairs: torch.Tensor) -> float:
+        nll_a = pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1)
+        nll_b = pairs[:, 2].sum() / pairs[:, 3].sum().clamp(min=1)
+        return float(torch.exp(nll_b - nll_a))
+
+    interval = bootstrap_ci(table, ratio, num_resamples=num_resamples, confidence=confidence, generator=generator)
+    return ratio(table), interval
+
+
+def aggregate(runs: Sequence[dict], baseline: str = BASELINE, num_resamples: int = 1000, generator: int = 0) -> dict:
+    """Aggregates the main-sweep runs (those without a diversity value).
+
+    Returns `{"by_sampler": {sampler: {nfe: {metric: {mean, se, n}}}}, "paired": {candidate: {nfe: {...}}}}`, NFEs as
+    strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order.
+    """
+    by_sampler: dict = {}
+    grouped: dict = {}
+    for run in runs:
+        grouped.setdefault(run["sampler"], {}).setdefault(run["nfe"], {})[run["seed"]] = run
+    for sampler, by_nfe in grouped.items():
+        by_sampler[sampler] = {
+            str(nfe): {metric: _mean_se([r[metric] for r in seeds.values()]) for metric in AGGREGATED_METRICS}
+            for nfe, seeds in sorted(by_nfe.items())
+        }
+    paired: dict = {}
+    for sampler, by_nfe in grouped.items():
+        if sampler == baseline or baseline not in grouped:
+            continue
+        for nfe, seeds in sorted(by_nfe.items()):
+            common = sorted(set(seeds) & set(grouped[baseline].get(nfe, {})))
+            if not common:
+                continue
+            a = [grouped[baseline][nfe][s] for s in common]
+            b = [seeds[s] for s in common]
+            nll_a = [x for run in a for x in _nan_if_none(run["per_sample"]["mean_nll"])]
+            nll_b = [x for run in b for x in _nan_if_none(run["per_sample"]["mean_nll"])]
+            comparison = paired_comparison(nll_a, nll_b, num_resamples=num_resamples, generator=generator)
+            ratio, ratio_ci = genppl_ratio_ci(a, b, num_resamples=num_resamples, generator=generator)
+            per_seed_ratio = [rb["gen_ppl"] / ra["gen_ppl"] for ra, rb in zip(a, b, strict=True)]
+            retained = [
+                retained_throughput(ra["samples_per_second"], rb["samples_per_second"])
+                for ra, rb in zip(a, b, strict=True)
+            ]
+            paired.setdefault(sampler, {})[str(nfe)] = {
+                "baseline": baseline,
+                "seeds": common,
+                "gen_ppl_ratio": ratio,
+                "gen_ppl_ratio_ci": list(ratio_ci),
+                "gen_ppl_ratio_per_seed": _mean_se(per_seed_ratio),
+                **{key: list(v) if isinstance(v, tuple) else v for key, v in vars(comparison).items()},
+                "retained_throughput": _mean_se(retained),
+            }
+    return {"by_sampler": by_sampler, "paired": paired}
+
+
+def run_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    save_samples: bool = False,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+    **evaluator_kwargs,
+) -> dict:
+    """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
+
+    Args:
+        pipeline_dir_or_pipe: a pipeline folder / Hub id ([`load_pipeline`]) or a loaded pipeline. The untied sampler
+            needs its `sampler_statistics` calibrated at every NFE in `nfe` (`untied-sc calibrate`).
+        nfe (`Sequence[int]`, defaults to `(8, 16, 32, 64)`): numbers of function evaluations.
+        seeds (`Sequence[int]`, defaults to `(0, 1, 2)`): benchmark seeds; batch b of seed s uses
+            [`batch_seed`]`(s, b)` for every sampler and NFE.
+        num_samples (`int`, defaults to 256): samples per (sampler, NFE, seed).
+        batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
+        samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
+            `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
+            `"untied"`); `temperature` / `sc_cfg_scale` go to the pipeline call; every other key (`eta_r`, `eta_t`,
+            `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config. `"official"` must be present: it is
+            the baseline of the paired comparisons.
+        evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
+            `(model, tokenizer)` pair.
+        protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
+        diversity_values (`Sequence[float]`, *optional*): values of the family's diversity knob (LangFlow: temperature
+            T; ELF: SC-CFG scale w) at which `diversity_samplers` also run, for GenPPL–entropy curves.
+        diversity_samplers (`Sequence[str]`, defaults to `("official",)`): samplers swept over `diversity_values`.
+        diversity_nfe (`Sequence[int]`, *optional*): NFEs of the diversity sweep (default: all of `nfe`).
+        eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
+        num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
+        name (`str`, *optional*): the model name of the output files (default: the pipeline folder's name).
+        output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` (and
+            `<name>.samples.jsonl` with `save_samples`); nothing is written when `None`.
+        command (`str`, *optional*): the command line stored in the results (default: this process's argv).
+        progress (`bool`, defaults to `True`): a tqdm bar over the runs.
+        device: where to run the pipeline and a named evaluator (default: where the pipeline is; evaluator on CPU).
+        **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
+
+    Returns:
+        The results dict (see [`write_results`] for the files): `model`, `family`, `protocol`, `evaluator`, settings,
+        `diversity_knob`, `runs` (one record per (sampler, NFE, seed[, knob value]) with its metrics, samples/s and
+        per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`.
+    """
+    from tqdm.auto import tqdm
+
+    from .evaluator import load_evaluator
+
+    began = time.perf_counter()
+    if command is None:
+        command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        from ..pipelines import load_pipeline
+
+        name = name or Path(str(pipeline_dir_or_pipe).rstrip("/")).name
+        pipe = load_pipeline(pipeline_dir_or_pipe)
+    else:
+        pipe = pipeline_dir_or_pipe
+        name = name or Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+    if device is not None:
+        pipe.to(device)
+    family = family_of(pipe)
+    protocol = protocol or family
+    knob = diversity_knob(family)
+    samplers = _normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
+    unknown = [s for s in diversity_samplers if s not in samplers]
+    if diversity_values and unknown:
+        raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+        if device is not None:
+            evaluator_kwargs.setdefault("device", device)
+        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
+    else:
+        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+
+    plan = [(s, n, seed, None) for n in nfe for seed in seeds for s in samplers]
+    for value in diversity_values or ():
+        plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
+
+    original_scheduler = pipe.scheduler
+    knob_default = 1.0 if knob == "temperature" else pipe.sc_cfg_scale
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    runs, all_samples = [], []
+    try:
+        for sampler, n, seed, value in tqdm(plan, desc=f"benchmark {name}", disable=not progress):
+            spec = samplers[sampler]
+            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config)
+            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
+            if value is not None:
+                call_kwargs[knob] = value
+            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
+            samples = [
+                Sample(text=t, ids=i, seed=seed, sampler=sampler, nfe=n, extra={"index": j, knob: value})
+                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
+            ]
+            result = evaluate_samples(
+                samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
+            )
+            runs.append(_run_record(result, sampler, n, seed, knob, value, seconds))
+            if save_samples:
+                all_samples += samples
+    finally:
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+
+    main_runs = [run for run in runs if run[knob] is None]
+    results = {
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "protocol": protocol,
+        "evaluator": evaluator_name,
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": "1_000_003 * seed + batch_index",
+        "samplers": samplers,
+        "baseline": BASELINE,
+        "diversity_knob": knob,
+        "diversity_values": list(diversity_values or []),
+        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
+        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
+        "device": str(pipe.device),
+        "torch": torch.__version__,
+        "runs": runs,
+        "aggregates": aggregate(main_runs, num_resamples=num_resamples),
+        "diversity_default": knob_default,
+        "diversity_curves": diversity_curves(runs, knob, knob_default),
+        "command": command,
+    }
+    results["wall_seconds"] = time.perf_counter() - began
+    if output_dir is not None:
+        results["files"] = {k: str(v) for k, v in write_results(results, output_dir).items()}
+        if save_samples:
+            path = write_samples(Path(output_dir) / f"{name}.samples.jsonl", all_samples)
+            results["files"]["samples"] = str(path)
+    return results
+
+
+def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = None) -> dict:
+    """GenPPL and entropy (mean ± SE over seeds) per sampler, NFE and knob value, for samplers that were swept.
+
+    The main runs (knob value `None`) join their sampler's curve at `default` (the knob's value in the main runs: T = 1,
+    or the config's w) with `"default": true`. Returns `{sampler: {nfe: [{knob: value, "default": bool, "gen_ppl":
+    {mean, se, n}, "entropy": {...}}, …]}}`, sorted by knob value.
+    """
+    grouped: dict = {}
+    for run in runs:
+        grouped.setdefault(run["sampler"], {}).setdefault(str(run["nfe"]), {}).setdefault(run[knob], []).append(run)
+    curves: dict = {}
+    for sampler, by_nfe in grouped.items():
+        for nfe, by_value in by_nfe.items():
+            if len(by_value) < 2 and None in by_value:
+                continue  # no sweep for this sampler and NFE
+            points = [
+                {
+                    knob: default if value is None else value,
+                    "default": value is None,
+                    "gen_ppl": _mean_se([r["gen_ppl"] for r in group]),
+                    "entropy": _mean_se([r["entropy"] for r in group]),
+                }
+                for value, group in by_value.items()
+            ]
+            curves.setdefault(sampler, {})[nfe] = sorted(
+                points, key=lambda p: (p[knob] is not None, p[knob] if p[knob] is not None else 0.0)
+            )
+    return curves
+
+
+def _fmt(stat: dict | None, digits: int = 2) -> str:
+    if not stat or stat.get("mean") is None:
+        return "n/a"
+    if stat.get("se") is None:
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} ± {stat['se']:.{digits}f}"
+
+
+def format_markdown(results: dict) -> str:
+    """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, curves."""
+    samplers = list(results["samplers"])
+    by_sampler = results["aggregates"]["by_sampler"]
+    knob = results["diversity_knob"]
+    lines = [
+        f"# Benchmark: {results['model']} ({results['pipeline_class']})",
+        "",
+        f"Evaluator `{results['evaluator']}`, protocol `{results['protocol']}`; {len(results['seeds'])} seeds "
+        f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}; every "
+        "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds; "
+        "entropy in nats (the protocol's: evaluator ids for `elf`, generator ids for `langflow`).",
+        "",
+        "| NFE | " + " | ".join(f"{s} GenPPL | {s} entropy" for s in samplers) + " |",
+        "|---:|" + "---:|---:|" * len(samplers),
+    ]
+    for nfe in results["nfe"]:
+        cells = []
+        for sampler in samplers:
+            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
+            cells += [_fmt(metrics.get("gen_ppl")), _fmt(metrics.get("entropy"), 3)]
+        lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    paired = results["aggregates"]["paired"]
+    if paired:
+        lines += [
+            "",
+            f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds, 95% bootstrap CIs)",
+            "",
+            "| sampler | NFE | pairs | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | retained throughput |",
+            "|---|---:|---:|---|---|---|---:|",
+        ]
+        for sampler, by_nfe in paired.items():
+            for nfe, p in by_nfe.items():
+                low, high = p["gen_ppl_ratio_ci"]
+                d_low, d_high = p["mean_delta_ci"]
+                w_low, w_high = p["fraction_b_worse_ci"]
+                lines.append(
+                    f"| {sampler} | {nfe} | {p['num_pairs']} | {p['gen_ppl_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
+                    f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
+                    f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+                )
+    lines += ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
+    lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
+    for nfe in results["nfe"]:
+        cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
+        lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    if results["diversity_curves"]:
+        lines += [
+            "",
+            f"## GenPPL–entropy curves ({knob} sweep; `(default)` marks the main runs)",
+            "",
+            f"| sampler | NFE | {knob} | GenPPL | entropy |",
+            "|---|---:|---:|---|---|",
+        ]
+        for sampler, by_nfe in results["diversity_curves"].items():
+            for nfe, points in by_nfe.items():
+                for point in points:
+                    value = "n/a" if point[knob] is None else f"{point[knob]:g}"
+                    value += " (default)" if point["default"] else ""
+                    lines.append(
+                        f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
+                    )
+    lines += [
+        "",
+        f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:",
+        "",
+        "```",
+        results["command"],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(results: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]) and `<model>.png` ([`plot_benchmark`])."""
+    from .plots import plot_benchmark
+
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = results["model"]
+    paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
+    paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
+    paths["markdown"].write_text(format_markdown(results))
+    plot_benchmark(results, paths["plot"])
+    return paths
+
+
+# ---- `untied-sc benchmark` ----------------------------------------------------------------------------------------
+
+
+def add_benchmark_arguments(parser):
+    """Adds the `benchmark` arguments to an `argparse` parser and returns it."""
+    from .cli import DTYPES
+    from .evaluator import SMOLLM2_NAME
+
+    parser.add_argument("pipeline", help="Pipeline folder (or Hub repo id), calibrated at every --nfe.")
+    parser.add_argument("--nfe", type=int, nargs="+", default=list(DEFAULT_NFE), help="NFEs (default 8 16 32 64).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help="Seeds (default 0 1 2).")
+    parser.add_argument("--num-samples", type=int, default=256, help="Samples per (sampler, NFE, seed).")
+    parser.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call (part of the seeding).")
+    parser.add_argument(
+        "--evaluator",
+        default=SMOLLM2_NAME,
+        help=f"'{SMOLLM2_NAME}' (offline), a Hub id such as gpt2-large, or a folder.",
+    )
+    parser.add_argument(
+        "--protocol", choices=["elf", "langflow"], help="GenPPL protocol (default: the pipeline's family)."
+    )
+    parser.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        help="Diversity sweep of the official sampler: LangFlow temperatures T, or ELF SC-CFG scales w.",
+    )
+    parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
+    parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
+    parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
+    parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
+    parser.add_argument("--max-length", type=int, help="Evaluator truncation length (default: its context).")
+    parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples.")
+    parser.add_argument("--device", help="Device of the pipeline and the evaluator (default: cpu).")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="Evaluator dtype.")
+    parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
+    parser.add_argument("--save-samples", action="store_true", help="Also write <model>.samples.jsonl.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser
+
+
+def register_benchmark_command(commands):
+    """Registers `benchmark` on an `add_subparsers()` object and returns its parser."""
+    parser = commands.add_parser(
+        "benchmark", help="Matched official vs untied sweep over NFEs and seeds: GenPPL, entropy, paired CIs, plot."
+    )
+    add_benchmark_arguments(parser)
+    parser.set_defaults(handler=benchmark_command)
+    return parser
+
+
+def command_line(args) -> str:
+    """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
+    words = ["untied-sc", "benchmark", args.pipeline]
+    for name, value in vars(args).items():
+        if name in ("pipeline", "command", "handler") or value is None or value is False:
+            continue
+        option = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(option)
+        elif isinstance(value, list):
+            words += [option, *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)]
+        else:
+            words += [option, str(value)]
+    return shlex.join(words)
+
+
+def benchmark_command(args) -> dict:
+    """Handler of `untied-sc benchmark`: runs [`run_sweep`] and prints the Markdown table."""
+    from .cli import DTYPES
+
+    command = command_line(args)
+    results = run_sweep(
+        args.pipeline,
+        nfe=args.nfe,
+        seeds=args.seeds,
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+        evaluator=args.evaluator,
+        protocol=args.protocol,
+        diversity_values=args.temperatures,
+        diversity_nfe=args.diversity_nfe,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        num_resamples=args.num_resamples,
+        name=args.name,
+        output_dir=args.output_dir,
+        save_samples=args.save_samples,
+        command=command,
+        progress=not args.no_progress,
+        device=args.device,
+        cache_dir=args.cache_dir,
+        dtype=DTYPES[args.dtype],
+    )
+    print(format_markdown(results))
+    print("Wrote " + ", ".join(results["files"].values()))
+    return results

@@ -1,0 +1,87 @@
+"""Plots of benchmark results (matplotlib, from the `eval` extra, imported lazily)."""
+
+import os
+from pathlib import Path
+
+
+MATPLOTLIB_INSTALL = 'pip install -e ".[eval]"'
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError(
+            f"Plotting benchmark results needs matplotlib, which is not installed. Install the eval extra: "
+            f"`{MATPLOTLIB_INSTALL}` (or `pip install matplotlib`)."
+        ) from error
+    return plt
+
+
+def plot_benchmark(results: dict, path: str | os.PathLike) -> Path:
+    """Draws a [`run_sweep`] result to `path` (PNG): the paper's main-results figure and the GenPPL–entropy curves.
+
+    Left: GenPPL vs NFE per sampler (mean ± SE over seeds, log-2 NFE axis), each point annotated with its entropy.
+    Right (when a diversity sweep ran): GenPPL vs entropy, one curve per (sampler, NFE) over the knob values, and the
+    main runs of every sampler as markers, so samplers can be compared at equal entropy.
+    """
+    plt = _pyplot()
+    curves = results.get("diversity_curves") or {}
+    knob = results["diversity_knob"]
+    figure, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.5, 4.5), squeeze=False)
+    by_sampler = results["aggregates"]["by_sampler"]
+    left = axes[0][0]
+    for sampler, by_nfe in by_sampler.items():
+        nfes = [int(n) for n in by_nfe]
+        means = [by_nfe[str(n)]["gen_ppl"]["mean"] for n in nfes]
+        errors = [by_nfe[str(n)]["gen_ppl"]["se"] or 0.0 for n in nfes]
+        left.errorbar(nfes, means, yerr=errors, marker="o", capsize=3, label=sampler)
+        for n, mean in zip(nfes, means, strict=True):
+            entropy = by_nfe[str(n)]["entropy"]["mean"]
+            if entropy is not None and mean is not None:
+                left.annotate(f"H={entropy:.2f}", (n, mean), textcoords="offset points", xytext=(4, 6), fontsize=7)
+    all_nfe = sorted({int(n) for by_nfe in by_sampler.values() for n in by_nfe})
+    left.set_xscale("log", base=2)
+    left.set_xticks(all_nfe, [str(n) for n in all_nfe])
+    left.minorticks_off()
+    left.set_xlabel("NFE")
+    left.set_ylabel(f"GenPPL ({results['evaluator']}, {results['protocol']} protocol)")
+    left.set_title(f"{results['model']}: GenPPL vs NFE (entropy annotated)")
+    left.legend()
+    left.grid(alpha=0.3)
+    if curves:
+        right = axes[0][1]
+        for sampler, by_nfe in curves.items():
+            for nfe, points in by_nfe.items():
+                swept = [p for p in points if p[knob] is not None and p["entropy"]["mean"] is not None]
+                xs = [p["entropy"]["mean"] for p in swept]
+                ys = [p["gen_ppl"]["mean"] for p in swept]
+                (line,) = right.plot(xs, ys, marker=".", label=f"{sampler} NFE {nfe} ({knob} sweep)")
+                for p, x, y in zip(swept, xs, ys, strict=True):
+                    right.annotate(f"{p[knob]:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+        markers = "osD^v<>"
+        for index, (sampler, by_nfe) in enumerate(by_sampler.items()):
+            for nfe, metrics in by_nfe.items():
+                if metrics["entropy"]["mean"] is None:
+                    continue
+                right.scatter(
+                    metrics["entropy"]["mean"],
+                    metrics["gen_ppl"]["mean"],
+                    marker=markers[index % len(markers)],
+                    s=36,
+                    edgecolors="black",
+                    label=f"{sampler} NFE {nfe}",
+                )
+        right.set_xlabel("unigram entropy (nats)")
+        right.set_ylabel("GenPPL")
+        right.set_title(f"GenPPL vs entropy ({knob} sweep)")
+        right.legend(fontsize=6)
+        right.grid(alpha=0.3)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

@@ -1,0 +1,206 @@
+"""The matched benchmark sweep and the diversity knobs, on the tiny golden pipelines under a tiny evaluator."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc.evaluation import aggregate, run_sweep
+from untied_sc.evaluation.benchmark import batch_seed, genppl_ratio_ci
+
+from .conftest import elf_from_golden, langflow_from_golden
+from .tiny import tiny_tokenizer
+
+
+ZERO_STRENGTH = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    """A 1-layer random Llama over the generators' own word-level vocabulary (`</s>` = 1 is its EOS and pad)."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def pipes(elf_golden, langflow_golden):
+    elf = ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer())
+    langflow = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    for pipe in (elf, langflow):
+        pipe.set_progress_bar_config(disable=True)
+        pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    return {"elf": elf, "langflow": langflow}
+
+
+def sweep(pipe, evaluator, tmp_path=None, **kwargs):
+    options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "evaluator": evaluator}
+    options.update(num_resamples=50, progress=False, name="tiny", command="pytest")
+    return run_sweep(pipe, output_dir=tmp_path, **{**options, **kwargs})
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pipes, evaluator, family):
+    values = [0.5, 2.0] if family == "langflow" else [1.0, 5.0]
+    results = sweep(pipes[family], evaluator, tmp_path, diversity_values=values)
+    saved = json.loads((tmp_path / "tiny.json").read_text())
+    assert saved["command"] == "pytest" and saved["wall_seconds"] > 0
+    assert saved["protocol"] == family and saved["diversity_knob"] == (
+        "temperature" if family == "langflow" else "sc_cfg_scale"
+    )
+    assert len(saved["runs"]) == 2 * 2 + 2 * 2  # (official, untied) × 2 seeds + 2 values × 2 seeds (official)
+    assert (tmp_path / "tiny.png").stat().st_size > 1000
+    markdown = (tmp_path / "tiny.md").read_text()
+    assert "| 8 |" in markdown and "official GenPPL | official entropy" in markdown and "```\npytest\n```" in markdown
+    curve = results["diversity_curves"]["official"]["8"]
+    default = 1.0 if family == "langflow" else 3.0  # T = 1; the scheduler config's w
+    assert saved["diversity_default"] == default and "untied" not in results["diversity_curves"]
+    assert [point[saved["diversity_knob"]] for point in curve] == sorted([default, *values])
+    assert [point["default"] for point in curve] == [point[saved["diversity_knob"]] == default for point in curve]
+    for run in saved["runs"]:
+        assert len(run["per_sample"]["mean_nll"]) == 4 and run["samples_per_second"] > 0
+        assert math.isfinite(run["gen_ppl"])
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_pairs_share_latent_and_stream_so_zero_strength_untied_reproduces_official(pipes, evaluator, family):
+    samplers = {"official": {}, "untied": ZERO_STRENGTH}
+    results = sweep(pipes[family], evaluator, samplers=samplers)
+    runs = {(run["sampler"], run["seed"]): run for run in results["runs"]}
+    for seed in (0, 1):
+        assert runs["official", seed]["per_sample"] == runs["untied", seed]["per_sample"]
+    assert runs["official", 0]["per_sample"] != runs["official", 1]["per_sample"]
+    paired = results["aggregates"]["paired"]["untied"]["8"]
+    assert paired["num_pairs"] == 8 and paired["mean_delta"] == 0.0 and paired["fraction_b_worse"] == 0.0
+    assert paired["gen_ppl_ratio"] == pytest.approx(1.0) and paired["gen_ppl_ratio_ci"] == pytest.approx([1.0, 1.0])
+
+
+def test_batches_are_seeded_independently_of_the_sampler_and_nfe():
+    assert batch_seed(0, 0) == 0 and batch_seed(0, 1) == 1 and batch_seed(1, 0) != batch_seed(0, 1)
+
+
+def test_aggregates_are_computed_from_the_recorded_runs(pipes, evaluator):
+    results = sweep(pipes["langflow"], evaluator)
+    runs = {(run["sampler"], run["seed"]): run for run in results["runs"]}
+    stats = results["aggregates"]["by_sampler"]["untied"]["8"]
+    values = [runs["untied", s]["gen_ppl"] for s in (0, 1)]
+    assert stats["gen_ppl"]["mean"] == pytest.approx(sum(values) / 2)
+    assert stats["gen_ppl"]["se"] == pytest.approx(abs(values[0] - values[1]) / 2)
+    paired = results["aggregates"]["paired"]["untied"]["8"]
+    nll_a = [x for s in (0, 1) for x in runs["official", s]["per_sample"]["mean_nll"]]
+    nll_b = [x for s in (0, 1) for x in runs["untied", s]["per_sample"]["mean_nll"]]
+    deltas = [b - a for a, b in zip(nll_a, nll_b, strict=True)]
+    assert paired["mean_delta"] == pytest.approx(sum(deltas) / len(deltas))
+    assert paired["fraction_b_worse"] == pytest.approx(sum(d > 0 for d in deltas) / len(deltas))
+
+    def pooled(sampler):
+        nll = sum(sum(runs[sampler, s]["per_sample"]["nll_sum"]) for s in (0, 1))
+        tokens = sum(sum(runs[sampler, s]["per_sample"]["num_tokens"]) for s in (0, 1))
+        return math.exp(nll / tokens)
+
+    assert paired["gen_ppl_ratio"] == pytest.approx(pooled("untied") / pooled("official"))
+    low, high = paired["gen_ppl_ratio_ci"]
+    assert low <= high
+    retained = [runs["untied", s]["samples_per_second"] / runs["official", s]["samples_per_second"] for s in (0, 1)]
+    assert paired["retained_throughput"]["mean"] == pytest.approx(sum(retained) / 2)
+    again = aggregate(list(results["runs"]), num_resamples=50)
+    assert again["paired"]["untied"]["8"]["mean_delta"] == paired["mean_delta"]
+
+
+def test_genppl_ratio_of_identical_runs_is_one():
+    run = {"per_sample": {"nll_sum": [2.0, 3.0], "num_tokens": [2, 3]}}
+    ratio, interval = genppl_ratio_ci([run], [run], num_resamples=20)
+    assert ratio == 1.0 and interval == (1.0, 1.0)
+
+
+def test_sweep_requires_the_official_baseline(pipes, evaluator):
+    with pytest.raises(ValueError, match="baseline"):
+        sweep(pipes["langflow"], evaluator, samplers={"untied": {}})
+
+
+# ---- diversity knobs ----------------------------------------------------------------------------------------------
+
+
+def sample_latents(pipe, **kwargs):
+    generator = torch.Generator().manual_seed(0)
+    return pipe(batch_size=2, num_inference_steps=8, generator=generator, output_type="latent", **kwargs).latents
+
+
+def test_langflow_temperature_one_is_bitwise_the_default_and_other_temperatures_change_the_trajectory(pipes):
+    pipe = pipes["langflow"]
+    default = sample_latents(pipe)
+    assert torch.equal(sample_latents(pipe, temperature=1.0), default)
+    assert not torch.allclose(sample_latents(pipe, temperature=0.5), default)
+    assert pipe._temperature == 1.0  # reset after the call
+    with pytest.raises(ValueError, match="temperature"):
+        sample_latents(pipe, temperature=0.0)
+
+
+def test_langflow_low_temperature_sharpens_the_clean_prediction(pipes):
+    pipe = pipes["langflow"]
+    captured = {}
+
+    def capture(pipe_, step, timestep, kwargs):
+        captured.setdefault(pipe_._temperature, []).append(kwargs["prediction"].norm())
+        return {}
+
+    for temperature in (0.1, 1.0):
+        generator = torch.Generator().manual_seed(0)
+        pipe(
+            batch_size=2,
+            num_inference_steps=8,
+            generator=generator,
+            output_type="latent",
+            temperature=temperature,
+            callback_on_step_end=capture,
+            callback_on_step_end_tensor_inputs=["prediction"],
+        )
+    # x̂ is a convex combination of unit-norm rows: sharper weights give a longer vector at the first step.
+    assert captured[0.1][0] > captured[1.0][0]
+
+
+def test_elf_sc_cfg_scale_override(pipes):
+    pipe = pipes["elf"]
+    default = sample_latents(pipe)
+    assert torch.equal(sample_latents(pipe, sc_cfg_scale=pipe.scheduler.config.sc_cfg_scale), default)
+    assert torch.equal(sample_latents(pipe, sc_cfg_scale=None), default)
+    if pipe.transformer.config.num_sc_cfg_tokens > 0:
+        assert not torch.allclose(sample_latents(pipe, sc_cfg_scale=7.0), default)
+    assert pipe._sc_cfg_scale is None and pipe.sc_cfg_scale == pipe.scheduler.config.sc_cfg_scale
+
+
+def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path, pipes, evaluator):
+    from untied_sc.cli import main
+
+    pipes["langflow"].save_pretrained(tmp_path / "tiny-langflow")
+    evaluator[0].save_pretrained(tmp_path / "evaluator")
+    evaluator[1].save_pretrained(tmp_path / "evaluator")
+    argv = ["benchmark", str(tmp_path / "tiny-langflow"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
+    argv += ["--batch-size", "2", "--evaluator", str(tmp_path / "evaluator"), "--temperatures", "0.7"]
+    argv += ["--output-dir", str(tmp_path / "results"), "--num-resamples", "20", "--no-progress"]
+    assert main(argv) == 0
+    saved = json.loads((tmp_path / "results" / "tiny-langflow.json").read_text())
+    assert saved["command"].startswith(f"untied-sc benchmark {tmp_path / 'tiny-langflow'} --nfe 8 --seeds 0 ")
+    assert "--temperatures 0.7" in saved["command"] and saved["diversity_values"] == [0.7]
+    assert (tmp_path / "results" / "tiny-langflow.md").is_file() and (
+        tmp_path / "results" / "tiny-langflow.png"
+    ).is_file()
