@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.evaluation import aggregate, run_sweep
-from untied_sc.evaluation.benchmark import batch_seed, genppl_ratio_ci
+from untied_sc.evaluation.benchmark import batch_seed, build_scheduler, experiment_samplers, genppl_ratio_ci
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer
@@ -204,3 +204,27 @@ def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path,
     assert (tmp_path / "results" / "tiny-langflow.md").is_file() and (
         tmp_path / "results" / "tiny-langflow.png"
     ).is_file()
+
+
+@pytest.mark.parametrize("experiment", ["placement", "components", "sensitivity"])
+def test_controlled_experiments_run_as_matched_sampler_sets(pipes, evaluator, experiment):
+    samplers = experiment_samplers(experiment)
+    assert next(iter(samplers)) == "official"
+    if experiment == "sensitivity":
+        samplers = {name: spec for name, spec in samplers.items() if name in ("official", "untied (eta_t x0.5)")}
+    results = sweep(pipes["langflow"], evaluator, samplers=samplers, seeds=[0])
+    assert {run["sampler"] for run in results["runs"]} == set(samplers)
+    assert set(results["aggregates"]["paired"]) == set(samplers) - {"official"}
+
+
+def test_coefficient_scales_multiply_the_resolved_coefficients(pipes):
+    pipe = pipes["langflow"]
+    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8, pipe.sampler_statistics)
+    scaled = build_scheduler(pipe, {"scheduler": "untied", "eta_t_scale": 0.5, "alpha_scale": 2.0}, None, 8)
+    coefficients = scaled.resolve_coefficients(8, pipe.sampler_statistics)
+    assert coefficients["eta_t"] == base["eta_t"] * 0.5 and coefficients["alpha"] == min(base["alpha"] * 2, 1.0)
+    assert coefficients["eta_r"] == base["eta_r"]
+    with pytest.raises(ValueError, match="only apply to the untied sampler"):
+        build_scheduler(pipe, {"scheduler": "official", "eta_t_scale": 0.5})
+    with pytest.raises(ValueError, match="Unknown experiment"):
+        experiment_samplers("ablations")

@@ -75,23 +75,70 @@ def diversity_knob(family: str) -> str:
     return "sc_cfg_scale" if family == "elf" else "temperature"
 
 
-def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None):
+def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
     """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
 
     `spec["scheduler"]` is `"official"` (the family's official scheduler) or `"untied"`
     ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides).
+    A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
+    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1].
     """
     from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
 
     overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler")}
+    scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
     config = dict(pipe.scheduler.config if config is None else config)
     if spec["scheduler"] == "official":
+        if scales:
+            raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
         cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
         accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
         return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
-    if spec["scheduler"] == "untied":
-        return UntiedSelfConditioningScheduler.from_config(config, **overrides)
-    raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
+    if spec["scheduler"] != "untied":
+        raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
+    scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
+    if not scales:
+        return scheduler
+    if num_inference_steps is None:
+        raise ValueError("Coefficient scales need the number of inference steps to resolve the base coefficients.")
+    base = scheduler.resolve_coefficients(num_inference_steps, pipe.sampler_statistics)
+    scaled = {name: base[name] * factor for name, factor in scales.items()}
+    if "alpha" in scaled:
+        scaled["alpha"] = min(scaled["alpha"], 1.0)
+    return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
+
+
+# The paper's controlled experiments as sampler sets (Table "placement": (a) where the correction goes, (b) which
+# components are on; Appendix "parameter sensitivity": one coefficient at a time over ×½..×2).
+SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
+
+
+def experiment_samplers(name: str) -> dict[str, dict]:
+    """Sampler specs of an experiment: `main`, `placement`, `components` or `sensitivity` (official always first)."""
+    if name == "main":
+        return dict(DEFAULT_SAMPLERS)
+    if name == "placement":
+        return {
+            BASELINE: {},
+            "untied (correction off)": {"eta_t": 0.0},
+            "untied (correction to solver)": {"correction_routing": "solver"},
+            "untied (correction to next SC)": {"correction_routing": "self_conditioning"},
+            "untied (correction to both)": {"correction_routing": "both"},
+        }
+    if name == "components":
+        return {
+            BASELINE: {},
+            "untied (SC transform only)": {"eta_t": 0.0},
+            "untied (correction only)": {"eta_r": 0.0},
+            "untied (both)": {},
+        }
+    if name == "sensitivity":
+        samplers = {BASELINE: {}, "untied": {}}
+        for coefficient in ("eta_r", "eta_t", "eta_o", "alpha"):
+            for factor in SENSITIVITY_FACTORS:
+                samplers[f"untied ({coefficient} x{factor:g})"] = {f"{coefficient}_scale": factor}
+        return samplers
+    raise ValueError(f"Unknown experiment {name!r}; choose main, placement, components or sensitivity.")
 
 
 def _normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
@@ -350,7 +397,7 @@ def run_sweep(
     try:
         for sampler, n, seed, value in tqdm(plan, desc=f"benchmark {name}", disable=not progress):
             spec = samplers[sampler]
-            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config)
+            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
             call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
             if value is not None:
                 call_kwargs[knob] = value
@@ -558,6 +605,12 @@ def add_benchmark_arguments(parser):
         help="Diversity sweep of the official sampler: LangFlow temperatures T, or ELF SC-CFG scales w.",
     )
     parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
+    parser.add_argument(
+        "--experiment",
+        choices=["main", "placement", "components", "sensitivity"],
+        default="main",
+        help="Sampler set: official vs untied (main), or one of the paper's controlled experiments.",
+    )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
     parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
     parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
@@ -597,6 +650,11 @@ def command_line(args) -> str:
     return shlex.join(words)
 
 
+def _experiment_name(pipeline: str, experiment: str) -> str | None:
+    """`<model>-<experiment>` for the controlled experiments, so that they do not overwrite the main results."""
+    return None if experiment == "main" else f"{Path(str(pipeline).rstrip('/')).name}-{experiment}"
+
+
 def benchmark_command(args) -> dict:
     """Handler of `untied-sc benchmark`: runs [`run_sweep`] and prints the Markdown table."""
     from .cli import DTYPES
@@ -610,12 +668,13 @@ def benchmark_command(args) -> dict:
         batch_size=args.batch_size,
         evaluator=args.evaluator,
         protocol=args.protocol,
+        samplers=experiment_samplers(args.experiment),
         diversity_values=args.temperatures,
         diversity_nfe=args.diversity_nfe,
         eval_batch_size=args.eval_batch_size,
         max_length=args.max_length,
         num_resamples=args.num_resamples,
-        name=args.name,
+        name=args.name or _experiment_name(args.pipeline, args.experiment),
         output_dir=args.output_dir,
         save_samples=args.save_samples,
         command=command,
