@@ -54,14 +54,14 @@ from .encoder import (
     read_paragraphs,
 )
 from .langflow import (
-    CHECKPOINT,
     LOG,
-    RESUME_OVERRIDABLE,
     LangFlowTrainer,
     _model_kwargs,
     _portable_tokenizer_files,
     lr_at,
+    start_or_resume,
 )
+from .langflow import load_run_model as load_langflow_run_model
 
 
 DEFAULT_EVAL_TIMES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -399,6 +399,8 @@ class ELFTrainer(LangFlowTrainer):
             windows (a resumed run passes the saved one).
     """
 
+    config_class = ELFTrainConfig
+
     def __init__(
         self,
         config: ELFTrainConfig,
@@ -571,18 +573,18 @@ class ELFTrainer(LangFlowTrainer):
         return super().save_checkpoint(path)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, overrides: dict | None = None, **kwargs) -> "ELFTrainer":
-        """Rebuilds a trainer from a checkpoint (the saved config and normalisation, with `overrides`)."""
-        state = torch.load(path, weights_only=False)
-        saved = dict(state["config"])
-        for key, value in (overrides or {}).items():
-            if key not in RESUME_OVERRIDABLE:
-                raise ValueError(f"`{key}` cannot change on resume (only {', '.join(RESUME_OVERRIDABLE)}).")
-            saved[key] = value
-        normalization = LatentNormalization.from_dict(state["normalization"])
-        trainer = cls(ELFTrainConfig(**saved), normalization=normalization, **kwargs)
-        trainer.load_state_dict(state)
-        return trainer
+    def _restored_kwargs(cls, state: dict) -> dict:
+        """A resumed run keeps its measured latent normalisation."""
+        return {"normalization": LatentNormalization.from_dict(state["normalization"])}
+
+    def describe(self) -> str:
+        parameters = sum(p.numel() for p in self.model.parameters())
+        norm = self.normalization
+        return (
+            f"model {parameters / 1e6:.2f}M parameters; {len(self.train_windows):,} train windows, "
+            f"{len(self.val_windows):,} validation; latent mean {norm.mean:.4f}, std {norm.std:.4f}; "
+            f"unigram entropy {self.unigram_entropy:.3f} nats"
+        )
 
     def _log_row(self, window: dict) -> dict:
         steps = window["steps"]
@@ -605,19 +607,8 @@ class ELFTrainer(LangFlowTrainer):
 
 
 def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
-    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state."""
-    path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
-    state = torch.load(path, weights_only=False)
-    model = ELFTransformerModel(**_model_kwargs(state["model_config"]))
-    if ema:
-        shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot
-        with torch.no_grad():
-            model_state = model.state_dict()
-            for name, value in shadow.items():
-                model_state[name].copy_(value)
-    else:
-        model.load_state_dict(state["model"])
-    return model.eval(), state
+    """The ELF model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state."""
+    return load_langflow_run_model(run_dir, checkpoint, ema, model_class=ELFTransformerModel)
 
 
 def export_pipeline(
@@ -728,30 +719,7 @@ def _train(args: argparse.Namespace) -> None:
     given = _given_settings(args)
     if args.no_progress:
         given["progress"] = False
-    if args.resume:
-        run_dir = Path(given.get("run_dir", ELFTrainConfig.run_dir))
-        checkpoint = run_dir / CHECKPOINT
-        if not checkpoint.exists():
-            raise FileNotFoundError(f"No checkpoint to resume at {checkpoint}.")
-        overrides = {key: value for key, value in given.items() if key in RESUME_OVERRIDABLE}
-        ignored = sorted(set(given) - set(overrides) - {"run_dir"})
-        if ignored:
-            print(f"--resume: using the saved settings for {', '.join(ignored)}", file=sys.stderr)
-        trainer = ELFTrainer.from_checkpoint(checkpoint, overrides)
-        trainer._log_message(f"resumed from {checkpoint} at step {trainer.step}")
-    else:
-        config = ELFTrainConfig(**given)
-        if (Path(config.run_dir) / CHECKPOINT).exists():
-            raise FileExistsError(f"{config.run_dir} already has a checkpoint: pass --resume, or another --run-dir.")
-        trainer = ELFTrainer(config)
-        parameters = sum(p.numel() for p in trainer.model.parameters())
-        norm = trainer.normalization
-        trainer._log_message(
-            f"model {parameters / 1e6:.2f}M parameters; {len(trainer.train_windows):,} train windows, "
-            f"{len(trainer.val_windows):,} validation; latent mean {norm.mean:.4f}, std {norm.std:.4f}; "
-            f"unigram entropy {trainer.unigram_entropy:.3f} nats"
-        )
-    result = trainer.train()
+    result = start_or_resume(ELFTrainer, given, args.resume).train()
     print(json.dumps(result))
 
 

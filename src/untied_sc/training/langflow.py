@@ -286,6 +286,8 @@ class LangFlowTrainer:
         vocab_size (`int`, *optional*): defaults to `len(tokenizer)`.
     """
 
+    config_class = LangFlowTrainConfig
+
     def __init__(
         self, config: LangFlowTrainConfig, train_tokens=None, val_tokens=None, tokenizer=None, vocab_size=None
     ):
@@ -517,9 +519,22 @@ class LangFlowTrainer:
             if key not in RESUME_OVERRIDABLE:
                 raise ValueError(f"`{key}` cannot change on resume (only {', '.join(RESUME_OVERRIDABLE)}).")
             saved[key] = value
-        trainer = cls(LangFlowTrainConfig(**saved), **kwargs)
+        trainer = cls(cls.config_class(**saved), **cls._restored_kwargs(state), **kwargs)
         trainer.load_state_dict(state)
         return trainer
+
+    @classmethod
+    def _restored_kwargs(cls, state: dict) -> dict:
+        """Constructor arguments a resumed trainer takes from its checkpoint besides the config (none here)."""
+        return {}
+
+    def describe(self) -> str:
+        """The first log line of a new run."""
+        parameters = sum(p.numel() for p in self.model.parameters())
+        return (
+            f"model {parameters / 1e6:.2f}M parameters; train {self.train_tokens.numel():,} tokens, validation "
+            f"{self.val_tokens.numel():,}; unigram entropy {self.unigram_entropy:.3f} nats"
+        )
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -664,11 +679,13 @@ def threading_is_main() -> bool:
 # Export and evaluation of a run
 
 
-def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
-    """The model of a run's checkpoint (EMA weights by default) and the run's saved state."""
+def load_run_model(
+    run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True, model_class=LangFlowTransformerModel
+):
+    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state."""
     path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
     state = torch.load(path, weights_only=False)
-    model = LangFlowTransformerModel(**_model_kwargs(state["model_config"]))
+    model = model_class(**_model_kwargs(state["model_config"]))
     if ema:
         shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot
         with torch.no_grad():
@@ -756,6 +773,29 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, default=None, help=f"default: {field.default}")
 
 
+def start_or_resume(trainer_class, given: dict, resume: bool):
+    """A trainer for the CLI: resumed from the run's checkpoint (only `RESUME_OVERRIDABLE` settings may change) or
+    new (refusing to overwrite an existing run)."""
+    if resume:
+        run_dir = Path(given.get("run_dir", trainer_class.config_class.run_dir))
+        checkpoint = run_dir / CHECKPOINT
+        if not checkpoint.exists():
+            raise FileNotFoundError(f"No checkpoint to resume at {checkpoint}.")
+        overrides = {key: value for key, value in given.items() if key in RESUME_OVERRIDABLE}
+        ignored = sorted(set(given) - set(overrides) - {"run_dir"})
+        if ignored:
+            print(f"--resume: using the saved settings for {', '.join(ignored)}", file=sys.stderr)
+        trainer = trainer_class.from_checkpoint(checkpoint, overrides)
+        trainer._log_message(f"resumed from {checkpoint} at step {trainer.step}")
+        return trainer
+    config = trainer_class.config_class(**given)
+    if (Path(config.run_dir) / CHECKPOINT).exists():
+        raise FileExistsError(f"{config.run_dir} already has a checkpoint: pass --resume, or another --run-dir.")
+    trainer = trainer_class(config)
+    trainer._log_message(trainer.describe())
+    return trainer
+
+
 def _train(args: argparse.Namespace) -> None:
     given = {
         f.name: getattr(args, f.name)
@@ -764,28 +804,7 @@ def _train(args: argparse.Namespace) -> None:
     }
     if args.no_progress:
         given["progress"] = False
-    if args.resume:
-        run_dir = Path(given.get("run_dir", LangFlowTrainConfig.run_dir))
-        checkpoint = run_dir / CHECKPOINT
-        if not checkpoint.exists():
-            raise FileNotFoundError(f"No checkpoint to resume at {checkpoint}.")
-        overrides = {key: value for key, value in given.items() if key in RESUME_OVERRIDABLE}
-        ignored = sorted(set(given) - set(overrides) - {"run_dir"})
-        if ignored:
-            print(f"--resume: using the saved settings for {', '.join(ignored)}", file=sys.stderr)
-        trainer = LangFlowTrainer.from_checkpoint(checkpoint, overrides)
-        trainer._log_message(f"resumed from {checkpoint} at step {trainer.step}")
-    else:
-        config = LangFlowTrainConfig(**given)
-        if (Path(config.run_dir) / CHECKPOINT).exists():
-            raise FileExistsError(f"{config.run_dir} already has a checkpoint: pass --resume, or another --run-dir.")
-        trainer = LangFlowTrainer(config)
-        parameters = sum(p.numel() for p in trainer.model.parameters())
-        trainer._log_message(
-            f"model {parameters / 1e6:.2f}M parameters; train {trainer.train_tokens.numel():,} tokens, validation "
-            f"{trainer.val_tokens.numel():,}; unigram entropy {trainer.unigram_entropy:.3f} nats"
-        )
-    result = trainer.train()
+    result = start_or_resume(LangFlowTrainer, given, args.resume).train()
     print(json.dumps(result))
 
 
