@@ -541,32 +541,10 @@ class ELFTrainer(LangFlowTrainer):
     # -- checkpoints ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {
-            "config": dataclasses.asdict(self.config),
-            "model_config": _model_kwargs(self.model.config),
-            "model": self.model.state_dict(),
-            "ema": self.ema.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "data_generator": self.data_generator.get_state(),
-            "noise_generator": self.noise_generator.get_state(),
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "elapsed": self.elapsed,
-            "tokens_seen": self.tokens_seen,
-            "normalization": self.normalization.to_dict(),
-            "unigram_entropy": self.unigram_entropy,
-        }
+        return {**self._loop_state(), "normalization": self.normalization.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.ema.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.data_generator.set_state(state["data_generator"])
-        self.noise_generator.set_state(state["noise_generator"])
-        self.step = state["step"]
-        self.total_steps = self.config.max_steps or state["total_steps"]
-        self.elapsed = state["elapsed"]
-        self.tokens_seen = state["tokens_seen"]
+        self._load_loop_state(state)
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
         self.normalization.save(self.run_dir / NORMALIZATION_FILE)

@@ -466,35 +466,40 @@ class LangFlowTrainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def _loop_state(self) -> dict:
+        """What every trainer's checkpoint holds: config, weights, EMA, optimizer, generators and counters."""
         return {
             "config": dataclasses.asdict(self.config),
             "model_config": _model_kwargs(self.model.config),
             "model": self.model.state_dict(),
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "proposal_stats": self.stats.state_dict(),
             "data_generator": self.data_generator.get_state(),
             "noise_generator": self.noise_generator.get_state(),
             "step": self.step,
             "total_steps": self.total_steps,
             "elapsed": self.elapsed,
             "tokens_seen": self.tokens_seen,
-            "last_fit": self.last_fit,
             "unigram_entropy": self.unigram_entropy,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def _load_loop_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.stats.load_state_dict(state["proposal_stats"])
         self.data_generator.set_state(state["data_generator"])
         self.noise_generator.set_state(state["noise_generator"])
         self.step = state["step"]
         self.total_steps = self.config.max_steps or state["total_steps"]
         self.elapsed = state["elapsed"]
         self.tokens_seen = state["tokens_seen"]
+
+    def state_dict(self) -> dict:
+        return {**self._loop_state(), "proposal_stats": self.stats.state_dict(), "last_fit": self.last_fit}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._load_loop_state(state)
+        self.stats.load_state_dict(state["proposal_stats"])
         self.last_fit = state["last_fit"]
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
