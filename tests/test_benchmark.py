@@ -5,14 +5,13 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.evaluation import aggregate, run_sweep
 from untied_sc.evaluation.benchmark import batch_seed, build_scheduler, experiment_samplers, genppl_ratio_ci
 
 from .conftest import elf_from_golden, langflow_from_golden
-from .tiny import tiny_tokenizer
+from .tiny import tiny_evaluator, tiny_tokenizer
 
 
 ZERO_STRENGTH = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}
@@ -20,26 +19,7 @@ ZERO_STRENGTH = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}
 
 @pytest.fixture(scope="module")
 def evaluator():
-    """A 1-layer random Llama over the generators' own word-level vocabulary (`</s>` = 1 is its EOS and pad)."""
-    tokenizer = tiny_tokenizer()
-    tokenizer.pad_token = tokenizer.eos_token
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model, tokenizer
+    return tiny_evaluator()
 
 
 @pytest.fixture(scope="module")

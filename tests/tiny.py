@@ -34,3 +34,29 @@ def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0, coeffici
             coefficients=coefficients or {"eta_r": 1.5, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.8},
         )
     return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), per_step)
+
+
+def tiny_evaluator():
+    """A 1-layer random Llama over `tiny_tokenizer`'s vocabulary (`</s>` = 1 is its EOS and pad): a real causal LM."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model, tokenizer

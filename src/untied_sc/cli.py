@@ -40,6 +40,32 @@ def _calibrate(args: argparse.Namespace) -> None:
         print(f"Pushed to {args.push_to_hub}")
 
 
+def _tune(args: argparse.Namespace) -> None:
+    from .calibration.tune import format_tuning, tune_coefficients
+    from .evaluation.cli import DTYPES
+    from .pipelines import load_pipeline
+
+    pipe = load_pipeline(args.pipeline)
+    results = tune_coefficients(
+        pipe,
+        nfe=args.nfe,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        evaluator=args.evaluator,
+        rounds=args.rounds,
+        max_entropy_drop=args.max_entropy_drop,
+        eval_batch_size=args.eval_batch_size,
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+        dtype=DTYPES[args.dtype],
+    )
+    folder = args.output or args.pipeline
+    pipe.save_pretrained(folder)
+    print(format_tuning(results))
+    print(f"Wrote tuned coefficients (NFE {[r.num_inference_steps for r in results]}) to {folder}/sampler_statistics")
+
+
 def _data_build(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -88,6 +114,31 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)
+
+    from .calibration.tune import TUNE_SEED
+    from .evaluation.evaluator import SMOLLM2_NAME
+
+    tune = commands.add_parser(
+        "tune", help="Search η_R, η_T, η_O, α per NFE on a held-out bank; write them into the sampler statistics."
+    )
+    tune.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
+    tune.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to tune (calibrated ones).")
+    tune.add_argument("--num-samples", type=int, default=64, help="Samples in the tuning bank.")
+    tune.add_argument(
+        "--seed", type=int, default=TUNE_SEED, help="Benchmark-style seed of the bank; never an evaluation seed."
+    )
+    tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
+    tune.add_argument("--evaluator", default=SMOLLM2_NAME, help="Evaluator name, Hub id or folder.")
+    tune.add_argument("--rounds", type=int, default=1, help="Passes of the coordinate search.")
+    tune.add_argument(
+        "--max-entropy-drop", type=float, default=0.05, help="Entropy (nats) a candidate may lose against official."
+    )
+    tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
+    tune.add_argument("--dtype", default="float32", help="Evaluator dtype.")
+    tune.add_argument("--cache-dir", help="Evaluator cache folder.")
+    tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
+    tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    tune.set_defaults(handler=_tune)
 
     register_evaluate_command(commands)
     register_benchmark_command(commands)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..calibration.tune import tuning_seeds
 from .io import Sample, evaluate_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
 from .statistics import bootstrap_ci, mean_and_standard_error, paired_comparison
@@ -369,6 +370,12 @@ def run_sweep(
     if device is not None:
         pipe.to(device)
     family = family_of(pipe)
+    leaked = sorted(set(seeds) & tuning_seeds(getattr(pipe, "sampler_statistics", None)))
+    if leaked:
+        raise ValueError(
+            f"Seeds {leaked} are the bank the sampler coefficients were tuned on (`untied-sc tune`); evaluating on them "
+            "would leak. Choose other --seeds."
+        )
     protocol = protocol or family
     knob = diversity_knob(family)
     samplers = _normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)

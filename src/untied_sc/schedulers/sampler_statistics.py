@@ -69,6 +69,8 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         format_version (`int`): layout version of this component.
         solver_config (`dict`): the base solver's configuration during calibration (grid parameters, churn).
         bank_sizes (`dict`), seeds (`dict`): calibration bank sizes and seeds per NFE (as strings).
+        tuning (`dict`, *optional*): per NFE (as strings), how `untied-sc tune` chose the coefficients (bank seed and
+            size, evaluator, scores); `None` when the coefficients are the calibration's preset.
     """
 
     @register_to_config
@@ -83,6 +85,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         solver_config: dict | None = None,
         bank_sizes: dict | None = None,
         seeds: dict | None = None,
+        tuning: dict | None = None,
     ):
         super().__init__()
         if solver not in SOLVERS:

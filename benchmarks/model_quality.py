@@ -1,0 +1,152 @@
+"""Is a bundled model a real language model? GenPPL of its samples next to held-out text and a unigram baseline.
+
+    python benchmarks/model_quality.py hub_artifacts/langflow-small [--nfe 8 64] [--num-samples 256]
+
+Under the offline evaluator (SmolLM2-135M) and the model family's GenPPL protocol, scores:
+- `reference`: held-out corpus text (never trained on) cut into windows of the model's sequence length in the model's
+  own tokens and decoded, so it has the samples' shape and the tokenizer's normalisation (ELF: lower case);
+- `unigram`: windows of tokens drawn independently from the train split's unigram distribution, decoded;
+- per NFE, the official sampler with self-conditioning (as trained), the official sampler with self-conditioning
+  off (the network always gets the zero self-conditioning input), and the untied sampler (the folder's statistics).
+Every sampler at one NFE draws batch b from `torch.Generator().manual_seed(seed * 1_000_003 + b)` (matched pairs).
+Writes benchmarks/results/<model>-quality.json and .md.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from untied_sc import UntiedSelfConditioningScheduler
+from untied_sc.evaluation import evaluate_samples, load_evaluator
+from untied_sc.evaluation.benchmark import build_scheduler, family_of, generate
+from untied_sc.evaluation.io import Sample
+from untied_sc.pipelines import load_pipeline
+from untied_sc.training.data import fixed_windows, load_split_tokens
+
+
+def without_self_conditioning(scheduler):
+    """The same scheduler, except that the network never receives a self-conditioning input (SC off)."""
+
+    class NoSelfConditioning(type(scheduler)):
+        def step(self, *args, **kwargs):
+            output = super().step(*args, **kwargs)
+            self.self_conditioning = None
+            return output
+
+    return NoSelfConditioning.from_config(scheduler.config)
+
+
+def text_windows(pipe, split_file: Path, count: int, seed: int) -> list[str]:
+    tokens = load_split_tokens(split_file, pipe.tokenizer)
+    windows = fixed_windows(tokens, count, pipe.latent_shape[0], seed=seed)
+    return pipe.tokenizer.batch_decode(windows, skip_special_tokens=family_of(pipe) == "elf")
+
+
+def unigram_texts(pipe, train_file: Path, count: int, seed: int) -> list[str]:
+    tokens = load_split_tokens(train_file, pipe.tokenizer)
+    counts = torch.bincount(tokens.long(), minlength=len(pipe.tokenizer)).double()
+    generator = torch.Generator().manual_seed(seed)
+    length = pipe.latent_shape[0]
+    ids = torch.multinomial(counts / counts.sum(), count * length, replacement=True, generator=generator)
+    return pipe.tokenizer.batch_decode(ids.view(count, length), skip_special_tokens=family_of(pipe) == "elf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pipeline")
+    parser.add_argument("--corpus-dir", default="data/corpus")
+    parser.add_argument("--nfe", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--num-samples", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="benchmarks/results")
+    args = parser.parse_args()
+
+    began = time.perf_counter()
+    pipe = load_pipeline(args.pipeline)
+    pipe.set_progress_bar_config(disable=True)
+    family = family_of(pipe)
+    evaluator = load_evaluator()
+    name = Path(args.pipeline.rstrip("/")).name
+    corpus = Path(args.corpus_dir)
+    rows = []
+
+    def score(label: str, texts: list[str], ids=None, nfe=None, seconds=None) -> None:
+        samples = [Sample(text=t, ids=None if ids is None else i) for t, i in zip(texts, ids or texts, strict=True)]
+        result = evaluate_samples(samples, evaluator=evaluator, protocol=family)
+        rows.append(
+            {
+                "sampler": label,
+                "nfe": nfe,
+                "gen_ppl": result["gen_ppl"],
+                "entropy_evaluator_ids": result["entropy_evaluator_ids"],
+                "entropy_generator_ids": result["entropy_generator_ids"],
+                "rep_4": result["rep_4"],
+                "distinct_2": result["distinct_2"],
+                "example": texts[0][:300],
+                "sampling_seconds": seconds,
+            }
+        )
+        print(
+            f"{label:>28} {nfe or '':>3}  GenPPL {result['gen_ppl']:9.1f}  entropy(eval ids) "
+            f"{result['entropy_evaluator_ids']:.3f}  | {texts[0][:100]!r}",
+            flush=True,
+        )
+
+    score("held-out reference text", text_windows(pipe, corpus / "heldout.txt", args.num_samples, seed=args.seed))
+    score("unigram baseline", unigram_texts(pipe, corpus / "train.txt", args.num_samples, seed=args.seed))
+    official = pipe.scheduler
+    samplers = {
+        "official (SC on)": lambda n: build_scheduler(pipe, {"scheduler": "official"}, official.config, n),
+        "official (SC off)": lambda n: without_self_conditioning(
+            build_scheduler(pipe, {"scheduler": "official"}, official.config, n)
+        ),
+        "untied": lambda n: UntiedSelfConditioningScheduler.from_config(official.config),
+    }
+    try:
+        for n in args.nfe:
+            for label, make in samplers.items():
+                pipe.scheduler = make(n)
+                texts, ids, seconds = generate(pipe, n, args.seed, args.num_samples, args.batch_size)
+                score(label, texts, ids, n, seconds)
+    finally:
+        pipe.scheduler = official
+
+    results = {
+        "model": name,
+        "family": family,
+        "evaluator": "smollm2-135m",
+        "num_samples": args.num_samples,
+        "seed": args.seed,
+        "rows": rows,
+        "command": f"python benchmarks/model_quality.py {args.pipeline} --nfe {' '.join(map(str, args.nfe))} "
+        f"--num-samples {args.num_samples} --seed {args.seed}",
+        "wall_seconds": time.perf_counter() - began,
+    }
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}-quality.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [
+        f"# {name}: sample quality against held-out text and a unigram baseline",
+        "",
+        f"`{results['command']}` ({results['wall_seconds'] / 60:.1f} min on this machine). Evaluator SmolLM2-135M, "
+        f"{family} protocol, {args.num_samples} samples each; entropy = mean per-sample unigram entropy of the "
+        "evaluator's ids (nats).",
+        "",
+        "| text | NFE | GenPPL | entropy | Rep-4 | distinct-2 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['sampler']} | {row['nfe'] or ''} | {row['gen_ppl']:.1f} | {row['entropy_evaluator_ids']:.3f} "
+            f"| {row['rep_4']:.3f} | {row['distinct_2']:.3f} |"
+        )
+    (out / f"{name}-quality.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""`untied-sc tune`: searching η_R, η_T, η_O, α per NFE for one model on a held-out bank (SPEC §4.6).
+
+The paper's coefficient table covers its own checkpoints; for any other model the coefficients are searched here and
+written into the model's [`SamplerStatistics`] (`coefficients_nfe{N}`), which the untied scheduler uses whenever its
+config and preset leave them unset.
+
+The search, per NFE N (every choice here is ours, the paper gives no procedure):
+1. the tuning bank is `num_samples` samples drawn exactly like benchmark seed `seed` (batch b from
+   [`batch_seed`]`(seed, b)`); every candidate and the official sampler see the same latents and random streams, so
+   candidates are compared on matched pairs. `seed` must differ from every evaluation seed: the benchmark refuses to
+   evaluate on a seed recorded here.
+2. The official sampler is scored once: its entropy is the floor. A candidate whose entropy (the protocol's unigram
+   entropy) falls more than `max_entropy_drop` below the official one's is inadmissible: lowering GenPPL by lowering
+   diversity is not what we tune for.
+3. Coordinate search from the current coefficients (the statistics' own, i.e. the paper preset written at
+   calibration): for each coefficient in `COEFFICIENT_NAMES` order, try the current value times each of `factors`
+   (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept in (0, 1]), and keep the
+   admissible candidate with the lowest pooled GenPPL; `rounds` passes.
+4. If no candidate is admissible, the untied components are switched off (η_R = η_T = 0: the official sampler).
+"""
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+
+
+# Benchmark-style seed of the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2.
+TUNE_SEED = 10_000
+TUNE_FACTORS = (0.0, 0.5, 2.0)
+
+
+@dataclass
+class Candidate:
+    """One scored coefficient set."""
+
+    coefficients: dict[str, float]
+    gen_ppl: float
+    entropy: float
+    admissible: bool
+
+
+@dataclass
+class TuneResult:
+    """The search at one NFE: the official reference, the starting point, the chosen coefficients, every candidate."""
+
+    num_inference_steps: int
+    official: Candidate
+    start: Candidate
+    best: Candidate
+    candidates: list[Candidate] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def candidate_values(name: str, value: float, factors: Sequence[float]) -> list[float]:
+    """The values tried for one coefficient around `value` (α stays in (0, 1]; duplicates and `value` dropped)."""
+    values = []
+    for factor in factors:
+        candidate = value * factor
+        if name == "alpha":
+            if candidate <= 0:
+                continue
+            candidate = min(candidate, 1.0)
+        if not math.isclose(candidate, value) and all(not math.isclose(candidate, v) for v in values):
+            values.append(candidate)
+    return values
+
+
+def _key(coefficients: Mapping[str, float]) -> tuple:
+    return tuple(round(float(coefficients[name]), 12) for name in COEFFICIENT_NAMES)
+
+
+def tune_coefficients(
+    pipe,
+    nfe: Sequence[int],
+    num_samples: int = 64,
+    seed: int = TUNE_SEED,
+    batch_size: int = 32,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    factors: Sequence[float] = TUNE_FACTORS,
+    rounds: int = 1,
+    max_entropy_drop: float = 0.05,
+    eval_batch_size: int = 8,
+    progress: bool = True,
+    **evaluator_kwargs,
+) -> list[TuneResult]:
+    """Searches (η_R, η_T, η_O, α) per NFE on a held-out bank and writes them into `pipe.sampler_statistics`.
+
+    Args:
+        pipe: an [`ELFPipeline`] or [`LangFlowPipeline`] whose `sampler_statistics` are calibrated at every NFE.
+        nfe (`Sequence[int]`): the NFEs to tune.
+        num_samples (`int`, defaults to 64): size of the tuning bank (samples per candidate).
+        seed (`int`, defaults to `TUNE_SEED`): benchmark-style seed of the bank (batch b uses
+            [`batch_seed`]`(seed, b)`); recorded in the statistics so that the benchmark can refuse it.
+        batch_size (`int`, defaults to 32): samples per pipeline call.
+        evaluator: an evaluator name for [`load_evaluator`] or a `(model, tokenizer)` pair.
+        protocol (`str`, *optional*): `"elf"` or `"langflow"` (default: the pipeline's family).
+        factors (`Sequence[float]`, defaults to `(0, 0.5, 2)`): multiplicative steps of the coordinate search.
+        rounds (`int`, defaults to 1): passes over the four coefficients.
+        max_entropy_drop (`float`, defaults to 0.05): nats of unigram entropy a candidate may lose against the
+            official sampler at the same NFE and still be admissible.
+        eval_batch_size (`int`, defaults to 8): samples per evaluator forward pass.
+        progress (`bool`, defaults to `True`): a progress bar over the scored candidates.
+
+    Returns:
+        One [`TuneResult`] per NFE. The statistics' `coefficients_nfe{N}` hold the chosen values and their config's
+        `tuning` records the bank, evaluator and scores.
+    """
+    from ..evaluation.benchmark import build_scheduler, family_of, generate
+    from ..evaluation.evaluator import load_evaluator
+    from ..evaluation.io import Sample, evaluate_samples
+
+    statistics = getattr(pipe, "sampler_statistics", None)
+    if statistics is None:
+        raise ValueError("This pipeline has no sampler statistics: run `untied-sc calibrate` before tuning.")
+    missing = [n for n in nfe if n not in (statistics.config.calibrated_steps or [])]
+    if missing:
+        raise ValueError(
+            f"The sampler statistics are not calibrated at NFE {missing} (calibrated: "
+            f"{statistics.config.calibrated_steps}); run `untied-sc calibrate PIPELINE_DIR --nfe {' '.join(map(str, missing))}`."
+        )
+    if num_samples < 2 or batch_size < 1 or rounds < 1:
+        raise ValueError(
+            f"Need num_samples ≥ 2, batch_size ≥ 1, rounds ≥ 1; got {num_samples}, {batch_size}, {rounds}."
+        )
+    if max_entropy_drop < 0:
+        raise ValueError(f"max_entropy_drop must be ≥ 0, got {max_entropy_drop}.")
+    family = family_of(pipe)
+    protocol = protocol or family
+    if isinstance(evaluator, str):
+        evaluator_name = evaluator
+        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
+    else:
+        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+
+    original_scheduler = pipe.scheduler
+    config = original_scheduler.config
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    bar = tqdm(desc="tune", disable=not progress, unit="candidate")
+
+    def score(n: int, spec: dict) -> tuple[float, float]:
+        pipe.scheduler = build_scheduler(pipe, spec, config, n)
+        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size)
+        samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
+        result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
+        bar.update()
+        return result["gen_ppl"], result["entropy"]
+
+    results = []
+    try:
+        for n in nfe:
+            start = build_scheduler(pipe, {"scheduler": "untied"}, config, n).resolve_coefficients(n, statistics)
+            results.append(
+                coordinate_search(n, start, lambda spec, n=n: score(n, spec), factors, rounds, max_entropy_drop)
+            )
+    finally:
+        bar.close()
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+
+    _write_coefficients(statistics, results, seed, num_samples, batch_size, evaluator_name, protocol, max_entropy_drop)
+    return results
+
+
+def coordinate_search(
+    num_inference_steps: int,
+    start: Mapping[str, float],
+    score,
+    factors: Sequence[float] = TUNE_FACTORS,
+    rounds: int = 1,
+    max_entropy_drop: float = 0.05,
+) -> TuneResult:
+    """The search of one NFE (steps 2-4 of the module docstring).
+
+    Args:
+        num_inference_steps (`int`): the NFE (recorded in the result).
+        start (`Mapping[str, float]`): the starting coefficients.
+        score: `score(spec) -> (gen_ppl, entropy)` of a sampler spec (`{"scheduler": "official"}` or
+            `{"scheduler": "untied", **coefficients}`) on the tuning bank.
+        factors, rounds, max_entropy_drop: as in [`tune_coefficients`].
+    """
+    began = time.perf_counter()
+    official_ppl, official_entropy = score({"scheduler": "official"})
+    official = Candidate(
+        {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}, official_ppl, official_entropy, True
+    )
+    floor = official_entropy - max_entropy_drop
+    scored: dict[tuple, Candidate] = {}
+
+    def evaluate(coefficients: dict[str, float]) -> Candidate:
+        key = _key(coefficients)
+        if key not in scored:
+            ppl, entropy = score({"scheduler": "untied", **coefficients})
+            admissible = math.isfinite(ppl) and entropy is not None and entropy >= floor
+            scored[key] = Candidate(dict(coefficients), ppl, entropy, admissible)
+        return scored[key]
+
+    first = best = evaluate(dict(start))
+    for _ in range(rounds):
+        for name in COEFFICIENT_NAMES:
+            for value in candidate_values(name, best.coefficients[name], factors):
+                candidate = evaluate({**best.coefficients, name: value})
+                if candidate.admissible and (not best.admissible or candidate.gen_ppl < best.gen_ppl):
+                    best = candidate
+    if not best.admissible:  # switch the untied components off: bitwise the official sampler
+        best = Candidate({**first.coefficients, "eta_r": 0.0, "eta_t": 0.0}, official_ppl, official_entropy, True)
+    return TuneResult(num_inference_steps, official, first, best, list(scored.values()), time.perf_counter() - began)
+
+
+def _write_coefficients(statistics, results, seed, num_samples, batch_size, evaluator, protocol, max_drop) -> None:
+    tuning = dict(statistics.config.get("tuning") or {})
+    with torch.no_grad():
+        for result in results:
+            values = torch.tensor([result.best.coefficients[name] for name in COEFFICIENT_NAMES])
+            getattr(statistics, f"coefficients_nfe{result.num_inference_steps}").copy_(values)
+            tuning[str(result.num_inference_steps)] = {
+                "seed": seed,
+                "num_samples": num_samples,
+                "batch_size": batch_size,
+                "evaluator": evaluator,
+                "protocol": protocol,
+                "max_entropy_drop": max_drop,
+                "official": {"gen_ppl": result.official.gen_ppl, "entropy": result.official.entropy},
+                "start": {
+                    **result.start.coefficients,
+                    "gen_ppl": result.start.gen_ppl,
+                    "entropy": result.start.entropy,
+                },
+                "chosen": {**result.best.coefficients, "gen_ppl": result.best.gen_ppl, "entropy": result.best.entropy},
+                "candidates": len(result.candidates),
+            }
+    statistics.register_to_config(tuning=tuning)
+
+
+def tuning_seeds(statistics) -> set[int]:
+    """The benchmark-style seeds whose banks tuned these statistics (evaluating on them would leak)."""
+    if statistics is None:
+        return set()
+    return {int(entry["seed"]) for entry in (statistics.config.get("tuning") or {}).values()}
+
+
+def format_tuning(results: Sequence[TuneResult]) -> str:
+    """A Markdown table of the tuning: per NFE the official, starting and chosen coefficients with GenPPL/entropy."""
+    lines = [
+        "| NFE | sampler | η_R | η_T | η_O | α | GenPPL | entropy | admissible |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        rows = [("official", result.official), ("untied (start)", result.start), ("untied (tuned)", result.best)]
+        for label, candidate in rows:
+            c = candidate.coefficients
+            lines.append(
+                f"| {result.num_inference_steps} | {label} | {c['eta_r']:.3g} | {c['eta_t']:.3g} | {c['eta_o']:.3g} "
+                f"| {c['alpha']:.3g} | {candidate.gen_ppl:.1f} | {candidate.entropy:.3f} | "
+                f"{'yes' if candidate.admissible else 'no'} |"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""`untied-sc tune`: the coordinate search on a held-out bank, written into the sampler statistics."""
+
+import math
+
+import pytest
+import torch
+
+from untied_sc import LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
+from untied_sc.calibration.tune import (
+    TUNE_SEED,
+    candidate_values,
+    coordinate_search,
+    tune_coefficients,
+    tuning_seeds,
+)
+from untied_sc.cli import main
+from untied_sc.evaluation import run_sweep
+from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
+
+from .conftest import langflow_from_golden
+from .tiny import tiny_evaluator, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    return tiny_evaluator()
+
+
+def calibrated_pipe(golden):
+    pipe = LangFlowPipeline(langflow_from_golden(golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def tuned(langflow_golden, evaluator):
+    pipe = calibrated_pipe(langflow_golden)
+    before = pipe.sampler_statistics.for_steps(8).coefficients
+    results = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False)
+    return pipe, before, results[0]
+
+
+def test_candidate_values_stay_in_range_and_skip_duplicates():
+    assert candidate_values("eta_t", 0.6, (0.0, 0.5, 2.0)) == [0.0, 0.3, 1.2]
+    assert candidate_values("alpha", 0.8, (0.0, 0.5, 2.0)) == [0.4, 1.0]  # α > 0, clipped to 1
+    assert candidate_values("alpha", 1.0, (0.0, 0.5, 2.0)) == [0.5]  # ×2 clips back onto the current value
+    assert candidate_values("eta_o", 0.0, (0.0, 0.5, 2.0)) == []  # a switched-off component stays off
+
+
+def test_coordinate_search_on_a_known_objective():
+    """GenPPL = 100 + (η_T - 2)² + (α - 0.5)²; entropy drops by 0.1 nats when η_R = 0 (inadmissible at 0.05)."""
+    calls = []
+
+    def score(spec):
+        calls.append(spec)
+        if spec["scheduler"] == "official":
+            return 200.0, 5.0
+        ppl = 100 + (spec["eta_t"] - 2) ** 2 + (spec["alpha"] - 0.5) ** 2 + spec["eta_r"]
+        return ppl, 5.0 - (0.1 if spec["eta_r"] == 0 else 0.0)
+
+    start = {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 1.0}
+    result = coordinate_search(8, start, score)
+    # η_R = 0 scores best but loses 0.1 nats of entropy: rejected; η_R ×½ kept; η_T ×2 = 2; α ×½ = 0.5.
+    assert result.best.coefficients == {"eta_r": 0.5, "eta_t": 2.0, "eta_o": 1.0, "alpha": 0.5}
+    assert result.best.gen_ppl == pytest.approx(100.5)
+    assert [c.admissible for c in result.candidates if c.coefficients["eta_r"] == 0] == [False]
+    assert result.official.gen_ppl == 200.0 and len(calls) == 1 + len(result.candidates)
+    # nothing admissible (every candidate loses entropy): the untied components are switched off
+    off = coordinate_search(8, start, lambda spec: (1.0, 5.0) if spec["scheduler"] == "official" else (0.5, 4.0))
+    assert off.best.coefficients["eta_r"] == off.best.coefficients["eta_t"] == 0.0
+    assert off.best.gen_ppl == 1.0
+
+
+def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candidate(tuned):
+    pipe, before, result = tuned
+    assert result.start.coefficients == pytest.approx(before)
+    floor = result.official.entropy - 0.05
+    for candidate in result.candidates:
+        assert candidate.admissible == (math.isfinite(candidate.gen_ppl) and candidate.entropy >= floor)
+    admissible = [c.gen_ppl for c in result.candidates if c.admissible]
+    if admissible:  # every candidate was compared with a monotonically improving best
+        assert result.best.gen_ppl == min(admissible)
+    else:
+        assert result.best.coefficients["eta_r"] == result.best.coefficients["eta_t"] == 0.0
+    # one value per factor and coefficient around the running best, plus the start
+    assert 1 < len(result.candidates) <= 1 + 3 * len(COEFFICIENT_NAMES)
+
+
+def test_tuned_coefficients_are_what_the_untied_scheduler_uses(tuned):
+    pipe, _, result = tuned
+    statistics = pipe.sampler_statistics
+    assert statistics.for_steps(8).coefficients == pytest.approx(result.best.coefficients)
+    scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
+    assert scheduler.resolve_coefficients(8, statistics) == pytest.approx(result.best.coefficients)
+    record = statistics.config.tuning["8"]
+    assert record["seed"] == TUNE_SEED and record["num_samples"] == 4
+    assert record["chosen"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
+
+
+def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank(tuned, evaluator, tmp_path):
+    pipe, _, result = tuned
+    pipe.save_pretrained(tmp_path)
+    loaded = load_pipeline(tmp_path)
+    assert tuning_seeds(loaded.sampler_statistics) == {TUNE_SEED}
+    assert torch.equal(loaded.sampler_statistics.coefficients_nfe8, pipe.sampler_statistics.coefficients_nfe8)
+    with pytest.raises(ValueError, match=f"Seeds \\[{TUNE_SEED}\\] are the bank .* tuned on"):
+        run_sweep(loaded, nfe=[8], seeds=[0, TUNE_SEED], num_samples=2, batch_size=2, evaluator=evaluator)
+
+
+def test_tuning_is_deterministic(langflow_golden, evaluator, tuned):
+    _, _, first = tuned
+    again = tune_coefficients(
+        calibrated_pipe(langflow_golden), [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False
+    )[0]
+    assert again.best.coefficients == first.best.coefficients
+    assert [c.gen_ppl for c in again.candidates] == [c.gen_ppl for c in first.candidates]
+
+
+def test_tune_rejects_uncalibrated_nfe_and_pipelines_without_statistics(langflow_golden, evaluator):
+    pipe = calibrated_pipe(langflow_golden)
+    with pytest.raises(ValueError, match=r"not calibrated at NFE \[16\].*untied-sc calibrate PIPELINE_DIR --nfe 16"):
+        tune_coefficients(pipe, [16], num_samples=4, evaluator=evaluator)
+    with pytest.raises(ValueError, match="max_entropy_drop"):
+        tune_coefficients(pipe, [8], num_samples=4, evaluator=evaluator, max_entropy_drop=-1.0)
+    bare = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    with pytest.raises(ValueError, match="no sampler statistics"):
+        tune_coefficients(bare, [8], num_samples=4, evaluator=evaluator)
+
+
+def test_tune_command_writes_the_folder(langflow_golden, evaluator, tmp_path, capsys):
+    calibrated_pipe(langflow_golden).save_pretrained(tmp_path / "pipe")
+    evaluator[0].save_pretrained(tmp_path / "evaluator")
+    evaluator[1].save_pretrained(tmp_path / "evaluator")
+    argv = ["tune", str(tmp_path / "pipe"), "--nfe", "8", "--num-samples", "4", "--batch-size", "2"]
+    assert main([*argv, "--evaluator", str(tmp_path / "evaluator"), "--no-progress"]) == 0
+    assert "untied (tuned)" in capsys.readouterr().out
+    assert "8" in load_pipeline(tmp_path / "pipe").sampler_statistics.config.tuning
