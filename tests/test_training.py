@@ -168,7 +168,7 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     sample = "the dog sat on a mat."
     assert tokenizer.decode(tokenizer(sample)["input_ids"]) == sample
     tokens = data_module.tokenize_paragraphs(TOY_TEXT.strip().split("\n") * 50, tokenizer)
-    config = tiny_config(tmp_path, max_steps=3, proposal_loc=2.5, proposal_scale=0.7)
+    config = tiny_config(tmp_path, max_steps=3, proposal_loc=2.5, proposal_scale=0.7, log_every=1)
     trainer = LangFlowTrainer(config, tokens, tokens, tokenizer=tokenizer)
     assert trainer.train()["done"]
     out = export_pipeline(tmp_path / "run", tmp_path / "pipe")
@@ -179,6 +179,24 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     assert result.sequences.shape == (2, 16) and all(isinstance(t, str) for t in result.texts)
     info = json.loads((out / "training_info.json").read_text())
     assert info["step"] == 3
+
+    from untied_sc.training.model_card import write_model_card
+
+    quality = {
+        "family": "langflow",
+        "num_samples": 2,
+        "command": "python benchmarks/model_quality.py pipe",
+        "rows": [
+            {"sampler": "official (SC on)", "nfe": 8, "gen_ppl": 123.45, "entropy_evaluator_ids": 4.2, "rep_4": 0.0}
+        ],
+    }
+    (tmp_path / "quality.json").write_text(json.dumps(quality))
+    card = write_model_card(
+        out, tmp_path / "run", "Toy LangFlow", "make toy", quality=tmp_path / "quality.json", corpus_manifest="none"
+    )
+    text = card.read_text()
+    assert "from untied_sc import LangFlowPipeline" in text and "| official (SC on) | 8 | 123.5 | 4.200 |" in text
+    assert "Steps: 3 of batch 8 × 16 tokens" in text and (out / "loss_curve.png").stat().st_size > 1000
 
 
 # -- corpus tools ----------------------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Model cards of the bundled pipelines: `README.md` (data, size, steps, loss curve, GenPPL table) and `loss_curve.png`.
+
+    python -m untied_sc.training.model_card PIPELINE_DIR --run-dir RUN_DIR [--quality QUALITY_JSON]
+        [--per-gamma PER_GAMMA_MD] [--train-command "..."] [--title "..."]
+
+Everything in the card is read from files: the run's `loss_log.jsonl` (the curve), the pipeline's
+`training_info.json` (size, steps, tokens, time), the corpus manifest, `benchmarks/model_quality.py`'s JSON (GenPPL
+table) and `untied-sc train <family> evaluate`'s per-γ table. Nothing is typed in by hand.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _smooth(values: list[float], width: int = 20) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= width:
+            total -= values[i - width]
+        out.append(total / min(i + 1, width))
+    return out
+
+
+def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
+    """Training loss (with and without self-conditioning, moving average of 20 log rows) and validation CE vs step."""
+    from ..evaluation.plots import _pyplot
+
+    plt = _pyplot()
+    rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
+    train = [r for r in rows if "loss" in r]
+    val = [r for r in rows if "val_loss_sc" in r]
+    figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    steps = [r["step"] for r in train]
+    for key, label in (("loss_no_sc", "train, SC off"), ("loss_sc", "train, SC on")):
+        values = [r.get(key) for r in train]
+        if all(v is not None for v in values) and values:
+            axis.plot(steps, _smooth(values), label=label, linewidth=1.2)
+    if val:
+        for key, label in (("val_loss_no_sc", "validation, SC off"), ("val_loss_sc", "validation, SC on")):
+            axis.plot([r["step"] for r in val], [r[key] for r in val], "o--", label=label, markersize=3)
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss (nats/token)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    out = Path(out_path)
+    figure.savefig(out)
+    plt.close(figure)
+    return out
+
+
+def quality_table(quality: dict) -> str:
+    """The GenPPL table of a `benchmarks/model_quality.py` result."""
+    lines = ["| text | NFE | GenPPL | entropy (nats) | Rep-4 |", "|---|---:|---:|---:|---:|"]
+    for row in quality["rows"]:
+        lines.append(
+            f"| {row['sampler']} | {row['nfe'] or ''} | {row['gen_ppl']:.1f} | {row['entropy_evaluator_ids']:.3f} "
+            f"| {row['rep_4']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_model_card(
+    pipeline_dir: str | Path,
+    run_dir: str | Path,
+    title: str,
+    train_command: str,
+    quality: str | Path | None = None,
+    per_gamma: str | Path | None = None,
+    corpus_manifest: str | Path = "data/corpus/manifest.json",
+    notes: str = "",
+) -> Path:
+    """Writes `<pipeline_dir>/README.md` and `<pipeline_dir>/loss_curve.png`."""
+    folder, run = Path(pipeline_dir), Path(run_dir)
+    info = json.loads((folder / "training_info.json").read_text())
+    plot_loss_curve(run / "loss_log.jsonl", folder / "loss_curve.png")
+    config = info.get("config") or {}
+    manifest_path = Path(corpus_manifest)
+    sources = ""
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        sources = ", ".join(manifest.get("settings", {}).get("sources", []))
+    transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
+    family = "ELF" if "latent_dim" in transformer_config else "LangFlow"
+    lines = [
+        "---",
+        "library_name: diffusers",
+        "tags: [untied-sc, text-generation, continuous-diffusion, flow-matching]",
+        "---",
+        "",
+        f"# {title}",
+        "",
+        f"A small {family} trained on CPU for the `untied-sc` package, so that the package runs offline and shows the",
+        "untied self-conditioning sampler on a real (if weak) language model. It is far from the papers' checkpoints.",
+        "",
+        "```python",
+        f"from untied_sc import {family}Pipeline",
+        f'pipe = {family}Pipeline.from_pretrained("hub_artifacts/{folder.name}")',
+        "texts = pipe(batch_size=4, num_inference_steps=8).texts",
+        "```",
+        "",
+        "## Training",
+        "",
+        f"- Data: {sources or 'see data/corpus/manifest.json'} (`make data`, docs/training.md); train split only.",
+        f"- Size: {info['parameters'] / 1e6:.2f}M parameters, stored as {info.get('dtype', 'float32')}.",
+        f"- Steps: {info['step']:,} of batch {config.get('batch_size')} × {config.get('seq_len')} tokens "
+        f"({(info.get('tokens_seen') or 0) / 1e6:.1f}M tokens seen), {(info.get('train_seconds') or 0) / 60:.0f} min "
+        "on 2 CPU cores.",
+        f"- Command: `{train_command}`.",
+        "",
+        "![loss curve](loss_curve.png)",
+        "",
+    ]
+    if per_gamma is not None:
+        lines += ["## Held-out loss per noise level", "", Path(per_gamma).read_text().strip(), ""]
+    if quality is not None:
+        data = json.loads(Path(quality).read_text())
+        lines += [
+            "## Generative perplexity",
+            "",
+            f"SmolLM2-135M evaluator, {data['family']} protocol, {data['num_samples']} samples per row "
+            f"(`{data['command']}`).",
+            "",
+            quality_table(data),
+            "",
+        ]
+    if notes:
+        lines += [notes.strip(), ""]
+    out = folder / "README.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pipeline")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--title", required=True)
+    parser.add_argument("--train-command", required=True)
+    parser.add_argument("--quality")
+    parser.add_argument("--per-gamma")
+    parser.add_argument("--corpus-manifest", default="data/corpus/manifest.json")
+    parser.add_argument("--notes-file")
+    args = parser.parse_args(argv)
+    notes = Path(args.notes_file).read_text() if args.notes_file else ""
+    path = write_model_card(
+        args.pipeline,
+        args.run_dir,
+        args.title,
+        args.train_command,
+        args.quality,
+        args.per_gamma,
+        args.corpus_manifest,
+        notes,
+    )
+    print(f"Wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
