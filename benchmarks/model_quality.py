@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="Evaluator dtype.")
     parser.add_argument("--output-dir", default="benchmarks/results")
     args = parser.parse_args()
 
@@ -69,7 +70,7 @@ def main() -> None:
     pipe = load_pipeline(args.pipeline)
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
-    evaluator = load_evaluator()
+    evaluator = load_evaluator(dtype=getattr(torch, args.dtype))
     name = Path(args.pipeline.rstrip("/")).name
     corpus = Path(args.corpus_dir)
     rows = []
@@ -118,12 +119,12 @@ def main() -> None:
     results = {
         "model": name,
         "family": family,
-        "evaluator": "smollm2-135m",
+        "evaluator": f"smollm2-135m ({args.dtype})",
         "num_samples": args.num_samples,
         "seed": args.seed,
         "rows": rows,
         "command": f"python benchmarks/model_quality.py {args.pipeline} --nfe {' '.join(map(str, args.nfe))} "
-        f"--num-samples {args.num_samples} --seed {args.seed}",
+        f"--num-samples {args.num_samples} --seed {args.seed} --dtype {args.dtype}",
         "wall_seconds": time.perf_counter() - began,
     }
     out = Path(args.output_dir)
@@ -132,7 +133,8 @@ def main() -> None:
     lines = [
         f"# {name}: sample quality against held-out text and a unigram baseline",
         "",
-        f"`{results['command']}` ({results['wall_seconds'] / 60:.1f} min on this machine). Evaluator SmolLM2-135M, "
+        f"`{results['command']}` ({results['wall_seconds'] / 60:.1f} min on 2 CPU cores). Evaluator SmolLM2-135M "
+        f"({args.dtype}), "
         f"{family} protocol, {args.num_samples} samples each; entropy = mean per-sample unigram entropy of the "
         "evaluator's ids (nats).",
         "",

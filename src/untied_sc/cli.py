@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-entropy-drop", type=float, default=0.05, help="Entropy (nats) a candidate may lose against official."
     )
     tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
-    tune.add_argument("--dtype", default="float32", help="Evaluator dtype.")
+    tune.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="Evaluator dtype."
+    )
     tune.add_argument("--cache-dir", help="Evaluator cache folder.")
     tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")

@@ -120,7 +120,7 @@ def write_model_card(
         lines += [
             "## Generative perplexity",
             "",
-            f"SmolLM2-135M evaluator, {data['family']} protocol, {data['num_samples']} samples per row "
+            f"Evaluator {data['evaluator']}, {data['family']} protocol, {data['num_samples']} samples per row "
             f"(`{data['command']}`).",
             "",
             quality_table(data),
