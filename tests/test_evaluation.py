@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from untied_sc.evaluation import (
     Sample,
@@ -35,6 +35,8 @@ from untied_sc.evaluation import (
 )
 from untied_sc.evaluation.cli import add_evaluate_arguments, evaluate_command
 
+from .tiny import tiny_llama
+
 
 VOCAB_SIZE = 24
 EOS = 0
@@ -51,23 +53,7 @@ def tiny_evaluator_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def evaluator():
     """A 1-layer Llama with weights large enough that every token has a distinct NLL."""
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        eos_token_id=EOS,
-        pad_token_id=EOS,
-    )
-    model = LlamaForCausalLM(config).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model, tiny_evaluator_tokenizer()
+    return tiny_llama(VOCAB_SIZE, EOS), tiny_evaluator_tokenizer()
 
 
 def ids_of(text: str) -> list[int]:

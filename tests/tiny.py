@@ -36,27 +36,32 @@ def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0, coeffici
     return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), per_step)
 
 
-def tiny_evaluator():
-    """A 1-layer random Llama over `tiny_tokenizer`'s vocabulary (`</s>` = 1 is its EOS and pad): a real causal LM."""
+def tiny_llama(vocab_size: int, eos_token_id: int):
+    """A 1-layer random Llama (weights ~ N(0, 0.5²), large enough that every token gets a distinct NLL): a real LM."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = tiny_tokenizer()
-    tokenizer.pad_token = tokenizer.eos_token
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
     )
     model = LlamaForCausalLM(config).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model, tokenizer
+    return model
+
+
+def tiny_evaluator():
+    """`tiny_llama` over `tiny_tokenizer`'s vocabulary (`</s>` = 1 is its EOS and pad), with that tokenizer."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    return tiny_llama(len(tokenizer), tokenizer.eos_token_id), tokenizer
