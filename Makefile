@@ -42,10 +42,20 @@ data: $(STAMP)
 
 train-langflow: data
 	mkdir -p runs/langflow-small
-	$(BIN)/untied-sc train langflow train --run-dir runs/langflow-small --budget-minutes 110 --no-progress
+	$(BIN)/untied-sc train langflow train --run-dir runs/langflow-small --max-steps 2993 --budget-minutes 150 --no-progress
 
+# The bundled folder: bf16 weights (17 MB), calibrated statistics, tuned coefficients, quality numbers, model card.
+LF := hub_artifacts/langflow-small
 export-langflow: $(STAMP)
-	$(BIN)/untied-sc train langflow export --run-dir runs/langflow-small --out hub_artifacts/langflow-small
+	$(BIN)/untied-sc train langflow export --run-dir runs/langflow-small --out $(LF) --dtype bfloat16
+	$(BIN)/untied-sc calibrate $(LF) --nfe 8 16 32 64 --bank-size 64 --seed 2000 --batch-size 32
+	$(BIN)/untied-sc train langflow evaluate --pipeline $(LF) --split heldout --windows 256 \
+		--json benchmarks/results/langflow-small-per-gamma.json > benchmarks/results/langflow-small-per-gamma.md
+	$(BIN)/python benchmarks/model_quality.py $(LF) --nfe 8 64 --num-samples 256
+	$(BIN)/untied-sc tune $(LF) --nfe 8 16 32 64 --num-samples 32 --dtype bfloat16
+	$(BIN)/python -m untied_sc.training.model_card $(LF) --run-dir runs/langflow-small --title "LangFlow-small" \
+		--train-command "make train-langflow" --quality benchmarks/results/langflow-small-quality.json \
+		--per-gamma benchmarks/results/langflow-small-per-gamma.md
 
 elf-data: $(ENCODER_STAMP)
 	test -f data/corpus/train.txt || $(BIN)/untied-sc data build --out data/corpus --tokenizer-out data/tokenizer-8k
