@@ -1,5 +1,6 @@
 """Calibration: the reference recurrence's moments, base scales, determinism, entry points and errors."""
 
+import copy
 import math
 
 import pytest
@@ -135,7 +136,13 @@ def test_calibrate_extends_existing_statistics_and_enables_untied_sampling(langf
 
 
 def test_cli_calibrate_writes_statistics_into_the_folder(tmp_path, capsys, langflow_pipe):
+    copy.deepcopy(langflow_pipe.transformer).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     langflow_pipe.save_pretrained(tmp_path)
+    # a bf16 weight file stays as it is: only the statistics component is written in place
+    weights = tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes((tmp_path / "bf16" / "diffusion_pytorch_model.safetensors").read_bytes())
+    before = {p: p.read_bytes() for p in (tmp_path / "transformer").iterdir()}
+    before.update({p: p.read_bytes() for p in (tmp_path / "tokenizer").iterdir()})
     code = cli_main(["calibrate", str(tmp_path), "--nfe", "8", "--bank-size", "4", "--batch-size", "4"])
     assert code == 0
     out = capsys.readouterr().out
@@ -143,6 +150,9 @@ def test_cli_calibrate_writes_statistics_into_the_folder(tmp_path, capsys, langf
     reloaded = load_pipeline(tmp_path)
     assert reloaded.sampler_statistics.config.calibrated_steps == [8]
     assert reloaded.sampler_statistics.config.seeds == {"8": [0, 1]}
+    assert all(path.read_bytes() == data for path, data in before.items())
+    assert cli_main(["calibrate", "someone/model", "--nfe", "8"]) == 2
+    assert "give --output FOLDER" in capsys.readouterr().err
 
 
 def test_bad_calibration_input_gives_clear_errors(elf_pipe, langflow_golden):

@@ -19,10 +19,30 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"Wrote {type(model).__name__} ({parameters / 1e6:.1f}M parameters) to {args.output}")
 
 
+def _save_statistics(pipe, source: str, output: str | None) -> str:
+    """In place (no `--output`): only the `sampler_statistics` component is written; with `--output`: the pipeline."""
+    from .pipelines.loading import save_sampler_statistics
+
+    if output is not None:
+        pipe.save_pretrained(output)
+        return output
+    save_sampler_statistics(pipe, source)
+    return source
+
+
+def _check_statistics_target(source: str, output: str | None) -> None:
+    """Before any work: writing in place needs a local folder."""
+    from pathlib import Path
+
+    if output is None and not Path(source).is_dir():
+        raise ValueError(f"{source!r} is not a local folder (a Hub repo id?): give --output FOLDER to write to.")
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from .calibration import format_summary
     from .pipelines import load_pipeline
 
+    _check_statistics_target(args.pipeline, args.output)
     pipe = load_pipeline(args.pipeline)
     result = pipe.calibrate(
         nfe=args.nfe,
@@ -31,8 +51,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         coefficients=args.coefficients,
     )
-    folder = args.output or args.pipeline
-    pipe.save_pretrained(folder)
+    folder = _save_statistics(pipe, args.pipeline, args.output)
     print(format_summary(result))
     print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
     if args.push_to_hub:
@@ -45,6 +64,7 @@ def _tune(args: argparse.Namespace) -> None:
     from .evaluation.cli import DTYPES
     from .pipelines import load_pipeline
 
+    _check_statistics_target(args.pipeline, args.output)
     pipe = load_pipeline(args.pipeline)
     results = tune_coefficients(
         pipe,
@@ -60,8 +80,7 @@ def _tune(args: argparse.Namespace) -> None:
         cache_dir=args.cache_dir,
         dtype=DTYPES[args.dtype],
     )
-    folder = args.output or args.pipeline
-    pipe.save_pretrained(folder)
+    folder = _save_statistics(pipe, args.pipeline, args.output)
     print(format_tuning(results))
     print(f"Wrote tuned coefficients (NFE {[r.num_inference_steps for r in results]}) to {folder}/sampler_statistics")
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 from ..hub import HUB_KWARGS, resolve_local
 from .pipeline_elf import ELFPipeline
@@ -22,3 +23,21 @@ def load_pipeline(source: str | os.PathLike, **kwargs):
     if name not in PIPELINES:
         raise ValueError(f"{index} names pipeline {name!r}; untied-sc loads {sorted(PIPELINES)}.")
     return PIPELINES[name].from_pretrained(folder, **kwargs)
+
+
+def save_sampler_statistics(pipe, folder: str | os.PathLike) -> Path:
+    """Writes only `pipe.sampler_statistics` into the existing pipeline folder `folder` and registers the component in
+    its `model_index.json`. The other components stay byte for byte as they were (re-saving the whole pipeline would
+    rewrite the weights in the loaded dtype, e.g. bf16 files as float32, and the tokenizer files)."""
+    folder = Path(folder)
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{folder} has no model_index.json: give an existing pipeline folder (or --output).")
+    statistics = pipe.sampler_statistics
+    if statistics is None:
+        raise ValueError("The pipeline has no sampler statistics to save.")
+    statistics.save_pretrained(folder / "sampler_statistics")
+    index = json.loads(index_path.read_text())
+    index["sampler_statistics"] = [type(statistics).__module__, type(statistics).__name__]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return folder / "sampler_statistics"
