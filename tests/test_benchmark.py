@@ -208,3 +208,19 @@ def test_coefficient_scales_multiply_the_resolved_coefficients(pipes):
         build_scheduler(pipe, {"scheduler": "official", "eta_t_scale": 0.5})
     with pytest.raises(ValueError, match="Unknown experiment"):
         experiment_samplers("ablations")
+
+
+def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
+    from untied_sc.evaluation.benchmark import _experiment_name, with_preset
+    from untied_sc.schedulers.scheduling_untied import paper_coefficients
+
+    samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")
+    assert samplers["official"] == {} and all(
+        spec["coefficients"] == "langflow-lm1b" for name, spec in samplers.items() if name != "official"
+    )
+    pipe = pipes["langflow"]
+    spec = {"scheduler": "untied", **samplers["untied (correction only)"]}
+    coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8, pipe.sampler_statistics)
+    assert coefficients == {**paper_coefficients()["langflow-lm1b"]["8"], "eta_r": 0.0}
+    assert _experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
+    assert _experiment_name("hub/x", "main") is None

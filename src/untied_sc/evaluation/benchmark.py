@@ -142,6 +142,15 @@ def experiment_samplers(name: str) -> dict[str, dict]:
     raise ValueError(f"Unknown experiment {name!r}; choose main, placement, components or sensitivity.")
 
 
+def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
+    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`)."""
+    if preset is None:
+        return dict(samplers)
+    return {
+        name: dict(spec) if name == BASELINE else {"coefficients": preset, **spec} for name, spec in samplers.items()
+    }
+
+
 def _normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
     """Each spec gets an explicit `scheduler` key: `"official"` for the sampler named official, else `"untied"`."""
     if BASELINE not in samplers:
@@ -618,6 +627,10 @@ def add_benchmark_arguments(parser):
         default="main",
         help="Sampler set: official vs untied (main), or one of the paper's controlled experiments.",
     )
+    parser.add_argument(
+        "--coefficients",
+        help="Paper coefficient preset for every untied sampler (e.g. langflow-lm1b) instead of the statistics' own.",
+    )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
     parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
     parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
@@ -657,9 +670,11 @@ def command_line(args) -> str:
     return shlex.join(words)
 
 
-def _experiment_name(pipeline: str, experiment: str) -> str | None:
-    """`<model>-<experiment>` for the controlled experiments, so that they do not overwrite the main results."""
-    return None if experiment == "main" else f"{Path(str(pipeline).rstrip('/')).name}-{experiment}"
+def _experiment_name(pipeline: str, experiment: str, preset: str | None = None) -> str | None:
+    """`<model>-<experiment>[-<preset>]` for the controlled experiments and presets, so that they do not overwrite the
+    main results."""
+    suffix = ("" if experiment == "main" else f"-{experiment}") + (f"-{preset}" if preset else "")
+    return f"{Path(str(pipeline).rstrip('/')).name}{suffix}" if suffix else None
 
 
 def benchmark_command(args) -> dict:
@@ -675,13 +690,13 @@ def benchmark_command(args) -> dict:
         batch_size=args.batch_size,
         evaluator=args.evaluator,
         protocol=args.protocol,
-        samplers=experiment_samplers(args.experiment),
+        samplers=with_preset(experiment_samplers(args.experiment), args.coefficients),
         diversity_values=args.temperatures,
         diversity_nfe=args.diversity_nfe,
         eval_batch_size=args.eval_batch_size,
         max_length=args.max_length,
         num_resamples=args.num_resamples,
-        name=args.name or _experiment_name(args.pipeline, args.experiment),
+        name=args.name or _experiment_name(args.pipeline, args.experiment, args.coefficients),
         output_dir=args.output_dir,
         save_samples=args.save_samples,
         command=command,
