@@ -3,9 +3,9 @@
     python -m untied_sc.demo [--artifacts hub_artifacts] [--steps 8] [--batch-size 8] [--seed 0]
 
 For every pipeline folder under `--artifacts` (each with a `model_index.json`): sample with the official scheduler
-and with `UntiedSelfConditioningScheduler` from the same generator seed (so both start from the same latent and random
-stream), print the samples side by side, and score them with the offline evaluator (SmolLM2-135M): GenPPL under the
-model family's protocol and unigram entropy.
+and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
+same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
+them with the offline evaluator (SmolLM2-135M): GenPPL under the model family's protocol and unigram entropy.
 """
 
 import argparse
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .calibration.calibrate import DEFAULT_PRESET, pipeline_solver
 from .evaluation import generative_perplexity, load_evaluator, mean_unigram_entropy
 from .pipelines import load_pipeline
 from .schedulers import UntiedSelfConditioningScheduler
@@ -25,12 +26,15 @@ def find_pipelines(artifacts: Path) -> list[Path]:
 
 
 def sample_both(pipe, steps: int, batch_size: int, seed: int) -> dict:
+    """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed."""
     official_scheduler = pipe.scheduler
+    preset = DEFAULT_PRESET[pipeline_solver(pipe)]
+    overrides = {"official": None, "untied": {}, f"untied ({preset} preset)": {"coefficients": preset}}
     results = {}
     try:
-        for name in ("official", "untied"):
-            if name == "untied":
-                pipe.scheduler = UntiedSelfConditioningScheduler.from_config(official_scheduler.config)
+        for name, config in overrides.items():
+            if config is not None:
+                pipe.scheduler = UntiedSelfConditioningScheduler.from_config(official_scheduler.config, **config)
             generator = torch.Generator().manual_seed(seed)
             results[name] = pipe(batch_size=batch_size, num_inference_steps=steps, generator=generator)
     finally:
