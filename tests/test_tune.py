@@ -71,6 +71,9 @@ def test_coordinate_search_on_a_known_objective():
     off = coordinate_search(8, start, lambda spec: (1.0, 5.0) if spec["scheduler"] == "official" else (0.5, 4.0))
     assert off.best.coefficients["eta_r"] == off.best.coefficients["eta_t"] == 0.0
     assert off.best.gen_ppl == 1.0
+    # admissible but no better than official: off as well (the untied sampler must earn its place)
+    worse = coordinate_search(8, start, lambda spec: (1.0, 5.0) if spec["scheduler"] == "official" else (1.5, 5.0))
+    assert worse.best.coefficients["eta_r"] == worse.best.coefficients["eta_t"] == 0.0
 
 
 def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candidate(tuned):
@@ -80,7 +83,7 @@ def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candida
     for candidate in result.candidates:
         assert candidate.admissible == (math.isfinite(candidate.gen_ppl) and candidate.entropy >= floor)
     admissible = [c.gen_ppl for c in result.candidates if c.admissible]
-    if admissible:  # every candidate was compared with a monotonically improving best
+    if admissible and min(admissible) < result.official.gen_ppl:  # compared with a monotonically improving best
         assert result.best.gen_ppl == min(admissible)
     else:
         assert result.best.coefficients["eta_r"] == result.best.coefficients["eta_t"] == 0.0

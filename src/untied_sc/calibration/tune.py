@@ -16,7 +16,8 @@ The search, per NFE N (every choice here is ours, the paper gives no procedure):
    calibration): for each coefficient in `COEFFICIENT_NAMES` order, try the current value times each of `factors`
    (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept in (0, 1]), and keep the
    admissible candidate with the lowest pooled GenPPL; `rounds` passes.
-4. If no candidate is admissible, the untied components are switched off (η_R = η_T = 0: the official sampler).
+4. If no admissible candidate beats the official sampler's GenPPL, the untied components are switched off
+   (η_R = η_T = 0: bitwise the official sampler).
 """
 
 import math
@@ -209,7 +210,7 @@ def coordinate_search(
                 candidate = evaluate({**best.coefficients, name: value})
                 if candidate.admissible and (not best.admissible or candidate.gen_ppl < best.gen_ppl):
                     best = candidate
-    if not best.admissible:  # switch the untied components off: bitwise the official sampler
+    if not best.admissible or best.gen_ppl >= official_ppl:  # switch the untied components off: bitwise official
         best = Candidate({**first.coefficients, "eta_r": 0.0, "eta_t": 0.0}, official_ppl, official_entropy, True)
     return TuneResult(num_inference_steps, official, first, best, list(scored.values()), time.perf_counter() - began)
 
