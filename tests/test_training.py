@@ -184,6 +184,7 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
 
     quality = {
         "family": "langflow",
+        "evaluator": "tiny",
         "num_samples": 2,
         "command": "python benchmarks/model_quality.py pipe",
         "rows": [
@@ -196,6 +197,7 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     )
     text = card.read_text()
     assert "from untied_sc import LangFlowPipeline" in text and "| official (SC on) | 8 | 123.5 | 4.200 |" in text
+    assert "Evaluator tiny, langflow protocol, 2 samples per row" in text
     assert "Steps: 3 of batch 8 × 16 tokens" in text and (out / "loss_curve.png").stat().st_size > 1000
 
 
