@@ -65,8 +65,18 @@ train-elf: elf-data
 	mkdir -p runs/elf-small
 	$(BIN)/untied-sc train elf train --run-dir runs/elf-small --budget-minutes 120 --no-progress
 
+# The bundled folder: bf16 weights, calibrated statistics, tuned coefficients, quality numbers, model card.
+ELF := hub_artifacts/elf-small
 export-elf: $(ENCODER_STAMP)
-	$(BIN)/untied-sc train elf export --run-dir runs/elf-small --out hub_artifacts/elf-small
+	$(BIN)/untied-sc train elf export --run-dir runs/elf-small --out $(ELF)
+	$(BIN)/untied-sc calibrate $(ELF) --nfe 8 16 32 64 --bank-size 64 --seed 2000 --batch-size 32
+	$(BIN)/untied-sc train elf evaluate --pipeline $(ELF) --split heldout --windows 256 --unigram \
+		--json benchmarks/results/elf-small-per-time.json > benchmarks/results/elf-small-per-time.md
+	$(BIN)/python benchmarks/model_quality.py $(ELF) --nfe 8 64 --num-samples 256
+	$(BIN)/untied-sc tune $(ELF) --nfe 8 16 32 64 --num-samples 64 --dtype bfloat16
+	$(BIN)/python -m untied_sc.training.model_card $(ELF) --run-dir runs/elf-small --title "ELF-small" \
+		--train-command "make train-elf" --quality benchmarks/results/elf-small-quality.json \
+		--per-gamma benchmarks/results/elf-small-per-time.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -323,6 +323,13 @@ def test_train_loop_logs_and_export_generates_text(tmp_path):
     weights = lambda folder: (folder / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size  # noqa: E731
     assert weights(small) < 0.6 * weights(out)
 
+    # The model card reads the ELF log: velocity loss and decoder CE panels, ELF usage and docs.
+    from untied_sc.training.model_card import write_model_card
+
+    card = write_model_card(out, run, "Toy ELF", "make toy", corpus_manifest="none").read_text()
+    assert "from untied_sc import ELFPipeline" in card and "docs/training-elf.md" in card
+    assert "Steps: 10 of batch" in card and (out / "loss_curve.png").stat().st_size > 1000
+
 
 def test_per_time_evaluation_table(tmp_path):
     trainer = make_trainer(tmp_path)

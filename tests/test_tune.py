@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
+from untied_sc.calibration.calibrate import CALIBRATION_SEED, calibration_seeds
 from untied_sc.calibration.tune import (
     TUNE_SEED,
     candidate_values,
     coordinate_search,
+    format_tuning,
     tune_coefficients,
     tuning_seeds,
 )
@@ -49,6 +51,11 @@ def test_candidate_values_stay_in_range_and_skip_duplicates():
     assert candidate_values("eta_o", 0.0, (0.0, 0.5, 2.0)) == []  # a switched-off component stays off
 
 
+def per_sample(ppl: float, spread: float = 0.01, n: int = 16) -> list[float]:
+    """Per-sample NLLs around log(ppl) with a fixed ±spread pattern (mean exactly log(ppl))."""
+    return [math.log(ppl) + (spread if i % 2 else -spread) for i in range(n)]
+
+
 def test_coordinate_search_on_a_known_objective():
     """GenPPL = 100 + (η_T - 2)² + (α - 0.5)²; entropy drops by 0.1 nats when η_R = 0 (inadmissible at 0.05)."""
     calls = []
@@ -56,9 +63,9 @@ def test_coordinate_search_on_a_known_objective():
     def score(spec):
         calls.append(spec)
         if spec["scheduler"] == "official":
-            return 200.0, 5.0
+            return 200.0, 5.0, per_sample(200.0)
         ppl = 100 + (spec["eta_t"] - 2) ** 2 + (spec["alpha"] - 0.5) ** 2 + spec["eta_r"]
-        return ppl, 5.0 - (0.1 if spec["eta_r"] == 0 else 0.0)
+        return ppl, 5.0 - (0.1 if spec["eta_r"] == 0 else 0.0), per_sample(ppl)
 
     start = {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 1.0}
     result = coordinate_search(8, start, score)
@@ -67,13 +74,46 @@ def test_coordinate_search_on_a_known_objective():
     assert result.best.gen_ppl == pytest.approx(100.5)
     assert [c.admissible for c in result.candidates if c.coefficients["eta_r"] == 0] == [False]
     assert result.official.gen_ppl == 200.0 and len(calls) == 1 + len(result.candidates)
+    # the paired comparison that admitted it: every pair better by log(200 / 100.5)
+    assert result.best_vs_official.mean_delta == pytest.approx(math.log(100.5 / 200))
+    assert result.best_vs_official.mean_delta_ci[1] < 0 and result.best_vs_official.fraction_b_worse == 0
     # nothing admissible (every candidate loses entropy): the untied components are switched off
-    off = coordinate_search(8, start, lambda spec: (1.0, 5.0) if spec["scheduler"] == "official" else (0.5, 4.0))
+    off = coordinate_search(
+        8,
+        start,
+        lambda spec: (1.0, 5.0, per_sample(1.0)) if spec["scheduler"] == "official" else (0.5, 4.0, per_sample(0.5)),
+    )
     assert off.best.coefficients["eta_r"] == off.best.coefficients["eta_t"] == 0.0
-    assert off.best.gen_ppl == 1.0
+    assert off.best.gen_ppl == 1.0 and off.best_vs_official is None
     # admissible but no better than official: off as well (the untied sampler must earn its place)
-    worse = coordinate_search(8, start, lambda spec: (1.0, 5.0) if spec["scheduler"] == "official" else (1.5, 5.0))
+    worse = coordinate_search(
+        8,
+        start,
+        lambda spec: (1.0, 5.0, per_sample(1.0)) if spec["scheduler"] == "official" else (1.5, 5.0, per_sample(1.5)),
+    )
     assert worse.best.coefficients["eta_r"] == worse.best.coefficients["eta_t"] == 0.0
+    assert worse.best_vs_official.mean_delta > 0
+
+
+def test_a_win_within_noise_keeps_the_official_sampler():
+    """1 % lower GenPPL, but the pairs scatter by ±0.5 nats: the paired interval contains 0, so nothing changes."""
+
+    def score(spec, spread=0.5):
+        if spec["scheduler"] == "official":
+            return 100.0, 5.0, per_sample(100.0, spread=0.0)
+        return 99.0, 5.0, per_sample(99.0, spread=spread)
+
+    start = {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 1.0}
+    noisy = coordinate_search(8, start, score)
+    low, high = noisy.best_vs_official.mean_delta_ci
+    assert low < 0 < high
+    assert noisy.best.coefficients["eta_r"] == noisy.best.coefficients["eta_t"] == 0.0
+    assert noisy.best.gen_ppl == 100.0
+    # the same 1 % on consistent pairs is a real win and is kept
+    steady = coordinate_search(8, start, lambda spec: score(spec, spread=0.0))
+    assert steady.best.coefficients == start and steady.best_vs_official.mean_delta_ci[1] < 0
+    assert "within noise, the official sampler is kept" in format_tuning([noisy])
+    assert "accepted" in format_tuning([steady])
 
 
 def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candidate(tuned):
@@ -83,8 +123,9 @@ def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candida
     for candidate in result.candidates:
         assert candidate.admissible == (math.isfinite(candidate.gen_ppl) and candidate.entropy >= floor)
     admissible = [c.gen_ppl for c in result.candidates if c.admissible]
-    if admissible and min(admissible) < result.official.gen_ppl:  # compared with a monotonically improving best
-        assert result.best.gen_ppl == min(admissible)
+    assert (result.best_vs_official is None) == (not admissible)
+    if result.best_vs_official is not None and result.best_vs_official.mean_delta_ci[1] < 0:
+        assert result.best.gen_ppl == min(admissible)  # compared with a monotonically improving best
     else:
         assert result.best.coefficients["eta_r"] == result.best.coefficients["eta_t"] == 0.0
     # one value per factor and coefficient around the running best, plus the start
@@ -100,6 +141,10 @@ def test_tuned_coefficients_are_what_the_untied_scheduler_uses(tuned):
     record = statistics.config.tuning["8"]
     assert record["seed"] == TUNE_SEED and record["num_samples"] == 4
     assert record["chosen"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
+    assert record["confidence"] == 0.95
+    if result.best_vs_official is not None:
+        assert record["best_vs_official"]["num_pairs"] == 4
+        assert record["best_vs_official"]["mean_delta_nll"] == pytest.approx(result.best_vs_official.mean_delta)
 
 
 def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank(tuned, evaluator, tmp_path):
@@ -110,6 +155,10 @@ def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank
     assert torch.equal(loaded.sampler_statistics.coefficients_nfe8, pipe.sampler_statistics.coefficients_nfe8)
     with pytest.raises(ValueError, match=f"Seeds \\[{TUNE_SEED}\\] are the bank .* tuned on"):
         run_sweep(loaded, nfe=[8], seeds=[0, TUNE_SEED], num_samples=2, batch_size=2, evaluator=evaluator)
+    # the calibration banks (default seed 2000: the batches of benchmark seeds 4000 and 4001) are refused too
+    assert calibration_seeds(loaded.sampler_statistics) == {2 * CALIBRATION_SEED, 2 * CALIBRATION_SEED + 1}
+    with pytest.raises(ValueError, match=r"Seeds \[4001\] drew the trajectory banks .* calibrated on"):
+        run_sweep(loaded, nfe=[8], seeds=[1, 4001], num_samples=2, batch_size=2, evaluator=evaluator)
 
 
 def test_tuning_is_deterministic(langflow_golden, evaluator, tuned):

@@ -75,6 +75,7 @@ def _tune(args: argparse.Namespace) -> None:
         evaluator=args.evaluator,
         rounds=args.rounds,
         max_entropy_drop=args.max_entropy_drop,
+        confidence=args.confidence,
         eval_batch_size=args.eval_batch_size,
         progress=not args.no_progress,
         cache_dir=args.cache_dir,
@@ -127,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("pipeline", help="Pipeline folder (or Hub repo id) to calibrate.")
     calibrate.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to calibrate, e.g. 8 16 32 64.")
     calibrate.add_argument("--bank-size", type=int, default=64, help="Trajectories in each of the two banks.")
-    calibrate.add_argument("--seed", type=int, default=0, help="Bank seed (banks 2·seed and 2·seed+1).")
+    calibrate.add_argument(
+        "--seed",
+        type=int,
+        default=2000,
+        help="Bank seed: the banks are the batches of benchmark seeds 2·seed and 2·seed+1 (never evaluate on them).",
+    )
     calibrate.add_argument("--batch-size", type=int, default=16)
     calibrate.add_argument("--coefficients", help="Paper coefficient preset stored with the statistics.")
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
@@ -151,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--rounds", type=int, default=1, help="Passes of the coordinate search.")
     tune.add_argument(
         "--max-entropy-drop", type=float, default=0.05, help="Entropy (nats) a candidate may lose against official."
+    )
+    tune.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="Level of the paired ΔNLL interval vs official that must lie below 0 for the untied sampler to be kept.",
     )
     tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
     tune.add_argument(

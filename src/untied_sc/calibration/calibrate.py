@@ -16,8 +16,12 @@ from .reference import MomentAccumulator, ReferenceRecurrenceScheduler
 # Coefficients written with the statistics when none are given: the paper's closest system ([choice]; `untied-sc
 # tune` replaces them with values searched for the model).
 DEFAULT_PRESET = {"elf": "elf-b", "langflow": "langflow-lm1b"}
-# Bank j of a calibration with seed s draws its batches from generators seeded s·BANK_STRIDE + i (i < BANK_STRIDE).
+# Bank j (0: B_μ, 1: B_σ) of a calibration with seed s draws its batches from generators seeded
+# (2s + j)·BANK_STRIDE + i, i.e. exactly the batches of benchmark seed 2s + j (`batch_seed`).
 BANK_STRIDE = 1_000_003
+# Default calibration seed: its banks are benchmark seeds 4000 and 4001, disjoint from the default evaluation seeds
+# (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate on a calibration bank.
+CALIBRATION_SEED = 2000
 
 
 @dataclass
@@ -51,6 +55,13 @@ def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tu
     base = (2 * seed + bank) * BANK_STRIDE
     sizes = [batch_size] * (bank_size // batch_size) + ([bank_size % batch_size] if bank_size % batch_size else [])
     return [(base + i, size) for i, size in enumerate(sizes)]
+
+
+def calibration_seeds(statistics) -> set[int]:
+    """The benchmark-style seeds whose batches calibrated these statistics (banks B_μ and B_σ of every NFE)."""
+    if statistics is None:
+        return set()
+    return {int(seed) for pair in (statistics.config.get("seeds") or {}).values() for seed in pair}
 
 
 def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceScheduler:
@@ -131,7 +142,7 @@ def calibrate_pipeline(
     pipe,
     nfe: list[int],
     bank_size: int = 64,
-    seed: int = 0,
+    seed: int = CALIBRATION_SEED,
     batch_size: int = 16,
     coefficients: str | dict | None = None,
     base_scale_steps: int = 16,
@@ -146,7 +157,8 @@ def calibrate_pipeline(
         pipe ([`ELFPipeline`] or [`LangFlowPipeline`]): the frozen pipeline.
         nfe (`list[int]`): NFEs to calibrate (each ≥ 2).
         bank_size (`int`, defaults to 64): trajectories in each of the two disjoint banks B_μ and B_σ.
-        seed (`int`, defaults to 0): bank B_μ uses seed 2·seed, B_σ 2·seed + 1 (disjoint by construction).
+        seed (`int`, defaults to `CALIBRATION_SEED` = 2000): bank B_μ draws the batches of benchmark seed 2·seed,
+            B_σ those of 2·seed + 1 (disjoint by construction; the benchmark refuses both seeds).
         batch_size (`int`, defaults to 16): trajectories per batch (an ELF batch shares one random grid).
         coefficients (`str` or `dict`, *optional*): a paper preset name or explicit coefficients per NFE, stored
             with the statistics (and α is the reference recurrence's EMA weight); default: the family's preset.

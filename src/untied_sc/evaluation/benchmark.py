@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
 from .io import Sample, evaluate_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
@@ -379,11 +380,18 @@ def run_sweep(
     if device is not None:
         pipe.to(device)
     family = family_of(pipe)
-    leaked = sorted(set(seeds) & tuning_seeds(getattr(pipe, "sampler_statistics", None)))
+    statistics = getattr(pipe, "sampler_statistics", None)
+    leaked = sorted(set(seeds) & tuning_seeds(statistics))
     if leaked:
         raise ValueError(
             f"Seeds {leaked} are the bank the sampler coefficients were tuned on (`untied-sc tune`); evaluating on them "
             "would leak. Choose other --seeds."
+        )
+    leaked = sorted(set(seeds) & calibration_seeds(statistics))
+    if leaked:
+        raise ValueError(
+            f"Seeds {leaked} drew the trajectory banks the sampler statistics were calibrated on (`untied-sc "
+            "calibrate --seed`); evaluating on them would leak. Choose other --seeds or recalibrate with another seed."
         )
     protocol = protocol or family
     knob = diversity_knob(family)

@@ -120,7 +120,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
-        self, nfe: list[int], bank_size: int = 64, seed: int = 0, batch_size: int = 16, **kwargs
+        self, nfe: list[int], bank_size: int = 64, seed: int = 2000, batch_size: int = 16, **kwargs
     ) -> "CalibrationResult":  # noqa: F821
         """
         Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see

@@ -23,27 +23,56 @@ def _smooth(values: list[float], width: int = 20) -> list[float]:
     return out
 
 
+def _plot_series(axis, rows: list[dict], series: tuple[tuple[str, str], ...], smooth: bool, style: str = "-") -> None:
+    """One line per (key, label) whose key every row has; training rows smoothed, validation rows as points."""
+    for key, label in series:
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            axis.plot(
+                steps, _smooth(list(values)) if smooth else values, style, label=label, linewidth=1.2, markersize=3
+            )
+
+
 def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
-    """Training loss (with and without self-conditioning, moving average of 20 log rows) and validation CE vs step."""
+    """Training and validation losses with and without self-conditioning vs step (training: moving average of 20 rows).
+
+    LangFlow logs one cross-entropy (`loss_sc`, `loss_no_sc`, `val_loss_*`); ELF logs the velocity L2 of the
+    denoiser rows (`l2_sc`, `l2_no_sc`, `val_vloss_*`) and the decoder CE (`ce`, `val_decode_ce`), drawn side by side.
+    """
     from ..evaluation.plots import _pyplot
 
     plt = _pyplot()
     rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
     train = [r for r in rows if "loss" in r]
-    val = [r for r in rows if "val_loss_sc" in r]
-    figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=110)
-    steps = [r["step"] for r in train]
-    for key, label in (("loss_no_sc", "train, SC off"), ("loss_sc", "train, SC on")):
-        values = [r.get(key) for r in train]
-        if all(v is not None for v in values) and values:
-            axis.plot(steps, _smooth(values), label=label, linewidth=1.2)
-    if val:
-        for key, label in (("val_loss_no_sc", "validation, SC off"), ("val_loss_sc", "validation, SC on")):
-            axis.plot([r["step"] for r in val], [r[key] for r in val], "o--", label=label, markersize=3)
-    axis.set_xlabel("step")
-    axis.set_ylabel("loss (nats/token)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    elf = any("l2_sc" in r for r in train)
+    if elf:
+        figure, (axis, decoder) = plt.subplots(1, 2, figsize=(9.6, 3.6), dpi=110)
+        _plot_series(axis, train, (("l2_no_sc", "train, SC off"), ("l2_sc", "train, SC on")), smooth=True)
+        _plot_series(
+            axis,
+            rows,
+            (("val_vloss_no_sc", "validation, SC off"), ("val_vloss_sc", "validation, SC on")),
+            False,
+            "o--",
+        )
+        axis.set_ylabel("velocity loss (per dimension)")
+        _plot_series(decoder, train, (("ce", "train"),), smooth=True)
+        _plot_series(decoder, rows, (("val_decode_ce", "validation, clean latents"),), False, "o--")
+        decoder.set_ylabel("decoder CE (nats/token)")
+        axes = (axis, decoder)
+    else:
+        figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+        _plot_series(axis, train, (("loss_no_sc", "train, SC off"), ("loss_sc", "train, SC on")), smooth=True)
+        _plot_series(
+            axis, rows, (("val_loss_no_sc", "validation, SC off"), ("val_loss_sc", "validation, SC on")), False, "o--"
+        )
+        axis.set_ylabel("loss (nats/token)")
+        axes = (axis,)
+    for each in axes:
+        each.set_xlabel("step")
+        each.grid(alpha=0.3)
+        each.legend(fontsize=8)
     figure.tight_layout()
     out = Path(out_path)
     figure.savefig(out)
@@ -84,6 +113,9 @@ def write_model_card(
         sources = ", ".join(manifest.get("settings", {}).get("sources", []))
     transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
     family = "ELF" if "latent_dim" in transformer_config else "LangFlow"
+    docs, data_target = (
+        ("docs/training-elf.md", "make elf-data") if family == "ELF" else ("docs/training.md", "make data")
+    )
     lines = [
         "---",
         "library_name: diffusers",
@@ -103,7 +135,7 @@ def write_model_card(
         "",
         "## Training",
         "",
-        f"- Data: {sources or 'see data/corpus/manifest.json'} (`make data`, docs/training.md); train split only.",
+        f"- Data: {sources or 'see data/corpus/manifest.json'} (`{data_target}`, {docs}); train split only.",
         f"- Size: {info['parameters'] / 1e6:.2f}M parameters, stored as {info.get('dtype', 'float32')}.",
         f"- Steps: {info['step']:,} of batch {config.get('batch_size')} × {config.get('seq_len')} tokens "
         f"({(info.get('tokens_seen') or 0) / 1e6:.1f}M tokens seen), {(info.get('train_seconds') or 0) / 60:.0f} min "
