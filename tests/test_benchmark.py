@@ -8,7 +8,14 @@ import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.evaluation import aggregate, run_sweep
-from untied_sc.evaluation.benchmark import batch_seed, build_scheduler, experiment_samplers, genppl_ratio_ci
+from untied_sc.evaluation.benchmark import (
+    batch_seed,
+    build_scheduler,
+    equal_entropy_comparison,
+    experiment_samplers,
+    gen_ppl_at_entropy,
+    genppl_ratio_ci,
+)
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -59,6 +66,25 @@ def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pi
     for run in saved["runs"]:
         assert len(run["per_sample"]["mean_nll"]) == 4 and run["samples_per_second"] > 0
         assert math.isfinite(run["gen_ppl"])
+    # the untied point read against the official curve at its own entropy
+    row = saved["equal_entropy"]["untied"]["8"]
+    untied = results["aggregates"]["by_sampler"]["untied"]["8"]
+    assert row["entropy"] == untied["entropy"]["mean"] and row["gen_ppl"] == untied["gen_ppl"]["mean"]
+    assert row["baseline_gen_ppl_at_entropy"] == gen_ppl_at_entropy(curve, row["entropy"])
+    assert "## At equal entropy" in markdown
+
+
+def test_gen_ppl_at_entropy_interpolates_log_gen_ppl_and_never_extrapolates():
+    point = lambda ppl, entropy: {"gen_ppl": {"mean": ppl}, "entropy": {"mean": entropy}}  # noqa: E731
+    curve = [point(400.0, 5.0), point(100.0, 4.0), point(25.0, 3.0)]  # unsorted on purpose
+    assert gen_ppl_at_entropy(curve, 4.5) == pytest.approx(200.0)  # geometric mean of the neighbours
+    assert gen_ppl_at_entropy(curve, 3.0) == pytest.approx(25.0)
+    assert gen_ppl_at_entropy(curve, 2.9) is None and gen_ppl_at_entropy(curve, 5.1) is None
+    by_sampler = {"official": {"8": {}}, "untied": {"8": {"entropy": {"mean": 3.5}, "gen_ppl": {"mean": 40.0}}}}
+    row = equal_entropy_comparison(by_sampler, {"official": {"8": curve}})["untied"]["8"]
+    assert row["baseline_gen_ppl_at_entropy"] == pytest.approx(50.0) and row["ratio"] == pytest.approx(0.8)
+    outside = {"untied": {"8": {"entropy": {"mean": 6.0}, "gen_ppl": {"mean": 40.0}}}}
+    assert equal_entropy_comparison(outside, {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
 
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])

@@ -94,8 +94,9 @@ def test_train_loop_logs_checkpoints_and_resumes(tmp_path):
     tokens = toy_tokens()
     config = tiny_config(tmp_path, max_steps=10, log_every=5, eval_every=5)
     trainer = LangFlowTrainer(config, tokens, tokens, vocab_size=16)
-    trainer.total_steps = 5  # stop half-way, as a budget would
-    assert trainer.train()["step"] == 5
+    stopped = trainer.train(stop_at_step=5)  # stop half-way; the schedule still runs to step 10
+    assert (stopped["step"], stopped["done"], stopped["reason"]) == (5, False, "stop_at_step")
+    assert trainer.total_steps == 10
     resumed = LangFlowTrainer.from_checkpoint(
         tmp_path / "run" / "checkpoint.pt", train_tokens=tokens, val_tokens=tokens, vocab_size=16
     )
@@ -104,6 +105,13 @@ def test_train_loop_logs_checkpoints_and_resumes(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "loss_log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [5, 10]
     assert {"loss", "loss_sc", "loss_no_sc", "val_loss_sc", "val_loss_no_sc", "proposal_loc"} <= set(rows[0])
+    # A from-scratch run with the same settings logs the same values (what benchmarks/retrain_prefix.py relies on).
+    LangFlowTrainer(
+        tiny_config(tmp_path / "again", max_steps=10, log_every=5, eval_every=5), tokens, tokens, vocab_size=16
+    ).train()
+    again = [json.loads(line) for line in (tmp_path / "again" / "run" / "loss_log.jsonl").read_text().splitlines()]
+    drop = lambda row: {k: v for k, v in row.items() if k != "elapsed_s"}  # noqa: E731
+    assert [drop(row) for row in again] == [drop(row) for row in rows]
 
 
 def test_ema_update_math():

@@ -466,6 +466,9 @@ def run_sweep(
         "diversity_curves": diversity_curves(runs, knob, knob_default),
         "command": command,
     }
+    results["equal_entropy"] = equal_entropy_comparison(
+        results["aggregates"]["by_sampler"], results["diversity_curves"]
+    )
     results["wall_seconds"] = time.perf_counter() - began
     if output_dir is not None:
         results["files"] = {k: str(v) for k, v in write_results(results, output_dir).items()}
@@ -503,6 +506,46 @@ def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = No
                 points, key=lambda p: (p[knob] is not None, p[knob] if p[knob] is not None else 0.0)
             )
     return curves
+
+
+def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
+    """GenPPL of a swept curve at `entropy`: log-GenPPL interpolated linearly in entropy between the two neighbouring
+    points of the curve (`None` outside the swept entropy range: no extrapolation)."""
+    pairs = sorted(
+        (p["entropy"]["mean"], math.log(p["gen_ppl"]["mean"]))
+        for p in points
+        if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")
+    )
+    for (e0, l0), (e1, l1) in zip(pairs[:-1], pairs[1:], strict=True):
+        if e0 <= entropy <= e1:
+            weight = 0.0 if e1 == e0 else (entropy - e0) / (e1 - e0)
+            return math.exp(l0 + weight * (l1 - l0))
+    return None
+
+
+def equal_entropy_comparison(by_sampler: dict, curves: dict, baseline: str = BASELINE) -> dict[str, dict[str, dict]]:
+    """Every other sampler against the baseline's diversity curve at the same NFE, at the sampler's own entropy.
+
+    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio"}}}`; the baseline value
+    and ratio are `None` where the sampler's entropy lies outside the swept range.
+    """
+    out: dict[str, dict[str, dict]] = {}
+    for sampler, by_nfe in by_sampler.items():
+        if sampler == baseline:
+            continue
+        for nfe, metrics in by_nfe.items():
+            curve = curves.get(baseline, {}).get(nfe)
+            entropy, ppl = metrics.get("entropy", {}).get("mean"), metrics.get("gen_ppl", {}).get("mean")
+            if not curve or entropy is None or ppl is None:
+                continue
+            reference = gen_ppl_at_entropy(curve, entropy)
+            out.setdefault(sampler, {})[nfe] = {
+                "entropy": entropy,
+                "gen_ppl": ppl,
+                "baseline_gen_ppl_at_entropy": reference,
+                "ratio": None if reference is None else ppl / reference,
+            }
+    return out
 
 
 def _fmt(stat: dict | None, digits: int = 2) -> str:
@@ -575,6 +618,25 @@ def format_markdown(results: dict) -> str:
                     lines.append(
                         f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
                     )
+    if results.get("equal_entropy"):
+        lines += [
+            "",
+            f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
+            "",
+            f"log-GenPPL interpolated linearly in entropy between the two nearest {knob} values; `n/a` where the "
+            "sampler's entropy is outside the swept range.",
+            "",
+            f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for sampler, by_nfe in results["equal_entropy"].items():
+            for nfe, row in by_nfe.items():
+                reference, ratio = row["baseline_gen_ppl_at_entropy"], row["ratio"]
+                lines.append(
+                    f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
+                    f"{'n/a' if reference is None else f'{reference:.2f}'} | "
+                    f"{'n/a' if ratio is None else f'{ratio:.3f}'} |"
+                )
     lines += [
         "",
         f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:",

@@ -591,8 +591,12 @@ class LangFlowTrainer:
         self._log_message(f"signal {signum}: checkpointing and stopping")
         self._stop = True
 
-    def train(self) -> dict:
-        """Runs until `total_steps`, the wall-clock budget or SIGTERM/SIGINT; checkpoints on the way and at the end."""
+    def train(self, stop_at_step: int | None = None) -> dict:
+        """Runs until `total_steps`, the wall-clock budget or SIGTERM/SIGINT; checkpoints on the way and at the end.
+
+        `stop_at_step` stops early at that step (as a signal would) without changing the schedule, which still runs to
+        `total_steps`: e.g. to retrain a prefix of a run and compare its log (benchmarks/retrain_prefix.py).
+        """
         from tqdm.auto import tqdm
 
         config = self.config
@@ -617,6 +621,9 @@ class LangFlowTrainer:
             while self.total_steps is None or self.step < self.total_steps:
                 if self._stop:
                     reason = "signal"
+                    break
+                if stop_at_step is not None and self.step >= stop_at_step:
+                    reason = "stop_at_step"
                     break
                 if config.budget_minutes is not None and self.elapsed >= config.budget_minutes * 60:
                     reason = "budget"
