@@ -1,0 +1,38 @@
+"""The bundled pipelines in `hub_artifacts/` load with their family's `from_pretrained`, are complete and generate."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from untied_sc import LangFlowPipeline, UntiedSelfConditioningScheduler
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "hub_artifacts"
+# elf-small joins when a non-degenerate ELF is trained (docs/training-elf.md, "Results of the reference run").
+BUNDLED = {"langflow-small": LangFlowPipeline}
+COMPONENTS = {"transformer", "scheduler", "tokenizer", "sampler_statistics"}
+
+
+@pytest.mark.parametrize("name", sorted(BUNDLED))
+def test_bundled_pipeline_loads_and_generates(name):
+    folder = ARTIFACTS / name
+    assert COMPONENTS <= set(json.loads((folder / "model_index.json").read_text()))
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert size < 40e6, f"{name} is {size / 1e6:.1f} MB; the bundled folders must stay under 40 MB"
+    assert (folder / "README.md").exists() and (folder / "loss_curve.png").exists()
+
+    pipe = BUNDLED[name].from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    statistics = pipe.sampler_statistics
+    assert statistics.config.calibrated_steps == [8, 16, 32, 64]
+    for nfe in (8, 16, 32, 64):
+        coefficients = statistics.for_steps(nfe).coefficients
+        assert all(torch.isfinite(torch.tensor(list(coefficients.values()))))
+
+    official = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
+    assert len(official.texts) == 2 and all(isinstance(text, str) and text.strip() for text in official.texts)
+    pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
+    untied = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
+    assert untied.sequences.shape == (2, pipe.latent_shape[0])
