@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(handler=_convert)
 
+    from .schedulers.sampler_statistics import CALIBRATION_SEED
+
     calibrate = commands.add_parser(
         "calibrate", help="Compute a pipeline's sampler statistics (overlap basis, base scales, per-NFE statistics)."
     )
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--seed",
         type=int,
-        default=2000,
+        default=CALIBRATION_SEED,
         help="Bank seed: the banks are the batches of benchmark seeds 2·seed and 2·seed+1 (never evaluate on them).",
     )
     calibrate.add_argument("--batch-size", type=int, default=16)

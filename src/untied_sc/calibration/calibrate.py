@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ..schedulers.sampler_statistics import SamplerStatistics, StepStatistics, num_update_steps
+from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler, paper_coefficients
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .overlap import overlap_basis_from_model
@@ -19,9 +19,6 @@ DEFAULT_PRESET = {"elf": "elf-b", "langflow": "langflow-lm1b"}
 # Bank j (0: B_μ, 1: B_σ) of a calibration with seed s draws its batches from generators seeded
 # (2s + j)·BANK_STRIDE + i, i.e. exactly the batches of benchmark seed 2s + j (`batch_seed`).
 BANK_STRIDE = 1_000_003
-# Default calibration seed: its banks are benchmark seeds 4000 and 4001, disjoint from the default evaluation seeds
-# (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate on a calibration bank.
-CALIBRATION_SEED = 2000
 
 
 @dataclass

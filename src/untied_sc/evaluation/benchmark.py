@@ -381,18 +381,17 @@ def run_sweep(
         pipe.to(device)
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
-    leaked = sorted(set(seeds) & tuning_seeds(statistics))
-    if leaked:
-        raise ValueError(
-            f"Seeds {leaked} are the bank the sampler coefficients were tuned on (`untied-sc tune`); evaluating on them "
-            "would leak. Choose other --seeds."
-        )
-    leaked = sorted(set(seeds) & calibration_seeds(statistics))
-    if leaked:
-        raise ValueError(
-            f"Seeds {leaked} drew the trajectory banks the sampler statistics were calibrated on (`untied-sc "
-            "calibrate --seed`); evaluating on them would leak. Choose other --seeds or recalibrate with another seed."
-        )
+    for used, what, remedy in (
+        (tuning_seeds(statistics), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
+        (
+            calibration_seeds(statistics),
+            "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
+            " or recalibrate with another seed",
+        ),
+    ):
+        leaked = sorted(set(seeds) & used)
+        if leaked:
+            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
     protocol = protocol or family
     knob = diversity_knob(family)
     samplers = _normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)

@@ -12,6 +12,7 @@ from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..hub import HUB_KWARGS, resolve_local
+from ..schedulers.sampler_statistics import CALIBRATION_SEED
 
 
 OUTPUT_TYPES = ("text", "seq", "latent")
@@ -120,7 +121,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
-        self, nfe: list[int], bank_size: int = 64, seed: int = 2000, batch_size: int = 16, **kwargs
+        self, nfe: list[int], bank_size: int = 64, seed: int = CALIBRATION_SEED, batch_size: int = 16, **kwargs
     ) -> "CalibrationResult":  # noqa: F821
         """
         Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see
