@@ -79,12 +79,9 @@ class ELFTrainConfig(TrainConfig):
     latent_cache_dir: str | None = "data/elf-latents"
     stats_windows: int = 2048
     # model
-    hidden_size: int = 256
     num_layers: int = 6
-    num_attention_heads: int = 4
     intermediate_size: int | None = None  # None: int(int(4·hidden)·2/3), as the official sizes
     bottleneck_dim: int = 128
-    seq_len: int = 128
     # objective (research/upstream.md §1.5)
     noise_scale: float = 2.0
     p_mean: float = -1.5
@@ -94,7 +91,6 @@ class ELFTrainConfig(TrainConfig):
     decoder_noise_scale: float = 5.0
     decoder_p_mean: float = 0.8
     decoder_p_std: float = 0.8
-    sc_prob: float = 0.5
     sc_cfg_low: float = 1.5
     sc_cfg_high: float = 6.0
     sc_cfg_scale: float = 3.0  # the exported scheduler's default

@@ -54,14 +54,22 @@ RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snap
 
 @dataclass
 class TrainConfig:
-    """The settings both trainers share: optimisation, schedule, EMA and bookkeeping (the loop is [`LangFlowTrainer`]'s).
+    """The settings both trainers share: transformer size, self-conditioning rate, optimisation, schedule, EMA and
+    bookkeeping (the loop is [`LangFlowTrainer`]'s).
 
-    Each family's config adds its data, model and objective settings; every setting is saved in the checkpoint and in
-    `<run_dir>/config.json`.
+    Each family's config adds its data, model and objective settings (and its own `num_layers` default); every setting
+    is saved in the checkpoint and in `<run_dir>/config.json`.
     """
 
     run_dir: str = "runs/run"
     corpus_dir: str = "data/corpus"
+    # model
+    hidden_size: int = 256
+    num_layers: int = 5
+    num_attention_heads: int = 4
+    seq_len: int = 128
+    # objective: a self-conditioned second pass with this probability, as in both papers
+    sc_prob: float = 0.5
     # optimisation
     batch_size: int = 32
     lr: float = 1e-3
@@ -88,19 +96,13 @@ class TrainConfig:
 
 @dataclass
 class LangFlowTrainConfig(TrainConfig):
-    """A LangFlow run: [`TrainConfig`] plus the tokenizer, model, self-conditioning and noise proposal settings."""
+    """A LangFlow run: [`TrainConfig`] plus the tokenizer, the conditioning width and the noise proposal settings."""
 
     run_dir: str = "runs/langflow-small"
     tokenizer_dir: str = "data/tokenizer-8k"
     token_cache_dir: str | None = "data/tokens"
     # model
-    hidden_size: int = 256
-    num_layers: int = 5
-    num_attention_heads: int = 4
     cond_dim: int = 64
-    seq_len: int = 128
-    # objective
-    sc_prob: float = 0.5
     # proposal
     proposal: str = "fit"
     proposal_loc: float = 3.5
