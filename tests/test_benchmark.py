@@ -71,6 +71,9 @@ def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pi
     untied = results["aggregates"]["by_sampler"]["untied"]["8"]
     assert row["entropy"] == untied["entropy"]["mean"] and row["gen_ppl"] == untied["gen_ppl"]["mean"]
     assert row["baseline_gen_ppl_at_entropy"] == gen_ppl_at_entropy(curve, row["entropy"])
+    assert (row["ratio"] is None) == (row["ratio_ci"] is None)  # an interval exactly where the curve brackets
+    if row["ratio_ci"] is not None:
+        assert row["ratio_ci"][0] <= row["ratio_ci"][1]
     assert "## At equal entropy" in markdown
 
 
@@ -85,6 +88,30 @@ def test_gen_ppl_at_entropy_interpolates_log_gen_ppl_and_never_extrapolates():
     assert row["baseline_gen_ppl_at_entropy"] == pytest.approx(50.0) and row["ratio"] == pytest.approx(0.8)
     outside = {"untied": {"8": {"entropy": {"mean": 6.0}, "gen_ppl": {"mean": 40.0}}}}
     assert equal_entropy_comparison(outside, {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
+
+
+def test_equal_entropy_interval_pairs_the_runs_of_the_two_bracketing_temperatures():
+    # official T = 0.9 (entropy 4) and T = 1 (the main runs, entropy 5); untied at entropy 4.5 is 2× better than
+    # the curve there (200): every pair moves together, so the interval collapses onto the ratio 0.5.
+    tokens = [[10.0, 30.0, 20.0], [25.0, 5.0, 15.0]]
+
+    def run(sampler, seed, temperature, ppl):
+        per_sample = {"nll_sum": [n * math.log(ppl) for n in tokens[seed]], "num_tokens": tokens[seed]}
+        return {"sampler": sampler, "nfe": 8, "seed": seed, "temperature": temperature, "per_sample": per_sample}
+
+    runs = [run("official", s, None, 400.0) for s in (0, 1)] + [run("official", s, 0.9, 100.0) for s in (0, 1)]
+    runs += [run("untied", s, None, 100.0) for s in (0, 1)]
+    point = lambda t, default, ppl, e: {  # noqa: E731
+        "temperature": t,
+        "default": default,
+        "gen_ppl": {"mean": ppl},
+        "entropy": {"mean": e},
+    }
+    curves = {"official": {"8": [point(0.9, False, 100.0, 4.0), point(1.0, True, 400.0, 5.0)]}}
+    by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": 4.5}, "gen_ppl": {"mean": 100.0}}}}
+    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
+    assert row["ratio"] == pytest.approx(0.5)
+    assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
 
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])

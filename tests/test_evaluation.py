@@ -20,6 +20,7 @@ from untied_sc.evaluation import (
     elf_token_weights,
     evaluate_samples,
     generative_perplexity,
+    interpolated_ratio_ci,
     load_evaluator,
     mean_and_standard_error,
     mean_unigram_entropy,
@@ -218,6 +219,50 @@ def test_bootstrap_ci_is_deterministic_under_a_fixed_generator():
     assert low < float(values.mean()) < high
     median_ci = bootstrap_ci(values, statistic=torch.median, num_resamples=200, generator=3)
     assert median_ci[0] <= median_ci[1]
+
+
+def _seeded_series(log_ppl: float, tokens: list[torch.Tensor], noise: list[torch.Tensor] | None = None) -> list:
+    """Per-seed (nll_sum, num_tokens) whose every sample has per-token NLL log_ppl (+ its noise)."""
+    noise = noise or [torch.zeros_like(t) for t in tokens]
+    return [((log_ppl + e) * t, t) for t, e in zip(tokens, noise, strict=True)]
+
+
+def test_interpolated_ratio_ci_is_exact_when_pairs_move_together():
+    # Within every pair the three series differ by a constant per-token NLL: paired resampling leaves no spread.
+    generator = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(5, 40, (16,), generator=generator).double() for _ in range(3)]
+    noise = [torch.randn(16, generator=generator) for _ in range(3)]
+    lower = _seeded_series(math.log(100.0), tokens, noise)
+    upper = _seeded_series(math.log(400.0), tokens, noise)
+    target = _seeded_series(math.log(100.0), tokens, noise)  # = lower: the curve read halfway is 2× higher
+    low, high = interpolated_ratio_ci(target, lower, upper, weight=0.5, num_resamples=200, generator=0)
+    assert low == pytest.approx(0.5) and high == pytest.approx(0.5)
+    assert interpolated_ratio_ci(target, lower, upper, weight=0.0, num_resamples=50) == pytest.approx((1.0, 1.0))
+
+
+def test_interpolated_ratio_ci_widens_with_unpaired_noise_and_covers_the_estimate():
+    generator = torch.Generator().manual_seed(1)
+    tokens = [torch.full((64,), 20.0, dtype=torch.float64) for _ in range(3)]
+    curve = [torch.zeros(64, dtype=torch.float64) for _ in range(3)]
+    scattered = [torch.randn(64, generator=generator, dtype=torch.float64) * 0.5 for _ in range(3)]
+    target = _seeded_series(math.log(50.0), tokens, scattered)
+    lower, upper = _seeded_series(math.log(40.0), tokens, curve), _seeded_series(math.log(90.0), tokens, curve)
+    estimate = (
+        sum(math.exp(float((nll.sum() / t.sum()))) for nll, t in target) / 3 / math.sqrt(40.0 * 90.0)
+    )  # mean over seeds of the pooled GenPPL against the curve's geometric midpoint (w = 1/2)
+    low, high = interpolated_ratio_ci(target, lower, upper, weight=0.5, num_resamples=400, generator=0)
+    assert low < estimate < high and high - low > 0.05
+
+
+def test_interpolated_ratio_ci_rejects_unmatched_series():
+    tokens = [torch.ones(4, dtype=torch.float64)]
+    series = _seeded_series(1.0, tokens)
+    with pytest.raises(ValueError, match="paired samples per seed"):
+        interpolated_ratio_ci(series, series, _seeded_series(1.0, [torch.ones(5, dtype=torch.float64)]), 0.5)
+    with pytest.raises(ValueError, match="same seeds"):
+        interpolated_ratio_ci(series, series, series + series, 0.5)
+    with pytest.raises(ValueError, match="weight"):
+        interpolated_ratio_ci(series, series, series, 1.5)
 
 
 def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():

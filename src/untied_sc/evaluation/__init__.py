@@ -22,4 +22,10 @@ from .metrics import (
     word_repetition,
 )
 from .plots import plot_benchmark
-from .statistics import PairedComparison, bootstrap_ci, mean_and_standard_error, paired_comparison
+from .statistics import (
+    PairedComparison,
+    bootstrap_ci,
+    interpolated_ratio_ci,
+    mean_and_standard_error,
+    paired_comparison,
+)

@@ -32,7 +32,7 @@ from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
 from .io import Sample, evaluate_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
-from .statistics import bootstrap_ci, mean_and_standard_error, paired_comparison
+from .statistics import bootstrap_ci, interpolated_ratio_ci, mean_and_standard_error, paired_comparison
 
 
 DEFAULT_NFE = (8, 16, 32, 64)
@@ -466,7 +466,11 @@ def run_sweep(
         "command": command,
     }
     results["equal_entropy"] = equal_entropy_comparison(
-        results["aggregates"]["by_sampler"], results["diversity_curves"]
+        results["aggregates"]["by_sampler"],
+        results["diversity_curves"],
+        runs=runs,
+        knob=knob,
+        num_resamples=num_resamples,
     )
     results["wall_seconds"] = time.perf_counter() - began
     if output_dir is not None:
@@ -507,26 +511,53 @@ def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = No
     return curves
 
 
-def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
-    """GenPPL of a swept curve at `entropy`: log-GenPPL interpolated linearly in entropy between the two neighbouring
-    points of the curve (`None` outside the swept entropy range: no extrapolation)."""
-    pairs = sorted(
-        (p["entropy"]["mean"], math.log(p["gen_ppl"]["mean"]))
-        for p in points
-        if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")
+def _curve_bracket(points: Sequence[dict], entropy: float) -> tuple[dict, dict, float] | None:
+    """The two neighbouring points of a curve around `entropy` and the weight of the upper one (`None` outside)."""
+    usable = sorted(
+        (p for p in points if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")),
+        key=lambda p: p["entropy"]["mean"],
     )
-    for (e0, l0), (e1, l1) in zip(pairs[:-1], pairs[1:], strict=True):
+    for p0, p1 in zip(usable[:-1], usable[1:], strict=True):
+        e0, e1 = p0["entropy"]["mean"], p1["entropy"]["mean"]
         if e0 <= entropy <= e1:
-            weight = 0.0 if e1 == e0 else (entropy - e0) / (e1 - e0)
-            return math.exp(l0 + weight * (l1 - l0))
+            return p0, p1, 0.0 if e1 == e0 else (entropy - e0) / (e1 - e0)
     return None
 
 
-def equal_entropy_comparison(by_sampler: dict, curves: dict, baseline: str = BASELINE) -> dict[str, dict[str, dict]]:
+def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
+    """GenPPL of a swept curve at `entropy`: log-GenPPL interpolated linearly in entropy between the two neighbouring
+    points of the curve (`None` outside the swept entropy range: no extrapolation)."""
+    bracket = _curve_bracket(points, entropy)
+    if bracket is None:
+        return None
+    p0, p1, weight = bracket
+    return math.exp((1 - weight) * math.log(p0["gen_ppl"]["mean"]) + weight * math.log(p1["gen_ppl"]["mean"]))
+
+
+def _seed_blocks(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value) -> list[tuple[list, list]]:
+    """Per-sample `(nll_sum, num_tokens)` of one sampler, NFE and knob value (`None`: main runs), by seed."""
+    chosen = sorted(
+        (r for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] == value),
+        key=lambda r: r["seed"],
+    )
+    return [(r["per_sample"]["nll_sum"], r["per_sample"]["num_tokens"]) for r in chosen]
+
+
+def equal_entropy_comparison(
+    by_sampler: dict,
+    curves: dict,
+    baseline: str = BASELINE,
+    runs: Sequence[dict] | None = None,
+    knob: str = "temperature",
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+) -> dict[str, dict[str, dict]]:
     """Every other sampler against the baseline's diversity curve at the same NFE, at the sampler's own entropy.
 
-    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio"}}}`; the baseline value
-    and ratio are `None` where the sampler's entropy lies outside the swept range.
+    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci"}}}`; the
+    baseline value and ratio are `None` where the sampler's entropy lies outside the swept range. With `runs` (the
+    benchmark's run records, which hold per-sample NLLs), `ratio_ci` is the paired, seed-stratified bootstrap interval
+    of [`interpolated_ratio_ci`] (generator 0), otherwise `None`.
     """
     out: dict[str, dict[str, dict]] = {}
     for sampler, by_nfe in by_sampler.items():
@@ -538,11 +569,25 @@ def equal_entropy_comparison(by_sampler: dict, curves: dict, baseline: str = BAS
             if not curve or entropy is None or ppl is None:
                 continue
             reference = gen_ppl_at_entropy(curve, entropy)
+            interval = None
+            bracket = _curve_bracket(curve, entropy)
+            if runs is not None and bracket is not None:
+                p0, p1, weight = bracket
+                interval = interpolated_ratio_ci(
+                    _seed_blocks(runs, sampler, nfe, knob, None),
+                    _seed_blocks(runs, baseline, nfe, knob, None if p0["default"] else p0[knob]),
+                    _seed_blocks(runs, baseline, nfe, knob, None if p1["default"] else p1[knob]),
+                    weight,
+                    num_resamples=num_resamples,
+                    confidence=confidence,
+                    generator=0,
+                )
             out.setdefault(sampler, {})[nfe] = {
                 "entropy": entropy,
                 "gen_ppl": ppl,
                 "baseline_gen_ppl_at_entropy": reference,
                 "ratio": None if reference is None else ppl / reference,
+                "ratio_ci": None if interval is None else list(interval),
             }
     return out
 
@@ -623,18 +668,21 @@ def format_markdown(results: dict) -> str:
             f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
             "",
             f"log-GenPPL interpolated linearly in entropy between the two nearest {knob} values; `n/a` where the "
-            "sampler's entropy is outside the swept range.",
+            "sampler's entropy is outside the swept range. 95% CI: paired bootstrap over the samples, stratified by "
+            "seed, with the interpolation weight held at its measured value.",
             "",
-            f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio |",
-            "|---|---:|---:|---:|---:|---:|",
+            f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio [CI] |",
+            "|---|---:|---:|---:|---:|---|",
         ]
         for sampler, by_nfe in results["equal_entropy"].items():
             for nfe, row in by_nfe.items():
-                reference, ratio = row["baseline_gen_ppl_at_entropy"], row["ratio"]
+                reference, ratio, interval = row["baseline_gen_ppl_at_entropy"], row["ratio"], row.get("ratio_ci")
+                ratio_text = "n/a" if ratio is None else f"{ratio:.3f}"
+                if ratio is not None and interval:
+                    ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
                 lines.append(
                     f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
-                    f"{'n/a' if reference is None else f'{reference:.2f}'} | "
-                    f"{'n/a' if ratio is None else f'{ratio:.3f}'} |"
+                    f"{'n/a' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
                 )
     lines += [
         "",

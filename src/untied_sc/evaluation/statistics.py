@@ -5,7 +5,7 @@ No function touches the global RNG: every random draw takes a `torch.Generator` 
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -147,3 +147,56 @@ def paired_comparison(
         fraction_b_worse_ci=_percentile_interval((resampled > 0).double().mean(dim=1), confidence),
         num_dropped=int((~finite).sum()),
     )
+
+
+def interpolated_ratio_ci(
+    target: Sequence[tuple],
+    lower: Sequence[tuple],
+    upper: Sequence[tuple],
+    weight: float,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = None,
+) -> tuple[float, float]:
+    """Bootstrap CI of GenPPL(target) / (GenPPL(lower)^(1-w) · GenPPL(upper)^w): a sampler against a curve read
+    between two of its points (log-GenPPL interpolated with weight w, as in the benchmark's equal-entropy table).
+
+    Each series is given per seed as `(nll_sum, num_tokens)` per-sample vectors; a seed's GenPPL pools its tokens
+    (exp Σ nll / Σ tokens) and a series' GenPPL is the mean over seeds, as in the benchmark tables. The resampling is
+    stratified by seed and paired: within a seed the same sample indices are drawn for all three series, because
+    sample i of every series shares its initial latent and random stream. The interpolation weight is held fixed (it
+    comes from the entropies, whose seed-to-seed error is small next to GenPPL's).
+
+    Args:
+        target, lower, upper (sequence over seeds of `(nll_sum, num_tokens)`): the same seeds in the same order, the
+            same number of samples per seed in all three.
+        weight (`float`): w in [0, 1].
+        num_resamples, confidence, generator: as in [`bootstrap_ci`].
+
+    Returns:
+        `(low, high)`.
+    """
+    if not 0 <= weight <= 1:
+        raise ValueError(f"`weight` must be in [0, 1], got {weight}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"`confidence` must be in (0, 1), got {confidence}.")
+    if not len(target) == len(lower) == len(upper) or not target:
+        raise ValueError(f"The three series need the same seeds, got {len(target)}, {len(lower)}, {len(upper)}.")
+    series = [
+        [(_as_vector(nll, "nll_sum"), _as_vector(tokens, "num_tokens")) for nll, tokens in blocks]
+        for blocks in (target, lower, upper)
+    ]
+    sizes = [nll.numel() for nll, _ in series[0]]
+    for blocks in series:
+        if [nll.numel() for nll, _ in blocks] != sizes or any(t.numel() != n.numel() for n, t in blocks):
+            raise ValueError(f"Every series needs {sizes} paired samples per seed (the target's).")
+    generator = _as_generator(generator)
+    indices = [torch.randint(n, (num_resamples, n), generator=generator) for n in sizes]
+
+    def log_gen_ppl(blocks: list) -> torch.Tensor:  # (num_resamples,)
+        per_seed = [(nll[i].sum(1) / tokens[i].sum(1)).exp() for (nll, tokens), i in zip(blocks, indices, strict=True)]
+        return torch.stack(per_seed).mean(0).log()
+
+    log_target, log_lower, log_upper = (log_gen_ppl(blocks) for blocks in series)
+    ratios = (log_target - (1 - weight) * log_lower - weight * log_upper).exp()
+    return _percentile_interval(ratios, confidence)
