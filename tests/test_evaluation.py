@@ -248,7 +248,7 @@ def test_interpolated_ratio_ci_widens_with_unpaired_noise_and_covers_the_estimat
     target = _seeded_series(math.log(50.0), tokens, scattered)
     lower, upper = _seeded_series(math.log(40.0), tokens, curve), _seeded_series(math.log(90.0), tokens, curve)
     estimate = (
-        sum(math.exp(float((nll.sum() / t.sum()))) for nll, t in target) / 3 / math.sqrt(40.0 * 90.0)
+        sum(math.exp(float(nll.sum() / t.sum())) for nll, t in target) / 3 / math.sqrt(40.0 * 90.0)
     )  # mean over seeds of the pooled GenPPL against the curve's geometric midpoint (w = 1/2)
     low, high = interpolated_ratio_ci(target, lower, upper, weight=0.5, num_resamples=400, generator=0)
     assert low < estimate < high and high - low > 0.05
