@@ -170,6 +170,20 @@ def test_tuning_is_deterministic(langflow_golden, evaluator, tuned):
     assert [c.gen_ppl for c in again.candidates] == [c.gen_ppl for c in first.candidates]
 
 
+def test_tuning_again_restarts_from_the_calibrated_coefficients(langflow_golden, evaluator, tuned):
+    _, before, first = tuned
+    pipe = calibrated_pipe(langflow_golden)
+    options = {"num_samples": 4, "batch_size": 2, "evaluator": evaluator, "progress": False}
+    tune_coefficients(pipe, [8], **options)
+    # pretend the last choice switched the untied sampler off: a search from there could never switch it back on
+    pipe.sampler_statistics.coefficients_nfe8.copy_(torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    again = tune_coefficients(pipe, [8], **options)[0]
+    assert again.start.coefficients == pytest.approx(before)
+    assert again.best.coefficients == first.best.coefficients
+    assert [c.gen_ppl for c in again.candidates] == [c.gen_ppl for c in first.candidates]
+    assert pipe.sampler_statistics.config.tuning["8"]["calibrated"] == pytest.approx(before)
+
+
 def test_tune_rejects_uncalibrated_nfe_and_pipelines_without_statistics(langflow_golden, evaluator):
     pipe = calibrated_pipe(langflow_golden)
     with pytest.raises(ValueError, match=r"not calibrated at NFE \[16\].*untied-sc calibrate PIPELINE_DIR --nfe 16"):

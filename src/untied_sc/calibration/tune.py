@@ -12,8 +12,9 @@ The search, per NFE N (every choice here is ours, the paper gives no procedure):
 2. The official sampler is scored once: its entropy is the floor. A candidate whose entropy (the protocol's unigram
    entropy) falls more than `max_entropy_drop` below the official one's is inadmissible: lowering GenPPL by lowering
    diversity is not what we tune for.
-3. Coordinate search from the current coefficients (the statistics' own, i.e. the paper preset written at
-   calibration): for each coefficient in `COEFFICIENT_NAMES` order, try the current value times each of `factors`
+3. Coordinate search from the calibration's coefficients (the paper preset written at calibration; a tuning record
+   remembers them, so tuning again restarts there instead of from the last choice: re-running gives the same result
+   and can switch a component back on): for each coefficient in `COEFFICIENT_NAMES` order, try the current value times each of `factors`
    (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept in (0, 1]), and keep the
    admissible candidate with the lowest pooled GenPPL; `rounds` passes.
 4. The chosen candidate must beat the official sampler on matched pairs: the bootstrap confidence interval of the
@@ -180,7 +181,9 @@ def tune_coefficients(
     results = []
     try:
         for n in nfe:
-            start = build_scheduler(pipe, {"scheduler": "untied"}, config, n).resolve_coefficients(n, statistics)
+            start = calibrated_coefficients(statistics, n) or build_scheduler(
+                pipe, {"scheduler": "untied"}, config, n
+            ).resolve_coefficients(n, statistics)
             results.append(
                 coordinate_search(
                     n, start, lambda spec, n=n: score(n, spec), factors, rounds, max_entropy_drop, confidence
@@ -264,12 +267,25 @@ def coordinate_search(
     )
 
 
+def calibrated_coefficients(statistics, num_inference_steps: int) -> dict[str, float] | None:
+    """The coefficients calibration wrote at this NFE, as remembered by an earlier tuning record (`None` if untuned).
+
+    Records written before this field existed fall back to the coefficients their search started from.
+    """
+    record = (statistics.config.get("tuning") or {}).get(str(num_inference_steps))
+    if not record:
+        return None
+    source = record.get("calibrated") or record["start"]
+    return {name: float(source[name]) for name in COEFFICIENT_NAMES}
+
+
 def _write_coefficients(
     statistics, results, seed, num_samples, batch_size, evaluator, protocol, max_drop, confidence
 ) -> None:
     tuning = dict(statistics.config.get("tuning") or {})
     with torch.no_grad():
         for result in results:
+            calibrated = calibrated_coefficients(statistics, result.num_inference_steps) or result.start.coefficients
             values = torch.tensor([result.best.coefficients[name] for name in COEFFICIENT_NAMES])
             getattr(statistics, f"coefficients_nfe{result.num_inference_steps}").copy_(values)
             tuning[str(result.num_inference_steps)] = {
@@ -281,6 +297,7 @@ def _write_coefficients(
                 "max_entropy_drop": max_drop,
                 "confidence": confidence,
                 "official": {"gen_ppl": result.official.gen_ppl, "entropy": result.official.entropy},
+                "calibrated": dict(calibrated),
                 "start": {
                     **result.start.coefficients,
                     "gen_ppl": result.start.gen_ppl,
