@@ -5,7 +5,7 @@
 For every pipeline folder under `--artifacts` (each with a `model_index.json`): sample with the official scheduler
 and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
 same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
-them with the offline evaluator (SmolLM2-135M): GenPPL under the model family's protocol and unigram entropy.
+them with the offline evaluator (SmolLM2-135M): GenPPL, unigram entropy and Rep-4 under the model family's protocol.
 """
 
 import argparse
@@ -16,9 +16,12 @@ from pathlib import Path
 import torch
 
 from .calibration.calibrate import DEFAULT_PRESET, pipeline_solver
-from .evaluation import generative_perplexity, load_evaluator, mean_unigram_entropy
+from .evaluation import Sample, evaluate_samples, load_evaluator
 from .pipelines import load_pipeline
 from .schedulers import UntiedSelfConditioningScheduler
+
+
+ENTROPY_IDS = {"elf": "evaluator", "langflow": "generator"}  # whose token ids each protocol's entropy counts
 
 
 def find_pipelines(artifacts: Path) -> list[Path]:
@@ -63,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== {folder.name} ({type(pipe).__name__}), {args.steps} steps, seed {args.seed} ===")
         results = sample_both(pipe, args.steps, args.batch_size, args.seed)
         for name, output in results.items():
-            ppl = generative_perplexity(output.texts, *evaluator, protocol=protocol)
-            entropy, _ = mean_unigram_entropy([ids.tolist() for ids in output.sequences])
+            samples = [Sample(text=t, ids=i.tolist()) for t, i in zip(output.texts, output.sequences, strict=True)]
+            scores = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
             print(
-                f"\n--- {name}: GenPPL {ppl.gen_ppl:.1f} ({protocol} protocol), unigram entropy of generator ids {entropy:.2f}"
+                f"\n--- {name}: GenPPL {scores['gen_ppl']:.1f}, unigram entropy {scores['entropy']:.2f} "
+                f"({protocol} protocol: {ENTROPY_IDS[protocol]} ids), Rep-4 {scores['rep_4']:.3f}"
             )
             for text in output.texts[: args.show]:
                 print(textwrap.indent(textwrap.fill(text, 110), "  | "), end="\n\n")
