@@ -318,6 +318,14 @@ def test_train_loop_logs_and_export_generates_text(tmp_path):
     ema = trainer.ema_model()
     for name, value in pipe.transformer.state_dict().items():
         assert torch.equal(value, ema.state_dict()[name]), name
+    # An EMA snapshot (weights only) exports the same model: config and normalisation come from the run folder.
+    from_snapshot = export_pipeline(
+        run, tmp_path / "pipe-snapshot", checkpoint=trainer.save_snapshot(), dtype="float32"
+    )
+    assert json.loads((from_snapshot / "training_info.json").read_text())["config"]["p_mean"] == trainer.config.p_mean
+    snapshot_pipe = ELFPipeline.from_pretrained(from_snapshot)
+    for name, value in snapshot_pipe.transformer.state_dict().items():
+        assert torch.equal(value, ema.state_dict()[name]), name
     # bfloat16 export: half the size, same architecture.
     small = export_pipeline(run, tmp_path / "pipe16")
     weights = lambda folder: (folder / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size  # noqa: E731

@@ -595,6 +595,9 @@ def export_pipeline(
         model = model.to(getattr(torch, dtype))
         diffusers_logging.set_verbosity(verbosity)
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    if "config" not in state:  # an EMA snapshot holds weights only: the run folder has the rest
+        state = {**state, "config": json.loads((run / "config.json").read_text())}
+        state["normalization"] = LatentNormalization.load(run).to_dict()
     config = state["config"]
     scale = config["sc_cfg_scale"] if sc_cfg_scale is None else sc_cfg_scale
     scheduler = ELFScheduler(
