@@ -187,6 +187,12 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     assert result.sequences.shape == (2, 16) and all(isinstance(t, str) for t in result.texts)
     info = json.loads((out / "training_info.json").read_text())
     assert info["step"] == 3
+    # an EMA snapshot (weights only) exports too; its training info still carries the run's config
+    snapshot = export_pipeline(tmp_path / "run", tmp_path / "pipe-snapshot", checkpoint=trainer.save_snapshot())
+    assert json.loads((snapshot / "training_info.json").read_text())["config"]["proposal_loc"] == 2.5
+    exported = pipe.transformer.state_dict()
+    for name, value in LangFlowPipeline.from_pretrained(snapshot).transformer.state_dict().items():
+        assert torch.equal(value, exported[name]), name  # the same EMA weights
 
     from untied_sc.training.model_card import write_model_card
 

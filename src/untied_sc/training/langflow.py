@@ -777,7 +777,7 @@ def export_pipeline(
         "dtype": dtype,
         "proposal": {"loc": model.proposal.loc.item(), "scale": model.proposal.scale.item()},
         "unigram_entropy": state.get("unigram_entropy"),
-        "config": state.get("config"),
+        "config": state.get("config") or json.loads((run / "config.json").read_text()),  # snapshots: weights only
         "last_log_rows": last_rows,
     }
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
