@@ -63,7 +63,8 @@ elf-data: $(ENCODER_STAMP)
 
 train-elf: elf-data
 	mkdir -p runs/elf-small
-	$(BIN)/untied-sc train elf train --run-dir runs/elf-small --max-steps 2500 --budget-minutes 150 --no-progress
+	$(BIN)/untied-sc train elf train --run-dir runs/elf-small --max-steps 2500 --budget-minutes 150 \
+		--p-mean -0.5 --p-std 1.0 --bottleneck-dim 256 --no-progress
 
 # The bundled folder: bf16 weights, calibrated statistics, tuned coefficients, quality numbers, model card.
 ELF := hub_artifacts/elf-small
