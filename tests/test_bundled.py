@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from untied_sc import LangFlowPipeline, UntiedSelfConditioningScheduler
+from untied_sc import ELFPipeline, LangFlowPipeline, UntiedSelfConditioningScheduler
 
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "hub_artifacts"
-# elf-small joins when a non-degenerate ELF is trained (docs/training-elf.md, "Results of the reference run").
-BUNDLED = {"langflow-small": LangFlowPipeline}
+BUNDLED = {"elf-small": ELFPipeline, "langflow-small": LangFlowPipeline}
 COMPONENTS = {"transformer", "scheduler", "tokenizer", "sampler_statistics"}
 
 
@@ -31,7 +30,7 @@ def test_bundled_pipeline_loads_and_generates(name):
         coefficients = statistics.for_steps(nfe).coefficients
         assert all(torch.isfinite(torch.tensor(list(coefficients.values()))))
 
-    official = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
+    official = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
     assert len(official.texts) == 2 and all(isinstance(text, str) and text.strip() for text in official.texts)
     pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
     untied = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
