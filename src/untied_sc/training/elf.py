@@ -559,8 +559,12 @@ class ELFTrainer(LangFlowTrainer):
 
 
 def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
-    """The ELF model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state."""
-    return load_langflow_run_model(run_dir, checkpoint, ema, model_class=ELFTransformerModel)
+    """The ELF model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state (for a
+    snapshot, config and latent normalisation from the run folder)."""
+    model, state = load_langflow_run_model(run_dir, checkpoint, ema, model_class=ELFTransformerModel)
+    if "normalization" not in state:
+        state["normalization"] = LatentNormalization.load(run_dir).to_dict()
+    return model, state
 
 
 def export_pipeline(
@@ -595,9 +599,6 @@ def export_pipeline(
         model = model.to(getattr(torch, dtype))
         diffusers_logging.set_verbosity(verbosity)
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
-    if "config" not in state:  # an EMA snapshot holds weights only: the run folder has the rest
-        state = {**state, "config": json.loads((run / "config.json").read_text())}
-        state["normalization"] = LatentNormalization.load(run).to_dict()
     config = state["config"]
     scale = config["sc_cfg_scale"] if sc_cfg_scale is None else sc_cfg_scale
     scheduler = ELFScheduler(

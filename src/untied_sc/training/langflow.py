@@ -708,9 +708,14 @@ def threading_is_main() -> bool:
 def load_run_model(
     run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True, model_class=LangFlowTransformerModel
 ):
-    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state."""
+    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state.
+
+    A snapshot holds weights only; its state gets the run's `config` from `<run_dir>/config.json`.
+    """
     path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
     state = torch.load(path, weights_only=False)
+    if "config" not in state:
+        state["config"] = json.loads((Path(run_dir) / "config.json").read_text())
     model = model_class(**_model_kwargs(state["model_config"]))
     if ema:
         shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot
@@ -777,7 +782,7 @@ def export_pipeline(
         "dtype": dtype,
         "proposal": {"loc": model.proposal.loc.item(), "scale": model.proposal.scale.item()},
         "unigram_entropy": state.get("unigram_entropy"),
-        "config": state.get("config") or json.loads((run / "config.json").read_text()),  # snapshots: weights only
+        "config": state["config"],
         "last_log_rows": last_rows,
     }
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
