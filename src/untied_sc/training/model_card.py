@@ -130,6 +130,7 @@ def write_model_card(
         "",
         "```python",
         f"from untied_sc import {family}Pipeline",
+        "",  # as ruff formats it (it formats the Markdown's code blocks)
         f'pipe = {family}Pipeline.from_pretrained("hub_artifacts/{folder.name}")',
         "texts = pipe(batch_size=4, num_inference_steps=8).texts",
         "```",
