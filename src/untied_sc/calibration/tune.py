@@ -14,9 +14,9 @@ The search, per NFE N (every choice here is ours, the paper gives no procedure):
    diversity is not what we tune for.
 3. Coordinate search from the calibration's coefficients (the paper preset written at calibration; a tuning record
    remembers them, so tuning again restarts there instead of from the last choice: re-running gives the same result
-   and can switch a component back on): for each coefficient in `COEFFICIENT_NAMES` order, try the current value times each of `factors`
-   (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept in (0, 1]), and keep the
-   admissible candidate with the lowest pooled GenPPL; `rounds` passes.
+   and can switch a component back on): for each coefficient in `COEFFICIENT_NAMES` order, try the current value
+   times each of `factors` (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept
+   in (0, 1]), and keep the admissible candidate with the lowest pooled GenPPL; `rounds` passes.
 4. The chosen candidate must beat the official sampler on matched pairs: the bootstrap confidence interval of the
    mean per-sample ΔNLL (candidate − official, per-token NLLs) must lie below 0. Otherwise (nothing admissible, or a
    win within noise) the untied components are switched off (η_R = η_T = 0: bitwise the official sampler). Without
