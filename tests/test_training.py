@@ -90,6 +90,25 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
         assert torch.equal(value, resumed.ema.shadow[name]), name
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
+def test_cuda_device_without_a_gpu_is_refused(tmp_path):
+    tokens = toy_tokens()
+    with pytest.raises(RuntimeError, match="sees no GPU"):
+        LangFlowTrainer(tiny_config(tmp_path, device="cuda"), tokens, tokens, vocab_size=16)
+
+
+def test_resume_refuses_a_checkpoint_from_another_kind_of_device(tmp_path):
+    tokens = toy_tokens()
+    trainer = LangFlowTrainer(tiny_config(tmp_path), tokens, tokens, vocab_size=16)
+    trainer.train_step()
+    state = trainer.state_dict()
+    assert state["latent_generator"] is None  # a CPU run draws ε from its noise generator
+    state["latent_generator"] = torch.Generator().get_state()  # what a GPU run's checkpoint carries
+    torch.save(state, tmp_path / "gpu.pt")
+    with pytest.raises(ValueError, match="another kind of device"):
+        LangFlowTrainer.from_checkpoint(tmp_path / "gpu.pt", train_tokens=tokens, val_tokens=tokens, vocab_size=16)
+
+
 def test_train_loop_logs_checkpoints_and_resumes(tmp_path):
     tokens = toy_tokens()
     config = tiny_config(tmp_path, max_steps=10, log_every=5, eval_every=5)

@@ -50,9 +50,9 @@ class EMA:
     def state_dict(self) -> dict:
         return {"decay": self.decay, "warmup": self.warmup, "shadow": self.shadow}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, device: torch.device | str | None = None) -> None:
         self.decay, self.warmup = state["decay"], state["warmup"]
-        self.shadow = {name: value.clone() for name, value in state["shadow"].items()}
+        self.shadow = {name: value.to(device).clone() for name, value in state["shadow"].items()}
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> nn.Module:

@@ -9,8 +9,11 @@ Objective (one optimiser step on a batch of random `seq_len`-token windows x):
 * Loss: cross-entropy of the clean tokens under the logits head (which includes the α/σ²·z·E_normᵀ skip term).
 * AdamW (no decay on the embedding, norms and biases), linear warm-up then cosine decay, gradient clipping, and an
   EMA of the weights, which is what gets exported.
-* The transformer runs under bf16 CPU autocast (`autocast="bf16"`; the skip term and the loss stay float32), as
+* The transformer runs under bf16 autocast (`autocast="bf16"`; the skip term and the loss stay float32), as
   the official code runs its backbone in bf16; evaluation and export are float32.
+* `device="cuda"` trains on a GPU (same objective; the latent noise ε then comes from a generator on the GPU, so a
+  GPU run is reproducible on GPUs but not bit for bit against a CPU run). CPU is the default and the documented
+  fallback recipe.
 
 Proposal (`proposal="fit"`, the default): from step `proposal_start` on, every `proposal_every` steps, the Gumbel is
 refitted to the running per-γ training loss curve so that its CDF follows CE(γ)/H_unigram
@@ -49,7 +52,14 @@ VALIDATION_GAMMAS = (3.0, 4.0, 5.0)
 DEFAULT_EVAL_GAMMAS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0)
 # Options that may differ on `--resume` without changing what the run computes (or, for the step limits, only
 # where it ends).
-RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snapshot_minutes", "threads", "progress")
+RESUME_OVERRIDABLE = (
+    "budget_minutes",
+    "max_steps",
+    "checkpoint_minutes",
+    "snapshot_minutes",
+    "threads",
+    "progress",
+)
 
 
 @dataclass
@@ -101,6 +111,7 @@ class LangFlowTrainConfig(TrainConfig):
     run_dir: str = "runs/langflow-small"
     tokenizer_dir: str = "data/tokenizer-8k"
     token_cache_dir: str | None = "data/tokens"
+    device: str = "cpu"
     # model
     cond_dim: int = 64
     # proposal
@@ -147,7 +158,7 @@ def forward_logits(
     autocast_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """
-    `model(z, γ, m).logits`, with the transformer (SC projection, blocks, output layer) optionally under CPU autocast
+    `model(z, γ, m).logits`, with the transformer (SC projection, blocks, output layer) optionally under autocast
     and the α/σ²·z·E_normᵀ skip term always in float32, as the official LangFlow runs its backbone in bf16 autocast
     and the skip outside it. With `autocast_dtype=None` it equals `model.forward` (tested).
 
@@ -156,7 +167,7 @@ def forward_logits(
     """
     backbone, config = model.backbone, model.config
     enabled = autocast_dtype is not None
-    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=enabled):
+    with torch.autocast(z.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=enabled):
         x = z.to(backbone.vocab_embed.embedding.dtype)
         if config.self_conditioning:
             sc = torch.zeros_like(x) if self_conditioning is None else self_conditioning.to(x.dtype)
@@ -222,16 +233,17 @@ def evaluate_per_gamma(
     """
     was_training = model.training
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
+    device = model.device
+    generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws whatever the model's device
     rows = []
     dim = model.config.hidden_size
     for gamma_value in gammas:
-        totals = torch.zeros(4, dtype=torch.float64)
+        totals = torch.zeros(4, dtype=torch.float64, device=device)
         count = 0
         for start in range(0, windows.shape[0], batch_size):
-            ids = windows[start : start + batch_size]
-            noise = torch.randn(ids.shape[0], ids.shape[1], dim, generator=generator)
-            gamma = torch.full((ids.shape[0],), float(gamma_value))
+            ids = windows[start : start + batch_size].to(device)
+            noise = torch.randn(ids.shape[0], ids.shape[1], dim, generator=generator).to(device)
+            gamma = torch.full((ids.shape[0],), float(gamma_value), device=device)
             z = noisy_latents(model, ids, gamma, noise)
             plain = model(z, gamma).logits
             sc = model(z, gamma, model.clean_prediction(plain)).logits
@@ -301,6 +313,9 @@ class LangFlowTrainer:
     """
 
     config_class = LangFlowTrainConfig
+    # ELF's trainer shares the loop and the checkpoint code but trains on the CPU only.
+    device = torch.device("cpu")
+    latent_generator: torch.Generator | None = None
 
     def __init__(
         self, config: LangFlowTrainConfig, train_tokens=None, val_tokens=None, tokenizer=None, vocab_size=None
@@ -324,9 +339,13 @@ class LangFlowTrainer:
         self.vocab_size = vocab_size or len(tokenizer)
         self.unigram_entropy = unigram_entropy(self.train_tokens, self.vocab_size)
 
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device={config.device!r}, but this torch build sees no GPU: train with device='cpu'.")
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
+            torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
             self.model = LangFlowTransformerModel(**config.model_config(self.vocab_size))
+        self.model.to(self.device)
         self.set_proposal(config.proposal_loc, config.proposal_scale)
         for parameter in self.model.proposal.parameters():
             parameter.requires_grad_(False)
@@ -338,6 +357,9 @@ class LangFlowTrainer:
         self.stats = ProposalStats()
         self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
         self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
+        # ε is the only large draw: on a GPU it is drawn there (a CPU draw would be slower than the step itself).
+        if self.device.type != "cpu":
+            self.latent_generator = torch.Generator(self.device).manual_seed(config.seed * 2 + 3)
         self.step = 0
         self.total_steps = config.max_steps
         self.elapsed = 0.0
@@ -379,11 +401,17 @@ class LangFlowTrainer:
 
     def train_step(self) -> dict:
         config, model = self.config, self.model
-        ids = sample_windows(self.train_tokens, config.batch_size, config.seq_len, self.data_generator)
+        device = self.device
+        ids = sample_windows(self.train_tokens, config.batch_size, config.seq_len, self.data_generator).to(device)
         loc, scale = self.proposal
-        gamma = sample_gamma(config.batch_size, loc, scale, config.gumbel_cutoff, self.noise_generator)
-        noise = torch.randn(ids.shape[0], ids.shape[1], config.hidden_size, generator=self.noise_generator)
-        sc_mask = torch.rand(config.batch_size, generator=self.noise_generator) < config.sc_prob
+        gamma_cpu = sample_gamma(config.batch_size, loc, scale, config.gumbel_cutoff, self.noise_generator)
+        noise_shape = (ids.shape[0], ids.shape[1], config.hidden_size)
+        if self.latent_generator is None:
+            noise = torch.randn(noise_shape, generator=self.noise_generator)
+        else:
+            noise = torch.randn(noise_shape, generator=self.latent_generator, device=device)
+        sc_mask = (torch.rand(config.batch_size, generator=self.noise_generator) < config.sc_prob).to(device)
+        gamma = gamma_cpu.to(device)
 
         self.step += 1
         lr = lr_at(self.step, config, self.total_steps)
@@ -399,10 +427,10 @@ class LangFlowTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         self.optimizer.step()
         self.ema.update(model, self.step)
-        self.stats.update(gamma, per_example)
+        per_example = per_example.detach()
+        self.stats.update(gamma_cpu, per_example.cpu())
         self.tokens_seen += ids.numel()
         self._maybe_refit_proposal()
-        per_example = per_example.detach()
         return {
             "loss": loss.item(),
             "loss_sc": per_example[sc_mask].sum().item(),
@@ -442,7 +470,7 @@ class LangFlowTrainer:
         """A model holding the current EMA weights (with the current proposal); one instance, refreshed per call."""
         if self._eval_model is None:
             with torch.random.fork_rng(devices=[]):
-                self._eval_model = LangFlowTransformerModel(**_model_kwargs(self.model.config))
+                self._eval_model = LangFlowTransformerModel(**_model_kwargs(self.model.config)).to(self.device)
         self.ema.copy_to(self._eval_model)
         return self._eval_model.eval()
 
@@ -462,9 +490,9 @@ class LangFlowTrainer:
         gammas = (loc - scale * torch.log(-torch.log(u))).clamp(gamma_min, gamma_max).float()
         totals = [0.0, 0.0]
         for start in range(0, config.eval_windows, config.batch_size):
-            ids = windows[start : start + config.batch_size]
-            gamma = gammas[start : start + config.batch_size]
-            noise = torch.randn(ids.shape[0], ids.shape[1], config.hidden_size, generator=generator)
+            ids = windows[start : start + config.batch_size].to(self.device)
+            gamma = gammas[start : start + config.batch_size].to(self.device)
+            noise = torch.randn(ids.shape[0], ids.shape[1], config.hidden_size, generator=generator).to(self.device)
             z = noisy_latents(model, ids, gamma, noise)
             plain = model(z, gamma).logits
             sc = model(z, gamma, model.clean_prediction(plain)).logits
@@ -490,6 +518,7 @@ class LangFlowTrainer:
             "optimizer": self.optimizer.state_dict(),
             "data_generator": self.data_generator.get_state(),
             "noise_generator": self.noise_generator.get_state(),
+            "latent_generator": None if self.latent_generator is None else self.latent_generator.get_state(),
             "step": self.step,
             "total_steps": self.total_steps,
             "elapsed": self.elapsed,
@@ -499,10 +528,17 @@ class LangFlowTrainer:
 
     def _load_loop_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.ema.load_state_dict(state["ema"])
+        self.ema.load_state_dict(state["ema"], device=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.data_generator.set_state(state["data_generator"])
         self.noise_generator.set_state(state["noise_generator"])
+        if (state.get("latent_generator") is None) != (self.latent_generator is None):
+            raise ValueError(
+                "This checkpoint was written on another kind of device than this run's "
+                f"device={self.device.type!r}: resume it with the device it was trained on."
+            )
+        if self.latent_generator is not None:
+            self.latent_generator.set_state(state["latent_generator"])
         self.step = state["step"]
         self.total_steps = self.config.max_steps or state["total_steps"]
         self.elapsed = state["elapsed"]
@@ -532,7 +568,7 @@ class LangFlowTrainer:
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, overrides: dict | None = None, **kwargs) -> "LangFlowTrainer":
         """Rebuilds a trainer from a checkpoint (the saved config, with `overrides` of `RESUME_OVERRIDABLE`)."""
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         saved = dict(state["config"])
         for key, value in (overrides or {}).items():
             if key not in RESUME_OVERRIDABLE:
@@ -710,12 +746,18 @@ def load_run_model(
 ):
     """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state.
 
-    A snapshot holds weights only; its state gets the run's `config` from `<run_dir>/config.json`.
+    A snapshot holds weights only; its state gets the run's `config` from `<run_dir>/config.json`, and its token
+    count, training time and step total from the log row of its step (when the log has one).
     """
     path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=False, map_location="cpu")
     if "config" not in state:
         state["config"] = json.loads((Path(run_dir) / "config.json").read_text())
+        log_path = Path(run_dir) / LOG
+        rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+        row = next((row for row in rows if row.get("step") == state.get("step") and "tokens" in row), None)
+        if row is not None:
+            state.update(tokens_seen=row["tokens"], elapsed=row["elapsed_s"], total_steps=row.get("total_steps"))
     model = model_class(**_model_kwargs(state["model_config"]))
     if ema:
         shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot

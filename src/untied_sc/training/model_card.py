@@ -100,12 +100,18 @@ def write_model_card(
     per_gamma: str | Path | None = None,
     corpus_manifest: str | Path = "data/corpus/manifest.json",
     notes: str = "",
+    hardware: str | None = None,
 ) -> Path:
-    """Writes `<pipeline_dir>/README.md` and `<pipeline_dir>/loss_curve.png`."""
+    """Writes `<pipeline_dir>/README.md` and `<pipeline_dir>/loss_curve.png`.
+
+    `hardware` names what trained it (default: "2 CPU cores" for a CPU run, "one GPU" otherwise).
+    """
     folder, run = Path(pipeline_dir), Path(run_dir)
     info = json.loads((folder / "training_info.json").read_text())
     plot_loss_curve(run / "loss_log.jsonl", folder / "loss_curve.png")
     config = info.get("config") or {}
+    on_cpu = config.get("device", "cpu") == "cpu"
+    hardware = hardware or ("2 CPU cores" if on_cpu else "one GPU")
     manifest_path = Path(corpus_manifest)
     sources = ""
     if manifest_path.exists():
@@ -124,7 +130,8 @@ def write_model_card(
         "",
         f"# {title}",
         "",
-        f"A small {family} trained on CPU for the `untied-sc` package, so that the package runs offline and shows the",
+        f"A small {family} trained on {'CPU' if on_cpu else 'a GPU'} for the `untied-sc` package, so that the package "
+        "runs offline and shows the",
         "untied self-conditioning sampler on a model trained here. It is far from the papers' checkpoints: read the",
         "limitations below before judging text quality.",
         "",
@@ -140,8 +147,8 @@ def write_model_card(
         f"- Data: {sources or 'see data/corpus/manifest.json'} (`{data_target}`, {docs}); train split only.",
         f"- Size: {info['parameters'] / 1e6:.2f}M parameters, stored as {info.get('dtype', 'float32')}.",
         f"- Steps: {info['step']:,} of batch {config.get('batch_size')} × {config.get('seq_len')} tokens "
-        f"({(info.get('tokens_seen') or 0) / 1e6:.1f}M tokens seen), {(info.get('train_seconds') or 0) / 60:.0f} min "
-        "on 2 CPU cores.",
+        f"({(info.get('tokens_seen') or 0) / 1e6:.1f}M tokens seen), {(info.get('train_seconds') or 0) / 60:.1f} min "
+        f"on {hardware}.",
         f"- Command: `{train_command}`.",
         "",
         "![loss curve](loss_curve.png)",
@@ -177,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-gamma")
     parser.add_argument("--corpus-manifest", default="data/corpus/manifest.json")
     parser.add_argument("--notes-file")
+    parser.add_argument("--hardware", help='What trained it, e.g. "one NVIDIA H200 GPU".')
     args = parser.parse_args(argv)
     notes = Path(args.notes_file).read_text() if args.notes_file else ""
     path = write_model_card(
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         args.per_gamma,
         args.corpus_manifest,
         notes,
+        args.hardware,
     )
     print(f"Wrote {path}")
 
