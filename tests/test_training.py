@@ -232,6 +232,16 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     assert "from untied_sc import LangFlowPipeline" in text and "| official (SC on) | 8 | 123.5 | 4.200 |" in text
     assert "Evaluator tiny, langflow protocol, 2 samples per row" in text
     assert "Steps: 3 of batch 8 × 16 tokens" in text and (out / "loss_curve.png").stat().st_size > 1000
+    assert "trained on CPU" in text and "on 2 CPU cores." in text
+    # The snapshot's export takes tokens and time from the log row of its step; a GPU run's card says so.
+    info = json.loads((snapshot / "training_info.json").read_text())
+    assert info["tokens_seen"] == 3 * 8 * 16 and info["train_seconds"] is not None
+    info["config"]["device"] = "cuda"
+    (out / "training_info.json").write_text(json.dumps(info))
+    text = write_model_card(
+        out, tmp_path / "run", "Toy", "make toy", corpus_manifest="none", hardware="one H200"
+    ).read_text()
+    assert "trained on a GPU" in text and "on one H200." in text
 
 
 # -- corpus tools ----------------------------------------------------------------------------------------------
