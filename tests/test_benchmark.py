@@ -47,19 +47,19 @@ def sweep(pipe, evaluator, tmp_path=None, **kwargs):
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])
 def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pipes, evaluator, family):
-    values = [0.5, 2.0] if family == "langflow" else [1.0, 5.0]
+    values = [0.5, 2.0]
     results = sweep(pipes[family], evaluator, tmp_path, diversity_values=values)
     saved = json.loads((tmp_path / "tiny.json").read_text())
     assert saved["command"] == "pytest" and saved["wall_seconds"] > 0
     assert saved["protocol"] == family and saved["diversity_knob"] == (
-        "temperature" if family == "langflow" else "sc_cfg_scale"
+        "temperature" if family == "langflow" else "decode_temperature"
     )
     assert len(saved["runs"]) == 2 * 2 + 2 * 2  # (official, untied) × 2 seeds + 2 values × 2 seeds (official)
     assert (tmp_path / "tiny.png").stat().st_size > 1000
     markdown = (tmp_path / "tiny.md").read_text()
     assert "| 8 |" in markdown and "official GenPPL | official entropy" in markdown and "```\npytest\n```" in markdown
     curve = results["diversity_curves"]["official"]["8"]
-    default = 1.0 if family == "langflow" else 3.0  # T = 1; the scheduler config's w
+    default = 1.0 if family == "langflow" else 0.0  # x̂ temperature 1; decode temperature 0 (argmax)
     assert saved["diversity_default"] == default and "untied" not in results["diversity_curves"]
     assert [point[saved["diversity_knob"]] for point in curve] == sorted([default, *values])
     assert [point["default"] for point in curve] == [point[saved["diversity_knob"]] == default for point in curve]
@@ -219,6 +219,52 @@ def test_elf_sc_cfg_scale_override(pipes):
     if pipe.transformer.config.num_sc_cfg_tokens > 0:
         assert not torch.allclose(sample_latents(pipe, sc_cfg_scale=7.0), default)
     assert pipe._sc_cfg_scale is None and pipe.sc_cfg_scale == pipe.scheduler.config.sc_cfg_scale
+
+
+def test_sample_tokens_follows_the_tempered_softmax():
+    from untied_sc.pipelines.pipeline_elf import sample_tokens
+
+    logits = torch.tensor([[[0.0, 1.0, 2.0]]]).expand(1, 20000, 3)
+    generator = torch.Generator().manual_seed(0)
+    for temperature in (0.5, 1.0, 4.0):
+        ids = sample_tokens(logits, temperature, generator)
+        frequencies = torch.bincount(ids.flatten(), minlength=3).double() / ids.numel()
+        expected = torch.softmax(logits[0, 0].double() / temperature, dim=-1)
+        assert torch.allclose(frequencies, expected, atol=0.015), (temperature, frequencies, expected)
+    # a near-zero temperature is the argmax; the draw is a function of the generator's state
+    assert torch.equal(sample_tokens(logits, 1e-6, generator), torch.full((1, 20000), 2))
+    first = sample_tokens(logits, 1.0, torch.Generator().manual_seed(3))
+    assert torch.equal(first, sample_tokens(logits, 1.0, torch.Generator().manual_seed(3)))
+
+
+def test_elf_decode_temperature(pipes):
+    pipe = pipes["elf"]
+
+    def ids(**kwargs):
+        return pipe(
+            batch_size=4, num_inference_steps=8, generator=torch.Generator().manual_seed(0), **kwargs
+        ).sequences
+
+    argmax = ids()
+    assert torch.equal(ids(decode_temperature=0.0), argmax) and torch.equal(ids(decode_temperature=0), argmax)
+    hot = ids(decode_temperature=5.0)
+    assert torch.equal(ids(decode_temperature=5.0), hot) and not torch.equal(hot, argmax)
+    # the trajectory is untouched: the draws come after the last step
+    latents = pipe(
+        batch_size=4, num_inference_steps=8, generator=torch.Generator().manual_seed(0), output_type="latent"
+    )
+    hot_latents = pipe(
+        batch_size=4,
+        num_inference_steps=8,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+        decode_temperature=5.0,
+    )
+    assert torch.equal(latents.latents, hot_latents.latents)
+    assert pipe._decode_temperature == 0.0
+    for bad in (-1.0, "hot", None):
+        with pytest.raises(ValueError, match="decode_temperature must be a number ≥ 0"):
+            pipe(batch_size=1, num_inference_steps=8, decode_temperature=bad)
 
 
 def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path, pipes, evaluator):

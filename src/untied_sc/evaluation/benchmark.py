@@ -10,8 +10,8 @@ Aggregates per (sampler, NFE): mean ± standard error over seeds. Paired per (ca
 sampler, pooling the pairs of all seeds: the GenPPL ratio candidate / baseline with a paired bootstrap CI, the mean
 per-token ΔNLL with its CI and the fraction of pairs where the candidate is worse ([`paired_comparison`]), and the
 retained throughput. The diversity sweep runs the official sampler at several values of the family's diversity knob
-(LangFlow: the temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the SC-CFG scale w) so that samplers can be
-compared at equal entropy (GenPPL–entropy curves).
+(LangFlow: the temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the temperature T of the final decode's softmax,
+0 = argmax) so that samplers can be compared at equal entropy (GenPPL–entropy curves).
 
 The benchmark runs pipelines (it is the one place in `evaluation` that does) but scores only texts and token ids.
 """
@@ -40,7 +40,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
 BASELINE = "official"
 # Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
-CALL_KEYS = ("temperature", "sc_cfg_scale")
+CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
 AGGREGATED_METRICS = (
     "gen_ppl",
     "nll_per_token",
@@ -73,8 +73,12 @@ def family_of(pipe) -> str:
 
 
 def diversity_knob(family: str) -> str:
-    """The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow), `"sc_cfg_scale"` (ELF)."""
-    return "sc_cfg_scale" if family == "elf" else "temperature"
+    """
+    The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow: of x̂'s softmax),
+    `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
+    bundled ELF, which hardly uses self-conditioning).
+    """
+    return "decode_temperature" if family == "elf" else "temperature"
 
 
 def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
@@ -337,14 +341,14 @@ def run_sweep(
         batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
         samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
             `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
-            `"untied"`); `temperature` / `sc_cfg_scale` go to the pipeline call; every other key (`eta_r`, `eta_t`,
+            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other key (`eta_r`, `eta_t`,
             `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config. `"official"` must be present: it is
             the baseline of the paired comparisons.
         evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
             `(model, tokenizer)` pair.
         protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
         diversity_values (`Sequence[float]`, *optional*): values of the family's diversity knob (LangFlow: temperature
-            T; ELF: SC-CFG scale w) at which `diversity_samplers` also run, for GenPPL–entropy curves.
+            T; ELF: decode temperature) at which `diversity_samplers` also run, for GenPPL–entropy curves.
         diversity_samplers (`Sequence[str]`, defaults to `("official",)`): samplers swept over `diversity_values`.
         diversity_nfe (`Sequence[int]`, *optional*): NFEs of the diversity sweep (default: all of `nfe`).
         eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
@@ -413,7 +417,7 @@ def run_sweep(
         plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
 
     original_scheduler = pipe.scheduler
-    knob_default = 1.0 if knob == "temperature" else pipe.sc_cfg_scale
+    knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     runs, all_samples = [], []
@@ -735,7 +739,7 @@ def add_benchmark_arguments(parser):
         "--temperatures",
         type=float,
         nargs="+",
-        help="Diversity sweep of the official sampler: LangFlow temperatures T, or ELF SC-CFG scales w.",
+        help="Diversity sweep of the official sampler: LangFlow x̂ temperatures T, or ELF decode temperatures (0: argmax).",
     )
     parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
     parser.add_argument(

@@ -57,7 +57,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
         tempered = logits if self._temperature == 1.0 else logits.float() / self._temperature
         return self.transformer.clean_prediction(tempered), logits
 
-    def _tokens(self, latents, last_logits):
+    def _tokens(self, latents, last_logits, generator):
         return last_logits.argmax(dim=-1)
 
     def _texts(self, sequences):

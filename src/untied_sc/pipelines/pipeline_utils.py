@@ -87,8 +87,10 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """One network evaluation → (clean prediction for the scheduler, logits or None)."""
         raise NotImplementedError
 
-    def _tokens(self, latents: torch.Tensor, last_logits: torch.Tensor | None) -> torch.LongTensor:
-        """Final token ids."""
+    def _tokens(
+        self, latents: torch.Tensor, last_logits: torch.Tensor | None, generator: torch.Generator
+    ) -> torch.LongTensor:
+        """Final token ids (`generator`: the call's, for a decoder that samples)."""
         raise NotImplementedError
 
     def _texts(self, sequences: torch.LongTensor) -> list[str]:
@@ -204,7 +206,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
         texts = sequences = None
         if output_type != "latent":
-            sequences = self._tokens(latents, logits)
+            sequences = self._tokens(latents, logits, generator)
             texts = self._texts(sequences) if output_type == "text" else None
         self.maybe_free_model_hooks()
         output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=latents)
