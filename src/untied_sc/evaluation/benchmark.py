@@ -341,9 +341,9 @@ def run_sweep(
         batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
         samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
             `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
-            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other key (`eta_r`, `eta_t`,
-            `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config. `"official"` must be present: it is
-            the baseline of the paired comparisons.
+            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other
+            key (`eta_r`, `eta_t`, `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config.
+            `"official"` must be present: it is the baseline of the paired comparisons.
         evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
             `(model, tokenizer)` pair.
         protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
@@ -739,7 +739,7 @@ def add_benchmark_arguments(parser):
         "--temperatures",
         type=float,
         nargs="+",
-        help="Diversity sweep of the official sampler: LangFlow x̂ temperatures T, or ELF decode temperatures (0: argmax).",
+        help="Diversity sweep of the official sampler: LangFlow x̂ temperatures, or ELF decode temperatures (0: argmax).",
     )
     parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
     parser.add_argument(

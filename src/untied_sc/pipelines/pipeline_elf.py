@@ -21,10 +21,13 @@ def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.LongTensor:
     """One token per position from softmax(logits / T), by inverse CDF of a uniform drawn on the CPU `generator`."""
-    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)
-    u = torch.rand(cdf.shape[:-1], generator=generator, dtype=torch.float64).to(cdf.device)
-    # the first index whose CDF exceeds u (clamped: rounding can leave the last CDF value just below 1)
-    return torch.searchsorted(cdf, u[..., None]).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+    u = torch.rand(logits.shape[:-1], generator=generator, dtype=torch.float64).to(logits.device)
+    ids = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    for row in range(logits.shape[0]):  # one sequence at a time: a float64 CDF of the whole batch can take GBs
+        cdf = torch.softmax(logits[row].double() / temperature, dim=-1).cumsum(dim=-1)
+        # the first index whose CDF exceeds u (clamped: rounding can leave the last CDF value just below 1)
+        ids[row] = torch.searchsorted(cdf, u[row, :, None]).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+    return ids
 
 
 class ELFPipeline(LanguageFlowPipeline):

@@ -52,14 +52,7 @@ VALIDATION_GAMMAS = (3.0, 4.0, 5.0)
 DEFAULT_EVAL_GAMMAS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0)
 # Options that may differ on `--resume` without changing what the run computes (or, for the step limits, only
 # where it ends).
-RESUME_OVERRIDABLE = (
-    "budget_minutes",
-    "max_steps",
-    "checkpoint_minutes",
-    "snapshot_minutes",
-    "threads",
-    "progress",
-)
+RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snapshot_minutes", "threads", "progress")
 
 
 @dataclass
