@@ -285,6 +285,72 @@ def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path,
     ).is_file()
 
 
+def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipes, evaluator):
+    from untied_sc.evaluation import generate_sweep, read_generation, score_sweep, write_generation
+
+    options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "diversity_values": [0.5]}
+    whole = run_sweep(pipes["langflow"], evaluator=evaluator, num_resamples=50, progress=False, **options)
+    generation = generate_sweep(pipes["langflow"], name="tiny", command="sample", progress=False, **options)
+    paths = write_generation(generation, tmp_path)
+    assert paths["samples"].name == "tiny.samples.jsonl.gz"
+    loaded = read_generation(paths["generation"])
+    assert [run["samples"] for run in loaded["runs"]] == [run["samples"] for run in generation["runs"]]
+    apart = score_sweep(loaded, evaluator=evaluator, num_resamples=50, output_dir=tmp_path, command="score")
+    assert len(apart["runs"]) == len(whole["runs"]) == 2 * 2 + 2
+    for one, other in zip(whole["runs"], apart["runs"], strict=True):
+        assert {k: v for k, v in one.items() if "second" not in k} == {
+            k: v for k, v in other.items() if "second" not in k
+        }
+    untimed = [  # the throughput of two samplings differs; every score is the same
+        {k: v for k, v in r["aggregates"]["paired"]["untied"]["8"].items() if k != "retained_throughput"}
+        for r in (whole, apart)
+    ]
+    assert untimed[0] == untimed[1] and "gen_ppl_ratio_ci" in untimed[0]
+    assert apart["equal_entropy"] == whole["equal_entropy"]
+    markdown = (tmp_path / "tiny.md").read_text()
+    assert "```\nsample\nscore\n```" in markdown and "then scored in" in markdown
+
+
+def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
+    import gzip
+
+    from untied_sc.evaluation import generate_sweep, read_generation, write_generation
+
+    generation = generate_sweep(pipes["elf"], nfe=[8], seeds=[0], num_samples=2, batch_size=2, progress=False)
+    paths = write_generation(generation, tmp_path)
+    lines = gzip.open(paths["samples"], "rt").read().splitlines()
+    with gzip.open(paths["samples"], "wt") as handle:
+        handle.write("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match="incomplete or was edited"):
+        read_generation(paths["generation"])
+    (tmp_path / "results.json").write_text(json.dumps({"model": "tiny"}))
+    with pytest.raises(ValueError, match="not a benchmark generation file"):
+        read_generation(tmp_path / "results.json")
+
+
+def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evaluator):
+    from untied_sc.cli import main
+
+    pipes["elf"].save_pretrained(tmp_path / "tiny-elf")
+    evaluator[0].save_pretrained(tmp_path / "evaluator")
+    evaluator[1].save_pretrained(tmp_path / "evaluator")
+    argv = ["benchmark", str(tmp_path / "tiny-elf"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
+    argv += ["--batch-size", "2", "--output-dir", str(tmp_path / "gen"), "--generate-only", "--no-progress"]
+    assert main(argv) == 0
+    generation = tmp_path / "gen" / "tiny-elf.generation.json"
+    assert not (tmp_path / "gen" / "tiny-elf.json").exists()
+    assert "--evaluator" not in json.loads(generation.read_text())["command"]  # scoring options come with --from
+    with pytest.raises(SystemExit, match="drop --nfe"):
+        main(["benchmark", "--from", str(generation), "--nfe", "8"])
+    argv = ["benchmark", "--from", str(generation), "--evaluator", str(tmp_path / "evaluator")]
+    assert main([*argv, "--output-dir", str(tmp_path / "results"), "--num-resamples", "20", "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "results" / "tiny-elf.json").read_text())
+    assert saved["command"].startswith(f"untied-sc benchmark {tmp_path / 'tiny-elf'} --nfe 8 --seeds 0 ")
+    assert saved["scoring_command"].startswith("untied-sc benchmark --evaluator ")
+    assert f"--from {generation}" in saved["scoring_command"]
+    assert saved["num_samples"] == 2 and len(saved["runs"]) == 2
+
+
 @pytest.mark.parametrize("experiment", ["placement", "components", "sensitivity"])
 def test_controlled_experiments_run_as_matched_sampler_sets(pipes, evaluator, experiment):
     samplers = experiment_samplers(experiment)

@@ -313,6 +313,8 @@ def test_samples_jsonl_round_trip(tmp_path):
     ]
     path = write_samples(tmp_path / "s.jsonl", samples)
     assert read_samples(path) == samples
+    compressed = write_samples(tmp_path / "s.jsonl.gz", samples)
+    assert read_samples(compressed) == samples and compressed.read_bytes()[:2] == b"\x1f\x8b"  # gzip magic
     (tmp_path / "elf.jsonl").write_text(json.dumps({"id": 0, "generated": "w5"}) + "\n\n")
     assert read_samples(tmp_path / "elf.jsonl") == [Sample("w5", extra={"id": 0})]
     (tmp_path / "bad.jsonl").write_text(json.dumps({"ids": [1]}) + "\n")

@@ -1,7 +1,16 @@
 """Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
 throughput, and the statistics of matched comparisons (SPEC §6). It scores texts and token ids only."""
 
-from .benchmark import aggregate, format_markdown, run_sweep, write_results
+from .benchmark import (
+    aggregate,
+    format_markdown,
+    generate_sweep,
+    read_generation,
+    run_sweep,
+    score_sweep,
+    write_generation,
+    write_results,
+)
 from .evaluator import SMOLLM2_NAME, default_cache_dir, evaluator_context_size, load_evaluator
 from .io import Sample, compare_results, evaluate_samples, read_samples, write_samples
 from .metrics import (

@@ -30,7 +30,7 @@ import torch
 
 from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
-from .io import Sample, evaluate_samples, write_samples
+from .io import Sample, evaluate_samples, read_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
 from .statistics import bootstrap_ci, interpolated_ratio_ci, mean_and_standard_error, paired_comparison
 
@@ -306,6 +306,254 @@ def aggregate(runs: Sequence[dict], baseline: str = BASELINE, num_resamples: int
     return {"by_sampler": by_sampler, "paired": paired}
 
 
+GENERATION_FORMAT = "untied-sc benchmark generation"
+
+
+def _sweep_runs(
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    samplers: Mapping[str, Mapping],
+    diversity_values: Sequence[float] | None,
+    diversity_samplers: Sequence[str],
+    diversity_nfe: Sequence[int] | None,
+) -> list[tuple[str, int, int, float | None]]:
+    """The sweep's runs in order: (sampler, NFE, seed, diversity value or `None` for a main run)."""
+    plan = [(s, n, seed, None) for n in nfe for seed in seeds for s in samplers]
+    for value in diversity_values or ():
+        plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
+    return plan
+
+
+def generate_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    name: str | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> dict:
+    """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
+
+    The arguments are [`run_sweep`]'s. Sampling and scoring can run on different machines (sample on a GPU, score on
+    a machine that has the evaluator): [`write_generation`] saves the result, [`read_generation`] loads it and
+    [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
+
+    Returns:
+        `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
+        `batch_size`, `samplers`, `diversity_*`), `device`, `torch`, `command`, `seconds` (wall time) and `runs`: one
+        dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling and its `samples` ([`Sample`]s).
+    """
+    from tqdm.auto import tqdm
+
+    began = time.perf_counter()
+    if command is None:
+        command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        from ..pipelines import load_pipeline
+
+        name = name or Path(str(pipeline_dir_or_pipe).rstrip("/")).name
+        pipe = load_pipeline(pipeline_dir_or_pipe)
+    else:
+        pipe = pipeline_dir_or_pipe
+        name = name or Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+    if device is not None:
+        pipe.to(device)
+    family = family_of(pipe)
+    statistics = getattr(pipe, "sampler_statistics", None)
+    for used, what, remedy in (
+        (tuning_seeds(statistics), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
+        (
+            calibration_seeds(statistics),
+            "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
+            " or recalibrate with another seed",
+        ),
+    ):
+        leaked = sorted(set(seeds) & used)
+        if leaked:
+            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
+    knob = diversity_knob(family)
+    samplers = _normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
+    unknown = [s for s in diversity_samplers if s not in samplers]
+    if diversity_values and unknown:
+        raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
+    plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
+
+    original_scheduler = pipe.scheduler
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    runs = []
+    try:
+        for sampler, n, seed, value in tqdm(plan, desc=f"sampling {name}", disable=not progress):
+            spec = samplers[sampler]
+            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
+            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
+            if value is not None:
+                call_kwargs[knob] = value
+            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
+            samples = [
+                Sample(text=t, ids=i, seed=seed, sampler=sampler, nfe=n, extra={"index": j, knob: value})
+                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
+            ]
+            runs.append(
+                {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
+            )
+    finally:
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+    return {
+        "format": GENERATION_FORMAT,
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": "1_000_003 * seed + batch_index",
+        "samplers": samplers,
+        "baseline": BASELINE,
+        "diversity_knob": knob,
+        "diversity_values": list(diversity_values or []),
+        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
+        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
+        "device": str(pipe.device),
+        "torch": torch.__version__,
+        "command": command,
+        "seconds": time.perf_counter() - began,
+        "runs": runs,
+    }
+
+
+def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
+    `<model>.samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, index and knob value)."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = generation["model"]
+    paths = {"generation": folder / f"{stem}.generation.json", "samples": folder / f"{stem}.samples.jsonl.gz"}
+    header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
+    header["samples_file"] = paths["samples"].name
+    paths["generation"].write_text(json.dumps(header, indent=1) + "\n")
+    write_samples(paths["samples"], (sample for run in generation["runs"] for sample in run["samples"]))
+    return paths
+
+
+def read_generation(path: str | os.PathLike) -> dict:
+    """Reads a `<model>.generation.json` written by [`write_generation`] (and its samples file beside it), checking
+    that every run holds its `num_samples` samples in order."""
+    path = Path(path)
+    try:
+        generation = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"Cannot read the generation file {path}: {error}") from error
+    if generation.get("format") != GENERATION_FORMAT:
+        raise ValueError(
+            f"{path} is not a benchmark generation file (written by `untied-sc benchmark --generate-only`)."
+        )
+    knob = generation["diversity_knob"]
+    by_run: dict[tuple, list[Sample]] = {}
+    for sample in read_samples(path.parent / generation["samples_file"]):
+        key = (sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob))
+        by_run.setdefault(key, []).append(sample)
+    for run in generation["runs"]:
+        key = (run["sampler"], run["nfe"], run["seed"], run[knob])
+        samples = by_run.pop(key, [])
+        if [s.extra.get("index") for s in samples] != list(range(generation["num_samples"])):
+            raise ValueError(
+                f"{generation['samples_file']} holds {len(samples)} samples of run {key} (sampler, NFE, seed, "
+                f"{knob}), not samples 0..{generation['num_samples'] - 1} in order: the file is incomplete or was "
+                "edited. Generate it again."
+            )
+        run["samples"] = samples
+    if by_run:
+        raise ValueError(
+            f"{generation['samples_file']} holds samples of runs {sorted(by_run, key=str)} that "
+            f"{path.name} does not list."
+        )
+    return generation
+
+
+def score_sweep(
+    generation: dict,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    output_dir: str | os.PathLike | None = None,
+    save_samples: bool = False,
+    command: str | None = None,
+    progress: bool = True,
+    **evaluator_kwargs,
+) -> dict:
+    """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
+    aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
+    generation's."""
+    from tqdm.auto import tqdm
+
+    from .evaluator import load_evaluator
+
+    began = time.perf_counter()
+    family, knob = generation["family"], generation["diversity_knob"]
+    protocol = protocol or family
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
+    else:
+        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+    runs = []
+    for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
+        result = evaluate_samples(
+            run["samples"], evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
+        )
+        runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
+
+    main_runs = [run for run in runs if run[knob] is None]
+    knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
+    settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
+    results = {
+        **{key: generation[key] for key in settings},
+        "protocol": protocol,
+        "evaluator": evaluator_name,
+        **{key: generation[key] for key in ("samplers", "baseline", "diversity_knob", "diversity_values")},
+        **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
+        "runs": runs,
+        "aggregates": aggregate(main_runs, num_resamples=num_resamples),
+        "diversity_default": knob_default,
+        "diversity_curves": diversity_curves(runs, knob, knob_default),
+        "command": generation["command"],
+    }
+    if command is not None and command != generation["command"]:
+        results["scoring_command"] = command
+        results["scoring_device"] = str(next(evaluator[0].parameters()).device)
+    results["equal_entropy"] = equal_entropy_comparison(
+        results["aggregates"]["by_sampler"],
+        results["diversity_curves"],
+        runs=runs,
+        knob=knob,
+        num_resamples=num_resamples,
+    )
+    results["sampling_seconds"] = generation["seconds"]
+    results["scoring_seconds"] = time.perf_counter() - began
+    results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
+    if output_dir is not None:
+        results["files"] = {k: str(v) for k, v in write_results(results, output_dir).items()}
+        if save_samples:
+            samples = [sample for run in generation["runs"] for sample in run["samples"]]
+            path = write_samples(Path(output_dir) / f"{results['model']}.samples.jsonl", samples)
+            results["files"]["samples"] = str(path)
+    return results
+
+
 def run_sweep(
     pipeline_dir_or_pipe,
     nfe: Sequence[int] = DEFAULT_NFE,
@@ -330,6 +578,8 @@ def run_sweep(
     **evaluator_kwargs,
 ) -> dict:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
+
+    [`generate_sweep`] then [`score_sweep`]: use those two to sample and score on different machines.
 
     Args:
         pipeline_dir_or_pipe: a pipeline folder / Hub id ([`load_pipeline`]) or a loaded pipeline. The untied sampler
@@ -366,123 +616,35 @@ def run_sweep(
         `diversity_knob`, `runs` (one record per (sampler, NFE, seed[, knob value]) with its metrics, samples/s and
         per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`.
     """
-    from tqdm.auto import tqdm
-
-    from .evaluator import load_evaluator
-
-    began = time.perf_counter()
-    if command is None:
-        command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
-    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
-        from ..pipelines import load_pipeline
-
-        name = name or Path(str(pipeline_dir_or_pipe).rstrip("/")).name
-        pipe = load_pipeline(pipeline_dir_or_pipe)
-    else:
-        pipe = pipeline_dir_or_pipe
-        name = name or Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
-    if device is not None:
-        pipe.to(device)
-    family = family_of(pipe)
-    statistics = getattr(pipe, "sampler_statistics", None)
-    for used, what, remedy in (
-        (tuning_seeds(statistics), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
-        (
-            calibration_seeds(statistics),
-            "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
-            " or recalibrate with another seed",
-        ),
-    ):
-        leaked = sorted(set(seeds) & used)
-        if leaked:
-            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
-    protocol = protocol or family
-    knob = diversity_knob(family)
-    samplers = _normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
-    unknown = [s for s in diversity_samplers if s not in samplers]
-    if diversity_values and unknown:
-        raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
-    if num_samples < 1 or batch_size < 1:
-        raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
-    if isinstance(evaluator, (str, os.PathLike)):
-        evaluator_name = str(evaluator)
-        if device is not None:
-            evaluator_kwargs.setdefault("device", device)
-        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
-    else:
-        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
-
-    plan = [(s, n, seed, None) for n in nfe for seed in seeds for s in samplers]
-    for value in diversity_values or ():
-        plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
-
-    original_scheduler = pipe.scheduler
-    knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
-    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
-    pipe.set_progress_bar_config(disable=True)
-    runs, all_samples = [], []
-    try:
-        for sampler, n, seed, value in tqdm(plan, desc=f"benchmark {name}", disable=not progress):
-            spec = samplers[sampler]
-            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
-            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
-            if value is not None:
-                call_kwargs[knob] = value
-            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
-            samples = [
-                Sample(text=t, ids=i, seed=seed, sampler=sampler, nfe=n, extra={"index": j, knob: value})
-                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
-            ]
-            result = evaluate_samples(
-                samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
-            )
-            runs.append(_run_record(result, sampler, n, seed, knob, value, seconds))
-            if save_samples:
-                all_samples += samples
-    finally:
-        pipe.scheduler = original_scheduler
-        pipe.set_progress_bar_config(**progress_config)
-
-    main_runs = [run for run in runs if run[knob] is None]
-    results = {
-        "model": name,
-        "family": family,
-        "pipeline_class": type(pipe).__name__,
-        "protocol": protocol,
-        "evaluator": evaluator_name,
-        "nfe": list(nfe),
-        "seeds": list(seeds),
-        "num_samples": num_samples,
-        "batch_size": batch_size,
-        "batch_seed": "1_000_003 * seed + batch_index",
-        "samplers": samplers,
-        "baseline": BASELINE,
-        "diversity_knob": knob,
-        "diversity_values": list(diversity_values or []),
-        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
-        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
-        "device": str(pipe.device),
-        "torch": torch.__version__,
-        "runs": runs,
-        "aggregates": aggregate(main_runs, num_resamples=num_resamples),
-        "diversity_default": knob_default,
-        "diversity_curves": diversity_curves(runs, knob, knob_default),
-        "command": command,
-    }
-    results["equal_entropy"] = equal_entropy_comparison(
-        results["aggregates"]["by_sampler"],
-        results["diversity_curves"],
-        runs=runs,
-        knob=knob,
-        num_resamples=num_resamples,
+    generation = generate_sweep(
+        pipeline_dir_or_pipe,
+        nfe=nfe,
+        seeds=seeds,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        samplers=samplers,
+        diversity_values=diversity_values,
+        diversity_samplers=diversity_samplers,
+        diversity_nfe=diversity_nfe,
+        name=name,
+        command=command,
+        progress=progress,
+        device=device,
     )
-    results["wall_seconds"] = time.perf_counter() - began
-    if output_dir is not None:
-        results["files"] = {k: str(v) for k, v in write_results(results, output_dir).items()}
-        if save_samples:
-            path = write_samples(Path(output_dir) / f"{name}.samples.jsonl", all_samples)
-            results["files"]["samples"] = str(path)
-    return results
+    if device is not None and isinstance(evaluator, (str, os.PathLike)):
+        evaluator_kwargs.setdefault("device", device)
+    return score_sweep(
+        generation,
+        evaluator=evaluator,
+        protocol=protocol,
+        eval_batch_size=eval_batch_size,
+        max_length=max_length,
+        num_resamples=num_resamples,
+        output_dir=output_dir,
+        save_samples=save_samples,
+        progress=progress,
+        **evaluator_kwargs,
+    )
 
 
 def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = None) -> dict:
@@ -688,6 +850,19 @@ def format_markdown(results: dict) -> str:
                     f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
                     f"{'n/a' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
                 )
+    if "scoring_command" in results:  # sampled on one machine, scored on another
+        lines += [
+            "",
+            f"Sampled in {results['sampling_seconds']:.1f} s on {results['device']} (torch {results['torch']}), then "
+            f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:",
+            "",
+            "```",
+            results["command"],
+            results["scoring_command"],
+            "```",
+            "",
+        ]
+        return "\n".join(lines)
     lines += [
         "",
         f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:",
@@ -717,16 +892,35 @@ def write_results(results: dict, output_dir: str | os.PathLike) -> dict[str, Pat
 # ---- `untied-sc benchmark` ----------------------------------------------------------------------------------------
 
 
+# Options that define the sweep (what is sampled): a generation file fixes them, so they are refused beside one.
+SWEEP_DEFAULTS = {
+    "nfe": list(DEFAULT_NFE),
+    "seeds": list(DEFAULT_SEEDS),
+    "num_samples": 256,
+    "batch_size": 32,
+    "experiment": "main",
+    "temperatures": None,
+    "diversity_nfe": None,
+    "coefficients": None,
+}
+
+
+# Options of the scoring half alone: a --generate-only command line leaves them out.
+SCORING_OPTIONS = ("evaluator", "protocol", "eval_batch_size", "max_length", "num_resamples", "dtype", "cache_dir")
+
+
 def add_benchmark_arguments(parser):
     """Adds the `benchmark` arguments to an `argparse` parser and returns it."""
     from .cli import DTYPES
     from .evaluator import SMOLLM2_NAME
 
-    parser.add_argument("pipeline", help="Pipeline folder (or Hub repo id), calibrated at every --nfe.")
-    parser.add_argument("--nfe", type=int, nargs="+", default=list(DEFAULT_NFE), help="NFEs (default 8 16 32 64).")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help="Seeds (default 0 1 2).")
-    parser.add_argument("--num-samples", type=int, default=256, help="Samples per (sampler, NFE, seed).")
-    parser.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call (part of the seeding).")
+    parser.add_argument(
+        "pipeline", nargs="?", help="Pipeline folder (or Hub repo id), calibrated at every --nfe (not with --from)."
+    )
+    parser.add_argument("--nfe", type=int, nargs="+", help="NFEs (default 8 16 32 64).")
+    parser.add_argument("--seeds", type=int, nargs="+", help="Seeds (default 0 1 2).")
+    parser.add_argument("--num-samples", type=int, help="Samples per (sampler, NFE, seed) (default 256).")
+    parser.add_argument("--batch-size", type=int, help="Samples per pipeline call, part of the seeding (default 32).")
     parser.add_argument(
         "--evaluator",
         default=SMOLLM2_NAME,
@@ -745,12 +939,23 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "--experiment",
         choices=["main", "placement", "components", "sensitivity"],
-        default="main",
-        help="Sampler set: official vs untied (main), or one of the paper's controlled experiments.",
+        help="Sampler set: official vs untied (main, the default), or one of the paper's controlled experiments.",
     )
     parser.add_argument(
         "--coefficients",
         help="Paper coefficient preset for every untied sampler (e.g. langflow-lm1b) instead of the statistics' own.",
+    )
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="Only sample: write <model>.generation.json and .samples.jsonl.gz, to score elsewhere with --from.",
+    )
+    split.add_argument(
+        "--from",
+        dest="from_generation",
+        metavar="GENERATION_JSON",
+        help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file).",
     )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
     parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
@@ -777,11 +982,12 @@ def register_benchmark_command(commands):
 
 def command_line(args) -> str:
     """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
-    words = ["untied-sc", "benchmark", args.pipeline]
+    words = ["untied-sc", "benchmark"] + ([args.pipeline] if args.pipeline else [])
+    skipped = ("pipeline", "command", "handler") + (SCORING_OPTIONS if args.generate_only else ())
     for name, value in vars(args).items():
-        if name in ("pipeline", "command", "handler") or value is None or value is False:
+        if name in skipped or value is None or value is False:
             continue
-        option = "--" + name.replace("_", "-")
+        option = "--from" if name == "from_generation" else "--" + name.replace("_", "-")
         if value is True:
             words.append(option)
         elif isinstance(value, list):
@@ -799,32 +1005,78 @@ def _experiment_name(pipeline: str, experiment: str, preset: str | None = None) 
 
 
 def benchmark_command(args) -> dict:
-    """Handler of `untied-sc benchmark`: runs [`run_sweep`] and prints the Markdown table."""
+    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table."""
     from .cli import DTYPES
 
+    evaluator_kwargs = {"cache_dir": args.cache_dir, "dtype": DTYPES[args.dtype]}
+    if args.from_generation:
+        given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
+        if args.pipeline or given:
+            extra = ([args.pipeline] if args.pipeline else []) + given
+            raise SystemExit(
+                f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
+                "the sweep options were fixed when it was generated)."
+            )
+        generation = read_generation(args.from_generation)
+        if args.name:
+            generation["model"] = args.name
+        if args.device:
+            evaluator_kwargs["device"] = args.device
+        results = score_sweep(
+            generation,
+            evaluator=args.evaluator,
+            protocol=args.protocol,
+            eval_batch_size=args.eval_batch_size,
+            max_length=args.max_length,
+            num_resamples=args.num_resamples,
+            output_dir=args.output_dir,
+            save_samples=args.save_samples,
+            command=command_line(args),
+            progress=not args.no_progress,
+            **evaluator_kwargs,
+        )
+        print(format_markdown(results))
+        print("Wrote " + ", ".join(results["files"].values()))
+        return results
+    if not args.pipeline:
+        raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
+    for key, default in SWEEP_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     command = command_line(args)
+    sweep = {
+        "nfe": args.nfe,
+        "seeds": args.seeds,
+        "num_samples": args.num_samples,
+        "batch_size": args.batch_size,
+        "samplers": with_preset(experiment_samplers(args.experiment), args.coefficients),
+        "diversity_values": args.temperatures,
+        "diversity_nfe": args.diversity_nfe,
+        "name": args.name or _experiment_name(args.pipeline, args.experiment, args.coefficients),
+        "command": command,
+        "progress": not args.no_progress,
+        "device": args.device,
+    }
+    if args.generate_only:
+        generation = generate_sweep(args.pipeline, **sweep)
+        paths = write_generation(generation, args.output_dir)
+        count = sum(len(run["samples"]) for run in generation["runs"])
+        print(
+            f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
+            f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
+        )
+        return generation
     results = run_sweep(
         args.pipeline,
-        nfe=args.nfe,
-        seeds=args.seeds,
-        num_samples=args.num_samples,
-        batch_size=args.batch_size,
         evaluator=args.evaluator,
         protocol=args.protocol,
-        samplers=with_preset(experiment_samplers(args.experiment), args.coefficients),
-        diversity_values=args.temperatures,
-        diversity_nfe=args.diversity_nfe,
         eval_batch_size=args.eval_batch_size,
         max_length=args.max_length,
         num_resamples=args.num_resamples,
-        name=args.name or _experiment_name(args.pipeline, args.experiment, args.coefficients),
         output_dir=args.output_dir,
         save_samples=args.save_samples,
-        command=command,
-        progress=not args.no_progress,
-        device=args.device,
-        cache_dir=args.cache_dir,
-        dtype=DTYPES[args.dtype],
+        **sweep,
+        **evaluator_kwargs,
     )
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))

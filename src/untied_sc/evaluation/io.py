@@ -6,8 +6,11 @@ A samples file is JSONL: one JSON object per line and per sample, with
 - `ids` (`list[int]`, optional): the generator's token ids (LangFlow's entropy is computed on these);
 - `seed` (`int`, optional), `sampler` (`str`, optional, e.g. `"official"` / `"untied"`), `nfe` (`int`, optional);
 - any other key, kept as is in `Sample.extra`.
+
+A name ending in `.gz` is read and written gzip-compressed (a benchmark's samples come back from another machine).
 """
 
+import gzip
 import json
 import math
 import os
@@ -52,11 +55,17 @@ class Sample:
         return cls(**known, extra=record)
 
 
+def _open_text(path: Path, mode: str):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
 def write_samples(path: str | os.PathLike, samples: Iterable[Sample | dict]) -> Path:
-    """Writes `samples` (`Sample`s or dicts with at least `text`) to a JSONL file, one object per line."""
+    """Writes `samples` (`Sample`s or dicts with at least `text`) to a JSONL file (`.gz`: compressed), one per line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
+    with _open_text(path, "w") as handle:
         for sample in samples:
             sample = sample if isinstance(sample, Sample) else Sample.from_dict(sample)
             handle.write(json.dumps(sample.to_dict(), ensure_ascii=False) + "\n")
@@ -64,9 +73,9 @@ def write_samples(path: str | os.PathLike, samples: Iterable[Sample | dict]) -> 
 
 
 def read_samples(path: str | os.PathLike) -> list[Sample]:
-    """Reads a JSONL samples file (blank lines skipped)."""
+    """Reads a JSONL samples file (`.gz`: compressed; blank lines skipped)."""
     samples = []
-    with Path(path).open(encoding="utf-8") as handle:
+    with _open_text(Path(path), "r") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
