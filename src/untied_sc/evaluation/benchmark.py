@@ -425,7 +425,8 @@ def generate_sweep(
         "diversity_values": list(diversity_values or []),
         "diversity_samplers": list(diversity_samplers) if diversity_values else [],
         "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
-        "device": str(pipe.device),
+        "device": str(pipe.device)
+        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else ""),
         "torch": torch.__version__,
         "command": command,
         "seconds": time.perf_counter() - began,
