@@ -336,7 +336,7 @@ def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evalua
     evaluator[1].save_pretrained(tmp_path / "evaluator")
     argv = ["benchmark", str(tmp_path / "tiny-elf"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
     argv += ["--batch-size", "2", "--output-dir", str(tmp_path / "gen"), "--generate-only", "--no-progress"]
-    assert main(argv) == 0
+    assert main([*argv, "--temperatures", "1"]) == 0
     generation = tmp_path / "gen" / "tiny-elf.generation.json"
     assert not (tmp_path / "gen" / "tiny-elf.json").exists()
     assert "--evaluator" not in json.loads(generation.read_text())["command"]  # scoring options come with --from
@@ -345,10 +345,16 @@ def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evalua
     argv = ["benchmark", "--from", str(generation), "--evaluator", str(tmp_path / "evaluator")]
     assert main([*argv, "--output-dir", str(tmp_path / "results"), "--num-resamples", "20", "--no-progress"]) == 0
     saved = json.loads((tmp_path / "results" / "tiny-elf.json").read_text())
-    assert saved["command"].startswith(f"untied-sc benchmark {tmp_path / 'tiny-elf'} --nfe 8 --seeds 0 ")
+    assert not saved["main_only"] and len(saved["runs"]) == 2 + 1
+    argv = [*argv, "--output-dir", str(tmp_path / "main"), "--num-resamples", "20", "--no-progress", "--main-only"]
+    assert main(argv) == 0
+    main_only = json.loads((tmp_path / "main" / "tiny-elf.json").read_text())
+    assert main_only["main_only"] and main_only["diversity_curves"] == {} and len(main_only["runs"]) == 2
+    assert main_only["runs"] == saved["runs"][:2]  # the same scores, the diversity run left out
+    assert "(`--main-only`)" in (tmp_path / "main" / "tiny-elf.md").read_text()
     assert saved["scoring_command"].startswith("untied-sc benchmark --evaluator ")
     assert f"--from {generation}" in saved["scoring_command"]
-    assert saved["num_samples"] == 2 and len(saved["runs"]) == 2
+    assert saved["num_samples"] == 2
 
 
 @pytest.mark.parametrize("experiment", ["placement", "components", "sensitivity"])

@@ -494,17 +494,27 @@ def score_sweep(
     save_samples: bool = False,
     command: str | None = None,
     progress: bool = True,
+    main_only: bool = False,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
     aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
-    generation's."""
+    generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half)."""
     from tqdm.auto import tqdm
 
     from .evaluator import load_evaluator
 
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
+    if main_only:
+        main = [run for run in generation["runs"] if run[knob] is None]
+        generation = {
+            **generation,
+            "runs": main,
+            "diversity_values": [],
+            "diversity_samplers": [],
+            "diversity_nfe": [],
+        }
     protocol = protocol or family
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
@@ -532,6 +542,7 @@ def score_sweep(
         "diversity_default": knob_default,
         "diversity_curves": diversity_curves(runs, knob, knob_default),
         "command": generation["command"],
+        "main_only": main_only,
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
@@ -778,7 +789,8 @@ def format_markdown(results: dict) -> str:
         f"Evaluator `{results['evaluator']}`, protocol `{results['protocol']}`; {len(results['seeds'])} seeds "
         f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}; every "
         "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds; "
-        "entropy in nats (the protocol's: evaluator ids for `elf`, generator ids for `langflow`).",
+        "entropy in nats (the protocol's: evaluator ids for `elf`, generator ids for `langflow`)."
+        + (" The generation's diversity runs were not scored (`--main-only`)." if results.get("main_only") else ""),
         "",
         "| NFE | " + " | ".join(f"{s} GenPPL | {s} entropy" for s in samplers) + " |",
         "|---:|" + "---:|---:|" * len(samplers),
@@ -952,6 +964,9 @@ def add_benchmark_arguments(parser):
         action="store_true",
         help="Only sample: write <model>.generation.json and .samples.jsonl.gz, to score elsewhere with --from.",
     )
+    parser.add_argument(
+        "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
+    )
     split.add_argument(
         "--from",
         dest="from_generation",
@@ -1034,6 +1049,7 @@ def benchmark_command(args) -> dict:
             save_samples=args.save_samples,
             command=command_line(args),
             progress=not args.no_progress,
+            main_only=args.main_only,
             **evaluator_kwargs,
         )
         print(format_markdown(results))
@@ -1041,6 +1057,10 @@ def benchmark_command(args) -> dict:
         return results
     if not args.pipeline:
         raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
+    if args.main_only:
+        raise SystemExit(
+            "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
+        )
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
