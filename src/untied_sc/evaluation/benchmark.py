@@ -863,28 +863,18 @@ def format_markdown(results: dict) -> str:
                     f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
                     f"{'n/a' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
                 )
+    commands = [results["command"]]
     if "scoring_command" in results:  # sampled on one machine, scored on another
-        lines += [
-            "",
+        commands.append(results["scoring_command"])
+        where = (
             f"Sampled in {results['sampling_seconds']:.1f} s on {results['device']} (torch {results['torch']}), then "
-            f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:",
-            "",
-            "```",
-            results["command"],
-            results["scoring_command"],
-            "```",
-            "",
-        ]
-        return "\n".join(lines)
-    lines += [
-        "",
-        f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:",
-        "",
-        "```",
-        results["command"],
-        "```",
-        "",
-    ]
+            f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:"
+        )
+    else:
+        where = (
+            f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:"
+        )
+    lines += ["", where, "", "```", *commands, "```", ""]
     return "\n".join(lines)
 
 
