@@ -1,14 +1,15 @@
 """Throughput of untied vs official sampling on an ELF-B-sized network (random weights), in one run.
 
-    python benchmarks/overhead.py [--steps 8] [--batch-size 4] [--repeats 3] [--layers 12]
+    python benchmarks/overhead.py [--steps 8] [--batch-size 4] [--repeats 3] [--layers 12] [--device cpu]
 
 Both samplers run the same network, grid and latents; runs alternate (official, untied, ...) so that drifts in
 machine load hit both alike. Retained throughput = official time / untied time (the paper reports 91-98%).
 End-to-end times on a shared CPU drift by several percent between runs, more than the sampler's own cost, so the
 time spent inside the scheduler (`set_timesteps`, `scale_model_input`, `step`) is also timed on its own, and the
 retained throughput is reported both ways: end to end, and as (network + official scheduler) / (network + untied
-scheduler) with the same network time.
-Writes benchmarks/results/overhead.json.
+scheduler) with the same network time. On a GPU every clock read waits for the queued kernels (`synchronize`), so
+that the scheduler's kernels are charged to the scheduler.
+Writes benchmarks/results/overhead.json (`--output` for another device).
 """
 
 import argparse
@@ -44,27 +45,36 @@ def build(layers: int, max_length: int) -> tuple[ELFTransformerModel, SamplerSta
     return model, stats, sum(p.numel() for p in model.parameters())
 
 
+def clock(device: torch.device) -> float:
+    """perf_counter after the device's queued work has finished (GPU kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 @torch.no_grad()
 def sample(model, scheduler, stats, steps: int, batch_size: int, seed: int) -> tuple[float, float]:
     """(total seconds, seconds inside the scheduler) of one sampling run, decode pass included."""
+    device = model.device
     generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
+    start = clock(device)
     in_scheduler = 0.0
-    tick = time.perf_counter()
-    scheduler.set_timesteps(steps, generator=generator, **({"statistics": stats} if stats is not None else {}))
-    in_scheduler += time.perf_counter() - tick
+    tick = clock(device)
+    extra = {"statistics": stats} if stats is not None else {}
+    scheduler.set_timesteps(steps, device=device, generator=generator, **extra)
+    in_scheduler += clock(device) - tick
     shape = (batch_size, model.config.max_length, model.config.latent_dim)
-    latents = torch.randn(shape, generator=generator) * scheduler.init_noise_sigma
+    latents = (torch.randn(shape, generator=generator) * scheduler.init_noise_sigma).to(device)
     for t in scheduler.timesteps:
-        tick = time.perf_counter()
+        tick = clock(device)
         model_input = scheduler.scale_model_input(latents, t)
-        in_scheduler += time.perf_counter() - tick
+        in_scheduler += clock(device) - tick
         prediction = model(model_input, t, scheduler.self_conditioning, 3.0).sample
-        tick = time.perf_counter()
+        tick = clock(device)
         latents = scheduler.step(prediction, t, latents).prev_sample
-        in_scheduler += time.perf_counter() - tick
+        in_scheduler += clock(device) - tick
     model(latents, 1.0, None, 3.0, decoder_step_active=True).logits.argmax(-1)
-    return time.perf_counter() - start, in_scheduler
+    return clock(device) - start, in_scheduler
 
 
 def main() -> None:
@@ -74,10 +84,13 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="e.g. cuda; the network runs in float32 on it.")
     parser.add_argument("--output", default="benchmarks/results/overhead.json")
     args = parser.parse_args()
 
+    device = torch.device(args.device)
     model, stats, parameters = build(args.layers, args.max_length)
+    model.to(device)
     official = ELFScheduler()
     untied = UntiedSelfConditioningScheduler.from_config(official.config, coefficients="elf-b")
     sample(model, official, None, args.steps, args.batch_size, seed=0)  # warm-up
@@ -102,7 +115,7 @@ def main() -> None:
         "batch_size": args.batch_size,
         "sequence_length": args.max_length,
         "nfe": args.steps,
-        "device": "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "seconds_per_run": times,
