@@ -381,6 +381,22 @@ def test_coefficient_scales_multiply_the_resolved_coefficients(pipes):
         experiment_samplers("ablations")
 
 
+def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, pipes, evaluator):
+    pipe = pipes["langflow"]
+    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8, pipe.sampler_statistics)
+    samplers = {"official": {}, "untied": {}, "untied (alpha x4)": {"alpha_scale": 4.0}}
+    results = sweep(pipe, evaluator, tmp_path, samplers=samplers, seeds=[0])
+    assert set(results["coefficients"]) == {"untied", "untied (alpha x4)"}  # the official sampler has none
+    assert results["coefficients"]["untied"]["8"] == base
+    capped = results["coefficients"]["untied (alpha x4)"]["8"]
+    assert base["alpha"] * 4 > 1 and capped == {**base, "alpha": 1.0}
+    markdown = (tmp_path / "tiny.md").read_text()
+    assert "a scaled α above 1 runs at 1" in markdown
+    assert (
+        f"| untied (alpha x4) | 8 | {base['eta_r']:.4g} | {base['eta_t']:.4g} | {base['eta_o']:.4g} | 1 |" in markdown
+    )
+
+
 def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     from untied_sc.evaluation.benchmark import _experiment_name, with_preset
     from untied_sc.schedulers.scheduling_untied import paper_coefficients

@@ -347,10 +347,13 @@ def generate_sweep(
 
     Returns:
         `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
-        `batch_size`, `samplers`, `diversity_*`), `device`, `torch`, `command`, `seconds` (wall time) and `runs`: one
+        `batch_size`, `samplers`, `diversity_*`), `coefficients` (η_R, η_T, η_O, α each untied sampler ran with, by
+        NFE), `device`, `torch`, `command`, `seconds` (wall time) and `runs`: one
         dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling and its `samples` ([`Sample`]s).
     """
     from tqdm.auto import tqdm
+
+    from ..schedulers import UntiedSelfConditioningScheduler
 
     began = time.perf_counter()
     if command is None:
@@ -391,10 +394,13 @@ def generate_sweep(
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     runs = []
+    coefficients: dict[str, dict[str, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
     try:
         for sampler, n, seed, value in tqdm(plan, desc=f"sampling {name}", disable=not progress):
             spec = samplers[sampler]
             pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
+            if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler):
+                coefficients.setdefault(sampler, {})[str(n)] = pipe.scheduler.resolve_coefficients(n, statistics)
             call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
             if value is not None:
                 call_kwargs[knob] = value
@@ -420,6 +426,7 @@ def generate_sweep(
         "batch_size": batch_size,
         "batch_seed": "1_000_003 * seed + batch_index",
         "samplers": samplers,
+        "coefficients": coefficients,
         "baseline": BASELINE,
         "diversity_knob": knob,
         "diversity_values": list(diversity_values or []),
@@ -535,7 +542,9 @@ def score_sweep(
         **{key: generation[key] for key in settings},
         "protocol": protocol,
         "evaluator": evaluator_name,
-        **{key: generation[key] for key in ("samplers", "baseline", "diversity_knob", "diversity_values")},
+        "samplers": generation["samplers"],
+        "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
         "runs": runs,
         "aggregates": aggregate(main_runs, num_resamples=num_resamples),
@@ -825,6 +834,15 @@ def format_markdown(results: dict) -> str:
     for nfe in results["nfe"]:
         cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
         lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    if results.get("coefficients"):
+        lines += ["", "## Coefficients the untied samplers ran with", ""]
+        if any("alpha_scale" in spec for spec in results["samplers"].values()):
+            lines += ["α is an average's weight, in (0, 1]: a scaled α above 1 runs at 1.", ""]
+        lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
+        for sampler, by_nfe in results["coefficients"].items():
+            for nfe, c in by_nfe.items():
+                values = " | ".join(f"{c[name]:.4g}" for name in ("eta_r", "eta_t", "eta_o", "alpha"))
+                lines.append(f"| {sampler} | {nfe} | {values} |")
     if results["diversity_curves"]:
         lines += [
             "",
