@@ -54,27 +54,34 @@ def plot_benchmark(results: dict, path: str | os.PathLike) -> Path:
     left.grid(alpha=0.3)
     if curves:
         right = axes[0][1]
+        # One colour per NFE, one marker shape per sampler: a sampler's point sits on the curve of its own NFE.
+        nfe_order = sorted({int(n) for by_nfe in (*curves.values(), *by_sampler.values()) for n in by_nfe})
+        colour = {n: f"C{index % 10}" for index, n in enumerate(nfe_order)}
         for sampler, by_nfe in curves.items():
             for nfe, points in by_nfe.items():
                 swept = [p for p in points if p[knob] is not None and p["entropy"]["mean"] is not None]
                 xs = [p["entropy"]["mean"] for p in swept]
                 ys = [p["gen_ppl"]["mean"] for p in swept]
-                (line,) = right.plot(xs, ys, marker=".", label=f"{sampler} NFE {nfe} ({knob} sweep)")
+                label = f"{sampler} NFE {nfe} ({knob} sweep)"
+                right.plot(xs, ys, marker=".", color=colour[int(nfe)], label=label)
                 for p, x, y in zip(swept, xs, ys, strict=True):
                     right.annotate(f"{p[knob]:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
         markers = "osD^v<>"
         for index, (sampler, by_nfe) in enumerate(by_sampler.items()):
+            marker = markers[index % len(markers)]
             for nfe, metrics in by_nfe.items():
                 if metrics["entropy"]["mean"] is None:
                     continue
                 right.scatter(
                     metrics["entropy"]["mean"],
                     metrics["gen_ppl"]["mean"],
-                    marker=markers[index % len(markers)],
+                    marker=marker,
                     s=36,
+                    color=colour[int(nfe)],
                     edgecolors="black",
-                    label=f"{sampler} NFE {nfe}",
+                    zorder=3,
                 )
+            right.scatter([], [], marker=marker, s=36, color="white", edgecolors="black", label=f"{sampler} (main)")
         right.set_xlabel("unigram entropy (nats)")
         right.set_ylabel("GenPPL")
         right.set_title(f"GenPPL vs entropy ({knob} sweep)")
