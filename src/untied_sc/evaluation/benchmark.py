@@ -885,12 +885,12 @@ def format_markdown(results: dict) -> str:
     if "scoring_command" in results:  # sampled on one machine, scored on another
         commands.append(results["scoring_command"])
         where = (
-            f"Sampled in {results['sampling_seconds']:.1f} s on {results['device']} (torch {results['torch']}), then "
+            f"Sampled in {results['sampling_seconds']:.1f} s on {results['device']} with torch {results['torch']}, then "
             f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:"
         )
     else:
         where = (
-            f"Wall time {results['wall_seconds']:.1f} s on {results['device']} (torch {results['torch']}). Command:"
+            f"Wall time {results['wall_seconds']:.1f} s on {results['device']} with torch {results['torch']}. Command:"
         )
     lines += ["", where, "", "```", *commands, "```", ""]
     return "\n".join(lines)
