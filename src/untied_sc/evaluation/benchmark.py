@@ -30,6 +30,7 @@ import torch
 
 from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
+from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from .io import Sample, evaluate_samples, read_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
 from .statistics import bootstrap_ci, interpolated_ratio_ci, mean_and_standard_error, paired_comparison
@@ -140,7 +141,7 @@ def experiment_samplers(name: str) -> dict[str, dict]:
         }
     if name == "sensitivity":
         samplers = {BASELINE: {}, "untied": {}}
-        for coefficient in ("eta_r", "eta_t", "eta_o", "alpha"):
+        for coefficient in COEFFICIENT_NAMES:
             for factor in SENSITIVITY_FACTORS:
                 samplers[f"untied ({coefficient} x{factor:g})"] = {f"{coefficient}_scale": factor}
         return samplers
@@ -841,7 +842,7 @@ def format_markdown(results: dict) -> str:
         lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
         for sampler, by_nfe in results["coefficients"].items():
             for nfe, c in by_nfe.items():
-                values = " | ".join(f"{c[name]:.4g}" for name in ("eta_r", "eta_t", "eta_o", "alpha"))
+                values = " | ".join(f"{c[name]:.4g}" for name in COEFFICIENT_NAMES)
                 lines.append(f"| {sampler} | {nfe} | {values} |")
     if results["diversity_curves"]:
         lines += [
