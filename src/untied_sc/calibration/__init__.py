@@ -1,4 +1,4 @@
-"""Calibration: the overlap basis, base scales and trajectory statistics computed once per model (SPEC §4.1, §4.5)."""
+"""Calibration: overlap basis, base scales and per-step statistics, computed once per model (docs/algorithm.md §4)."""
 
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .calibrate import CalibrationResult, calibrate_pipeline, format_summary, trajectory_statistics

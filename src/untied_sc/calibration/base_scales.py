@@ -1,6 +1,6 @@
 """Base scales λ_R^(0) (SC-transform exponent) and g_T^(0) (reference correction scale).
 
-Paper Appendix "Precomputation and inference-time settings"; SPEC §4.5. LangFlow's full-rank geometry gives 1 and 1.
+Paper App. C.4, eq. (44); docs/algorithm.md §4.2. LangFlow's full-rank geometry gives 1 and 1.
 For ELF both come from the 2×2 Gram matrix G of two first-order responses of the frozen model, measured by finite
 differences on official trajectories:
 
@@ -11,7 +11,7 @@ differences on official trajectories:
 
 Then χ = sqrt(1ᵀG1 / vᵀGv), v = (1 − φ, φ), λ_R^(0) = s_0 χ (1 − φ), g_T^(0) = s_0 χ φ with s_0 = φ = 0.75.
 
-Choices made here ([choice] in SPEC §4.5), all arguments of [`elf_base_scales`]:
+Choices made here ([choice] in docs/algorithm.md §4.2), all arguments of [`elf_response_gram`]:
 - perturbation size: each perturbation has Frobenius norm `epsilon`·‖m_k‖ per sample (the same absolute size for
   both, so that G compares the two responses per unit of input change); epsilon = 1e-2;
 - steps: every update step k = 1..K_u − 2 of an official trajectory (k ≥ 1 so that m_k ≠ 0; k ≤ K_u − 2 so that a

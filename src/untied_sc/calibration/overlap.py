@@ -2,10 +2,10 @@
 
 The latent z and the self-conditioning input m enter both networks through one learned projection of their
 concatenation, which is the sum of two linear maps `W_z z + W_m m`. With P_z and P_m the orthogonal projectors onto
-the row spaces of W_z and W_m, the paper's overlap operator is `K = P_m P_z P_m` (eq. canonical_operator) and its
-eigen-decomposition on the self-conditioning row space is `P_m P_z P_m Q = Q diag(ρ²)` (eq. canonical_overlap): the
+the row spaces of W_z and W_m, the paper's overlap operator is `K = P_m P_z P_m` (eq. (3)) and its
+eigen-decomposition on the self-conditioning row space is `P_m P_z P_m Q = Q diag(ρ²)` (eq. (32)): the
 columns of Q are the principal directions between the two row spaces and ρ_i the cosines of their principal angles.
-Everything here is computed once per model, in float64, from frozen weights (SPEC §4.1 and §4.7 item 7).
+Everything here is computed once per model, in float64, from frozen weights (docs/algorithm.md §4.1).
 """
 
 import math
@@ -35,7 +35,7 @@ def effective_input_maps(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Te
     r"""
     The effective frozen input-projection matrices (W_z, W_m) of the latent and the self-conditioning input.
 
-    Follows SPEC §4.1 ("Effective input maps") and the paper's Appendix "Input-projection geometry across models":
+    Follows docs/algorithm.md §4.1 ("Effective input maps") and the paper's App. B.2 (input-projection geometry):
 
     - ELF: `x = proj2(proj1(W_sc [z, m] + b))`, so up to the bias the bottleneck sees `W_z z + W_m m` with
       `W_z = proj1.weight · W_sc[:, :D]` and `W_m = proj1.weight · W_sc[:, D:]`, each `(bottleneck_dim, D)`
@@ -79,10 +79,10 @@ def row_space_basis(matrix: torch.Tensor) -> tuple[torch.Tensor, int, float]:
     r"""
     An orthonormal basis of the row space of `matrix`, with its numerical rank.
 
-    The SVD is taken in float64. Following SPEC §4.7 item 7, the numerical rank counts the singular values strictly
-    greater than `max(shape) · eps · s_max`, with eps the float64 machine epsilon and s_max the largest singular
-    value (the tolerance is 0 for a zero or empty matrix, whose rank is 0). The basis columns are the corresponding
-    right singular vectors, so they span the row space used by the projectors P_z, P_m of eq. canonical_operator.
+    The SVD is taken in float64. Following docs/algorithm.md §4.1, the numerical rank counts the singular values
+    strictly greater than `max(shape) · eps · s_max`, with eps the float64 machine epsilon and s_max the largest
+    singular value (the tolerance is 0 for a zero or empty matrix, whose rank is 0). The basis columns are the
+    corresponding right singular vectors, so they span the row space used by the projectors P_z, P_m of eq. (3).
 
     Args:
         matrix (`torch.Tensor` of shape `(rows, D)`): the input-projection matrix.
@@ -107,7 +107,7 @@ def row_space_basis(matrix: torch.Tensor) -> tuple[torch.Tensor, int, float]:
 @dataclass
 class OverlapBasis:
     r"""
-    The principal-angle basis of eq. canonical_overlap, `P_m P_z P_m Q = Q diag(ρ²)`, computed once per model.
+    The principal-angle basis of eq. (32), `P_m P_z P_m Q = Q diag(ρ²)`, computed once per model.
 
     Args:
         basis (`torch.Tensor` of shape `(D, r)`): Q, float64 with orthonormal columns spanning row(W_m); r = rank W_m.
@@ -168,14 +168,14 @@ class OverlapBasis:
 
 def overlap_basis(w_z: torch.Tensor, w_m: torch.Tensor) -> OverlapBasis:
     r"""
-    The principal directions Q and squared cosines ρ² between row(W_z) and row(W_m) (eq. canonical_overlap).
+    The principal directions Q and squared cosines ρ² between row(W_z) and row(W_m) (eq. (32)).
 
-    Follows SPEC §4.1 and §4.7 item 7: V_z, V_m are orthonormal row-space bases ([`row_space_basis`]); the SVD
+    Follows docs/algorithm.md §4.1: V_z, V_m are orthonormal row-space bases ([`row_space_basis`]); the SVD
     `V_mᵀ V_z = U Σ Yᵀ` gives `Q = V_m U` and `ρ_i² = Σ_i²`. Q has r = rank W_m columns and spans all of row(W_m):
     when rank W_m > rank W_z the SVD is taken with a full U (an orthonormal basis of R^{rank W_m}), and the extra
     columns, which W_z does not see (`P_z q = 0`), get ρ² = 0 (zero padding). ρ² is clipped to [0, 1] and sorted
     descending (Q's columns permuted with it). Then `P_m P_z P_m Q = Q diag(ρ²)`, the eigen-decomposition of the
-    overlap operator K of eq. canonical_operator on the self-conditioning row space. Full-rank maps give Q spanning
+    overlap operator K of eq. (3) on the self-conditioning row space. Full-rank maps give Q spanning
     R^D and all ρ_i = 1.
 
     Q is unique only up to sign, and up to rotation within equal ρ; the sign of each column is fixed so that its
@@ -225,7 +225,7 @@ def overlap_basis_from_model(model: torch.nn.Module) -> OverlapBasis:
     r"""
     The overlap basis of a frozen network: [`overlap_basis`] of its [`effective_input_maps`].
 
-    Implements eq. canonical_overlap from the model's input projections (SPEC §4.1, §4.7 item 7).
+    Implements eq. (32) from the model's input projections (docs/algorithm.md §4.1).
 
     Args:
         model ([`ELFTransformerModel`] or [`LangFlowTransformerModel`]): the frozen network.
@@ -242,7 +242,7 @@ def overlap_basis_from_model(model: torch.nn.Module) -> OverlapBasis:
 @dataclass
 class ProjectionGeometry:
     r"""
-    One row of the paper's Table projection_geometry ("Effective input-projection geometry").
+    One row of the paper's Table 2 ("Effective input-projection geometry").
 
     Args:
         shape_z (`tuple[int, int]`): shape of W_z. shape_m (`tuple[int, int]`): shape of W_m.
@@ -271,11 +271,11 @@ class ProjectionGeometry:
 
 def projection_geometry(basis: OverlapBasis) -> ProjectionGeometry:
     r"""
-    The summary of Table projection_geometry (paper Appendix "Input-projection geometry across models").
+    The summary of the paper's Table 2 (App. B.2, input-projection geometry).
 
     Columns as in the paper: shape, rank, ρ_min, ρ_med, ρ_max, mean ρ_i², |ρ_i ≥ 0.9|, |ρ_i ≤ 0.1|, over the r
-    principal cosines ρ_i = sqrt(ρ_i²) of eq. canonical_overlap (zero-padded ones included, SPEC §4.7 item 7). SPEC
-    §4.1 quotes the ELF-B values as the sanity check (ρ_med ≈ 0.59, ρ_max ≈ 0.96, 18 values ≥ 0.9).
+    principal cosines ρ_i = sqrt(ρ_i²) of eq. (32) (zero-padded ones included, docs/algorithm.md §4.1). The paper
+    reports the ELF-B values, the sanity check of docs/algorithm.md §4.1 (ρ_med ≈ 0.59, ρ_max ≈ 0.96, 18 values ≥ 0.9).
 
     Args:
         basis ([`OverlapBasis`]): the overlap basis.
@@ -313,7 +313,7 @@ def _shape(shape: tuple[int, int]) -> str:
 
 def format_projection_geometry(rows: dict[str, ProjectionGeometry]) -> str:
     r"""
-    A Markdown table laid out like the paper's Table projection_geometry, one row per model.
+    A Markdown table laid out like the paper's Table 2, one row per model.
 
     Columns: Model | Shape | Rank | ρ_min | ρ_med | ρ_max | Mean ρ² | #ρ≥0.9 | #ρ≤0.1 (three decimals, as in the
     paper). Shape and rank are shown once when W_z and W_m agree and as `W_z / W_m` otherwise. The paper prints

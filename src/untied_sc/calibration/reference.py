@@ -1,8 +1,8 @@
 """The fixed reference recurrence whose corrections define the per-step statistics μ_k, σ_k, δ̄_k.
 
-Paper Appendix "Empirical statistics from reference corrections", eq. (reference_carrier) and
-(empirical_carrier_statistics); SPEC §4.5. The recurrence is the untied scheduler with the SC transform off and the
-reference correction Ũ_k in place of A_k, so it reuses the scheduler's state handling and routing unchanged.
+Paper App. B.4, eqs. (40) and (41); docs/algorithm.md §4.3. The recurrence is the untied scheduler with the SC
+transform off and the reference correction Ũ_k in place of A_k, so it reuses the scheduler's state handling and routing
+unchanged.
 """
 
 import math
@@ -24,7 +24,10 @@ ACTIVATION_START, ACTIVATION_END = 0.40, 0.95
 
 
 def reference_activation(step: int, num_update_steps: int) -> float:
-    """s_k^ref = 1[0.40 < r_k ≤ 0.95]·sqrt((r_k − 0.40)/0.55), with progress r_k = (k + 1)/K_u ([choice], SPEC §4.5)."""
+    """
+    s_k^ref = 1[0.40 < r_k ≤ 0.95]·sqrt((r_k − 0.40)/0.55), with progress r_k = (k + 1)/K_u ([choice],
+    docs/algorithm.md §4.3).
+    """
     progress = (step + 1) / num_update_steps
     if not ACTIVATION_START < progress <= ACTIVATION_END:
         return 0.0
@@ -33,7 +36,7 @@ def reference_activation(step: int, num_update_steps: int) -> float:
 
 class MomentAccumulator:
     """
-    Running sums for eq. (empirical_carrier_statistics), per update step, in float64 (no trajectory is stored):
+    Running sums for eq. (41), per update step, in float64 (no trajectory is stored):
     Σ_ξ M_I(Ũ_k^ξ), Σ_ξ mean_n δ̃_{k,n}^ξ and the count of trajectories with an active position (bank B_μ);
     Σ_ξ ‖C_I Ũ_k^ξ‖²_F and Σ_ξ |I|·D (bank B_σ). Both banks use the same accumulator type.
     """
@@ -50,7 +53,7 @@ class MomentAccumulator:
         correction = correction.double()
         active = torch.ones(correction.shape[:2], dtype=torch.bool, device=correction.device) if mask is None else mask
         counts = active.sum(dim=1).double()
-        present = counts > 0  # a trajectory with no active position is skipped for this step (SPEC §4.7.8)
+        present = counts > 0  # a trajectory with no active position is skipped for this step (docs/algorithm.md §4.3)
         token_mean = masked_token_mean(correction, active)
         centred = (correction - token_mean[:, None]) * active[..., None]
         self.mean_sum[step] += token_mean[present].sum(dim=0).cpu()
@@ -74,7 +77,7 @@ class MomentAccumulator:
 
 class ReferenceRecurrenceScheduler(UntiedSelfConditioningScheduler):
     r"""
-    The reference recurrence (paper eq. reference_carrier): no SC transform; at update step k
+    The reference recurrence (paper eq. (40)): no SC transform; at update step k
 
         H̃_k = λ_k^ref (p_k − E_k),   G̃_k = ‖H̃_k‖ (p_k − O_k)/‖p_k − O_k‖,
         δ̃_{k,n} = min(1, 1 − cos(H̃_{k,n}, G̃_{k,n})),   Ũ_k = H̃_k + Δu_k δ̃_k ⊙ (H̃_k − G̃_k),

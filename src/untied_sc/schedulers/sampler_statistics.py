@@ -54,7 +54,7 @@ class StepStatistics:
 
 class SamplerStatistics(ModelMixin, ConfigMixin):
     r"""
-    Precomputed statistics of untied self-conditioning for one model (SPEC §5), held as persistent buffers:
+    Precomputed statistics of untied self-conditioning for one model (docs/algorithm.md §5), as persistent buffers:
 
     - `basis` Q (D, r) and `rho_sq` ρ² (r,): the overlap basis of the self-conditioning and latent input maps;
     - `base_scales` (λ_R^(0), g_T^(0));

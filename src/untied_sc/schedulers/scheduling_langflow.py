@@ -31,8 +31,9 @@ def gumbel_gamma_grid(num_steps: int, loc: float, scale: float, cutoff: float, q
 
 class LangFlowScheduler(SchedulerMixin, ConfigMixin):
     r"""
-    The official LangFlow sampler (SPEC §3.2): a γ grid at the quantiles of the model's learned Gumbel proposal,
-    N−1 deterministic DDIM updates in float64, and one final evaluation whose argmax gives the tokens. NFE = N.
+    The official LangFlow sampler (docs/algorithm.md §2.2): a γ grid at the quantiles of the model's learned Gumbel
+    proposal, N−1 deterministic DDIM updates in float64, and one final evaluation whose argmax gives the tokens.
+    NFE = N.
 
     The only random draw is the initial latent z_0 ~ N(0, I) (the pipeline's).
 

@@ -1,6 +1,6 @@
 """The base solvers of ELF and LangFlow, written once and shared by every scheduler.
 
-A base solver is fixed by its grid. For each *update step* k = 0..K_u−1 it exposes (SPEC §3.3):
+A base solver is fixed by its grid. For each *update step* k = 0..K_u−1 it exposes (docs/algorithm.md §2.3):
 
 - `eval_time(k)`: the time the network sees (ELF: s_k after re-noising; LangFlow: γ_k);
 - `kappa(k)`: κ_k, the update share of the prediction inside the normalised prediction average;
@@ -19,7 +19,8 @@ import torch
 
 class ELFSolver:
     r"""
-    ELF's sampler on a grid 0 = t_0 < … < t_N = 1 (SPEC §3.1): N−1 SDE steps with churn, then one ODE step.
+    ELF's sampler on a grid 0 = t_0 < … < t_N = 1 (docs/algorithm.md §2.1): N−1 SDE steps with churn, then one ODE
+    step.
 
     SDE step k: a_k = clip(1 − γ_sde·(t_{k+1} − t_k), 0, 1), s_k = a_k·t_k, z_b = a_k·z_k + (1 − a_k)·ε_k
     (ε_k ~ noise_scale·N(0, I)), then z_{k+1} = z_b + (t_{k+1} − s_k)·(q − z_b)/max(1 − s_k, t_eps).
@@ -68,7 +69,7 @@ class ELFSolver:
         return (self.grid[k + 1] - s) / max(1.0 - s, self.t_eps)
 
     def kappa(self, k: int) -> float:
-        """κ_k = β_k/t_{k+1} (SPEC §3.3); the clamp makes the final step β = 1 when s ≤ 1 − t_eps."""
+        """κ_k = β_k/t_{k+1} (eq. (18), docs/algorithm.md §2.3); the clamp makes the final β = 1 when s ≤ 1 − t_eps."""
         return self.beta(k) / self.grid[k + 1]
 
     def delta_u(self, k: int) -> float:
@@ -86,7 +87,8 @@ class ELFSolver:
 
 class LangFlowSolver:
     r"""
-    LangFlow's DDIM sampler on a γ grid γ_0 > … > γ_{N−1} (SPEC §3.2): N−1 updates, then one final evaluation.
+    LangFlow's DDIM sampler on a γ grid γ_0 > … > γ_{N−1} (docs/algorithm.md §2.2): N−1 updates, then one final
+    evaluation.
 
     With O = z/α and r_k = exp((γ_{k+1} − γ_k)/2): O_{k+1} = r_k·O_k + (1 − r_k)·q, computed in float64 as
     z_{k+1} = lerp(α_{k+1}·q, z·α_{k+1}/α_k, r_k). So K_u = N − 1 update steps.

@@ -1,4 +1,4 @@
-"""The pure math of untied self-conditioning (SPEC §4.2, §4.3, §4.7; paper §4 and Appendix B).
+"""The pure math of untied self-conditioning (docs/algorithm.md §3.1–§3.5; paper §4 and Appendix B).
 
 Every function here is stateless: it takes the tensors of one step and returns a new tensor, never mutating its
 inputs and never drawing random numbers. The scheduler holds the trajectory state (E_k, O_k, m_k) and calls these.
@@ -6,9 +6,9 @@ inputs and never drawing random numbers. The scheduler holds the trajectory stat
 Conventions shared by all functions:
 
 - Predictions and corrections have shape (B, L, D): batch, positions, width.
-- `mask` is an optional (B, L) bool tensor, True at *active* positions (SPEC §4.7.4). `None` means all positions are
-  active. The mask affects the correction only: G, the cosine distance and Π are zero at inactive positions, and
-  every per-sample norm, mean and RMS runs over active positions only.
+- `mask` is an optional (B, L) bool tensor, True at *active* positions (docs/algorithm.md §3.5). `None` means all
+  positions are active. The mask affects the correction only: G, the cosine distance and Π are zero at inactive
+  positions, and every per-sample norm, mean and RMS runs over active positions only.
 - Any float dtype and any device. Norms, means and RMS of float16/bfloat16 inputs are computed in float32 and the
   result is returned in the input's dtype.
 - Scale-invariant quantities (directions, cosines, C U / RMS(C U)) are computed on tensors divided by their largest
@@ -65,13 +65,14 @@ def retention(
     rho_sq: torch.Tensor, a_hat: float, strength: float, eps_fp: float = 0.01, global_scaling: bool = True
 ) -> torch.Tensor:
     r"""
-    Retention fractions ℓ_k of the SC transform. Paper eq. (released_retention), SPEC §4.2:
+    Retention fractions ℓ_k of the SC transform. Paper eq. (34), docs/algorithm.md §3.1:
 
         b_{k,i} = max(1 − â_k ρ_i², ε_fp),
-        g_k     = (∏_{i=1}^r b_{k,i})^{1/r}      (= exp(mean_i log b_{k,i}), over all r directions; SPEC §4.7.6),
+        g_k     = (∏_{i=1}^r b_{k,i})^{1/r}      (= exp(mean_i log b_{k,i}), over all r directions),
         ℓ_{k,i} = (g_k b_{k,i})^{λ_R},           λ_R = λ_R^(0)·η_R.
 
-    With `global_scaling=False` the common factor g_k is dropped: ℓ_{k,i} = b_{k,i}^{λ_R} (paper's ablation).
+    With `global_scaling=False` the common factor g_k is dropped: ℓ_{k,i} = b_{k,i}^{λ_R} (the ablation of the paper's
+    Table 10; docs/algorithm.md §3.6).
 
     Args:
         rho_sq (`torch.Tensor`): squared canonical cosines ρ_i² ∈ [0, 1], shape (r,).
@@ -100,12 +101,12 @@ def retention(
 
 def overlap_transform(m: torch.Tensor, basis: torch.Tensor, retention: torch.Tensor) -> torch.Tensor:
     r"""
-    The SC transform m̃_k = F_k m_k. Paper eq. (released_self_conditioning), SPEC §4.2:
+    The SC transform m̃_k = F_k m_k. Paper eqs. (7) and (35), docs/algorithm.md §3.1:
 
         F_k = I − Q (I − diag(ℓ_{k,1}, …, ℓ_{k,r})) Qᵀ,   i.e.   F_k m = m − Q((1 − ℓ_k) ⊙ (Qᵀ m))   per token.
 
     F_k keeps the orthogonal complement of span(Q) and multiplies direction q_i by ℓ_{k,i}. It acts on all positions
-    (SPEC §4.7.4). Computed in `m`'s dtype on `m`'s device.
+    (docs/algorithm.md §3.5). Computed in `m`'s dtype on `m`'s device.
 
     Args:
         m (`torch.Tensor`): the self-conditioning input m_k, shape (..., D), typically (B, L, D).
@@ -131,7 +132,7 @@ def overlap_transform(m: torch.Tensor, basis: torch.Tensor, retention: torch.Ten
 
 def history_direction(prediction: torch.Tensor, ema: torch.Tensor, active: bool = True) -> torch.Tensor:
     r"""
-    The EMA residual H_k. Paper eq. (history_direction), SPEC §4.3:
+    The EMA residual H_k. Paper eq. (36), docs/algorithm.md §3.2:
 
         H_k = 1[σ_k > 0] (p_k − E_k).
 
@@ -159,13 +160,13 @@ def solver_history_direction(
     eps: float = 1e-12,
 ) -> torch.Tensor:
     r"""
-    The solver-history direction G_k, rescaled samplewise to ‖H_k‖. Paper eq. (solver_history_direction), the same as
-    eq. (direction_estimates); SPEC §4.3 and §4.7.5:
+    The solver-history direction G_k, rescaled samplewise to ‖H_k‖. Paper eq. (37), the same as
+    eq. (9); docs/algorithm.md §3.2 and §3.5:
 
         G_k = ‖H_k‖_F (p_k − O_k) / ‖p_k − O_k‖_F   if ‖H_k‖_F > ε‖p_k‖_F and ‖p_k − O_k‖_F > ε‖p_k‖_F,   else 0,
 
     per sample, with every Frobenius norm over the active positions × D. The paper's absolute ε is made relative to
-    ‖p_k‖ [choice, SPEC §4.3], so that the test does not depend on the latent's scale.
+    ‖p_k‖ [choice, docs/algorithm.md §3.5], so that the test does not depend on the latent's scale.
 
     Args:
         prediction (`torch.Tensor`): p_k, shape (B, L, D).
@@ -196,8 +197,8 @@ def combined_direction(
     history: torch.Tensor, solver_direction: torch.Tensor, eta_o: float, delta_u: float
 ) -> torch.Tensor:
     r"""
-    The combined correction direction U_k. Paper eq. (combined_direction), the same as
-    eq. (released_transport_estimator); SPEC §4.3:
+    The combined correction direction U_k. Paper eq. (10), the same as
+    eq. (38); docs/algorithm.md §3.2:
 
         U_k = H_k + η_O Δu_k (H_k − G_k).
 
@@ -222,8 +223,8 @@ def token_cosine_distance(
     history: torch.Tensor, solver_direction: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     r"""
-    The per-token clipped cosine distance between H_k and G_k. Paper eq. (reference_carrier) (the δ̃ below it) and
-    eq. (empirical_carrier_statistics), whose token mean δ̄_k gates the dampening in eq. (dampening_gate); SPEC §4.5:
+    The per-token clipped cosine distance between H_k and G_k. Paper eq. (40) (the δ̃ below it) and eq. (41),
+    whose token mean δ̄_k gates the dampening in eq. (13); docs/algorithm.md §4.3 (and §3.6, the online δ̄):
 
         δ̃_{k,n} = min{1, 1 − cos(H_{k,n}, G_{k,n})}   over the D axis, for active n with H_{k,n} ≠ 0 and G_{k,n} ≠ 0,
         δ̃_{k,n} = 0                                   otherwise (degenerate token or inactive position).
@@ -254,13 +255,13 @@ def moment_projection(
     direction: torch.Tensor, mean: torch.Tensor, rms: float | torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     r"""
-    The moment-matched correction Π_k(U_k). Paper eq. (released_solver_correction), SPEC §4.3 and §4.7.5:
+    The moment-matched correction Π_k(U_k). Paper eq. (11), docs/algorithm.md §3.2 and §3.5:
 
         Π_k(U) = μ_k + σ_k C U / RMS(C U),
 
     per sample, where C subtracts the per-channel token mean over active positions (sum/n), and
     RMS(C U) = sqrt(‖C U‖_F² / (n·D)) over active positions × D. Then M_I(Π) = μ_k and RMS_I(C Π) = σ_k
-    (paper App. "Matching the empirical mean and RMS"). The correction is A_k = η_T Π_k(U_k) (done by the caller).
+    (paper eq. (42), App. B.5). The correction is A_k = η_T Π_k(U_k) (done by the caller).
 
     Degenerate cases: Π = μ_k where RMS(C U) = 0 exactly; Π = 0 at inactive positions; a sample with no active
     position is all zeros. C U is computed after subtracting one active token from all, which leaves C U unchanged
@@ -298,8 +299,8 @@ def moment_projection(
 
 def masked_token_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""
-    The per-sample token mean over active positions, M_I(x). Paper eq. (empirical_carrier_statistics) (μ_k is the
-    bank average of M_I(Ũ_k)); SPEC §4.5 and §4.7.5:
+    The per-sample token mean over active positions, M_I(x). Paper eq. (41) (μ_k is the bank average of
+    M_I(Ũ_k)); docs/algorithm.md §4.3 and §3.5:
 
         M_I(x) = (1/|I|) Σ_{n ∈ I} x_n.
 
