@@ -38,9 +38,11 @@ class ELFScheduler(SchedulerMixin, ConfigMixin):
     the initial latent (the pipeline) and one noise tensor before every SDE step's network call come from
     `generator` itself. One seed therefore gives the official result.
 
-    Use: `set_timesteps(N, generator=g)`; then per step `model_input = scale_model_input(z, t)` (the re-noising,
-    drawn from `g`), the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and
-    `step(x_pred, t, z)`.
+    Use: `set_timesteps(N, generator=g)`; then per step `model_input = scale_model_input(z, t)` (the re-noising),
+    the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and `step(x_pred, t, z)`.
+    The step's noise ε_k is drawn from `g` by the first `scale_model_input` of step k and cached for that step, so
+    `scale_model_input` is pure (calling it again gives the same tensor and draws nothing), and `step` re-noises the
+    `sample` it is given with the same ε_k: a loop or callback that edits the latent is followed exactly.
 
     Args:
         noise_scale (`float`, defaults to 2.0): std of the initial and re-noising noise (`init_noise_sigma`).
@@ -76,7 +78,9 @@ class ELFScheduler(SchedulerMixin, ConfigMixin):
     def _reset_state(self, generator: torch.Generator | None = None) -> None:
         self._generator = generator
         self._step_index = 0
-        self._model_input: torch.Tensor | None = None
+        # ε_k of the current SDE step and its k: only one step's noise is ever needed, so only one is kept.
+        self._noise: torch.Tensor | None = None
+        self._noise_step_index: int | None = None
         self.self_conditioning: torch.Tensor | None = None
 
     @property
@@ -138,16 +142,40 @@ class ELFScheduler(SchedulerMixin, ConfigMixin):
         if self._step_index >= self.solver.num_update_steps:
             raise RuntimeError(f"All {self.solver.num_update_steps} steps are done; call `set_timesteps` again.")
 
-    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
-        """The network input of the current step: z_b = a·z + (1 − a)·noise_scale·ε on SDE steps, z on the last."""
-        self._check_ready()
+    def _step_noise(self, sample: torch.Tensor) -> torch.Tensor:
+        """ε_k of the current step: drawn from the generator on first use (the official order), then reused."""
         k = self._step_index
-        model_input = sample
-        if self.solver.renoises(k):
-            noise = randn_tensor(sample.shape, generator=self._generator, device=sample.device, dtype=sample.dtype)
-            model_input = self.solver.renoise(k, sample, noise)
-        self._model_input = model_input
-        return model_input
+        if self._noise_step_index != k:
+            self._noise = randn_tensor(
+                sample.shape, generator=self._generator, device=sample.device, dtype=sample.dtype
+            )
+            self._noise_step_index = k
+        if self._noise.shape != sample.shape:
+            raise ValueError(
+                f"sample has shape {tuple(sample.shape)}, but step {k} drew its noise for {tuple(self._noise.shape)}."
+            )
+        return self._noise
+
+    def _renoised(self, sample: torch.Tensor) -> torch.Tensor:
+        """z_b = a·z + (1 − a)·noise_scale·ε_k on SDE steps, z on the last."""
+        k = self._step_index
+        if not self.solver.renoises(k):
+            return sample
+        return self.solver.renoise(k, sample, self._step_noise(sample))
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
+        """
+        The network input of the current step: z_b = a·z + (1 − a)·noise_scale·ε_k on SDE steps, z on the last.
+
+        Pure: ε_k is drawn once per step (on the first call) and cached, so calling it again with the same `sample`
+        returns the same tensor and leaves the generator untouched.
+
+        Args:
+            sample (`torch.Tensor`): the current latent z_k.
+            timestep (`torch.Tensor` or `float`, *optional*): unused (steps are counted internally).
+        """
+        self._check_ready()
+        return self._renoised(sample)
 
     def step(
         self,
@@ -157,22 +185,25 @@ class ELFScheduler(SchedulerMixin, ConfigMixin):
         return_dict: bool = True,
     ) -> LanguageFlowSchedulerOutput | tuple:
         """
-        One solver update with the network's clean prediction x̂ (evaluated on `scale_model_input`'s output).
+        One solver update with the network's clean prediction x̂ (evaluated on `scale_model_input`'s output). The
+        update starts from `sample` re-noised with this step's cached ε_k, so an edited `sample` is honoured.
 
         Args:
             model_output (`torch.Tensor`): the x-prediction x̂ of this step.
             timestep (`torch.Tensor` or `float`): the current entry of `timesteps` (steps are counted internally).
-            sample (`torch.Tensor`): the current latent z_k (before re-noising).
+            sample (`torch.Tensor`): the current latent z_k (before re-noising), as given to `scale_model_input`.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
         """
         self._check_ready()
-        if self._model_input is None:
+        k = self._step_index
+        if self.solver.renoises(k) and self._noise_step_index != k:
+            # Drawing ε_k here would leave the network evaluated on an input other than the one S_k starts from.
             raise RuntimeError("Call `scale_model_input` before `step`: ELF re-noises the latent before the network.")
         if model_output.shape != sample.shape:
             raise ValueError(f"model_output has shape {tuple(model_output.shape)}, expected {tuple(sample.shape)}.")
-        prev_sample = self.solver.update(self._step_index, self._model_input, model_output)
+        prev_sample = self.solver.update(k, self._renoised(sample), model_output)
         self.self_conditioning = model_output
-        self._model_input = None
+        self._noise, self._noise_step_index = None, None  # ε_k is spent: step k + 1 draws its own
         self._step_index += 1
         if not return_dict:
             return (prev_sample, model_output, model_output)
