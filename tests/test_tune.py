@@ -116,6 +116,26 @@ def test_a_win_within_noise_keeps_the_official_sampler():
     assert "accepted" in format_tuning([steady])
 
 
+def test_the_keep_rule_resamples_whole_batches():
+    """A 64-sample ELF bank is two batches of 32, two time grids: the candidate wins by 0.2 nats on every sample of
+    one and loses by 0.1 on the other. As 64 independent pairs that looks like a sure win; as 2 grids the interval
+    reaches above 0 and the official sampler stays."""
+    official = [5.0] * 64
+    candidate = [4.8] * 32 + [5.1] * 32
+
+    def score(spec):
+        if spec["scheduler"] == "official":
+            return 100.0, 5.0, official
+        return 99.0, 5.0, candidate
+
+    start = {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 1.0}
+    pairs = coordinate_search(8, start, score)
+    batches = coordinate_search(8, start, score, clusters=[i // 32 for i in range(64)])
+    assert pairs.best.coefficients == start and pairs.best_vs_official.mean_delta_ci[1] < 0
+    assert batches.best_vs_official.mean_delta_ci[1] > 0
+    assert batches.best.coefficients["eta_r"] == batches.best.coefficients["eta_t"] == 0.0
+
+
 def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candidate(tuned):
     pipe, before, result = tuned
     assert result.start.coefficients == pytest.approx(before)

