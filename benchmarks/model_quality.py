@@ -2,7 +2,7 @@
 
     python benchmarks/model_quality.py hub_artifacts/langflow-small [--nfe 8 64] [--num-samples 256]
 
-Under the offline evaluator (SmolLM2-135M) and the model family's GenPPL protocol, scores:
+Under the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF) and the model family's GenPPL protocol, scores:
 - `reference`: held-out corpus text (never trained on) cut into windows of the model's sequence length in the model's
   own tokens and decoded, so it has the samples' shape and the tokenizer's normalisation (ELF: lower case);
 - `unigram`: windows of tokens drawn independently from the train split's unigram distribution, decoded;
@@ -21,6 +21,7 @@ import torch
 
 from untied_sc import UntiedSelfConditioningScheduler
 from untied_sc.evaluation import evaluate_samples, load_evaluator
+from untied_sc.evaluation.evaluator import describe_evaluator
 from untied_sc.evaluation.io import Sample
 from untied_sc.evaluation.sampling import build_scheduler, family_of, generate
 from untied_sc.pipelines import load_pipeline
@@ -119,7 +120,7 @@ def main() -> None:
     results = {
         "model": name,
         "family": family,
-        "evaluator": f"smollm2-135m ({args.dtype})",
+        "evaluator": describe_evaluator("smollm2-135m", args.dtype),
         "num_samples": args.num_samples,
         "seed": args.seed,
         "rows": rows,

@@ -230,7 +230,7 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     )
     text = card.read_text()
     assert "from untied_sc import LangFlowPipeline" in text and "| official (SC on) | 8 | 123.5 | 4.200 |" in text
-    assert "Evaluator tiny, langflow protocol, 2 samples per row" in text
+    assert "Evaluator: tiny; langflow protocol, 2 samples per row" in text
     assert "Steps: 3 of batch 8 × 16 tokens" in text and (out / "loss_curve.png").stat().st_size > 1000
     assert "trained on CPU" in text and "on 2 CPU cores." in text
     # The snapshot's export takes tokens and time from the log row of its step; a GPU run's card says so.

@@ -1,4 +1,4 @@
-"""`untied-sc tune`: searching η_R, η_T, η_O, α per NFE for one model on a held-out bank (SPEC §4.6).
+"""`untied-sc tune`: searching η_R, η_T, η_O, α per NFE for one model on a held-out bank (docs/algorithm.md §4.4).
 
 The paper's coefficient table covers its own checkpoints; for any other model the coefficients are searched here and
 written into the model's [`SamplerStatistics`] (`coefficients_nfe{N}`), which the untied scheduler uses whenever its

@@ -1,5 +1,5 @@
 """Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
-throughput, and the statistics of matched comparisons (SPEC §6). It scores texts and token ids only."""
+throughput, and the statistics of matched comparisons (docs/algorithm.md §6). It scores texts and token ids only."""
 
 from .benchmark import (
     aggregate,

@@ -1,4 +1,4 @@
-"""The matched benchmark behind `untied-sc benchmark`: official vs untied sampling across NFEs and seeds (SPEC §6).
+"""The matched benchmark behind `untied-sc benchmark`: official vs untied sampling across NFEs and seeds (docs/algorithm.md §6).
 
 For every seed s, NFE N and sampler, the pipeline generates `num_samples` samples in batches; batch b of every
 sampler is drawn from `torch.Generator().manual_seed(batch_seed(s, b))`, so sample i of the official run and sample i
@@ -31,7 +31,7 @@ from ..calibration.calibrate import calibration_seeds
 from ..calibration.tune import tuning_seeds
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
-from .evaluator import describe_evaluator
+from .evaluator import SMOLLM2_NAME, describe_evaluator
 from .io import Sample, evaluate_samples, read_samples, write_samples
 from .metrics import retained_throughput, samples_per_second
 from .sampling import (
@@ -42,6 +42,7 @@ from .sampling import (
     family_of,
     generate,
     resampling_clusters,
+    tokenizer_description,
 )
 from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison
 
@@ -383,6 +384,7 @@ def generate_sweep(
         "model": name,
         "family": family,
         "pipeline_class": type(pipe).__name__,
+        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
         "nfe": list(nfe),
         "seeds": list(seeds),
         "num_samples": num_samples,
@@ -510,6 +512,7 @@ def score_sweep(
         "evaluator_description": describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype),
         "samplers": generation["samplers"],
         "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
         "runs": runs,
@@ -762,8 +765,12 @@ def _fmt(stat: dict | None, digits: int = 2) -> str:
 def entropy_label(results: dict) -> str:
     """What a report's entropy column measures: the protocol's ids, with their tokenizer named."""
     if results["protocol"] == "elf":
-        return f"per-sample unigram entropy (nats) of the evaluator's token ids ({results['evaluator']} tokenizer)"
-    tokenizer = results.get("generator_tokenizer") or "the generating model's tokenizer"
+        name = "SmolLM2-135M-Instruct" if results["evaluator"] == SMOLLM2_NAME else results["evaluator"]
+        return f"per-sample unigram entropy (nats) of the evaluator's token ids (the {name} tokenizer)"
+    tokenizer = results.get("generator_tokenizer")
+    tokenizer = (
+        f"the generating model's own tokenizer: {tokenizer}" if tokenizer else "the generating model's tokenizer"
+    )
     return f"per-sample unigram entropy (nats) of the generator's token ids ({tokenizer})"
 
 
@@ -771,7 +778,8 @@ def interval_label(results: dict) -> str:
     """How a report's intervals were computed: the bootstrap's resampling unit, and why."""
     unit = results.get("resampling_unit") or {"unit": "sample", "why": "", "stratified_by": "seed"}
     why = f" ({unit['why']})" if unit.get("why") else ""
-    return f"95% paired bootstrap CIs resampling whole {unit['unit']}es{why}, stratified by {unit['stratified_by']}"
+    plural = {"batch": "batches", "sample": "samples"}.get(unit["unit"], unit["unit"])
+    return f"95% paired bootstrap CIs resampling whole {plural}{why}, stratified by {unit['stratified_by']}"
 
 
 def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
@@ -937,16 +945,16 @@ def format_markdown(results: dict) -> str:
 
 
 def write_results(
-    results: dict, output_dir: str | os.PathLike, samples: Sequence[Sample] | None = None
+    results: dict, output_dir: str | os.PathLike, samples: Sequence[Sample] | None = None, stem: str | None = None
 ) -> dict[str, Path]:
     """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png` ([`plot_benchmark`]) and,
     given the scored `samples`, `<model>.samples.jsonl.gz` beside them (what the tables measured, re-scorable with
-    `untied-sc evaluate`)."""
+    `untied-sc evaluate`). `stem` replaces `<model>` in the names (a report re-rendered under its own file name)."""
     from .plots import plot_benchmark
 
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = results["model"]
+    stem = stem or results["model"]
     paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
     if samples is not None:
         paths["samples"] = write_samples(folder / f"{stem}.samples.jsonl.gz", samples)

@@ -115,8 +115,9 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         paired = compare_results(baseline, result, num_resamples=args.num_resamples, generator=args.seed, unit=unit)
         result = {"candidate": result, "baseline": baseline, "paired": paired}
         low, high = paired["mean_delta_ci"]
+        unit_plural = "batches" if unit == "batch" else "samples"
         print(
-            f"paired over {paired['num_pairs']} samples (resampling whole {unit}es): candidate worse in "
+            f"paired over {paired['num_pairs']} samples (resampling whole {unit_plural}): candidate worse in "
             f"{paired['fraction_b_worse']:.1%}, mean ΔNLL/token {paired['mean_delta']:+.4f} [{low:+.4f}, {high:+.4f}]"
         )
     output.write_text(json.dumps(result, indent=2) + "\n")

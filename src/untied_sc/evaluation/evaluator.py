@@ -1,4 +1,4 @@
-"""Loading the causal language model that scores generated text (SPEC §6).
+"""Loading the causal language model that scores generated text (docs/algorithm.md §6).
 
 Two routes:
 

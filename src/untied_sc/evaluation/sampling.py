@@ -39,6 +39,13 @@ def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[
     return list(range(num_samples))
 
 
+def tokenizer_description(tokenizer) -> str:
+    """A tokenizer named for reports: its kind and vocabulary size, e.g. "BPE, 8,192 ids"."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    kind = type(backend.model).__name__ if backend is not None else type(tokenizer).__name__
+    return f"{kind}, {len(tokenizer):,} ids"
+
+
 def batch_seed(seed: int, batch_index: int) -> int:
     """Seed of batch `batch_index` of benchmark seed `seed` (the same for every sampler and NFE: pairs match)."""
     return 1_000_003 * int(seed) + int(batch_index)

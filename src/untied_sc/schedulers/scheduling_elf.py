@@ -29,7 +29,7 @@ def copy_generator(generator: torch.Generator) -> torch.Generator:
 
 class ELFScheduler(SchedulerMixin, ConfigMixin):
     r"""
-    The official ELF sampler (SPEC §3.1): a random logit-normal time grid shared by the batch, N−1 SDE steps that
+    The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE steps that
     re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass that
     follows is not counted.
 

@@ -80,6 +80,14 @@ def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
     return out
 
 
+def _evaluator_name(recorded: str) -> str:
+    """The evaluator named exactly; quality files before the exact name recorded "smollm2-135m (bfloat16)"."""
+    from ..evaluation.evaluator import describe_evaluator
+
+    name, _, dtype = recorded.partition(" (")
+    return describe_evaluator(name, dtype.rstrip(")") or None) if name == "smollm2-135m" else recorded
+
+
 def quality_table(quality: dict) -> str:
     """The GenPPL table of a `benchmarks/model_quality.py` result."""
     lines = ["| text | NFE | GenPPL | entropy (nats) | Rep-4 |", "|---|---:|---:|---:|---:|"]
@@ -161,7 +169,7 @@ def write_model_card(
         lines += [
             "## Generative perplexity",
             "",
-            f"Evaluator {data['evaluator']}, {data['family']} protocol, {data['num_samples']} samples per row "
+            f"Evaluator: {_evaluator_name(data['evaluator'])}; {data['family']} protocol, {data['num_samples']} samples per row "
             f"(`{data['command']}`).",
             "",
             quality_table(data),

@@ -1,0 +1,69 @@
+"""Re-analyse committed benchmark reports from their run records, and re-render them (JSON, Markdown, plot).
+
+A report's statistics are a function of its per-sample records (`untied_sc.evaluation.benchmark.analyse`): when the
+way intervals or the equal-entropy control are computed changes, the committed reports are brought up to date with
+
+    python benchmarks/rerender_reports.py benchmarks/results/*.json --overwrite
+
+Files that are not benchmark reports (quality, per-noise, overhead tables) are skipped. The scores themselves
+(per-sample NLLs, entropies, repetition) are not recomputed: that needs the samples. Reports rewritten in place need
+`--overwrite` (they are somebody's results).
+"""
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+import torch
+
+from untied_sc.evaluation.benchmark import analyse, write_results
+from untied_sc.evaluation.evaluator import describe_evaluator
+
+
+def _option(command: str | None, name: str) -> str | None:
+    """The value of `--name VALUE` in a recorded command line (`None` when absent)."""
+    words = shlex.split(command or "")
+    return words[words.index(name) + 1] if name in words[:-1] else None
+
+
+def _generator_tokenizer(results: dict) -> str | None:
+    """The generating model's tokenizer, described from the pipeline folder its command names (if still here)."""
+    from untied_sc.evaluation.sampling import tokenizer_description
+
+    words = shlex.split(results.get("command") or "")
+    folder = next((Path(w) for w in words[2:3] if not w.startswith("-")), None)
+    if folder is None or not (folder / "tokenizer").is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    return tokenizer_description(AutoTokenizer.from_pretrained(folder / "tokenizer"))
+
+
+def rerender(path: Path, overwrite: bool) -> bool:
+    results = json.loads(path.read_text())
+    if not isinstance(results.get("runs"), list) or "aggregates" not in results:
+        return False
+    if not overwrite:
+        raise SystemExit(f"{path} is a committed report; pass --overwrite to rewrite it in place.")
+    scoring = results.get("scoring_command") or results["command"]
+    dtype = _option(scoring, "--dtype") or "float32"
+    results["evaluator_description"] = describe_evaluator(results["evaluator"], getattr(torch, dtype))
+    if results["protocol"] == "langflow" and not results.get("generator_tokenizer"):
+        results["generator_tokenizer"] = _generator_tokenizer(results)
+    analyse(results, num_resamples=int(_option(scoring, "--num-resamples") or 1000))
+    write_results(results, path.parent, stem=path.stem)  # a report's file name can differ from its model's
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="Report JSON files (others are skipped).")
+    parser.add_argument("--overwrite", action="store_true", help="Rewrite the reports in place.")
+    args = parser.parse_args()
+    for path in args.reports:
+        print(f"{'re-rendered' if rerender(path, args.overwrite) else 'skipped (not a benchmark report)'}: {path}")
+
+
+if __name__ == "__main__":
+    main()
