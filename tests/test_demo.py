@@ -37,5 +37,6 @@ def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow
     assert "=== tiny (LangFlowPipeline), 8 steps, seed 0 ===" in out
     for name in results:
         assert f"--- {name}: GenPPL" in out
-    assert "(langflow protocol: generator ids), Rep-4" in out
+    assert "(langflow protocol: generator ids), word Rep-4" in out and ", token Rep-4 " in out
+    assert out.startswith("Evaluator: ") and "run in float32" in out.splitlines()[0]
     assert main(["--artifacts", str(tmp_path / "empty")]) == 1

@@ -5,7 +5,7 @@
 For every pipeline folder under `--artifacts` (each with a `model_index.json`): sample with the official scheduler
 and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
 same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
-them with the offline evaluator (SmolLM2-135M): GenPPL, unigram entropy and Rep-4 under the model family's protocol.
+them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, float32): GenPPL, unigram entropy and Rep-4 under the model family's protocol.
 """
 
 import argparse
@@ -17,6 +17,7 @@ import torch
 
 from .calibration.calibrate import DEFAULT_PRESET, pipeline_solver
 from .evaluation import Sample, evaluate_samples, load_evaluator
+from .evaluation.evaluator import describe_evaluator
 from .pipelines import load_pipeline
 from .schedulers import UntiedSelfConditioningScheduler
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"No pipeline folders (with model_index.json) under {args.artifacts}/.", file=sys.stderr)
         return 1
     evaluator = load_evaluator(args.evaluator)
+    print(f"Evaluator: {describe_evaluator(args.evaluator, next(evaluator[0].parameters()).dtype)}")
     for folder in folders:
         pipe = load_pipeline(folder)
         protocol = "elf" if type(pipe).__name__ == "ELFPipeline" else "langflow"
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             scores = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
             print(
                 f"\n--- {name}: GenPPL {scores['gen_ppl']:.1f}, unigram entropy {scores['entropy']:.2f} "
-                f"({protocol} protocol: {ENTROPY_IDS[protocol]} ids), Rep-4 {scores['rep_4']:.3f}"
+                f"({protocol} protocol: {ENTROPY_IDS[protocol]} ids), word Rep-4 {scores['rep_4']:.3f}, "
+                f"token Rep-4 {scores['token_rep_4']:.3f}"
             )
             for text in output.texts[: args.show]:
                 print(textwrap.indent(textwrap.fill(text, 110), "  | "), end="\n\n")
