@@ -5,7 +5,8 @@
 For every pipeline folder under `--artifacts` (each with a `model_index.json`): sample with the official scheduler
 and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
 same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
-them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, float32): GenPPL, unigram entropy and Rep-4 under the model family's protocol.
+them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, float32): GenPPL, unigram entropy and Rep-4 under
+the model family's protocol.
 """
 
 import argparse

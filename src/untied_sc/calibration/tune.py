@@ -20,10 +20,10 @@ The search, per NFE N (every choice here is ours, the paper gives no procedure):
 4. The chosen candidate must beat the official sampler on matched pairs: the bootstrap confidence interval of the
    mean per-sample ΔNLL (candidate − official, per-token NLLs) must lie below 0. The bootstrap resamples the
    family's unit of shared randomness ([`resampling_unit`]): whole batches for ELF, whose batch shares one time
-   grid (a 64-sample ELF bank is 2 grids, and the interval says so), single samples for LangFlow. Otherwise (nothing admissible, or a
-   win within noise) the untied components are switched off (η_R = η_T = 0: bitwise the official sampler). Without
-   this rule a small bank picks noise: on the bundled LangFlow at 8 NFE a 32-sample bank chose a candidate 1.5 %
-   better than official that lost by 5.5 % on the benchmark's 192 pairs.
+   grid (a 64-sample ELF bank is 2 grids, and the interval says so), single samples for LangFlow. Otherwise
+   (nothing admissible, or a win within noise) the untied components are switched off (η_R = η_T = 0: bitwise the
+   official sampler). Without this rule a small bank picks noise: on the bundled LangFlow at 8 NFE a 32-sample bank
+   chose a candidate 1.5 % better than official that lost by 5.5 % on the benchmark's 192 pairs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The matched benchmark behind `untied-sc benchmark`: official vs untied sampling across NFEs and seeds (docs/algorithm.md §6).
+"""The matched benchmark behind `untied-sc benchmark`: official vs untied sampling across NFEs and seeds
+(docs/algorithm.md §6).
 
 For every seed s, NFE N and sampler, the pipeline generates `num_samples` samples in batches; batch b of every
 sampler is drawn from `torch.Generator().manual_seed(batch_seed(s, b))`, so sample i of the official run and sample i
@@ -44,7 +45,7 @@ from .sampling import (
     resampling_clusters,
     tokenizer_description,
 )
-from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison
+from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison, percentile_interval
 
 
 DEFAULT_NFE = (8, 16, 32, 64)
@@ -156,9 +157,11 @@ def _nan_if_none(values) -> list[float]:
     return [float("nan") if v is None else float(v) for v in values]
 
 
-def run_clusters(runs: Sequence[dict], clusters: Sequence) -> tuple[list, list]:
+def run_clusters(runs: Sequence[dict], clusters: Sequence | None = None) -> tuple[list, list]:
     """Cluster and stratum labels of the pooled samples of `runs` (one run per seed, in order): `(seed, cluster)` and
-    the seed, `clusters` being the label of sample i within a seed ([`resampling_clusters`])."""
+    the seed, `clusters` being the label of sample i within a seed ([`resampling_clusters`]; `None`: i itself)."""
+    if clusters is None:
+        clusters = range(max(len(run["per_sample"]["nll_sum"]) for run in runs))
     labels, strata = [], []
     for position, run in enumerate(runs):  # one run per seed
         count = len(run["per_sample"]["nll_sum"])
@@ -183,16 +186,12 @@ def genppl_ratio_ci(
     ratio is exp(NLL/token of the candidate - NLL/token of the baseline). `clusters` labels sample i of a seed with its
     resampling unit ([`resampling_clusters`]; default: every sample its own); clusters are resampled within seeds.
     """
-    from .statistics import percentile_interval
-
     columns = []
     for a, b in zip(baseline_runs, candidate_runs, strict=True):
         pa, pb = a["per_sample"], b["per_sample"]
         columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
     table = torch.tensor(columns, dtype=torch.float64)
-    if clusters is None:
-        clusters = range(max(len(run["per_sample"]["nll_sum"]) for run in baseline_runs))
-    labels, strata = run_clusters(baseline_runs, list(clusters))
+    labels, strata = run_clusters(baseline_runs, clusters)
     weights = torch.cat(
         [
             torch.ones(1, len(labels), dtype=torch.float64),
@@ -237,8 +236,7 @@ def aggregate(
                 continue
             a = [grouped[baseline][nfe][s] for s in common]
             b = [seeds[s] for s in common]
-            size = max(len(run["per_sample"]["nll_sum"]) for run in a)
-            labels, strata = run_clusters(a, list(range(size)) if clusters is None else list(clusters))
+            labels, strata = run_clusters(a, clusters)
             nll_a = [x for run in a for x in _nan_if_none(run["per_sample"]["mean_nll"])]
             nll_b = [x for run in b for x in _nan_if_none(run["per_sample"]["mean_nll"])]
             comparison = paired_comparison(
@@ -536,7 +534,7 @@ def score_sweep(
 
 def analyse(results: dict, num_resamples: int = 1000) -> dict:
     """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
-    `diversity_curves` and `equal_entropy` (the report is a function of the runs, so old reports can be re-analysed)."""
+    `diversity_curves` and `equal_entropy` (a report is a function of its runs, so old reports can be re-analysed)."""
     knob = results["diversity_knob"]
     unit, why = RESAMPLING_UNITS[results["family"]]
     clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
@@ -740,11 +738,10 @@ def equal_entropy_comparison(
             candidate = [] if runs is None else _run_samples(runs, sampler, nfe, knob, None)
             if candidate:
                 points = [_run_samples(runs, baseline, nfe, knob, None if p["default"] else p[knob]) for p in curve]
-                size = len(candidate[0].nll_sum)
                 bootstrap = equal_entropy_ratio(
                     candidate,
                     points,
-                    list(range(size)) if clusters is None else list(clusters)[:size],
+                    clusters,
                     num_resamples=num_resamples,
                     confidence=confidence,
                     generator=0,
@@ -800,12 +797,8 @@ def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
         for s in samplers
         for n in results["nfe"]
     ):
-        return lines + [
-            "Word Rep-4 only: this report's runs were scored before the subword measures existed. "
-            + (
-                "Its samples are not committed, so they cannot be added." if not results.get("samples_file") else ""
-            ).rstrip()
-        ]
+        note = "" if results.get("samples_file") else " Its samples are not committed, so they cannot be added."
+        return lines + [f"Word Rep-4 only: this report's runs were scored before the subword measures existed.{note}"]
     lines += [
         "| sampler | NFE | word Rep-4 | token Rep-4 | token distinct-4 | longest run |",
         "|---|---:|---:|---:|---:|---:|",
@@ -1024,7 +1017,8 @@ def add_benchmark_arguments(parser):
     split.add_argument(
         "--generate-only",
         action="store_true",
-        help="Only sample: write <model>.generation.json and .generation-samples.jsonl.gz, to score elsewhere with --from.",
+        help="Only sample: write <model>.generation.json and .generation-samples.jsonl.gz, to score elsewhere with "
+        "--from.",
     )
     parser.add_argument(
         "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."

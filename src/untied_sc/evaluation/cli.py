@@ -80,7 +80,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     report's numbers; with it, each file is scored whole and the two are paired sample by sample.
     """
     from .evaluator import describe_evaluator, load_evaluator
-    from .io import compare_results, evaluate_runs, evaluate_samples, read_samples, run_key
+    from .io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
     dtype = DTYPES[args.dtype]
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=dtype)
@@ -96,7 +96,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     if output.exists() and not args.overwrite:
         raise SystemExit(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
     samples = read_samples(args.samples)
-    if not args.baseline and len({tuple(sorted(run_key(s).items())) for s in samples}) > 1:
+    if not args.baseline and len(group_runs(samples)) > 1:
         runs = evaluate_runs(samples, **options)
         for run in runs:
             run["evaluator"] = described

@@ -129,7 +129,7 @@ def _series(runs: Sequence[RunSamples], weights: list[torch.Tensor]) -> tuple[to
 def equal_entropy_ratio(
     candidate: Sequence[RunSamples],
     curve: Sequence[Sequence[RunSamples]],
-    clusters: Sequence,
+    clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
     generator: torch.Generator | int | None = 0,
@@ -141,8 +141,8 @@ def equal_entropy_ratio(
         candidate (sequence over seeds of [`RunSamples`]): the candidate sampler's runs, one per seed.
         curve (sequence over knob values of sequences over seeds of [`RunSamples`]): the baseline's runs at each knob
             value, the same seeds in the same order; sample i of every run of one seed is matched.
-        clusters (`Sequence`): the resampling unit of sample i (the same in every seed, e.g. its batch index for ELF
-            or `i` for LangFlow); clusters are resampled within each seed.
+        clusters (`Sequence`, *optional*): the resampling unit of sample i (the same in every seed, e.g. its batch
+            index for ELF; by default `i` itself, as for LangFlow); clusters are resampled within each seed.
         num_resamples, confidence, generator: as in [`bootstrap_ci`].
 
     Returns:
@@ -152,6 +152,7 @@ def equal_entropy_ratio(
     """
     seeds = len(candidate)
     sizes = [len(run.nll_sum) for run in candidate]
+    clusters = range(sizes[0]) if clusters is None else clusters
     if not curve or any(len(point) != seeds for point in curve):
         raise ValueError(f"Every curve point needs the candidate's {seeds} seeds.")
     for run in [*candidate, *(r for point in curve for r in point)]:

@@ -222,6 +222,15 @@ def run_key(sample: Sample) -> dict:
     return {key: record[key] for key in RUN_KEYS if record.get(key) is not None}
 
 
+def group_runs(samples: Sequence[Sample]) -> list[tuple[dict, list[Sample]]]:
+    """The samples grouped by [`run_key`], in order of first appearance: `(key, samples of that run)` pairs."""
+    groups: dict[tuple, tuple[dict, list[Sample]]] = {}
+    for sample in samples:
+        key = run_key(sample)
+        groups.setdefault(tuple(sorted(key.items())), (key, []))[1].append(sample)
+    return list(groups.values())
+
+
 def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smollm2-135m", **options) -> list[dict]:
     """Scores every run of a samples file apart (a benchmark report's `<report>.samples.jsonl.gz` holds many).
 
@@ -238,17 +247,10 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
         name = str(evaluator)
         loading = {key: options.pop(key) for key in ("cache_dir", "device", "dtype") if key in options}
         evaluator = load_evaluator(evaluator, **loading)
-    groups: dict[tuple, list[Sample]] = {}
-    keys: dict[tuple, dict] = {}
-    for sample in samples:
-        key = run_key(sample)
-        identity = tuple(sorted(key.items()))
-        groups.setdefault(identity, []).append(sample)
-        keys[identity] = key
     results = []
-    for identity, group in groups.items():
+    for key, group in group_runs(samples):
         result = evaluate_samples(group, evaluator=evaluator, **options)
-        results.append({"run": keys[identity], **result, **({"evaluator": name} if name else {})})
+        results.append({"run": key, **result, **({"evaluator": name} if name else {})})
     return results
 
 

@@ -1,4 +1,5 @@
-"""Sample-quality metrics: generative perplexity, unigram entropy, repetition, diversity, throughput (docs/algorithm.md §6).
+"""Sample-quality metrics: generative perplexity, unigram entropy, repetition, diversity, throughput
+(docs/algorithm.md §6).
 
 Everything here scores texts and token ids; nothing imports the pipelines.
 

@@ -1,7 +1,7 @@
 """Uncertainty of the reported numbers: mean ± standard error, a (cluster) percentile bootstrap, paired comparisons.
 
-The bootstrap resamples the unit of randomness that samples share ([`cluster_resample_weights`]): samples drawn with one
-random time grid (an ELF batch) are not independent, and resampling them one by one makes intervals too narrow. Every
+The bootstrap resamples the unit of randomness that samples share ([`cluster_resample_weights`]): samples drawn with
+one random time grid (an ELF batch) are not independent, and resampling them one by one makes intervals too narrow. Every
 interval here takes `clusters` (one label per observation; `None`: every observation is its own cluster) and `strata`
 (e.g. the seed: clusters are redrawn within each stratum, so every stratum keeps its size in expectation).
 
@@ -108,9 +108,9 @@ def bootstrap_ci(
 ) -> tuple[float, float]:
     """Percentile (cluster) bootstrap confidence interval of a statistic of `values`.
 
-    Draws `num_resamples` resamples of the clusters of rows of `values` with replacement ([`cluster_resample_weights`]),
-    evaluates the statistic on each and returns its (1 - c)/2 and (1 + c)/2 quantiles (linear interpolation),
-    c = `confidence`.
+    Draws `num_resamples` resamples of the clusters of rows of `values` with replacement
+    ([`cluster_resample_weights`]), evaluates the statistic on each and returns its (1 - c)/2 and (1 + c)/2 quantiles
+    (linear interpolation), c = `confidence`.
 
     Args:
         values (array-like of shape `(n,)` or `(n, k)`): observations; rows are resampled together, so paired data

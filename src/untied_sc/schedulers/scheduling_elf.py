@@ -29,9 +29,9 @@ def copy_generator(generator: torch.Generator) -> torch.Generator:
 
 class ELFScheduler(SchedulerMixin, ConfigMixin):
     r"""
-    The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE steps that
-    re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass that
-    follows is not counted.
+    The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE
+    steps that re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass
+    that follows is not counted.
 
     Randomness follows the official PyTorch port on CPU, where the global RNG and a `torch.Generator` are seeded
     alike: the grid's N−1 normals come from a copy of `generator` taken in `set_timesteps` (before any draw), then
