@@ -6,22 +6,24 @@ The fixtures `tests/fixtures/{elf,langflow}_sample_nfe*.safetensors` were produc
 and a `torch.Generator` both with seed 42; LangFlow: `LangFlow.generate_samples` after `torch.manual_seed(42)` as in
 `gen_ppl.py`) and records the weights, every intermediate latent and prediction, the final latents and the tokens.
 Regenerate with `python tests/fixtures/make_sampler_fixtures.py --elf-src <ELF repo>/src --langflow-src <LangFlow repo>`.
-"""
 
-import json
+Two tests per fixture. With the official network outputs replayed, the sampler must reproduce the official run bit
+for bit, on any machine. With our network, the whole pipeline must give the official tokens and stay within
+`NETWORK_TOLERANCE` of the official latents: float32 matmuls differ by ~1e-6 between CPUs (AVX2 vs AVX-512), so
+network outputs are equal to the bit only on the machine that wrote the fixtures.
+"""
 
 import pytest
 import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 
-from .conftest import Golden, elf_from_golden, langflow_from_golden
+from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
 from .tiny import tiny_tokenizer
 
 
 def _run_recording(pipe, golden):
-    """Runs the pipeline with the fixture's seed, recording the latent after every step."""
-    sampler = json.loads(golden.metadata["sampler"])
+    """Runs the pipeline as the fixture's official run, recording the latent after every step."""
     trajectory = []
 
     def record(pipe, step, timestep, tensors):
@@ -29,22 +31,31 @@ def _run_recording(pipe, golden):
         return {}
 
     pipe.set_progress_bar_config(disable=True)
-    output = pipe(
-        batch_size=sampler["batch_size"],
-        num_inference_steps=sampler["num_steps"],
-        generator=torch.Generator().manual_seed(sampler["seed"]),
-        output_type="seq",
-        callback_on_step_end=record,
-    )
+    output = pipe(**golden_call(golden), output_type="seq", callback_on_step_end=record)
     return output, torch.stack(trajectory)
 
 
-@pytest.mark.parametrize("nfe", [8, 32])
-def test_elf_pipeline_reproduces_official_generation_bit_for_bit(nfe):
+# Max |Δ| between our and the official latents seen on AVX2 CPUs: 6e-6 after 8 ELF steps (the network alone: 1e-6).
+NETWORK_TOLERANCE = 1e-4
+
+
+def _elf(nfe):
     golden = Golden(f"elf_sample_nfe{nfe}.safetensors")
-    pipe = ELFPipeline(elf_from_golden(golden), ELFScheduler(), tiny_tokenizer())
+    return ELFPipeline(elf_from_golden(golden), ELFScheduler(), tiny_tokenizer()), golden
+
+
+def _langflow(nfe):
+    golden = Golden(f"langflow_sample_nfe{nfe}.safetensors")
+    return LangFlowPipeline(langflow_from_golden(golden), LangFlowScheduler(), tiny_tokenizer()), golden
+
+
+@pytest.mark.parametrize("nfe", [8, 32])
+def test_elf_sampler_reproduces_official_generation_bit_for_bit(nfe, monkeypatch):
+    pipe, golden = _elf(nfe)
+    calls = replay_official_network(pipe, golden, monkeypatch)
     output, trajectory = _run_recording(pipe, golden)
     expected = golden.outputs
+    assert len(calls) == nfe
     assert pipe.scheduler.solver.grid == expected["grid"].tolist()
     assert torch.equal(pipe.scheduler.timesteps, expected["eval_times"])
     assert torch.equal(trajectory, expected["trajectory"])
@@ -53,15 +64,35 @@ def test_elf_pipeline_reproduces_official_generation_bit_for_bit(nfe):
     assert not torch.equal(expected["tokens"], expected["tokens_raw"])  # the EOS cut is exercised
 
 
+@pytest.mark.parametrize("nfe", [8, 32])
+def test_elf_pipeline_matches_official_generation(nfe):
+    pipe, golden = _elf(nfe)
+    output, trajectory = _run_recording(pipe, golden)
+    expected = golden.outputs
+    assert (trajectory - expected["trajectory"]).abs().max() <= NETWORK_TOLERANCE
+    assert torch.equal(output.sequences, expected["tokens"])
+
+
 @pytest.mark.parametrize("nfe", [8, 64])
-def test_langflow_pipeline_reproduces_official_generation_bit_for_bit(nfe):
-    golden = Golden(f"langflow_sample_nfe{nfe}.safetensors")
-    pipe = LangFlowPipeline(langflow_from_golden(golden), LangFlowScheduler(), tiny_tokenizer())
+def test_langflow_sampler_reproduces_official_generation_bit_for_bit(nfe, monkeypatch):
+    pipe, golden = _langflow(nfe)
+    calls = replay_official_network(pipe, golden, monkeypatch)
     output, trajectory = _run_recording(pipe, golden)
     expected = golden.outputs
     rows = expected["trajectory_rows"]
+    assert len(calls) == nfe
     assert torch.equal(pipe.scheduler.timesteps, expected["grid"])
     # The last step is the final evaluation, which leaves the latent unchanged.
-    assert torch.equal(trajectory[:-1, rows], expected["trajectory"])
-    assert torch.equal(output.latents, expected["latents"])
-    assert torch.equal(output.sequences, expected["tokens"])
+    assert torch.equal(trajectory[:-1], expected["trajectory"])
+    assert torch.equal(output.latents, expected["latents"][rows])
+    assert torch.equal(output.sequences, expected["tokens"][rows])
+
+
+@pytest.mark.parametrize("nfe", [8, 64])
+def test_langflow_pipeline_matches_official_generation(nfe):
+    pipe, golden = _langflow(nfe)
+    output, trajectory = _run_recording(pipe, golden)
+    expected = golden.outputs
+    rows = expected["trajectory_rows"]
+    assert (trajectory[:-1] - expected["trajectory"]).abs().max() <= NETWORK_TOLERANCE
+    assert torch.equal(output.sequences, expected["tokens"][rows])
