@@ -180,6 +180,7 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         rope_theta (`float`, defaults to 10000.0): RoPE base.
     """
 
+    family = "elf"  # the model family (pipelines, calibration and statistics dispatch on it)
     _supports_gradient_checkpointing = False
     _no_split_modules = ["ELFBlock"]
 

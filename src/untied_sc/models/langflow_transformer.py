@@ -177,6 +177,7 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         gumbel_cutoff (`float`, defaults to 1e-5): the proposal's quantile cutoff; γ ∈ [γ_min, γ_max].
     """
 
+    family = "langflow"  # the model family (pipelines, calibration and statistics dispatch on it)
     _no_split_modules = ["DDiTBlock"]
 
     @register_to_config
