@@ -5,6 +5,7 @@ import sys
 
 from .evaluation.benchmark import register_benchmark_command
 from .evaluation.cli import register_evaluate_command
+from .judge.cli import register_judge_command
 from .models.convert import UnsafeCheckpointError, convert_official_elf, convert_official_langflow
 
 
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_evaluate_command(commands)
     register_benchmark_command(commands)
+    register_judge_command(commands)
 
     data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
     data_commands = data.add_subparsers(dest="data_command", required=True)
