@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from ..calibration.calibrate import calibration_seeds
-from ..calibration.tune import tuning_seeds
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
 from .evaluator import SMOLLM2_NAME, describe_evaluator
@@ -44,6 +43,7 @@ from .sampling import (
     generate,
     resampling_clusters,
     tokenizer_description,
+    tuning_seeds,
 )
 from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison, percentile_interval
 

@@ -51,6 +51,13 @@ def batch_seed(seed: int, batch_index: int) -> int:
     return 1_000_003 * int(seed) + int(batch_index)
 
 
+def tuning_seeds(statistics) -> set[int]:
+    """The benchmark-style seeds whose banks tuned these statistics (evaluating on them would leak)."""
+    if statistics is None:
+        return set()
+    return {int(entry["seed"]) for entry in (statistics.config.get("tuning") or {}).values()}
+
+
 def family_of(pipe) -> str:
     """`"elf"` or `"langflow"`: which solver family a pipeline samples with."""
     from ..pipelines import ELFPipeline, LangFlowPipeline
