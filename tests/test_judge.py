@@ -444,3 +444,9 @@ def test_cli_export_run_score_end_to_end(tmp_path, judge_server, monkeypatch):
     assert "Arena score | 100.0" in (out / "judge-untied-vs-official-nfe8.md").read_text()
     with pytest.raises(SystemExit):
         main(score)  # the report exists
+    hand = tmp_path / "hand.txt"
+    hand.write_text("# by hand\n" + "".join(f"{p['id']} A=B\n" for p in read_prompts(out / "prompts.jsonl")))
+    assert main([*score[:2], str(hand), *score[3:], "--name", "hand", "--judge", "me"]) == 0
+    report = json.loads((out / "hand.json").read_text())
+    assert (report["ties"], report["arena_score"], report["judges"]) == (6, 50.0, ["me"])
+    assert report["win_rate_non_tie"] is None and report["win_rate_non_tie_ci"] is None  # no non-tie pair

@@ -105,6 +105,8 @@ def score_command(args: argparse.Namespace) -> dict:
     result = score_verdicts(
         key, read_verdicts(args.verdicts), num_resamples=args.num_resamples, confidence=args.confidence, seed=args.seed
     )
+    if args.judge and not result["judges"]:
+        result["judges"] = [args.judge]
     name = args.name or f"judge-{key['candidate']}-vs-{key['baseline']}-nfe{key['nfe']}"
     paths = write_report(result, args.output_dir or Path(args.key).parent, name, overwrite=args.overwrite)
     low, high = result["arena_score_ci"]
@@ -195,6 +197,9 @@ def register_judge_command(commands) -> argparse.ArgumentParser:
     score.add_argument("--key", required=True, help="key.json written by `judge export`.")
     score.add_argument("--output-dir", help="Folder of <name>.json/.md (default: the key's folder).")
     score.add_argument("--name", help="Report name (default judge-<candidate>-vs-<baseline>-nfe<N>).")
+    score.add_argument(
+        "--judge", help="Judge named in the report when the verdict files record none (e.g. hand-written verdicts)."
+    )
     score.add_argument("--num-resamples", type=int, default=NUM_RESAMPLES, help="Paired bootstrap resamples.")
     score.add_argument("--confidence", type=float, default=0.95, help="Interval coverage.")
     score.add_argument("--seed", type=int, default=0, help="Seed of the bootstrap.")
