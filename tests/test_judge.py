@@ -433,10 +433,13 @@ def test_cli_export_run_score_end_to_end(tmp_path, judge_server, monkeypatch):
     assert main(["judge", "export", str(samples), "--nfe", "8", "--out", str(out)]) == 0
     run = ["judge", "run", str(out / "prompts.jsonl"), "--endpoint", judge_server.url, "--model", "fake"]
     run += ["--out", str(out / "verdicts.jsonl"), "--prompt-file", str(template), "--api-key-env", "JUDGE_KEY"]
-    assert main([*run, "--backoff", "0", "--no-progress", "--max-tokens", "64"]) == 0
+    assert main([*run, "--backoff", "0", "--no-progress", "--max-tokens", "64", "--extra-body", '{"seed": 1}']) == 0
     body = judge_server.requests[0]["body"]
     assert body["messages"][0]["content"].startswith("Read this.") and len(body["messages"]) == 1
-    assert body["temperature"] == 0.0 and body["max_tokens"] == 64 and judge_server.requests[0]["auth"] == "Bearer k"
+    assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.0, 64, 1)
+    assert judge_server.requests[0]["auth"] == "Bearer k"
+    assert main([*run, "--backoff", "0", "--no-progress", "--temperature", "none", "--overwrite"]) == 0
+    assert len(judge_server.requests) == 24 and "temperature" not in judge_server.requests[-1]["body"]
     score = ["judge", "score", str(out / "verdicts.jsonl"), "--key", str(out / "key.json"), "--num-resamples", "100"]
     assert main(score) == 0
     report = json.loads((out / "judge-untied-vs-official-nfe8.json").read_text())

@@ -22,6 +22,10 @@ def _parse_knobs(values: list[str] | None) -> dict:
     return knobs
 
 
+def _optional_float(value: str) -> float | None:
+    return None if value.lower() == "none" else float(value)
+
+
 def export_command(args: argparse.Namespace) -> dict:
     from ..evaluation.io import read_samples
     from .export import export_presentations
@@ -178,7 +182,12 @@ def register_judge_command(commands) -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="Verdicts file to write (JSONL).")
     run.add_argument("--prompt-file", help="Judge prompt template (default: the packaged judge_prompt.txt).")
     run.add_argument("--api-key-env", default="OPENAI_API_KEY", help="Environment variable holding the API key.")
-    run.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature sent (default 0).")
+    run.add_argument(
+        "--temperature",
+        type=_optional_float,
+        default=0.0,
+        help="Sampling temperature sent (default 0; 'none': not sent, for models that refuse the field).",
+    )
     run.add_argument("--max-tokens", type=int, help="max_tokens sent (default: the server's).")
     run.add_argument("--extra-body", help='Further request fields as JSON, e.g. \'{"reasoning_effort": "high"}\'.')
     run.add_argument("--cache", help="Reply cache file (default <out>.cache.jsonl).")

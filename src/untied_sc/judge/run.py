@@ -2,7 +2,8 @@
 
 Every reply goes to the [`ReplyCache`] the moment it arrives; a request whose reply is cached is never sent again. An
 interrupted run (Ctrl-C, a network failure, an exhausted retry budget) is resumed by running the same command again:
-only the unanswered presentations are asked. The verdicts file is written once every presentation has a reply,
+only the unanswered presentations are asked (Ctrl-C first lets the requests in flight finish, so their replies are
+cached too). The verdicts file is written once every presentation has a reply,
 one JSON object per presentation in prompts-file order: `{"id", "verdict", "judge", "reply"}`, `verdict` being
 canonical (see [`untied_sc.judge.verdicts`]) or `null` when the reply is unparseable (counted, never guessed).
 """
