@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from untied_sc.evaluation.benchmark import analyse, write_results
+from untied_sc.evaluation.aggregation import analyse
 from untied_sc.evaluation.evaluator import describe_evaluator
+from untied_sc.evaluation.report import write_results
 
 
 def _option(command: str | None, name: str) -> str | None:

@@ -8,12 +8,8 @@ import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.evaluation import aggregate, run_sweep
-from untied_sc.evaluation.benchmark import (
-    equal_entropy_comparison,
-    experiment_samplers,
-    gen_ppl_at_entropy,
-    genppl_ratio_ci,
-)
+from untied_sc.evaluation.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
+from untied_sc.evaluation.experiments import experiment_samplers
 from untied_sc.evaluation.sampling import batch_seed, build_scheduler
 
 from .conftest import elf_from_golden, langflow_from_golden
@@ -211,7 +207,7 @@ def test_report_samples_round_trip_through_evaluate_to_the_reports_numbers(tmp_p
 
 
 def test_reanalysing_a_report_reproduces_its_statistics(tmp_path, pipes, evaluator):
-    from untied_sc.evaluation.benchmark import analyse
+    from untied_sc.evaluation.aggregation import analyse
 
     results = sweep(pipes["langflow"], evaluator, tmp_path, diversity_values=[0.5, 2.0])
     saved = json.loads((tmp_path / "tiny.json").read_text())
@@ -505,7 +501,7 @@ def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, 
 
 
 def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
-    from untied_sc.evaluation.benchmark import _experiment_name, with_preset
+    from untied_sc.evaluation.experiments import experiment_name, with_preset
     from untied_sc.schedulers.scheduling_untied import paper_coefficients
 
     samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")
@@ -516,5 +512,17 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     spec = {"scheduler": "untied", **samplers["untied (correction only)"]}
     coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8, pipe.sampler_statistics)
     assert coefficients == {**paper_coefficients()["langflow-lm1b"]["8"], "eta_r": 0.0}
-    assert _experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
-    assert _experiment_name("hub/x", "main") is None
+    assert experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
+    assert experiment_name("hub/x", "main") is None
+
+
+def test_the_benchmark_module_still_exports_what_it_did_from_the_modules_that_now_hold_it():
+    from untied_sc.evaluation import aggregation, benchmark, cli, experiments, report, sweep
+
+    homes = (aggregation, cli, experiments, report, sweep)
+    renamed = {"_experiment_name": experiments.experiment_name, "command_line": cli.benchmark_command_line}
+    for name in set(benchmark.__all__) - set(renamed):
+        held = [module for module in homes if getattr(module, name, None) is getattr(benchmark, name)]
+        assert held, f"benchmark.{name} is not the object of any of the modules that hold the benchmark's jobs"
+    for name, function in renamed.items():
+        assert getattr(benchmark, name) is function

@@ -1,16 +1,7 @@
 """Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
 throughput, and the statistics of matched comparisons (docs/algorithm.md §6). It scores texts and token ids only."""
 
-from .benchmark import (
-    aggregate,
-    format_markdown,
-    generate_sweep,
-    read_generation,
-    run_sweep,
-    score_sweep,
-    write_generation,
-    write_results,
-)
+from .aggregation import aggregate
 from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve, monotone_cubic
 from .evaluator import SMOLLM2_NAME, default_cache_dir, evaluator_context_size, load_evaluator
 from .io import Sample, compare_results, evaluate_runs, evaluate_samples, read_samples, write_samples
@@ -36,6 +27,7 @@ from .metrics import (
     word_repetition,
 )
 from .plots import plot_benchmark
+from .report import format_markdown, write_results
 from .sampling import batch_seed, generate, resampling_clusters, resampling_unit
 from .statistics import (
     PairedComparison,
@@ -45,3 +37,4 @@ from .statistics import (
     paired_comparison,
     percentile_interval,
 )
+from .sweep import generate_sweep, read_generation, run_sweep, score_sweep, write_generation

@@ -1,19 +1,38 @@
-"""`untied-sc evaluate`: score a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline.
+"""The evaluation commands: `untied-sc evaluate` and `untied-sc benchmark`.
 
-The top-level CLI registers it with `register_evaluate_command(commands)` (or `add_evaluate_arguments` plus
-`set_defaults(handler=evaluate_command)`).
+- `evaluate` scores a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline;
+- `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`) and prints its
+  Markdown report.
+
+The top-level CLI registers them with `register_evaluate_command(commands)` and `register_benchmark_command(commands)`
+(or `add_<name>_arguments` plus `set_defaults(handler=<name>_command)`).
 """
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 import torch
 
 from .evaluator import SMOLLM2_NAME
+from .experiments import EXPERIMENTS, experiment_name, experiment_samplers, with_preset
+from .report import format_markdown
+from .sweep import (
+    DEFAULT_NFE,
+    DEFAULT_SEEDS,
+    generate_sweep,
+    read_generation,
+    run_sweep,
+    score_sweep,
+    write_generation,
+)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---- `untied-sc evaluate` -------------------------------------------------------------------------------------------
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -123,3 +142,191 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"Wrote {output}")
     return result
+
+
+# ---- `untied-sc benchmark` ------------------------------------------------------------------------------------------
+
+
+# Options that define the sweep (what is sampled): a generation file fixes them, so they are refused beside one.
+SWEEP_DEFAULTS = {
+    "nfe": list(DEFAULT_NFE),
+    "seeds": list(DEFAULT_SEEDS),
+    "num_samples": 256,
+    "batch_size": 32,
+    "experiment": "main",
+    "temperatures": None,
+    "diversity_nfe": None,
+    "coefficients": None,
+}
+
+
+# Options of the scoring half alone: a --generate-only command line leaves them out.
+SCORING_OPTIONS = ("evaluator", "protocol", "eval_batch_size", "max_length", "num_resamples", "dtype", "cache_dir")
+
+
+def add_benchmark_arguments(parser):
+    """Adds the `benchmark` arguments to an `argparse` parser and returns it."""
+    parser.add_argument(
+        "pipeline", nargs="?", help="Pipeline folder (or Hub repo id), calibrated at every --nfe (not with --from)."
+    )
+    parser.add_argument("--nfe", type=int, nargs="+", help="NFEs (default 8 16 32 64).")
+    parser.add_argument("--seeds", type=int, nargs="+", help="Seeds (default 0 1 2).")
+    parser.add_argument("--num-samples", type=int, help="Samples per (sampler, NFE, seed) (default 256).")
+    parser.add_argument("--batch-size", type=int, help="Samples per pipeline call, part of the seeding (default 32).")
+    parser.add_argument(
+        "--evaluator",
+        default=SMOLLM2_NAME,
+        help=f"'{SMOLLM2_NAME}' (offline), a Hub id such as gpt2-large, or a folder.",
+    )
+    parser.add_argument(
+        "--protocol", choices=["elf", "langflow"], help="GenPPL protocol (default: the pipeline's family)."
+    )
+    parser.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        help="Diversity sweep of the official sampler: LangFlow x̂ temperatures, or ELF decode temperatures (0: argmax).",
+    )
+    parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
+    parser.add_argument(
+        "--experiment",
+        choices=EXPERIMENTS,
+        help="Sampler set: official vs untied (main, the default), or one of the paper's controlled experiments.",
+    )
+    parser.add_argument(
+        "--coefficients",
+        help="Paper coefficient preset for every untied sampler (e.g. langflow-lm1b) instead of the statistics' own.",
+    )
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="Only sample: write <model>.generation.json and .generation-samples.jsonl.gz, to score elsewhere with "
+        "--from.",
+    )
+    parser.add_argument(
+        "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
+    )
+    split.add_argument(
+        "--from",
+        dest="from_generation",
+        metavar="GENERATION_JSON",
+        help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file).",
+    )
+    parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
+    parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
+    parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
+    parser.add_argument("--max-length", type=int, help="Evaluator truncation length (default: its context).")
+    parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples.")
+    parser.add_argument("--device", help="Device of the pipeline and the evaluator (default: cpu).")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="Evaluator dtype.")
+    parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser
+
+
+def register_benchmark_command(commands):
+    """Registers `benchmark` on an `add_subparsers()` object and returns its parser."""
+    parser = commands.add_parser(
+        "benchmark", help="Matched official vs untied sweep over NFEs and seeds: GenPPL, entropy, paired CIs, plot."
+    )
+    add_benchmark_arguments(parser)
+    parser.set_defaults(handler=benchmark_command)
+    return parser
+
+
+def benchmark_command_line(args) -> str:
+    """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
+    words = ["untied-sc", "benchmark"] + ([args.pipeline] if args.pipeline else [])
+    skipped = ("pipeline", "command", "handler") + (SCORING_OPTIONS if args.generate_only else ())
+    for name, value in vars(args).items():
+        if name in skipped or value is None or value is False:
+            continue
+        option = "--from" if name == "from_generation" else "--" + name.replace("_", "-")
+        if value is True:
+            words.append(option)
+        elif isinstance(value, list):
+            words += [option, *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)]
+        else:
+            words += [option, str(value)]
+    return shlex.join(words)
+
+
+def benchmark_command(args) -> dict:
+    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table."""
+    evaluator_kwargs = {"cache_dir": args.cache_dir, "dtype": DTYPES[args.dtype]}
+    if args.from_generation:
+        given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
+        if args.pipeline or given:
+            extra = ([args.pipeline] if args.pipeline else []) + given
+            raise SystemExit(
+                f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
+                "the sweep options were fixed when it was generated)."
+            )
+        generation = read_generation(args.from_generation)
+        if args.name:
+            generation["model"] = args.name
+        if args.device:
+            evaluator_kwargs["device"] = args.device
+        results = score_sweep(
+            generation,
+            evaluator=args.evaluator,
+            protocol=args.protocol,
+            eval_batch_size=args.eval_batch_size,
+            max_length=args.max_length,
+            num_resamples=args.num_resamples,
+            output_dir=args.output_dir,
+            command=benchmark_command_line(args),
+            progress=not args.no_progress,
+            main_only=args.main_only,
+            **evaluator_kwargs,
+        )
+        print(format_markdown(results))
+        print("Wrote " + ", ".join(results["files"].values()))
+        return results
+    if not args.pipeline:
+        raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
+    if args.main_only:
+        raise SystemExit(
+            "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
+        )
+    for key, default in SWEEP_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    command = benchmark_command_line(args)
+    sweep = {
+        "nfe": args.nfe,
+        "seeds": args.seeds,
+        "num_samples": args.num_samples,
+        "batch_size": args.batch_size,
+        "samplers": with_preset(experiment_samplers(args.experiment), args.coefficients),
+        "diversity_values": args.temperatures,
+        "diversity_nfe": args.diversity_nfe,
+        "name": args.name or experiment_name(args.pipeline, args.experiment, args.coefficients),
+        "command": command,
+        "progress": not args.no_progress,
+        "device": args.device,
+    }
+    if args.generate_only:
+        generation = generate_sweep(args.pipeline, **sweep)
+        paths = write_generation(generation, args.output_dir)
+        count = sum(len(run["samples"]) for run in generation["runs"])
+        print(
+            f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
+            f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
+        )
+        return generation
+    results = run_sweep(
+        args.pipeline,
+        evaluator=args.evaluator,
+        protocol=args.protocol,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        num_resamples=args.num_resamples,
+        output_dir=args.output_dir,
+        **sweep,
+        **evaluator_kwargs,
+    )
+    print(format_markdown(results))
+    print("Wrote " + ", ".join(results["files"].values()))
+    return results

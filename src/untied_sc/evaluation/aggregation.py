@@ -1,0 +1,285 @@
+"""A scored sweep's statistics, from its run records alone (so old reports can be re-analysed: [`analyse`]).
+
+Aggregates per (sampler, NFE): mean ± standard error over seeds. Paired per (candidate, NFE) against the baseline
+sampler, pooling the pairs of all seeds: the GenPPL ratio candidate / baseline with a paired bootstrap CI
+([`genppl_ratio_ci`]), the mean per-token ΔNLL with its CI and the fraction of pairs where the candidate is worse
+([`paired_comparison`]), and the retained throughput. Every interval resamples the sweep's resampling unit (an ELF
+batch, a LangFlow sample) within seeds ([`run_clusters`]).
+
+The diversity sweep (the official sampler at several values of the family's diversity knob) gives GenPPL–entropy
+curves ([`diversity_curves`]); every other sampler is read against the baseline's curve at its own entropy
+([`equal_entropy_comparison`], the control of docs/algorithm.md §6).
+"""
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
+from .experiments import BASELINE
+from .metrics import retained_throughput
+from .sampling import RESAMPLING_UNITS, resampling_clusters
+from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison, percentile_interval
+
+
+# The run-record metrics that get a mean ± SE over seeds per (sampler, NFE).
+AGGREGATED_METRICS = (
+    "gen_ppl",
+    "nll_per_token",
+    "entropy",
+    "entropy_generator_ids",
+    "entropy_evaluator_ids",
+    "rep_4",
+    "distinct_1",
+    "distinct_2",
+    "distinct_3",
+    "distinct_4",
+    "token_rep_4",
+    "token_distinct_4",
+    "longest_repeat",
+    "samples_per_second",
+)
+
+
+def _mean_se(values) -> dict:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    if not finite:
+        return {"mean": None, "se": None, "n": 0}
+    mean, se = mean_and_standard_error(finite)
+    return {"mean": mean, "se": None if math.isnan(se) else se, "n": len(finite)}
+
+
+def _nan_if_none(values) -> list[float]:
+    return [float("nan") if v is None else float(v) for v in values]
+
+
+def run_clusters(runs: Sequence[dict], clusters: Sequence | None = None) -> tuple[list, list]:
+    """Cluster and stratum labels of the pooled samples of `runs` (one run per seed, in order): `(seed, cluster)` and
+    the seed, `clusters` being the label of sample i within a seed ([`resampling_clusters`]; `None`: i itself)."""
+    if clusters is None:
+        clusters = range(max(len(run["per_sample"]["nll_sum"]) for run in runs))
+    labels, strata = [], []
+    for position, run in enumerate(runs):  # one run per seed
+        count = len(run["per_sample"]["nll_sum"])
+        if count > len(clusters):
+            raise ValueError(f"A run holds {count} samples but only {len(clusters)} cluster labels were given.")
+        labels += [(position, clusters[i]) for i in range(count)]
+        strata += [position] * count
+    return labels, strata
+
+
+def genppl_ratio_ci(
+    baseline_runs: Sequence[dict],
+    candidate_runs: Sequence[dict],
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = 0,
+) -> tuple[float, tuple[float, float]]:
+    """Pooled GenPPL ratio candidate / baseline over matched runs, and its paired cluster bootstrap CI.
+
+    GenPPL = exp(Σ nll_sum / Σ num_tokens) pooled over the pairs of all the runs (one run per seed, same order), so the
+    ratio is exp(NLL/token of the candidate - NLL/token of the baseline). `clusters` labels sample i of a seed with its
+    resampling unit ([`resampling_clusters`]; default: every sample its own); clusters are resampled within seeds.
+    """
+    columns = []
+    for a, b in zip(baseline_runs, candidate_runs, strict=True):
+        pa, pb = a["per_sample"], b["per_sample"]
+        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+    table = torch.tensor(columns, dtype=torch.float64)
+    labels, strata = run_clusters(baseline_runs, clusters)
+    weights = torch.cat(
+        [
+            torch.ones(1, len(labels), dtype=torch.float64),
+            cluster_resample_weights(labels, num_resamples, generator, strata),
+        ]
+    )
+    sums = weights @ table  # (1 + R, 4): Σ nll_a, Σ tokens_a, Σ nll_b, Σ tokens_b
+    ratios = torch.exp(sums[:, 2] / sums[:, 3].clamp(min=1) - sums[:, 0] / sums[:, 1].clamp(min=1))
+    return float(ratios[0]), percentile_interval(ratios[1:], confidence)
+
+
+def aggregate(
+    runs: Sequence[dict],
+    baseline: str = BASELINE,
+    num_resamples: int = 1000,
+    generator: int = 0,
+    clusters: Sequence | None = None,
+) -> dict:
+    """Aggregates the main-sweep runs (those without a diversity value).
+
+    Returns `{"by_sampler": {sampler: {nfe: {metric: {mean, se, n}}}}, "paired": {candidate: {nfe: {...}}}}`, NFEs as
+    strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order;
+    its intervals resample `clusters` (the resampling unit of sample i of a seed, [`resampling_clusters`]; default:
+    every sample its own) within seeds.
+    """
+    by_sampler: dict = {}
+    grouped: dict = {}
+    for run in runs:
+        grouped.setdefault(run["sampler"], {}).setdefault(run["nfe"], {})[run["seed"]] = run
+    for sampler, by_nfe in grouped.items():
+        by_sampler[sampler] = {
+            str(nfe): {metric: _mean_se([r.get(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS}
+            for nfe, seeds in sorted(by_nfe.items())
+        }
+    paired: dict = {}
+    for sampler, by_nfe in grouped.items():
+        if sampler == baseline or baseline not in grouped:
+            continue
+        for nfe, seeds in sorted(by_nfe.items()):
+            common = sorted(set(seeds) & set(grouped[baseline].get(nfe, {})))
+            if not common:
+                continue
+            a = [grouped[baseline][nfe][s] for s in common]
+            b = [seeds[s] for s in common]
+            labels, strata = run_clusters(a, clusters)
+            nll_a = [x for run in a for x in _nan_if_none(run["per_sample"]["mean_nll"])]
+            nll_b = [x for run in b for x in _nan_if_none(run["per_sample"]["mean_nll"])]
+            comparison = paired_comparison(
+                nll_a, nll_b, num_resamples=num_resamples, generator=generator, clusters=labels, strata=strata
+            )
+            ratio, ratio_ci = genppl_ratio_ci(a, b, clusters, num_resamples=num_resamples, generator=generator)
+            per_seed_ratio = [rb["gen_ppl"] / ra["gen_ppl"] for ra, rb in zip(a, b, strict=True)]
+            retained = [
+                retained_throughput(ra["samples_per_second"], rb["samples_per_second"])
+                for ra, rb in zip(a, b, strict=True)
+            ]
+            paired.setdefault(sampler, {})[str(nfe)] = {
+                "baseline": baseline,
+                "seeds": common,
+                "gen_ppl_ratio": ratio,
+                "gen_ppl_ratio_ci": list(ratio_ci),
+                "gen_ppl_ratio_per_seed": _mean_se(per_seed_ratio),
+                **{key: list(v) if isinstance(v, tuple) else v for key, v in vars(comparison).items()},
+                "retained_throughput": _mean_se(retained),
+            }
+    return {"by_sampler": by_sampler, "paired": paired}
+
+
+def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = None) -> dict:
+    """GenPPL and entropy (mean ± SE over seeds) per sampler, NFE and knob value, for samplers that were swept.
+
+    The main runs (knob value `None`) join their sampler's curve at `default` (the knob's value in the main runs: T = 1,
+    or the config's w) with `"default": true`. Returns `{sampler: {nfe: [{knob: value, "default": bool, "gen_ppl":
+    {mean, se, n}, "entropy": {...}}, …]}}`, sorted by knob value.
+    """
+    grouped: dict = {}
+    for run in runs:
+        grouped.setdefault(run["sampler"], {}).setdefault(str(run["nfe"]), {}).setdefault(run[knob], []).append(run)
+    curves: dict = {}
+    for sampler, by_nfe in grouped.items():
+        for nfe, by_value in by_nfe.items():
+            if len(by_value) < 2 and None in by_value:
+                continue  # no sweep for this sampler and NFE
+            points = [
+                {
+                    knob: default if value is None else value,
+                    "default": value is None,
+                    "gen_ppl": _mean_se([r["gen_ppl"] for r in group]),
+                    "entropy": _mean_se([r["entropy"] for r in group]),
+                }
+                for value, group in by_value.items()
+            ]
+            curves.setdefault(sampler, {})[nfe] = sorted(
+                points, key=lambda p: (p[knob] is not None, p[knob] if p[knob] is not None else 0.0)
+            )
+    return curves
+
+
+def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
+    """GenPPL of a swept curve at `entropy`: the curve's monotone cubic fit in log-GenPPL against entropy
+    ([`gen_ppl_on_curve`]); `None` outside the swept entropy range (no extrapolation)."""
+    usable = [p for p in points if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")]
+    if not usable:
+        return None
+    return gen_ppl_on_curve([p["entropy"]["mean"] for p in usable], [p["gen_ppl"]["mean"] for p in usable], entropy)
+
+
+def _run_samples(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value) -> list[RunSamples]:
+    """Per-sample records of one sampler, NFE and knob value (`None`: main runs), by seed."""
+    chosen = sorted(
+        (r for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] == value),
+        key=lambda r: r["seed"],
+    )
+    blocks = []
+    for run in chosen:
+        per_sample = run["per_sample"]
+        entropy = per_sample.get("entropy")  # absent from reports written before per-sample entropies were kept
+        blocks.append(RunSamples(per_sample["nll_sum"], per_sample["num_tokens"], entropy, run["entropy"]))
+    return blocks
+
+
+def equal_entropy_comparison(
+    by_sampler: dict,
+    curves: dict,
+    baseline: str = BASELINE,
+    runs: Sequence[dict] | None = None,
+    knob: str = "temperature",
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+) -> dict[str, dict[str, dict]]:
+    """Every other sampler against the baseline's diversity curve at the same NFE, at the sampler's own entropy.
+
+    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci", ...}}}`: the
+    curve is read with [`gen_ppl_at_entropy`] (`None` where the sampler's entropy lies outside the swept range). With
+    `runs` (the run records, which hold per-sample NLLs), `ratio_ci` is the cluster bootstrap interval of
+    [`equal_entropy_ratio`], which re-fits the curve on every resample (`clusters`: the resampling unit of sample i,
+    default every sample its own; generator 0), with `fraction_outside` and `entropy_resampled`; otherwise `None`.
+    """
+    out: dict[str, dict[str, dict]] = {}
+    for sampler, by_nfe in by_sampler.items():
+        if sampler == baseline:
+            continue
+        for nfe, metrics in by_nfe.items():
+            curve = curves.get(baseline, {}).get(nfe)
+            entropy, ppl = metrics.get("entropy", {}).get("mean"), metrics.get("gen_ppl", {}).get("mean")
+            if not curve or entropy is None or ppl is None:
+                continue
+            reference = gen_ppl_at_entropy(curve, entropy)
+            row = {
+                "entropy": entropy,
+                "gen_ppl": ppl,
+                "baseline_gen_ppl_at_entropy": reference,
+                "ratio": None if reference is None else ppl / reference,
+                "ratio_ci": None,
+            }
+            candidate = [] if runs is None else _run_samples(runs, sampler, nfe, knob, None)
+            if candidate:
+                points = [_run_samples(runs, baseline, nfe, knob, None if p["default"] else p[knob]) for p in curve]
+                bootstrap = equal_entropy_ratio(
+                    candidate,
+                    points,
+                    clusters,
+                    num_resamples=num_resamples,
+                    confidence=confidence,
+                    generator=0,
+                )
+                row.update({key: bootstrap[key] for key in ("ratio_ci", "fraction_outside", "entropy_resampled")})
+            out.setdefault(sampler, {})[nfe] = row
+    return out
+
+
+def analyse(results: dict, num_resamples: int = 1000) -> dict:
+    """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
+    `diversity_curves` and `equal_entropy` (a report is a function of its runs, so old reports can be re-analysed)."""
+    knob = results["diversity_knob"]
+    unit, why = RESAMPLING_UNITS[results["family"]]
+    clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
+    results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
+    runs = results["runs"]
+    results["aggregates"] = aggregate(
+        [run for run in runs if run[knob] is None], num_resamples=num_resamples, clusters=clusters
+    )
+    results["diversity_curves"] = diversity_curves(runs, knob, results["diversity_default"])
+    results["equal_entropy_fit"] = FIT_DESCRIPTION
+    results["equal_entropy"] = equal_entropy_comparison(
+        results["aggregates"]["by_sampler"],
+        results["diversity_curves"],
+        runs=runs,
+        knob=knob,
+        clusters=clusters,
+        num_resamples=num_resamples,
+    )
+    return results

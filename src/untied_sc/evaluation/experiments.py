@@ -1,0 +1,79 @@
+"""The sampler sets a benchmark compares: official vs untied (`main`) and the paper's controlled experiments.
+
+A sampler set maps a name to a spec ([`run_sweep`]'s `samplers`): `{}` is the sampler at its defaults, other keys
+override the untied scheduler's config (`eta_t: 0.0`), route its correction (`correction_routing`), scale one resolved
+coefficient (`eta_t_scale: 0.5`) or go to the pipeline call (`temperature`). The sampler named `official` is the
+baseline of every paired comparison. The experiments (`--experiment`):
+
+- `placement` (Table "placement" (a)): where the correction goes: off, into the solver, into the next
+  self-conditioning input, or both;
+- `components` (Table "placement" (b)): which components are on: the SC transform alone, the correction alone, both;
+- `sensitivity` (Appendix "parameter sensitivity"): one coefficient at a time at ×½..×2 of its resolved value.
+"""
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+
+
+BASELINE = "official"
+DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
+EXPERIMENTS = ("main", "placement", "components", "sensitivity")
+SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
+
+
+def experiment_samplers(name: str) -> dict[str, dict]:
+    """Sampler specs of an experiment: `main`, `placement`, `components` or `sensitivity` (official always first)."""
+    if name == "main":
+        return dict(DEFAULT_SAMPLERS)
+    if name == "placement":
+        return {
+            BASELINE: {},
+            "untied (correction off)": {"eta_t": 0.0},
+            "untied (correction to solver)": {"correction_routing": "solver"},
+            "untied (correction to next SC)": {"correction_routing": "self_conditioning"},
+            "untied (correction to both)": {"correction_routing": "both"},
+        }
+    if name == "components":
+        return {
+            BASELINE: {},
+            "untied (SC transform only)": {"eta_t": 0.0},
+            "untied (correction only)": {"eta_r": 0.0},
+            "untied (both)": {},
+        }
+    if name == "sensitivity":
+        samplers = {BASELINE: {}, "untied": {}}
+        for coefficient in COEFFICIENT_NAMES:
+            for factor in SENSITIVITY_FACTORS:
+                samplers[f"untied ({coefficient} x{factor:g})"] = {f"{coefficient}_scale": factor}
+        return samplers
+    raise ValueError(f"Unknown experiment {name!r}; choose main, placement, components or sensitivity.")
+
+
+def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
+    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`)."""
+    if preset is None:
+        return dict(samplers)
+    return {
+        name: dict(spec) if name == BASELINE else {"coefficients": preset, **spec} for name, spec in samplers.items()
+    }
+
+
+def normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Each spec gets an explicit `scheduler` key: `"official"` for the sampler named official, else `"untied"`."""
+    if BASELINE not in samplers:
+        raise ValueError(
+            f"`samplers` must include the baseline {BASELINE!r} (the pairs' first side), got {list(samplers)}."
+        )
+    return {
+        name: {"scheduler": "official" if name == BASELINE else "untied", **dict(spec)}
+        for name, spec in samplers.items()
+    }
+
+
+def experiment_name(pipeline: str, experiment: str, preset: str | None = None) -> str | None:
+    """`<model>-<experiment>[-<preset>]` for the controlled experiments and presets, so that they do not overwrite the
+    main results."""
+    suffix = ("" if experiment == "main" else f"-{experiment}") + (f"-{preset}" if preset else "")
+    return f"{Path(str(pipeline).rstrip('/')).name}{suffix}" if suffix else None

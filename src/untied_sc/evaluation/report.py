@@ -1,0 +1,222 @@
+"""A scored sweep's report: `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png`
+([`plot_benchmark`]) and the scored samples `<model>.samples.jsonl.gz` ([`write_results`]).
+
+A report renders its results dict only (run records and [`analyse`]'s statistics), so a committed report re-renders
+byte for byte from its JSON (`benchmarks/rerender_reports.py`).
+"""
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+from .curves import FIT_DESCRIPTION
+from .evaluator import SMOLLM2_NAME
+from .io import Sample, write_samples
+
+
+def _fmt(stat: dict | None, digits: int = 2) -> str:
+    if not stat or stat.get("mean") is None:
+        return "n/a"
+    if stat.get("se") is None:
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} ± {stat['se']:.{digits}f}"
+
+
+def entropy_label(results: dict) -> str:
+    """What a report's entropy column measures: the protocol's ids, with their tokenizer named."""
+    if results["protocol"] == "elf":
+        name = "SmolLM2-135M-Instruct" if results["evaluator"] == SMOLLM2_NAME else results["evaluator"]
+        return f"per-sample unigram entropy (nats) of the evaluator's token ids (the {name} tokenizer)"
+    tokenizer = results.get("generator_tokenizer")
+    tokenizer = (
+        f"the generating model's own tokenizer: {tokenizer}" if tokenizer else "the generating model's tokenizer"
+    )
+    return f"per-sample unigram entropy (nats) of the generator's token ids ({tokenizer})"
+
+
+def interval_label(results: dict) -> str:
+    """How a report's intervals were computed: the bootstrap's resampling unit, and why."""
+    unit = results.get("resampling_unit") or {"unit": "sample", "why": "", "stratified_by": "seed"}
+    why = f" ({unit['why']})" if unit.get("why") else ""
+    plural = {"batch": "batches", "sample": "samples"}.get(unit["unit"], unit["unit"])
+    return f"95% paired bootstrap CIs resampling whole {plural}{why}, stratified by {unit['stratified_by']}"
+
+
+def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
+    """The repetition table: word Rep-4 beside its subword twins on generator ids (they see loops inside words)."""
+    by_sampler = results["aggregates"]["by_sampler"]
+    columns = ("rep_4", "token_rep_4", "token_distinct_4", "longest_repeat")
+    lines = [
+        "",
+        "## Repetition (mean ± SE over seeds)",
+        "",
+        "Rep-4: fraction of a sample's 4-grams that repeat an earlier one, on words and on generator token ids; "
+        "token distinct-4: unique / all id 4-grams, pooled; longest run: the longest stretch (in generator tokens) "
+        "repeating one unit of 1-4 tokens back to back, averaged over samples.",
+        "",
+    ]
+    if not any(
+        by_sampler.get(s, {}).get(str(n), {}).get("token_rep_4", {}).get("mean") is not None
+        for s in samplers
+        for n in results["nfe"]
+    ):
+        note = "" if results.get("samples_file") else " Its samples are not committed, so they cannot be added."
+        return lines + [f"Word Rep-4 only: this report's runs were scored before the subword measures existed.{note}"]
+    lines += [
+        "| sampler | NFE | word Rep-4 | token Rep-4 | token distinct-4 | longest run |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for sampler in samplers:
+        for nfe in results["nfe"]:
+            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
+            if metrics:
+                cells = [_fmt(metrics.get(key), 3 if key != "longest_repeat" else 1) for key in columns]
+                lines.append(f"| {sampler} | {nfe} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def format_markdown(results: dict) -> str:
+    """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, curves."""
+    samplers = list(results["samplers"])
+    by_sampler = results["aggregates"]["by_sampler"]
+    knob = results["diversity_knob"]
+    evaluator = results.get("evaluator_description") or results["evaluator"]
+    lines = [
+        f"# Benchmark: {results['model']} ({results['pipeline_class']})",
+        "",
+        f"Evaluator: {evaluator}; protocol `{results['protocol']}`. {len(results['seeds'])} seeds "
+        f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}; every "
+        "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds. "
+        f"Entropy: {entropy_label(results)}."
+        + (" The generation's diversity runs were not scored (`--main-only`)." if results.get("main_only") else ""),
+        "",
+        "| NFE | " + " | ".join(f"{s} GenPPL | {s} entropy" for s in samplers) + " |",
+        "|---:|" + "---:|---:|" * len(samplers),
+    ]
+    for nfe in results["nfe"]:
+        cells = []
+        for sampler in samplers:
+            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
+            cells += [_fmt(metrics.get("gen_ppl")), _fmt(metrics.get("entropy"), 3)]
+        lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    paired = results["aggregates"]["paired"]
+    if paired:
+        lines += [
+            "",
+            f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
+            "",
+            f"{interval_label(results)}.",
+            "",
+            "| sampler | NFE | pairs | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | retained throughput |",
+            "|---|---:|---:|---|---|---|---:|",
+        ]
+        for sampler, by_nfe in paired.items():
+            for nfe, p in by_nfe.items():
+                low, high = p["gen_ppl_ratio_ci"]
+                d_low, d_high = p["mean_delta_ci"]
+                w_low, w_high = p["fraction_b_worse_ci"]
+                lines.append(
+                    f"| {sampler} | {nfe} | {p['num_pairs']} | {p['gen_ppl_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
+                    f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
+                    f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+                )
+    lines += _repetition_lines(results, samplers)
+    lines += ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
+    lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
+    for nfe in results["nfe"]:
+        cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
+        lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    if results.get("coefficients"):
+        lines += ["", "## Coefficients the untied samplers ran with", ""]
+        if any("alpha_scale" in spec for spec in results["samplers"].values()):
+            lines += ["α is an average's weight, in (0, 1]: a scaled α above 1 runs at 1.", ""]
+        lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
+        for sampler, by_nfe in results["coefficients"].items():
+            for nfe, c in by_nfe.items():
+                values = " | ".join(f"{c[name]:.4g}" for name in COEFFICIENT_NAMES)
+                lines.append(f"| {sampler} | {nfe} | {values} |")
+    if results["diversity_curves"]:
+        lines += [
+            "",
+            f"## GenPPL–entropy curves ({knob} sweep; `(default)` marks the main runs)",
+            "",
+            f"| sampler | NFE | {knob} | GenPPL | entropy |",
+            "|---|---:|---:|---|---|",
+        ]
+        for sampler, by_nfe in results["diversity_curves"].items():
+            for nfe, points in by_nfe.items():
+                for point in points:
+                    value = "n/a" if point[knob] is None else f"{point[knob]:g}"
+                    value += " (default)" if point["default"] else ""
+                    lines.append(
+                        f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
+                    )
+    if results.get("equal_entropy"):
+        rows = [row for by_nfe in results["equal_entropy"].values() for row in by_nfe.values()]
+        held = any(row.get("entropy_resampled") is False for row in rows)
+        lines += [
+            "",
+            f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
+            "",
+            f"Curve fit: {results.get('equal_entropy_fit', FIT_DESCRIPTION)}; `outside` where the sampler's entropy "
+            f"lies outside the swept range. {interval_label(results)}, the same resample applied to the sampler and "
+            "to every point of the curve, which is re-fitted on each; no interval when more than 2.5% of the "
+            "resamples fall outside the curve's range (one tail unknown)."
+            + (
+                " This report's runs hold no per-sample entropies (scored before they were kept), so the entropies "
+                "are held at their measured values and only GenPPL is resampled."
+                if held
+                else ""
+            ),
+            "",
+            f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio [CI] |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for sampler, by_nfe in results["equal_entropy"].items():
+            for nfe, row in by_nfe.items():
+                reference, ratio, interval = row["baseline_gen_ppl_at_entropy"], row["ratio"], row.get("ratio_ci")
+                ratio_text = "outside" if ratio is None else f"{ratio:.3f}"
+                if ratio is not None:
+                    if interval:
+                        ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                    elif row.get("fraction_outside") is not None:
+                        ratio_text += f" (no CI: {row['fraction_outside']:.0%} of resamples outside)"
+                lines.append(
+                    f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
+                    f"{'outside' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
+                )
+    commands = [results["command"]]
+    if "scoring_command" in results:  # sampled on one machine, scored on another
+        commands.append(results["scoring_command"])
+        where = (
+            f"Sampled in {results['sampling_seconds']:.1f} s on {results['device']} with torch {results['torch']}, then "
+            f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:"
+        )
+    else:
+        where = (
+            f"Wall time {results['wall_seconds']:.1f} s on {results['device']} with torch {results['torch']}. Command:"
+        )
+    lines += ["", where, "", "```", *commands, "```", ""]
+    return "\n".join(lines)
+
+
+def write_results(
+    results: dict, output_dir: str | os.PathLike, samples: Sequence[Sample] | None = None, stem: str | None = None
+) -> dict[str, Path]:
+    """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png` ([`plot_benchmark`]) and,
+    given the scored `samples`, `<model>.samples.jsonl.gz` beside them (what the tables measured, re-scorable with
+    `untied-sc evaluate`). `stem` replaces `<model>` in the names (a report re-rendered under its own file name)."""
+    from .plots import plot_benchmark
+
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = stem or results["model"]
+    paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
+    if samples is not None:
+        paths["samples"] = write_samples(folder / f"{stem}.samples.jsonl.gz", samples)
+    paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
+    paths["markdown"].write_text(format_markdown(results))
+    plot_benchmark(results, paths["plot"])
+    return paths

@@ -1,0 +1,435 @@
+"""The matched generation sweep behind `untied-sc benchmark`: every sampler at every NFE and seed, then scored
+(docs/algorithm.md §6).
+
+For every seed s, NFE N and sampler, the pipeline generates `num_samples` samples in batches; batch b of every
+sampler is drawn from `torch.Generator().manual_seed(batch_seed(s, b))`, so sample i of the official run and sample i
+of the untied run share the initial latent z_0 and the random stream (pairs are matched; results depend on
+`batch_size` through the batch seeds, which is recorded). Each run is scored with [`evaluate_samples`] (GenPPL under
+the evaluator and protocol, entropies, Rep-4, distinct-n, per-sample NLL) and timed (samples/s of sampling alone).
+The diversity sweep runs the official sampler at several values of the family's diversity knob (LangFlow: the
+temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the temperature T of the final decode's softmax, 0 = argmax)
+so that samplers can be compared at equal entropy.
+
+[`run_sweep`] is [`generate_sweep`] (sampling, e.g. on a GPU) then [`score_sweep`] (scoring, where the evaluator is);
+[`write_generation`] and [`read_generation`] carry a generation between the two. The statistics are
+[`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
+
+The sweep runs pipelines (it is the one place in `evaluation` that does) but scores only texts and token ids.
+"""
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from ..calibration.calibrate import calibration_seeds
+from .aggregation import AGGREGATED_METRICS, analyse
+from .evaluator import describe_evaluator
+from .experiments import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
+from .io import Sample, evaluate_samples, read_samples, write_samples
+from .metrics import samples_per_second
+from .report import write_results
+from .sampling import (
+    CALL_KEYS,
+    build_scheduler,
+    diversity_knob,
+    family_of,
+    generate,
+    tokenizer_description,
+    tuning_seeds,
+)
+
+
+DEFAULT_NFE = (8, 16, 32, 64)
+DEFAULT_SEEDS = (0, 1, 2)
+GENERATION_FORMAT = "untied-sc benchmark generation"
+
+# Per-sample records a run keeps (the intervals and the equal-entropy control resample them).
+PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
+
+
+def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
+    per_sample = result["per_sample"]
+    return {
+        "sampler": sampler,
+        "nfe": nfe,
+        "seed": seed,
+        knob: value,
+        "num_samples": result["num_samples"],
+        "num_scored": result["num_scored"],
+        "seconds": seconds,
+        "samples_per_second": samples_per_second(result["num_samples"], seconds),
+        **{key: result.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        "num_tokens": result["num_tokens"],
+        "per_sample": {key: [r.get(key) for r in per_sample] for key in PER_SAMPLE_KEYS},
+    }
+
+
+def _sweep_runs(
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    samplers: Mapping[str, Mapping],
+    diversity_values: Sequence[float] | None,
+    diversity_samplers: Sequence[str],
+    diversity_nfe: Sequence[int] | None,
+) -> list[tuple[str, int, int, float | None]]:
+    """The sweep's runs in order: (sampler, NFE, seed, diversity value or `None` for a main run)."""
+    plan = [(s, n, seed, None) for n in nfe for seed in seeds for s in samplers]
+    for value in diversity_values or ():
+        plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
+    return plan
+
+
+def _refuse_leaked_seeds(seeds: Sequence[int], statistics) -> None:
+    """Raises when an evaluation seed is one the statistics were tuned or calibrated on (the result would leak)."""
+    for used, what, remedy in (
+        (tuning_seeds(statistics), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
+        (
+            calibration_seeds(statistics),
+            "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
+            " or recalibrate with another seed",
+        ),
+    ):
+        leaked = sorted(set(seeds) & used)
+        if leaked:
+            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
+
+
+def generate_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    name: str | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> dict:
+    """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
+
+    The arguments are [`run_sweep`]'s. Sampling and scoring can run on different machines (sample on a GPU, score on
+    a machine that has the evaluator): [`write_generation`] saves the result, [`read_generation`] loads it and
+    [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
+
+    Returns:
+        `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
+        `batch_size`, `samplers`, `diversity_*`), `coefficients` (η_R, η_T, η_O, α each untied sampler ran with, by
+        NFE), `device`, `torch`, `command`, `seconds` (wall time) and `runs`: one
+        dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling and its `samples` ([`Sample`]s).
+    """
+    from tqdm.auto import tqdm
+
+    from ..schedulers import UntiedSelfConditioningScheduler
+
+    began = time.perf_counter()
+    if command is None:
+        command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        from ..pipelines import load_pipeline
+
+        name = name or Path(str(pipeline_dir_or_pipe).rstrip("/")).name
+        pipe = load_pipeline(pipeline_dir_or_pipe)
+    else:
+        pipe = pipeline_dir_or_pipe
+        name = name or Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+    if device is not None:
+        pipe.to(device)
+    family = family_of(pipe)
+    statistics = getattr(pipe, "sampler_statistics", None)
+    _refuse_leaked_seeds(seeds, statistics)
+    knob = diversity_knob(family)
+    samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
+    unknown = [s for s in diversity_samplers if s not in samplers]
+    if diversity_values and unknown:
+        raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
+    plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
+
+    original_scheduler = pipe.scheduler
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    runs = []
+    coefficients: dict[str, dict[str, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
+    try:
+        for sampler, n, seed, value in tqdm(plan, desc=f"sampling {name}", disable=not progress):
+            spec = samplers[sampler]
+            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
+            if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler):
+                coefficients.setdefault(sampler, {})[str(n)] = pipe.scheduler.resolve_coefficients(n, statistics)
+            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
+            if value is not None:
+                call_kwargs[knob] = value
+            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
+            samples = [
+                Sample(
+                    text=t,
+                    ids=i,
+                    seed=seed,
+                    batch=j // batch_size,
+                    sampler=sampler,
+                    nfe=n,
+                    extra={"index": j, knob: value},
+                )
+                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
+            ]
+            runs.append(
+                {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
+            )
+    finally:
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+    return {
+        "format": GENERATION_FORMAT,
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": "1_000_003 * seed + batch_index",
+        "samplers": samplers,
+        "coefficients": coefficients,
+        "baseline": BASELINE,
+        "diversity_knob": knob,
+        "diversity_values": list(diversity_values or []),
+        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
+        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
+        "device": str(pipe.device)
+        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else ""),
+        "torch": torch.__version__,
+        "command": command,
+        "seconds": time.perf_counter() - began,
+        "runs": runs,
+    }
+
+
+def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
+    `<model>.generation-samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, batch, index and knob
+    value; a name apart from the report's own `<model>.samples.jsonl.gz`, which holds only the runs it scored)."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = generation["model"]
+    paths = {
+        "generation": folder / f"{stem}.generation.json",
+        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
+    }
+    header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
+    header["samples_file"] = paths["samples"].name
+    paths["generation"].write_text(json.dumps(header, indent=1) + "\n")
+    write_samples(paths["samples"], (sample for run in generation["runs"] for sample in run["samples"]))
+    return paths
+
+
+def read_generation(path: str | os.PathLike) -> dict:
+    """Reads a `<model>.generation.json` written by [`write_generation`] (and its samples file beside it), checking
+    that every run holds its `num_samples` samples in order."""
+    path = Path(path)
+    try:
+        generation = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"Cannot read the generation file {path}: {error}") from error
+    if generation.get("format") != GENERATION_FORMAT:
+        raise ValueError(
+            f"{path} is not a benchmark generation file (written by `untied-sc benchmark --generate-only`)."
+        )
+    knob = generation["diversity_knob"]
+    by_run: dict[tuple, list[Sample]] = {}
+    for sample in read_samples(path.parent / generation["samples_file"]):
+        key = (sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob))
+        by_run.setdefault(key, []).append(sample)
+    for run in generation["runs"]:
+        key = (run["sampler"], run["nfe"], run["seed"], run[knob])
+        samples = by_run.pop(key, [])
+        if [s.extra.get("index") for s in samples] != list(range(generation["num_samples"])):
+            raise ValueError(
+                f"{generation['samples_file']} holds {len(samples)} samples of run {key} (sampler, NFE, seed, "
+                f"{knob}), not samples 0..{generation['num_samples'] - 1} in order: the file is incomplete or was "
+                "edited. Generate it again."
+            )
+        run["samples"] = samples
+    if by_run:
+        raise ValueError(
+            f"{generation['samples_file']} holds samples of runs {sorted(by_run, key=str)} that "
+            f"{path.name} does not list."
+        )
+    return generation
+
+
+def score_sweep(
+    generation: dict,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    output_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    main_only: bool = False,
+    **evaluator_kwargs,
+) -> dict:
+    """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
+    aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
+    generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half)."""
+    from tqdm.auto import tqdm
+
+    from .evaluator import load_evaluator
+
+    began = time.perf_counter()
+    family, knob = generation["family"], generation["diversity_knob"]
+    if main_only:
+        main = [run for run in generation["runs"] if run[knob] is None]
+        generation = {
+            **generation,
+            "runs": main,
+            "diversity_values": [],
+            "diversity_samplers": [],
+            "diversity_nfe": [],
+        }
+    protocol = protocol or family
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
+    else:
+        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+    runs = []
+    for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
+        result = evaluate_samples(
+            run["samples"], evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
+        )
+        runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
+
+    knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
+    settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
+    results = {
+        **{key: generation[key] for key in settings},
+        "protocol": protocol,
+        "evaluator": evaluator_name,
+        "evaluator_description": describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype),
+        "samplers": generation["samplers"],
+        "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        "generator_tokenizer": generation.get("generator_tokenizer"),
+        **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
+        **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
+        "runs": runs,
+        "diversity_default": knob_default,
+        "command": generation["command"],
+        "main_only": main_only,
+    }
+    if command is not None and command != generation["command"]:
+        results["scoring_command"] = command
+        results["scoring_device"] = str(next(evaluator[0].parameters()).device)
+    analyse(results, num_resamples=num_resamples)
+    results["sampling_seconds"] = generation["seconds"]
+    results["scoring_seconds"] = time.perf_counter() - began
+    results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
+    if output_dir is not None:
+        samples = [sample for run in generation["runs"] for sample in run["samples"]]
+        results["samples_file"] = f"{results['model']}.samples.jsonl.gz"
+        results["files"] = {k: str(v) for k, v in write_results(results, output_dir, samples).items()}
+    return results
+
+
+def run_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+    **evaluator_kwargs,
+) -> dict:
+    """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
+
+    [`generate_sweep`] then [`score_sweep`]: use those two to sample and score on different machines.
+
+    Args:
+        pipeline_dir_or_pipe: a pipeline folder / Hub id ([`load_pipeline`]) or a loaded pipeline. The untied sampler
+            needs its `sampler_statistics` calibrated at every NFE in `nfe` (`untied-sc calibrate`).
+        nfe (`Sequence[int]`, defaults to `(8, 16, 32, 64)`): numbers of function evaluations.
+        seeds (`Sequence[int]`, defaults to `(0, 1, 2)`): benchmark seeds; batch b of seed s uses
+            [`batch_seed`]`(s, b)` for every sampler and NFE.
+        num_samples (`int`, defaults to 256): samples per (sampler, NFE, seed).
+        batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
+        samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
+            `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
+            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other
+            key (`eta_r`, `eta_t`, `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config.
+            `"official"` must be present: it is the baseline of the paired comparisons.
+        evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
+            `(model, tokenizer)` pair.
+        protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
+        diversity_values (`Sequence[float]`, *optional*): values of the family's diversity knob (LangFlow: temperature
+            T; ELF: decode temperature) at which `diversity_samplers` also run, for GenPPL–entropy curves.
+        diversity_samplers (`Sequence[str]`, defaults to `("official",)`): samplers swept over `diversity_values`.
+        diversity_nfe (`Sequence[int]`, *optional*): NFEs of the diversity sweep (default: all of `nfe`).
+        eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
+        num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
+        name (`str`, *optional*): the model name of the output files (default: the pipeline folder's name).
+        output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` and
+            the scored samples `<name>.samples.jsonl.gz`; nothing is written when `None`.
+        command (`str`, *optional*): the command line stored in the results (default: this process's argv).
+        progress (`bool`, defaults to `True`): a tqdm bar over the runs.
+        device: where to run the pipeline and a named evaluator (default: where the pipeline is; evaluator on CPU).
+        **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
+
+    Returns:
+        The results dict (see [`write_results`] for the files): `model`, `family`, `protocol`, `evaluator`, settings,
+        `diversity_knob`, `runs` (one record per (sampler, NFE, seed[, knob value]) with its metrics, samples/s and
+        per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`.
+    """
+    generation = generate_sweep(
+        pipeline_dir_or_pipe,
+        nfe=nfe,
+        seeds=seeds,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        samplers=samplers,
+        diversity_values=diversity_values,
+        diversity_samplers=diversity_samplers,
+        diversity_nfe=diversity_nfe,
+        name=name,
+        command=command,
+        progress=progress,
+        device=device,
+    )
+    if device is not None and isinstance(evaluator, (str, os.PathLike)):
+        evaluator_kwargs.setdefault("device", device)
+    return score_sweep(
+        generation,
+        evaluator=evaluator,
+        protocol=protocol,
+        eval_batch_size=eval_batch_size,
+        max_length=max_length,
+        num_resamples=num_resamples,
+        output_dir=output_dir,
+        progress=progress,
+        **evaluator_kwargs,
+    )
