@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from untied_sc.schedulers.untied_functions import (
+    centre_tokens,
     combined_direction,
     history_direction,
     masked_token_mean,
@@ -159,6 +160,20 @@ def test_retention_keeps_dtype_and_rejects_invalid_parameters():
         retention(rho_sq, 0.5, 1.0, eps_fp=0.0)
 
 
+@pytest.mark.parametrize("global_scaling", [True, False])
+def test_retention_of_a_batch_of_a_hat_is_one_row_per_sample(global_scaling):
+    rho_sq = torch.rand(16, generator=torch.Generator().manual_seed(2), dtype=F64)
+    a_hat = torch.tensor([0.0, 0.3, 0.95], dtype=torch.float32)  # the online δ̄ gives one â per sample
+    batched = retention(rho_sq, a_hat, 1.7, global_scaling=global_scaling)
+    assert batched.shape == (3, 16) and batched.dtype == F64
+    for b in range(3):
+        one = retention(rho_sq, a_hat[b].item(), 1.7, global_scaling=global_scaling)
+        torch.testing.assert_close(batched[b], one, rtol=1e-15, atol=0)
+    assert torch.equal(batched[0], torch.ones(16, dtype=F64))  # â = 0: F = I
+    with pytest.raises(ValueError, match=r"shape \(B,\)"):
+        retention(rho_sq, a_hat[:, None], 1.7)
+
+
 # --- overlap_transform: paper eq. (released_self_conditioning) -----------------------------------------------------
 
 
@@ -215,6 +230,17 @@ def test_overlap_transform_rejects_mismatched_shapes():
         overlap_transform(randn(1, 2, 8), orthonormal_basis(6, 3), torch.ones(3))
     with pytest.raises(ValueError, match="retention"):
         overlap_transform(randn(1, 2, 8), orthonormal_basis(8, 3), torch.ones(4))
+
+
+def test_overlap_transform_with_one_retention_per_sample_transforms_each_sample_with_its_own():
+    q = orthonormal_basis(8, 4, seed=18)
+    ell = torch.rand(3, 4, generator=torch.Generator().manual_seed(19), dtype=F64)
+    m = randn(3, 5, 8, seed=20)
+    batched = overlap_transform(m, q, ell)
+    for b in range(3):
+        torch.testing.assert_close(batched[b : b + 1], overlap_transform(m[b : b + 1], q, ell[b]))
+    with pytest.raises(ValueError, match="per-sample `retention` must have shape"):
+        overlap_transform(m, q, ell[:2])
 
 
 # --- history_direction: paper eq. (history_direction) --------------------------------------------------------------
@@ -396,6 +422,31 @@ def test_masked_token_mean_matches_mean_over_active_positions():
     torch.testing.assert_close(masked_token_mean(x), x.mean(1))
     big = (x * 1e37).float()  # the plain float32 sum of six such entries could overflow
     torch.testing.assert_close(masked_token_mean(big).double() / 1e37, x.mean(1), rtol=1e-5, atol=1e-6)
+
+
+def test_masked_token_mean_of_one_value_per_token_is_one_value_per_sample():
+    distance = randn(3, 6, seed=61).abs()  # e.g. the per-token cosine distances δ̃_k
+    mask = random_mask(3, 6, seed=62)
+    mask[0] = False
+    mean = masked_token_mean(distance, mask)
+    assert mean.shape == (3,) and mean[0] == 0
+    for i in (1, 2):
+        torch.testing.assert_close(mean[i], distance[i, mask[i]].mean())
+
+
+def test_centre_tokens_subtracts_the_active_token_mean_and_zeroes_inactive_positions():
+    x = randn(3, 6, 4, seed=63)
+    mask = random_mask(3, 6, seed=64)
+    mask[0] = False
+    mask[1, 0] = True
+    centred = centre_tokens(x, mask)
+    assert torch.equal(centred[0], torch.zeros(6, 4, dtype=F64))
+    for i in (1, 2):
+        torch.testing.assert_close(centred[i, mask[i]], x[i, mask[i]] - x[i, mask[i]].mean(0))
+        assert torch.equal(centred[i, ~mask[i]], torch.zeros_like(centred[i, ~mask[i]]))
+    constant = randn(2, 1, 4, seed=65).expand(2, 6, 4) * 0.1  # 0.1 is inexact: a plain mean would leave residue
+    assert torch.equal(centre_tokens(constant), torch.zeros(2, 6, 4, dtype=F64))
+    assert centre_tokens(x.half()).dtype == torch.float32
 
 
 # --- Properties over shapes, dtypes, masks and degenerate inputs ---------------------------------------------------

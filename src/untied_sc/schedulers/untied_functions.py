@@ -62,7 +62,11 @@ def _sample_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def retention(
-    rho_sq: torch.Tensor, a_hat: float, strength: float, eps_fp: float = 0.01, global_scaling: bool = True
+    rho_sq: torch.Tensor,
+    a_hat: float | torch.Tensor,
+    strength: float,
+    eps_fp: float = 0.01,
+    global_scaling: bool = True,
 ) -> torch.Tensor:
     r"""
     Retention fractions ℓ_k of the SC transform. Paper eq. (34), docs/algorithm.md §3.1:
@@ -76,13 +80,15 @@ def retention(
 
     Args:
         rho_sq (`torch.Tensor`): squared canonical cosines ρ_i² ∈ [0, 1], shape (r,).
-        a_hat (`float`): â_k = κ_{k−1}(1 − δ̄_{k−1}); 0 at the first step.
+        a_hat (`float` or `torch.Tensor` of shape `(B,)`): â_k = κ_{k−1}(1 − δ̄_{k−1}); 0 at the first step. A
+            tensor gives one â per sample (the online δ̄ of docs/algorithm.md §3.6), all computed at once.
         strength (`float`): the effective exponent λ_R ≥ 0.
         eps_fp (`float`): the floor ε_fp ∈ (0, 1] that keeps every direction partly retained.
         global_scaling (`bool`): multiply b by the geometric mean g_k (True, the paper's sampler) or not.
 
     Returns:
-        `torch.Tensor`: ℓ_k, shape (r,), in `rho_sq`'s dtype and device; exactly ones when `strength` is 0.
+        `torch.Tensor`: ℓ_k, shape (r,) for a float â or (B, r) for a tensor, in `rho_sq`'s dtype, on `rho_sq`'s
+        device (a float â) or `a_hat`'s (a tensor); exactly ones of shape (r,) when `strength` is 0.
     """
     if strength < 0:
         raise ValueError(f"`strength` (λ_R = λ_R^(0)·η_R) must be ≥ 0, got {strength}; pass a nonnegative η_R.")
@@ -91,12 +97,19 @@ def retention(
     if strength == 0:
         # F = I exactly: the sampler with η_R = 0 must reproduce the official one bit for bit.
         return torch.ones_like(rho_sq)
-    # ℓ is r numbers computed once per step: float64 costs nothing, and MPS has no float64, so fall back to the CPU.
-    work_device = torch.device("cpu") if rho_sq.device.type == "mps" else rho_sq.device
-    b = (1.0 - a_hat * rho_sq.to(device=work_device, dtype=torch.float64)).clamp(min=eps_fp)
+    per_sample = isinstance(a_hat, torch.Tensor)
+    if per_sample and a_hat.ndim != 1:
+        raise ValueError(f"A tensor `a_hat` must have shape (B,), one â per sample; got {tuple(a_hat.shape)}.")
+    device = a_hat.device if per_sample else rho_sq.device
+    # ℓ is r numbers per sample and step: float64 costs nothing, and MPS has no float64, so fall back to the CPU.
+    work_device = torch.device("cpu") if device.type == "mps" else device
+    rho_sq_64 = rho_sq.to(device=work_device, dtype=torch.float64)
+    if per_sample:
+        a_hat = a_hat.to(device=work_device, dtype=torch.float64)[:, None]
+    b = (1.0 - a_hat * rho_sq_64).clamp(min=eps_fp)
     # The geometric mean in log space: the product of r ≈ 128–768 factors in (0, 1] would underflow.
-    base = torch.exp(torch.log(b).mean()) * b if global_scaling else b
-    return base.pow(strength).to(device=rho_sq.device, dtype=rho_sq.dtype)
+    base = torch.exp(torch.log(b).mean(dim=-1, keepdim=True)) * b if global_scaling else b
+    return base.pow(strength).to(device=device, dtype=rho_sq.dtype)
 
 
 def overlap_transform(m: torch.Tensor, basis: torch.Tensor, retention: torch.Tensor) -> torch.Tensor:
@@ -111,22 +124,32 @@ def overlap_transform(m: torch.Tensor, basis: torch.Tensor, retention: torch.Ten
     Args:
         m (`torch.Tensor`): the self-conditioning input m_k, shape (..., D), typically (B, L, D).
         basis (`torch.Tensor`): the overlap basis Q, shape (D, r), orthonormal columns.
-        retention (`torch.Tensor`): ℓ_k, shape (r,), from [`retention`].
+        retention (`torch.Tensor`): ℓ_k from [`retention`]: shape (r,), one for all samples, or (B, r), one per
+            sample of a (B, L, D) `m`.
 
     Returns:
-        `torch.Tensor`: F_k m_k, shape and dtype of `m`. When ℓ_k is all ones (F_k = I) this is `m` itself, so the
-        η_R = 0 sampler passes the official tensor through untouched.
+        `torch.Tensor`: F_k m_k, shape and dtype of `m`. When a shared ℓ_k is all ones (F_k = I) this is `m` itself,
+        so the η_R = 0 sampler passes the official tensor through untouched.
     """
     if basis.ndim != 2 or basis.shape[0] != m.shape[-1]:
         raise ValueError(f"`basis` must have shape (D, r) with D = {m.shape[-1]}, got {tuple(basis.shape)}.")
-    if tuple(retention.shape) != (basis.shape[1],):
+    rank = basis.shape[1]
+    per_sample = retention.ndim == 2
+    if per_sample and (m.ndim != 3 or tuple(retention.shape) != (m.shape[0], rank)):
         raise ValueError(
-            f"`retention` must have shape (r,) = ({basis.shape[1]},) to match `basis`, got {tuple(retention.shape)}."
+            f"A per-sample `retention` must have shape (B, r) = ({m.shape[0]}, {rank}) for a (B, L, D) `m`, got "
+            f"{tuple(retention.shape)} for m of shape {tuple(m.shape)}."
         )
-    if bool((retention == 1).all()):
+    if not per_sample and tuple(retention.shape) != (rank,):
+        raise ValueError(
+            f"`retention` must have shape (r,) = ({rank},) to match `basis`, got {tuple(retention.shape)}."
+        )
+    if not per_sample and bool((retention == 1).all()):
         return m
     q = basis.to(device=m.device, dtype=m.dtype)
     ell = retention.to(device=m.device, dtype=m.dtype)
+    if per_sample:
+        ell = ell[:, None, :]  # (B, 1, r): one ℓ per sample, shared by its positions
     return m - ((m @ q) * (1 - ell)) @ q.T
 
 
@@ -251,6 +274,35 @@ def token_cosine_distance(
     return distance.to(history.dtype)
 
 
+def centre_tokens(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""
+    The token centring C_I x = x − M_I(x), per sample and channel over the active positions I
+    (docs/algorithm.md §3.2; the C of paper eqs. (11), (41), (42)); zero at inactive positions.
+
+    Computed after subtracting one active token (the first) from all, which leaves C_I x unchanged mathematically but
+    makes it exactly zero when x is constant across the active positions; and on x divided by its largest magnitude
+    per sample, so the sum over positions cannot overflow.
+
+    Args:
+        x (`torch.Tensor`): shape (B, L, D).
+        mask (`torch.Tensor`, *optional*): (B, L) bool, True at active positions; None means all active.
+
+    Returns:
+        `torch.Tensor`: C_I x, shape (B, L, D), in float32 for float16/bfloat16 `x`, else in `x`'s dtype.
+    """
+    active = _active_mask(mask, x)
+    dtype = _compute_dtype(x.dtype)
+    active_3d = active[..., None]
+    values = _masked(x, active, dtype)
+    scale = _sample_scale(values)
+    values = values / scale
+    first = active.to(torch.uint8).argmax(dim=1)
+    reference = values.gather(1, first[:, None, None].expand(-1, 1, values.shape[-1]))
+    shifted = torch.where(active_3d, values - reference, 0.0)
+    count = active.sum(dim=1).to(dtype).clamp(min=1)[:, None, None]
+    return torch.where(active_3d, shifted - shifted.sum(dim=1, keepdim=True) / count, 0.0) * scale
+
+
 def moment_projection(
     direction: torch.Tensor, mean: torch.Tensor, rms: float | torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -264,8 +316,7 @@ def moment_projection(
     (paper eq. (42), App. B.5). The correction is A_k = η_T Π_k(U_k) (done by the caller).
 
     Degenerate cases: Π = μ_k where RMS(C U) = 0 exactly; Π = 0 at inactive positions; a sample with no active
-    position is all zeros. C U is computed after subtracting one active token from all, which leaves C U unchanged
-    mathematically but makes it exactly zero when U is constant across positions.
+    position is all zeros. C U is [`centre_tokens`]'s, exactly zero when U is constant across positions.
 
     Args:
         direction (`torch.Tensor`): U_k, shape (B, L, D).
@@ -281,12 +332,8 @@ def moment_projection(
     active_3d = active[..., None]
     u = _masked(direction, active, dtype)
     u = u / _sample_scale(u)  # Π is invariant to U's scale; this keeps the differences below finite
-    # Shift by an active token (the first; any would do) before taking the mean: see the docstring.
-    first = active.to(torch.uint8).argmax(dim=1)
-    reference = u.gather(1, first[:, None, None].expand(-1, 1, u.shape[-1]))
-    shifted = torch.where(active_3d, u - reference, 0.0)
+    centred = centre_tokens(u, active)
     count = active.sum(dim=1).to(dtype).clamp(min=1)[:, None, None]
-    centred = torch.where(active_3d, shifted - shifted.sum(dim=1, keepdim=True) / count, 0.0)
     # Rescale so the largest entry is 1: the RMS is then ≥ 1/sqrt(n·D) or exactly 0, never a lost underflow.
     centred = centred / _sample_scale(centred)
     rms_centred = torch.sqrt(centred.square().sum(dim=(1, 2), keepdim=True) / (count * u.shape[-1]))
@@ -300,17 +347,20 @@ def moment_projection(
 def masked_token_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""
     The per-sample token mean over active positions, M_I(x). Paper eq. (41) (μ_k is the bank average of
-    M_I(Ũ_k)); docs/algorithm.md §4.3 and §3.5:
+    M_I(Ũ_k), δ̄_k that of M_I(δ̃_k)); docs/algorithm.md §4.3 and §3.5:
 
         M_I(x) = (1/|I|) Σ_{n ∈ I} x_n.
 
     Args:
-        x (`torch.Tensor`): shape (B, L, D).
+        x (`torch.Tensor`): shape (B, L, D), or (B, L) for one value per token (e.g. the cosine distances δ̃_k).
         mask (`torch.Tensor`, *optional*): (B, L) bool, True at active positions; None means all active.
 
     Returns:
-        `torch.Tensor`: shape (B, D) in `x`'s dtype; zeros for a sample with no active position.
+        `torch.Tensor`: shape (B, D) (or (B,) for a (B, L) `x`) in `x`'s dtype; zeros for a sample with no active
+        position.
     """
+    if x.ndim == 2:
+        return masked_token_mean(x[..., None], mask)[:, 0]
     active = _active_mask(mask, x)
     dtype = _compute_dtype(x.dtype)
     values = _masked(x, active, dtype)
