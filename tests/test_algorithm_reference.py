@@ -1,4 +1,4 @@
-"""Algorithm 1 written out as a plain loop, compared with UntiedSelfConditioningScheduler in float64.
+"""Algorithm 1 written out as a plain loop, compared with the untied schedulers (ELF, LangFlow) in float64.
 
 The reference below is the paper's Algorithm 1 (docs/algorithm.md §3) spelled out step by step over the pure
 functions of `untied_functions` and the official solvers' step functions (`ELFSolver`, `LangFlowSolver`). It does
@@ -13,7 +13,7 @@ in â_k, the EMA E fed with p + A, or the solver average O fed with the raw p.
 import pytest
 import torch
 
-from untied_sc import SamplerStatistics, UntiedSelfConditioningScheduler
+from untied_sc import SamplerStatistics, UntiedELFScheduler, UntiedLangFlowScheduler
 from untied_sc.schedulers.scheduling_elf import copy_generator, elf_time_grid
 from untied_sc.schedulers.scheduling_langflow import gumbel_gamma_grid, gumbel_gamma_range
 from untied_sc.schedulers.solvers import ELFSolver, LangFlowSolver
@@ -212,7 +212,8 @@ def reference_algorithm(
 def scheduler_trajectory(
     solver_name: str, model, statistics: SamplerStatistics, seed: int, coefficients: dict, mask=None, **options
 ) -> list[dict]:
-    scheduler = UntiedSelfConditioningScheduler(solver=solver_name, **coefficients, **options)
+    scheduler_cls = UntiedELFScheduler if solver_name == "elf" else UntiedLangFlowScheduler
+    scheduler = scheduler_cls(**coefficients, **options)
     generator = torch.Generator().manual_seed(seed)
     if solver_name == "elf":
         scheduler.set_timesteps(STEPS, generator=generator, statistics=statistics, mask=mask)

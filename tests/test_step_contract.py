@@ -12,6 +12,7 @@ from untied_sc import (
     ELFScheduler,
     LangFlowPipeline,
     LangFlowScheduler,
+    UntiedSelfConditioningMixin,
     UntiedSelfConditioningScheduler,
 )
 
@@ -48,7 +49,7 @@ def _set_timesteps(pipe, generator: torch.Generator) -> None:
         kwargs["generator"] = generator
     else:
         kwargs["proposal"] = pipe.transformer.gumbel_parameters()
-    if isinstance(scheduler, UntiedSelfConditioningScheduler):
+    if isinstance(scheduler, UntiedSelfConditioningMixin):
         kwargs["statistics"] = pipe.sampler_statistics
     scheduler.set_timesteps(STEPS, **kwargs)
 
@@ -143,3 +144,36 @@ def test_step_uses_the_sample_it_is_given(make_pipe, name):
     stepped_edited = first_step(latents, edited)
     assert not torch.equal(stepped_edited, first_step(latents, latents))
     assert torch.equal(stepped_edited, first_step(edited, edited))
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_public_api(make_pipe, name):
+    """What diffusers' pipelines and scheduler tests expect of every scheduler."""
+    scheduler = make_pipe(name).scheduler
+    assert scheduler.order == 1 and scheduler.family == name.removeprefix("untied-")
+    assert scheduler.timesteps is None and len(scheduler) == 0 and scheduler.step_index == 0
+    assert scheduler.init_noise_sigma == (2.0 if "elf" in name else 1.0)
+    pipe = make_pipe(name)
+    _set_timesteps(pipe, torch.Generator().manual_seed(0))
+    assert len(pipe.scheduler) == STEPS and pipe.scheduler.timesteps.shape == (STEPS,)
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+@torch.no_grad()
+def test_return_dict_false_gives_the_output_fields_in_order(make_pipe, name):
+    pipe = make_pipe(name)
+    latents = torch.randn((2, *pipe.latent_shape), generator=torch.Generator().manual_seed(1))
+    outputs = []
+    for return_dict in (True, False):
+        _set_timesteps(pipe, torch.Generator().manual_seed(2))
+        for t in pipe.scheduler.timesteps[:3]:  # past the first step, so the untied corrections act
+            prediction, _ = _network(
+                pipe, pipe.scheduler.scale_model_input(latents, t), t, pipe.scheduler.self_conditioning
+            )
+            out = pipe.scheduler.step(prediction, t, latents, return_dict=return_dict)
+        outputs.append(out)
+    with_dict, as_tuple = outputs
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == 3
+    for field, value in zip(("prev_sample", "pred_original_sample", "self_conditioning"), as_tuple, strict=True):
+        assert torch.equal(with_dict[field], value), field
+        assert value.shape == latents.shape

@@ -1,4 +1,7 @@
-"""UntiedSelfConditioningScheduler: the official invariant, Algorithm 1's routing, statistics and errors."""
+"""The untied schedulers (ELF, LangFlow): the official invariant, Algorithm 1's routing, statistics and errors.
+
+Their config (round trips, swaps, the factory, where a coefficient comes from) is tested in test_scheduler_config.py.
+"""
 
 import pytest
 import torch
@@ -9,15 +12,13 @@ from untied_sc import (
     LangFlowPipeline,
     LangFlowScheduler,
     SamplerStatistics,
+    UntiedELFScheduler,
+    UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
-from untied_sc.schedulers import paper_coefficients
 
 from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
 from .tiny import random_statistics, tiny_tokenizer
-
-
-SOLVER = {"elf": "elf", "langflow": "langflow"}
 
 
 def _pipeline(family: str, nfe_file: int, statistics: bool = True, **untied):
@@ -115,9 +116,7 @@ def _step_by_step(scheduler, model_fn, steps, latents, **set_kwargs):
 def test_correction_routing(routing):
     pipe, _ = _pipeline("langflow", 8)
     model, statistics = pipe.transformer, pipe.sampler_statistics
-    scheduler = UntiedSelfConditioningScheduler(
-        solver="langflow", eta_r=0.0, eta_t=1.5, eta_o=1.0, alpha=0.8, correction_routing=routing
-    )
+    scheduler = UntiedLangFlowScheduler(eta_r=0.0, eta_t=1.5, eta_o=1.0, alpha=0.8, correction_routing=routing)
 
     def model_fn(z, t, sc):
         return model.clean_prediction(model(z, t, sc).logits)
@@ -145,18 +144,6 @@ def test_state_is_reset_by_set_timesteps():
     assert pipe.scheduler.step_index == 0 and pipe.scheduler.ema is None and pipe.scheduler.self_conditioning is None
 
 
-@pytest.mark.parametrize("family", ["elf", "langflow"])
-def test_from_config_turns_an_official_pipeline_untied_and_back(family):
-    pipe, _ = _pipeline(family, 8)
-    official_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
-    untied = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, coefficients="elf-b")
-    assert untied.config.solver == family
-    back = type(pipe.scheduler).from_config(untied.config)
-    # diffusers keeps the untied-only keys as hidden config, so that swapping again restores them.
-    assert {k: back.config[k] for k in official_config} == official_config
-    assert type(pipe.scheduler).from_config(back.config) is not None
-
-
 def test_save_and_reload_pipeline_with_statistics_gives_identical_untied_samples(tmp_path):
     pipe, _ = _pipeline("elf", 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8)
     pipe.save_pretrained(tmp_path)
@@ -165,24 +152,8 @@ def test_save_and_reload_pipeline_with_statistics_gives_identical_untied_samples
     reloaded = ELFPipeline.from_pretrained(tmp_path)
     reloaded.set_progress_bar_config(disable=True)
     assert isinstance(reloaded.sampler_statistics, SamplerStatistics)
-    assert isinstance(reloaded.scheduler, UntiedSelfConditioningScheduler)
+    assert type(reloaded.scheduler) is UntiedELFScheduler
     assert torch.equal(_run(reloaded, 8)[0].latents, _run(pipe, 8)[0].latents)
-
-
-def test_coefficients_resolve_config_then_preset_then_statistics():
-    pipe, _ = _pipeline("elf", 8)
-    statistics = pipe.sampler_statistics
-    scheduler = UntiedSelfConditioningScheduler(solver="elf")
-    assert scheduler.resolve_coefficients(8, statistics) == statistics.for_steps(8).coefficients
-    preset = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b")
-    assert preset.resolve_coefficients(8, statistics) == paper_coefficients()["elf-b"]["8"]
-    override = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b", eta_t=0.25)
-    assert override.resolve_coefficients(8, statistics)["eta_t"] == 0.25
-    # The paper's "---" is the base value 1.
-    assert (
-        paper_coefficients()["elf-b"]["64"]["eta_t"] == 1.0
-        and paper_coefficients()["langflow-owt"]["8"]["alpha"] == 1.0
-    )
 
 
 def test_uncalibrated_nfe_names_the_calibrated_ones_and_the_command():
@@ -202,29 +173,33 @@ def test_statistics_of_another_model_are_refused():
     langflow, _ = _pipeline("langflow", 8)
     with pytest.raises(ValueError, match="latent width 32, the model has 16"):
         langflow.sampler_statistics.check_model(pipe.transformer)
-    untied = UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b")
+    untied = UntiedELFScheduler(coefficients="elf-b")
     with pytest.raises(ValueError, match="'langflow' solver"):
         untied.set_timesteps(8, generator=torch.Generator(), statistics=langflow.sampler_statistics)
 
 
-def test_invalid_coefficients_and_options_are_refused():
+@pytest.mark.parametrize("scheduler_cls", [UntiedELFScheduler, UntiedLangFlowScheduler])
+def test_invalid_coefficients_and_options_are_refused(scheduler_cls):
     with pytest.raises(ValueError, match="eta_r must be ≥ 0"):
-        UntiedSelfConditioningScheduler(solver="elf", eta_r=-1.0)
+        scheduler_cls(eta_r=-1.0)
     with pytest.raises(ValueError, match="eta_o must be ≥ 0"):
-        UntiedSelfConditioningScheduler(solver="elf", eta_o=-0.1)
+        scheduler_cls(eta_o=-0.1)
     for alpha in (0.0, 1.5):
         with pytest.raises(ValueError, match=r"alpha must lie in \(0, 1\]"):
-            UntiedSelfConditioningScheduler(solver="elf", alpha=alpha)
-    with pytest.raises(ValueError, match="solver must be 'elf' or 'langflow'"):
-        UntiedSelfConditioningScheduler()
+            scheduler_cls(alpha=alpha)
+    with pytest.raises(ValueError, match=r"eta_t at 8 steps must be ≥ 0"):
+        scheduler_cls(coefficients_by_steps={"8": {"eta_r": 1.0, "eta_t": -1.0, "eta_o": 1.0, "alpha": 0.5}})
+    with pytest.raises(ValueError, match=r"coefficients_by_steps\['8'\] must give exactly"):
+        scheduler_cls(coefficients_by_steps={8: {"eta_r": 1.0}})
     with pytest.raises(ValueError, match="correction_routing must be one of"):
-        UntiedSelfConditioningScheduler(solver="elf", correction_routing="latent")
+        scheduler_cls(correction_routing="latent")
     with pytest.raises(ValueError, match="Unknown coefficient preset"):
-        UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-xl")
+        scheduler_cls(coefficients="elf-xl")
+    set_timesteps_kwargs = (
+        {"generator": torch.Generator()} if scheduler_cls.family == "elf" else {"proposal": (4.7, 0.85, 1e-5)}
+    )
     with pytest.raises(ValueError, match="needs the model's SamplerStatistics"):
-        UntiedSelfConditioningScheduler(solver="elf", coefficients="elf-b").set_timesteps(
-            8, generator=torch.Generator()
-        )
+        scheduler_cls(eta_r=1.0, eta_t=1.0, eta_o=1.0, alpha=0.5).set_timesteps(8, **set_timesteps_kwargs)
 
 
 @pytest.mark.parametrize(
@@ -242,3 +217,28 @@ def test_ablation_switches_change_the_self_conditioning_input(options):
     ablated, _ = _pipeline("elf", 8, **base, **options)
     a, b = _run(default, 8)[1], _run(ablated, 8)[1]
     assert torch.isfinite(b).all() and not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_no_attribute_first_appears_in_set_timesteps_or_step(family):
+    pipe, _ = _pipeline(family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8, cosine_distance="online")
+    scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+    created = set(vars(scheduler))
+    pipe.scheduler = scheduler
+    _run(pipe, 8)
+    assert set(vars(scheduler)) == created
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_online_cosine_distance_reads_nothing_back_per_sample(family, monkeypatch):
+    """The online δ̄ gives each sample its own retention, computed for the batch at once (no `.item()` per sample)."""
+    pipe, _ = _pipeline(family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8, cosine_distance="online")
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(1) or item(self))
+    counts = []
+    for batch_size in (1, 4):
+        reads.clear()
+        _run(pipe, 8, batch_size=batch_size)
+        counts.append(len(reads))
+    assert counts[0] == counts[1]

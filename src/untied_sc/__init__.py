@@ -13,6 +13,9 @@ from .schedulers import (
     ELFScheduler,
     LangFlowScheduler,
     SamplerStatistics,
+    UntiedELFScheduler,
+    UntiedLangFlowScheduler,
+    UntiedSelfConditioningMixin,
     UntiedSelfConditioningScheduler,
 )
 

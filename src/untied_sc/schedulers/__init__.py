@@ -1,6 +1,11 @@
+from .coefficients import paper_coefficients, resolve_coefficients
+from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import SamplerStatistics, model_fingerprint
 from .scheduling_elf import ELFScheduler
 from .scheduling_langflow import LangFlowScheduler
-from .scheduling_untied import UntiedSelfConditioningScheduler, paper_coefficients
+from .scheduling_untied import UntiedSelfConditioningScheduler, untied_scheduler_class
+from .scheduling_untied_elf import UntiedELFScheduler
+from .scheduling_untied_langflow import UntiedLangFlowScheduler
 from .solvers import ELFSolver, LangFlowSolver
+from .untied_mixin import UntiedSelfConditioningMixin

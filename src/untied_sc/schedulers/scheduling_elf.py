@@ -5,10 +5,15 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
+from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
 
 
+# The official sampler's settings, the defaults of every ELF scheduler's config (official and untied).
+NOISE_SCALE = 2.0  # the interpolant's noise scale
+P_MEAN, P_STD = -1.5, 0.8  # the logit-normal time grid: the training values
+T_EPS = 0.05  # the velocity clamp max(1 − s, t_eps)
 # γ_sde per NFE for the base models (the paper's protocol; the official configs list 32 → 1.5 and 64 → 1.0).
 DEFAULT_SDE_GAMMA = {"8": 2.0, "16": 2.0, "32": 1.5, "64": 1.0}
 
@@ -27,7 +32,7 @@ def copy_generator(generator: torch.Generator) -> torch.Generator:
     return copy
 
 
-class ELFScheduler(SchedulerMixin, ConfigMixin):
+class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     r"""
     The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE
     steps that re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass
@@ -51,21 +56,25 @@ class ELFScheduler(SchedulerMixin, ConfigMixin):
         sde_gamma (`float`, *optional*): churn strength for every NFE; `None` looks it up in `sde_gamma_by_steps`.
         sde_gamma_by_steps (`dict[str, float]`): churn strength per NFE (8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0).
         t_eps (`float`, defaults to 0.05): velocity clamp, max(1 − s, t_eps).
-        sc_cfg_scale (`float`, defaults to 3.0): the SC-CFG scale, a network input.
+
+    The SC-CFG scale, a network input, is the pipeline's (`ELFPipeline`); configs saved when the scheduler held it
+    (`sc_cfg_scale`) load silently and keep it, for the pipeline to read.
     """
 
+    family = "elf"
     order = 1
+    _compatibles = ["UntiedELFScheduler"]
+    _legacy_config_keys = ("sc_cfg_scale",)
 
     @register_to_config
     def __init__(
         self,
-        noise_scale: float = 2.0,
-        p_mean: float = -1.5,
-        p_std: float = 0.8,
+        noise_scale: float = NOISE_SCALE,
+        p_mean: float = P_MEAN,
+        p_std: float = P_STD,
         sde_gamma: float | None = None,
         sde_gamma_by_steps: dict[str, float] | None = None,
-        t_eps: float = 0.05,
-        sc_cfg_scale: float = 3.0,
+        t_eps: float = T_EPS,
     ):
         if sde_gamma_by_steps is None:
             self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))

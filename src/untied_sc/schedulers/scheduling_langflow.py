@@ -6,8 +6,12 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import LangFlowSolver
+
+
+QUANTILE_EPS = 1e-5  # the grid's quantiles run from 1 − eps to eps (the official sampler's)
 
 
 def gumbel_gamma_range(loc: float, scale: float, cutoff: float) -> tuple[float, float]:
@@ -29,7 +33,7 @@ def gumbel_gamma_grid(num_steps: int, loc: float, scale: float, cutoff: float, q
     return gammas.clamp(min=gamma_min, max=gamma_max)
 
 
-class LangFlowScheduler(SchedulerMixin, ConfigMixin):
+class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     r"""
     The official LangFlow sampler (docs/algorithm.md §2.2): a γ grid at the quantiles of the model's learned Gumbel
     proposal, N−1 deterministic DDIM updates in float64, and one final evaluation whose argmax gives the tokens.
@@ -45,11 +49,13 @@ class LangFlowScheduler(SchedulerMixin, ConfigMixin):
         quantile_eps (`float`, defaults to 1e-5): the grid's quantiles run from 1 − eps to eps.
     """
 
+    family = "langflow"
     order = 1
     init_noise_sigma = 1.0
+    _compatibles = ["UntiedLangFlowScheduler"]
 
     @register_to_config
-    def __init__(self, quantile_eps: float = 1e-5):
+    def __init__(self, quantile_eps: float = QUANTILE_EPS):
         self.solver: LangFlowSolver | None = None
         self.timesteps: torch.Tensor | None = None
         self.num_inference_steps: int | None = None

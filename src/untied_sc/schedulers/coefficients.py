@@ -1,0 +1,110 @@
+"""Where the coefficients η_R, η_T, η_O, α of an untied run come from (docs/algorithm.md §4.5).
+
+For N steps, per coefficient, the first of these that has a value wins:
+
+1. the explicit scalar in the scheduler config (`eta_r`, `eta_t`, `eta_o`, `alpha`);
+2. the paper preset named by the config's `coefficients` (e.g. `"elf-b"`), if it covers N;
+3. the config's `coefficients_by_steps[str(N)]` (what `untied-sc tune` or calibration wrote);
+4. legacy folders only: the coefficients stored with the sampler statistics
+   (`statistics.legacy_coefficients(N)`), with a `FutureWarning` (migrate with `untied-sc migrate`);
+
+and if none has, a `ValueError` names every option and the NFEs each one covers.
+"""
+
+import json
+import warnings
+from collections.abc import Mapping
+from importlib import resources
+
+from .sampler_statistics import COEFFICIENT_NAMES
+
+
+def paper_coefficients() -> dict[str, dict[str, dict[str, float]]]:
+    """The paper's coefficient table (ELF-B/M/L, LangFlow OWT/LM1B), keyed by preset name and NFE."""
+    text = resources.files("untied_sc").joinpath("data/coefficients.json").read_text()
+    return {name: table for name, table in json.loads(text).items() if not name.startswith("_")}
+
+
+def check_coefficients(values: Mapping[str, float | None], where: str = "") -> None:
+    """η_R, η_T, η_O ≥ 0 and α ∈ (0, 1], for those that are set; `where` says where they came from."""
+    for name in ("eta_r", "eta_t", "eta_o"):
+        if values.get(name) is not None and not values[name] >= 0:
+            raise ValueError(f"{name}{where} must be ≥ 0, got {values[name]}.")
+    if values.get("alpha") is not None and not 0 < values["alpha"] <= 1:
+        raise ValueError(f"alpha{where} must lie in (0, 1], got {values['alpha']}.")
+
+
+def check_preset(name: str | None) -> None:
+    if name is not None and name not in paper_coefficients():
+        raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
+
+
+def coefficients_table(table: Mapping | None) -> dict[str, dict[str, float]] | None:
+    """
+    `coefficients_by_steps` as the config stores it: NFE keys as strings, each entry exactly η_R, η_T, η_O, α as
+    plain floats (JSON numbers, so a tuned 0.3 reloads as 0.3), checked. `None` stays `None`.
+    """
+    if table is None:
+        return None
+    normalised = {}
+    for steps, entry in table.items():
+        if not isinstance(entry, Mapping) or set(entry) != set(COEFFICIENT_NAMES):
+            given = sorted(entry) if isinstance(entry, Mapping) else repr(entry)
+            raise ValueError(
+                f"coefficients_by_steps[{str(steps)!r}] must give exactly {list(COEFFICIENT_NAMES)}, got {given}."
+            )
+        values = {name: float(entry[name]) for name in COEFFICIENT_NAMES}
+        check_coefficients(values, where=f" at {steps} steps")
+        normalised[str(steps)] = values
+    return normalised
+
+
+def _steps(table: Mapping | None) -> list[int]:
+    return sorted(int(n) for n in table or {})
+
+
+def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=None) -> dict[str, float]:
+    """
+    (η_R, η_T, η_O, α) for `num_inference_steps` from an untied scheduler's `config` (the module's rule).
+
+    Args:
+        config (`Mapping`): the scheduler config (`eta_r`…`alpha`, `coefficients`, `coefficients_by_steps`).
+        num_inference_steps (`int`): N.
+        statistics ([`SamplerStatistics`], *optional*): read only for a legacy folder's coefficients.
+    """
+    n = str(num_inference_steps)
+    resolved = {name: config.get(name) for name in COEFFICIENT_NAMES}
+    missing = [name for name in COEFFICIENT_NAMES if resolved[name] is None]
+    if not missing:
+        return {name: float(value) for name, value in resolved.items()}
+    preset = config.get("coefficients")
+    preset_table = paper_coefficients()[preset] if preset is not None else {}
+    by_steps = config.get("coefficients_by_steps") or {}
+    legacy = getattr(statistics, "legacy_coefficients", None)
+    if n in preset_table:
+        fallback = preset_table[n]
+    elif n in by_steps:
+        fallback = by_steps[n]
+    elif legacy is not None and (fallback := legacy(num_inference_steps)) is not None:
+        warnings.warn(
+            "These coefficients come from sampler statistics saved in the old layout, which stored them with the "
+            "statistics; they now live in the scheduler config (`coefficients_by_steps`). Migrate the folder with "
+            "`untied-sc migrate PIPELINE_DIR --overwrite` (or `--output NEW_DIR`).",
+            FutureWarning,
+            stacklevel=3,
+        )
+    else:
+        sources = [f"`coefficients_by_steps` (this config has NFEs {_steps(by_steps)}; `untied-sc tune` writes them)"]
+        if preset is not None:
+            sources.insert(0, f"the preset {preset!r} (it has NFEs {_steps(preset_table)})")
+        if legacy is not None and getattr(statistics, "is_legacy", False):
+            sources.append(f"the old-layout sampler statistics (NFEs {sorted(statistics.config.calibrated_steps)})")
+        raise ValueError(
+            f"No coefficients for {num_inference_steps} steps ({', '.join(missing)} unset). Set them as config "
+            f"values (`eta_r=`, `eta_t=`, `eta_o=`, `alpha=`), name a paper preset with `coefficients=` (one of "
+            f"{sorted(paper_coefficients())}), or give them per NFE in `coefficients_by_steps`. Consulted: "
+            f"{'; '.join(sources)}."
+        )
+    resolved = {name: float(fallback[name] if resolved[name] is None else resolved[name]) for name in resolved}
+    check_coefficients(resolved)
+    return resolved

@@ -1,0 +1,59 @@
+"""What every scheduler of this package shares with diffusers' config machinery: swapping schedulers by config.
+
+diffusers resolves a scheduler's `_compatibles` (class names) in its own namespace only, so a third-party scheduler
+can list none: `scheduler.compatibles` stays empty, and `from_config` warns that the keys of a config saved by a
+sibling scheduler "will be ignored" (it keeps them all the same, as hidden config, so a swap back restores them).
+[`CompatibleSchedulerMixin`] resolves the names in `untied_sc.schedulers` first, then in diffusers.
+"""
+
+import importlib
+
+import diffusers
+
+
+class CompatibleSchedulerMixin:
+    r"""
+    Mixed in before diffusers' `SchedulerMixin, ConfigMixin` by every scheduler of this package.
+
+    - `_compatibles` names the schedulers a config can be swapped with (`Cls.from_config(other.config)`); names
+      resolve in `untied_sc.schedulers`, then in `diffusers`. A sibling's keys are then filtered silently and kept
+      as hidden config, so official → untied → official keeps the untied keys without a "will be ignored" warning.
+    - `_legacy_config_keys` names keys that old configs carry but this class no longer takes (e.g. ELF's
+      `sc_cfg_scale`, now the pipeline's): they load silently and stay in the config, for whoever still reads them.
+    - The config carries `_class_name` from the start (diffusers adds it only when saving), so that
+      `UntiedSelfConditioningScheduler.from_config(scheduler.config)` can tell the family of a config in memory.
+    - A key set with `register_to_config` after `__init__` (e.g. `coefficients_by_steps` written by
+      `untied-sc tune`) stops counting as an `__init__` default, so that an in-memory `from_config` swap keeps it
+      (diffusers drops the keys it remembers as defaults before building the new scheduler).
+    """
+
+    _compatibles: list[str] = []
+    _legacy_config_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def _get_compatibles(cls) -> list[type]:
+        schedulers = importlib.import_module(__package__)
+        names = sorted({cls.__name__, *cls._compatibles})
+        found = [getattr(schedulers, name, None) or getattr(diffusers, name, None) for name in names]
+        return [scheduler for scheduler in found if scheduler is not None]
+
+    @classmethod
+    def extract_init_dict(cls, config_dict, **kwargs):
+        defaults = config_dict.get("_use_default_values", [])
+        legacy = {
+            key: config_dict[key] for key in cls._legacy_config_keys if key in config_dict and key not in defaults
+        }
+        current = {key: value for key, value in config_dict.items() if key not in cls._legacy_config_keys}
+        init_dict, unused_kwargs, hidden_config = super().extract_init_dict(current, **kwargs)
+        return init_dict, unused_kwargs, {**hidden_config, **legacy}
+
+    def register_to_config(self, **kwargs) -> None:
+        first = "_internal_dict" not in self.__dict__
+        super().register_to_config(**kwargs)
+        if first:
+            # The class name, which diffusers writes only when saving, so that a config in memory says what it is.
+            super().register_to_config(_class_name=type(self).__name__)
+            return
+        defaults = self._internal_dict.get("_use_default_values")
+        if defaults:  # keys set after `__init__` hold chosen values
+            super().register_to_config(_use_default_values=[key for key in defaults if key not in kwargs])

@@ -1,0 +1,105 @@
+"""UntiedELFScheduler: untied self-conditioning on the official ELF sampler."""
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from .compatibility import CompatibleSchedulerMixin
+from .sampler_statistics import SamplerStatistics
+from .scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
+from .untied_mixin import (
+    CORRECTION_ROUTING,
+    COSINE_DISTANCE,
+    DEGENERACY_EPS,
+    EPS_FP,
+    TRANSFORM_ASSIGNMENT,
+    UntiedSelfConditioningMixin,
+)
+
+
+class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
+    r"""
+    Untied self-conditioning (paper Algorithm 1, [`UntiedSelfConditioningMixin`]) on the official ELF sampler
+    ([`ELFScheduler`], used unchanged as `self.base`: with η_R = η_T = 0 it is the official sampler bit for bit).
+
+    Swap it into an ELF pipeline with `UntiedELFScheduler.from_config(pipe.scheduler.config, coefficients="elf-b")`
+    and back with `ELFScheduler.from_config(pipe.scheduler.config)`; the untied keys stay in the official config.
+
+    Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
+    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; for legacy folders only, the coefficients stored
+    with the sampler statistics (with a `FutureWarning`); else an error naming these options.
+
+    Args:
+        noise_scale, p_mean, p_std, sde_gamma, sde_gamma_by_steps, t_eps: [`ELFScheduler`]'s config.
+        eta_r (`float`, *optional*): η_R ≥ 0, strength of the SC transform (λ_R = λ_R^(0)·η_R).
+        eta_t (`float`, *optional*): η_T ≥ 0, strength of the solver correction.
+        eta_o (`float`, *optional*): η_O ≥ 0, weight of the disagreement term in U_k.
+        alpha (`float`, *optional*): α ∈ (0, 1], EMA weight of the current prediction in E.
+        coefficients (`str`, *optional*): a paper preset (`"elf-b"`, `"elf-m"`, `"elf-l"`, …).
+        coefficients_by_steps (`dict[str, dict[str, float]]`, *optional*): per NFE (a string), the four
+            coefficients as plain floats (`untied-sc tune` writes them).
+        tuning_by_steps (`dict[str, dict]`, *optional*): per NFE, the record of how `untied-sc tune` chose them.
+        eps_fp (`float`, defaults to 0.01): floor of b_{k,i} in the retention.
+        degeneracy_eps (`float`, defaults to 1e-12): G_k = 0 unless ‖H‖, ‖p − O‖ > eps·‖p‖.
+        correction_routing (`str`, defaults to `"solver"`): where A_k goes: `"solver"`, `"self_conditioning"` or
+            `"both"` (paper Table 1(a)).
+        transform_assignment (`str`, defaults to `"overlap"`): which direction gets which retention: `"overlap"`,
+            `"reversed"`, or `"random"` with `transform_seed` (paper Tables 8, 9).
+        transform_seed (`int`, defaults to 0): seed of the `"random"` assignment.
+        global_scaling (`bool`, defaults to `True`): keep the common factor g_k in the retention (paper Table 10).
+        cosine_distance (`str`, defaults to `"precomputed"`): δ̄ from the statistics, or `"online"` from this
+            trajectory's own H and G (per sample).
+    """
+
+    family = "elf"
+    base_scheduler_class = ELFScheduler
+    _compatibles = ["ELFScheduler"]
+    _legacy_config_keys = ("sc_cfg_scale",)
+
+    @register_to_config
+    def __init__(
+        self,
+        noise_scale: float = NOISE_SCALE,
+        p_mean: float = P_MEAN,
+        p_std: float = P_STD,
+        sde_gamma: float | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = None,
+        t_eps: float = T_EPS,
+        eta_r: float | None = None,
+        eta_t: float | None = None,
+        eta_o: float | None = None,
+        alpha: float | None = None,
+        coefficients: str | None = None,
+        coefficients_by_steps: dict[str, dict[str, float]] | None = None,
+        tuning_by_steps: dict[str, dict] | None = None,
+        eps_fp: float = EPS_FP,
+        degeneracy_eps: float = DEGENERACY_EPS,
+        correction_routing: str = CORRECTION_ROUTING,
+        transform_assignment: str = TRANSFORM_ASSIGNMENT,
+        transform_seed: int = 0,
+        global_scaling: bool = True,
+        cosine_distance: str = COSINE_DISTANCE,
+    ):
+        if sde_gamma_by_steps is None:
+            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
+        self._init_untied()
+
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        generator: torch.Generator | None = None,
+        statistics: SamplerStatistics | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> None:
+        """
+        Draws the ELF grid, selects the statistics for this NFE and resets the trajectory state.
+
+        Args:
+            num_inference_steps (`int`): the NFE (≥ 2).
+            device (`str` or `torch.device`, *optional*): where `timesteps` and the statistics live.
+            generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
+            statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
+            mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
+        """
+        self._set_timesteps(num_inference_steps, device, statistics, mask, generator=generator)

@@ -1,0 +1,83 @@
+"""UntiedLangFlowScheduler: untied self-conditioning on the official LangFlow sampler."""
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from .compatibility import CompatibleSchedulerMixin
+from .sampler_statistics import SamplerStatistics
+from .scheduling_langflow import QUANTILE_EPS, LangFlowScheduler
+from .untied_mixin import (
+    CORRECTION_ROUTING,
+    COSINE_DISTANCE,
+    DEGENERACY_EPS,
+    EPS_FP,
+    TRANSFORM_ASSIGNMENT,
+    UntiedSelfConditioningMixin,
+)
+
+
+class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
+    r"""
+    Untied self-conditioning (paper Algorithm 1, [`UntiedSelfConditioningMixin`]) on the official LangFlow sampler
+    ([`LangFlowScheduler`], used unchanged as `self.base`: with η_R = η_T = 0 it is the official sampler bit for bit).
+    LangFlow's final evaluation only reads out tokens: it is transformed but not corrected.
+
+    Swap it into a LangFlow pipeline with `UntiedLangFlowScheduler.from_config(pipe.scheduler.config,
+    coefficients="langflow-owt")` and back with `LangFlowScheduler.from_config(pipe.scheduler.config)`.
+
+    Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
+    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; for legacy folders only, the coefficients stored
+    with the sampler statistics (with a `FutureWarning`); else an error naming these options.
+
+    Args:
+        quantile_eps: [`LangFlowScheduler`]'s config.
+        eta_r, eta_t, eta_o, alpha, coefficients, coefficients_by_steps, tuning_by_steps, eps_fp, degeneracy_eps,
+        correction_routing, transform_assignment, transform_seed, global_scaling, cosine_distance: the untied keys,
+            as for [`UntiedELFScheduler`] (presets `"langflow-owt"`, `"langflow-lm1b"`).
+    """
+
+    family = "langflow"
+    base_scheduler_class = LangFlowScheduler
+    _compatibles = ["LangFlowScheduler"]
+
+    @register_to_config
+    def __init__(
+        self,
+        quantile_eps: float = QUANTILE_EPS,
+        eta_r: float | None = None,
+        eta_t: float | None = None,
+        eta_o: float | None = None,
+        alpha: float | None = None,
+        coefficients: str | None = None,
+        coefficients_by_steps: dict[str, dict[str, float]] | None = None,
+        tuning_by_steps: dict[str, dict] | None = None,
+        eps_fp: float = EPS_FP,
+        degeneracy_eps: float = DEGENERACY_EPS,
+        correction_routing: str = CORRECTION_ROUTING,
+        transform_assignment: str = TRANSFORM_ASSIGNMENT,
+        transform_seed: int = 0,
+        global_scaling: bool = True,
+        cosine_distance: str = COSINE_DISTANCE,
+    ):
+        self._init_untied()
+
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        proposal: tuple[float, float, float] | None = None,
+        statistics: SamplerStatistics | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> None:
+        """
+        Builds the LangFlow γ grid, selects the statistics for this NFE and resets the trajectory state.
+
+        Args:
+            num_inference_steps (`int`): the NFE (≥ 2).
+            device (`str` or `torch.device`, *optional*): where `timesteps` and the statistics live.
+            proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
+            statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
+            mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
+        """
+        self._set_timesteps(num_inference_steps, device, statistics, mask, proposal=proposal)

@@ -1,0 +1,253 @@
+"""The paper's Algorithm 1 on top of an official solver, shared by the untied ELF and LangFlow schedulers."""
+
+import torch
+
+from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
+from .outputs import LanguageFlowSchedulerOutput
+from .sampler_statistics import SamplerStatistics
+from .untied_functions import (
+    combined_direction,
+    history_direction,
+    masked_token_mean,
+    moment_projection,
+    overlap_transform,
+    retention,
+    solver_history_direction,
+    token_cosine_distance,
+)
+
+
+CORRECTION_ROUTINGS = ("solver", "self_conditioning", "both")
+TRANSFORM_ASSIGNMENTS = ("overlap", "reversed", "random")
+COSINE_DISTANCE_SOURCES = ("precomputed", "online")
+# Defaults of the untied config keys (both families): the paper's sampler.
+EPS_FP = 0.01  # floor of b_{k,i} in the retention [choice]
+DEGENERACY_EPS = 1e-12  # relative degeneracy threshold of G_k [choice]
+CORRECTION_ROUTING, TRANSFORM_ASSIGNMENT, COSINE_DISTANCE = "solver", "overlap", "precomputed"
+
+
+class UntiedSelfConditioningMixin:
+    r"""
+    Untied self-conditioning (paper Algorithm 1; docs/algorithm.md §3): one network evaluation per step, with
+
+    1. the self-conditioning transform m̃_k = F_k m_k, which dampens the self-conditioning input along the directions
+       its input map shares with the latent's (eqs. (7), (34));
+    2. the solver correction A_k = η_T·Π_k(U_k) toward the step-average prediction, normalised to calibrated
+       moments (eqs. (9)–(11));
+    3. untied routing (eq. (12)): z_{k+1} = S_k(z_k, p_k + A_k), O_{k+1} = (1 − κ_k)O_k + κ_k(p_k + A_k),
+       m_{k+1} = p_k, E_{k+1} = (1 − α)E_k + α p_k.
+
+    A concrete scheduler mixes this in with `SchedulerMixin, ConfigMixin`, sets `family` and
+    `base_scheduler_class` (the official scheduler, used unchanged as `self.base`: with η_R = η_T = 0 every latent
+    and token equals the official sampler's bit for bit), declares its config in `__init__` (the official keys plus
+    the untied ones) and calls `_init_untied()`, and exposes `set_timesteps` with the official scheduler's
+    arguments plus `statistics` and `mask`.
+
+    The trajectory state (E_k, O_k, m_k, m̃_k, κ_{k−1}, δ̄_{k−1}, the step index) lives here, is created by
+    `_reset_state` and reset by `set_timesteps`.
+    """
+
+    family: str
+    base_scheduler_class: type
+    order = 1
+
+    def _init_untied(self) -> None:
+        """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
+        config = self.config
+        for name, allowed in (
+            ("correction_routing", CORRECTION_ROUTINGS),
+            ("transform_assignment", TRANSFORM_ASSIGNMENTS),
+            ("cosine_distance", COSINE_DISTANCE_SOURCES),
+        ):
+            if config[name] not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {config[name]!r}.")
+        check_preset(config.coefficients)
+        check_coefficients(config)
+        if config.coefficients_by_steps is not None:  # stored as JSON gives it back: string NFEs, plain floats
+            self.register_to_config(coefficients_by_steps=coefficients_table(config.coefficients_by_steps))
+        if config.tuning_by_steps is not None:
+            tuning = {str(n): dict(record) for n, record in config.tuning_by_steps.items()}
+            self.register_to_config(tuning_by_steps=tuning)
+        base_cls = self.base_scheduler_class
+        base_keys = base_cls._get_init_keys(base_cls) - {"self"}
+        self.base = base_cls(**{key: value for key, value in self.config.items() if key in base_keys})
+        self.init_noise_sigma = self.base.init_noise_sigma
+        self.timesteps: torch.Tensor | None = None
+        self.num_inference_steps: int | None = None
+        self.coefficients: dict[str, float] | None = None  # (η_R, η_T, η_O, α) of this run
+        self.step_statistics = None  # μ_k, σ_k, δ̄_k of this NFE (when η_R > 0 or η_T > 0)
+        self.rms: list[float] = []  # σ_k as floats, read once per run
+        self.cosine_distances: list[float] = []  # δ̄_k as floats, read once per run
+        self.basis: torch.Tensor | None = None  # Q (D, r); None when the transform is off (η_R = 0)
+        self.rho_sq: torch.Tensor | None = None  # ρ² (r,), float64, permuted by the assignment ablations
+        self.transform_strength = 0.0  # λ_R = λ_R^(0)·η_R
+        self.mask: torch.Tensor | None = None  # (B, L) active positions of the correction
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._step_index = 0
+        self.ema: torch.Tensor | None = None  # E_k
+        self.solver_average: torch.Tensor | None = None  # O_k
+        self.raw_self_conditioning: torch.Tensor | None = None  # m_k
+        self.self_conditioning: torch.Tensor | None = None  # m̃_k = F_k m_k, the network's next input
+        self.previous_kappa = 0.0  # κ_{k−1}
+        self.previous_cosine_distance: float | torch.Tensor = 0.0  # δ̄_{k−1}: a float, or (B,) when online
+
+    @property
+    def step_index(self) -> int:
+        return self._step_index
+
+    @property
+    def solver(self):
+        """The base solver of the current run (grid, κ_k, Δu_k, S_k)."""
+        return self.base.solver
+
+    def resolve_coefficients(
+        self, num_inference_steps: int, statistics: SamplerStatistics | None = None
+    ) -> dict[str, float]:
+        """(η_R, η_T, η_O, α) for `num_inference_steps`, by the rule of docs/algorithm.md §4.5."""
+        return resolve_coefficients(self.config, num_inference_steps, statistics)
+
+    def _set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None,
+        statistics: SamplerStatistics | None,
+        mask: torch.Tensor | None,
+        **base_kwargs,
+    ) -> None:
+        """The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state."""
+        coefficients = self.resolve_coefficients(num_inference_steps, statistics)
+        if statistics is not None and statistics.config.solver != self.family:
+            raise ValueError(
+                f"The sampler statistics are for the {statistics.config.solver!r} solver, this scheduler uses "
+                f"{self.family!r}: they belong to another model family."
+            )
+        uses_statistics = coefficients["eta_r"] > 0 or coefficients["eta_t"] > 0
+        if uses_statistics and statistics is None:
+            raise ValueError(
+                "Untied sampling with η_R > 0 or η_T > 0 needs the model's SamplerStatistics: pass "
+                "`statistics=` (pipelines do this from their `sampler_statistics` component), or calibrate with "
+                "`untied-sc calibrate`."
+            )
+        self.base.set_timesteps(num_inference_steps, device=device, **base_kwargs)
+        self.timesteps, self.num_inference_steps = self.base.timesteps, num_inference_steps
+        self.coefficients = coefficients
+        self.step_statistics = statistics.for_steps(num_inference_steps) if uses_statistics else None
+        stats = self.step_statistics
+        self.rms = stats.rms.tolist() if stats is not None else []
+        self.cosine_distances = stats.cosine_distance.tolist() if stats is not None else []
+        self._setup_transform(statistics if coefficients["eta_r"] > 0 else None, device)
+        self.mask = mask
+        self._reset_state()
+
+    def _setup_transform(self, statistics: SamplerStatistics | None, device) -> None:
+        """Q, ρ² (permuted for the assignment ablations) and λ_R = λ_R^(0)·η_R; no transform when η_R = 0."""
+        self.basis, self.rho_sq, self.transform_strength = None, None, 0.0
+        if statistics is None:
+            return
+        rho_sq = statistics.rho_sq.detach().to("cpu", torch.float64)  # r numbers: ℓ of a shared â is a CPU job
+        if self.config.transform_assignment == "reversed":
+            rho_sq = rho_sq.flip(0)
+        elif self.config.transform_assignment == "random":
+            permutation = torch.randperm(
+                len(rho_sq), generator=torch.Generator().manual_seed(self.config.transform_seed)
+            )
+            rho_sq = rho_sq[permutation]
+        self.basis = statistics.basis.to(device)
+        self.rho_sq = rho_sq
+        self.transform_strength = statistics.base_transform_exponent * self.coefficients["eta_r"]
+
+    def _transform(self, raw: torch.Tensor) -> torch.Tensor:
+        """
+        m̃ = F m with â = κ_{k−1}(1 − δ̄_{k−1}) (eq. (13)); identity when η_R = 0. With the online δ̄, â is (B,) and
+        each sample gets its own retention, computed for the whole batch at once.
+        """
+        if self.basis is None or self.basis.shape[1] == 0:
+            return raw
+        a_hat = self.previous_kappa * (1 - self.previous_cosine_distance)
+        ell = retention(self.rho_sq, a_hat, self.transform_strength, self.config.eps_fp, self.config.global_scaling)
+        return overlap_transform(raw, self.basis, ell.to(raw.dtype))
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
+        """The base solver's network input (ELF re-noises here; LangFlow passes the latent through)."""
+        return self.base.scale_model_input(sample, timestep)
+
+    def _correction(self, k: int, prediction: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """
+        (A_k, δ̄_k) of update step k: the correction A_k = η_T·Π_k(U_k) (eq. (11); `None` when η_T = 0) and this
+        trajectory's per-sample mean cosine distance δ̄_k, shape (B,) (the online option; `None` when δ̄ is the
+        precomputed one or the transform is off).
+        """
+        online = self.config.cosine_distance == "online" and self.basis is not None
+        eta_t = self.coefficients["eta_t"]
+        if eta_t == 0 and not online:
+            return None, None
+        rms = self.rms[k]
+        history = history_direction(prediction, self.ema, active=rms > 0)
+        solver_direction = solver_history_direction(
+            prediction, history, self.solver_average, self.mask, self.config.degeneracy_eps
+        )
+        distance = None
+        if online:
+            distance = masked_token_mean(token_cosine_distance(history, solver_direction, self.mask), self.mask)
+        if eta_t == 0:
+            return None, distance
+        direction = combined_direction(history, solver_direction, self.coefficients["eta_o"], self.solver.delta_u(k))
+        mean = self.step_statistics.mean[k].to(device=prediction.device, dtype=prediction.dtype)
+        return eta_t * moment_projection(direction, mean, rms, self.mask), distance
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor | float,
+        sample: torch.Tensor,
+        return_dict: bool = True,
+    ) -> LanguageFlowSchedulerOutput | tuple:
+        """
+        One step of Algorithm 1 with the raw clean prediction p_k of this evaluation.
+
+        Args:
+            model_output (`torch.Tensor`): p_k (ELF: x̂; LangFlow: softmax(logits)·E_norm).
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`.
+            sample (`torch.Tensor`): the current latent z_k.
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
+
+        The output's `pred_original_sample` is the prediction handed to the solver (p_k + A_k under the default
+        routing) and `self_conditioning` is m̃_{k+1}, the next network's self-conditioning input.
+        """
+        if self.num_inference_steps is None:
+            raise RuntimeError("Call `set_timesteps` before sampling.")
+        k = self._step_index
+        prediction = model_output
+        if k >= self.solver.num_update_steps:
+            # LangFlow's final evaluation: the base scheduler leaves the latent as it is; nothing to correct.
+            prev_sample = self.base.step(prediction, timestep, sample).prev_sample
+            solver_input = prediction
+        else:
+            if self.ema is None:
+                self.ema = torch.zeros_like(prediction)
+                self.solver_average = torch.zeros_like(prediction)
+            correction, distance = self._correction(k, prediction)
+            corrected = prediction if correction is None else prediction + correction
+            routing = self.config.correction_routing
+            solver_input = prediction if routing == "self_conditioning" else corrected
+            next_raw = prediction if routing == "solver" else corrected
+            prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
+            kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
+            self.solver_average = (1 - kappa) * self.solver_average + kappa * solver_input
+            self.ema = (1 - alpha) * self.ema + alpha * prediction
+            self.raw_self_conditioning = next_raw
+            self.previous_kappa = kappa
+            if distance is not None:
+                self.previous_cosine_distance = distance
+            elif self.cosine_distances:
+                self.previous_cosine_distance = self.cosine_distances[k]
+            self.self_conditioning = self._transform(next_raw)
+        self._step_index += 1
+        if not return_dict:
+            return (prev_sample, solver_input, self.self_conditioning)
+        return LanguageFlowSchedulerOutput(prev_sample, solver_input, self.self_conditioning)
+
+    def __len__(self) -> int:
+        return self.num_inference_steps or 0
