@@ -252,35 +252,42 @@ def benchmark_command_line(args) -> str:
     return shlex.join(words)
 
 
+def _score_generation_file(args, scoring: dict) -> dict:
+    """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
+    given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
+    if args.pipeline or given:
+        extra = ([args.pipeline] if args.pipeline else []) + given
+        raise SystemExit(
+            f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
+            "the sweep options were fixed when it was generated)."
+        )
+    generation = read_generation(args.from_generation)
+    if args.name:
+        generation["model"] = args.name
+    return score_sweep(
+        generation,
+        **scoring,
+        **({"device": args.device} if args.device else {}),
+        command=benchmark_command_line(args),
+        progress=not args.no_progress,
+        main_only=args.main_only,
+    )
+
+
 def benchmark_command(args) -> dict:
     """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table."""
-    evaluator_kwargs = {"cache_dir": args.cache_dir, "dtype": DTYPES[args.dtype]}
+    scoring = {
+        "evaluator": args.evaluator,
+        "protocol": args.protocol,
+        "eval_batch_size": args.eval_batch_size,
+        "max_length": args.max_length,
+        "num_resamples": args.num_resamples,
+        "output_dir": args.output_dir,
+        "cache_dir": args.cache_dir,
+        "dtype": DTYPES[args.dtype],
+    }
     if args.from_generation:
-        given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
-        if args.pipeline or given:
-            extra = ([args.pipeline] if args.pipeline else []) + given
-            raise SystemExit(
-                f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
-                "the sweep options were fixed when it was generated)."
-            )
-        generation = read_generation(args.from_generation)
-        if args.name:
-            generation["model"] = args.name
-        if args.device:
-            evaluator_kwargs["device"] = args.device
-        results = score_sweep(
-            generation,
-            evaluator=args.evaluator,
-            protocol=args.protocol,
-            eval_batch_size=args.eval_batch_size,
-            max_length=args.max_length,
-            num_resamples=args.num_resamples,
-            output_dir=args.output_dir,
-            command=benchmark_command_line(args),
-            progress=not args.no_progress,
-            main_only=args.main_only,
-            **evaluator_kwargs,
-        )
+        results = _score_generation_file(args, scoring)
         print(format_markdown(results))
         print("Wrote " + ", ".join(results["files"].values()))
         return results
@@ -293,7 +300,6 @@ def benchmark_command(args) -> dict:
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
-    command = benchmark_command_line(args)
     sweep = {
         "nfe": args.nfe,
         "seeds": args.seeds,
@@ -303,7 +309,7 @@ def benchmark_command(args) -> dict:
         "diversity_values": args.temperatures,
         "diversity_nfe": args.diversity_nfe,
         "name": args.name or experiment_name(args.pipeline, args.experiment, args.coefficients),
-        "command": command,
+        "command": benchmark_command_line(args),
         "progress": not args.no_progress,
         "device": args.device,
     }
@@ -316,17 +322,7 @@ def benchmark_command(args) -> dict:
             f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
         )
         return generation
-    results = run_sweep(
-        args.pipeline,
-        evaluator=args.evaluator,
-        protocol=args.protocol,
-        eval_batch_size=args.eval_batch_size,
-        max_length=args.max_length,
-        num_resamples=args.num_resamples,
-        output_dir=args.output_dir,
-        **sweep,
-        **evaluator_kwargs,
-    )
+    results = run_sweep(args.pipeline, **sweep, **scoring)
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))
     return results

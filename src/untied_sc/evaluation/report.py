@@ -77,11 +77,9 @@ def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     return lines
 
 
-def format_markdown(results: dict) -> str:
-    """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, curves."""
-    samplers = list(results["samplers"])
+def _main_table_lines(results: dict, samplers: Sequence[str]) -> list[str]:
+    """The title, the setting and the NFE × sampler table (GenPPL and entropy side by side)."""
     by_sampler = results["aggregates"]["by_sampler"]
-    knob = results["diversity_knob"]
     evaluator = results.get("evaluator_description") or results["evaluator"]
     lines = [
         f"# Benchmark: {results['model']} ({results['pipeline_class']})",
@@ -101,92 +99,127 @@ def format_markdown(results: dict) -> str:
             metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
             cells += [_fmt(metrics.get("gen_ppl")), _fmt(metrics.get("entropy"), 3)]
         lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paired_lines(results: dict) -> list[str]:
+    """The paired comparison against the baseline: GenPPL ratio, ΔNLL/token, fraction worse, retained throughput."""
     paired = results["aggregates"]["paired"]
-    if paired:
-        lines += [
-            "",
-            f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
-            "",
-            f"{interval_label(results)}.",
-            "",
-            "| sampler | NFE | pairs | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | retained throughput |",
-            "|---|---:|---:|---|---|---|---:|",
-        ]
-        for sampler, by_nfe in paired.items():
-            for nfe, p in by_nfe.items():
-                low, high = p["gen_ppl_ratio_ci"]
-                d_low, d_high = p["mean_delta_ci"]
-                w_low, w_high = p["fraction_b_worse_ci"]
-                lines.append(
-                    f"| {sampler} | {nfe} | {p['num_pairs']} | {p['gen_ppl_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
-                    f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
-                    f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
-                )
-    lines += _repetition_lines(results, samplers)
-    lines += ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
+    if not paired:
+        return []
+    lines = [
+        "",
+        f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
+        "",
+        f"{interval_label(results)}.",
+        "",
+        "| sampler | NFE | pairs | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | retained throughput |",
+        "|---|---:|---:|---|---|---|---:|",
+    ]
+    for sampler, by_nfe in paired.items():
+        for nfe, p in by_nfe.items():
+            low, high = p["gen_ppl_ratio_ci"]
+            d_low, d_high = p["mean_delta_ci"]
+            w_low, w_high = p["fraction_b_worse_ci"]
+            lines.append(
+                f"| {sampler} | {nfe} | {p['num_pairs']} | {p['gen_ppl_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
+                f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
+                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+            )
+    return lines
+
+
+def _throughput_lines(results: dict, samplers: Sequence[str]) -> list[str]:
+    """Samples/s of sampling per NFE and sampler."""
+    by_sampler = results["aggregates"]["by_sampler"]
+    lines = ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
     lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
     for nfe in results["nfe"]:
         cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
         lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
-    if results.get("coefficients"):
-        lines += ["", "## Coefficients the untied samplers ran with", ""]
-        if any("alpha_scale" in spec for spec in results["samplers"].values()):
-            lines += ["α is an average's weight, in (0, 1]: a scaled α above 1 runs at 1.", ""]
-        lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
-        for sampler, by_nfe in results["coefficients"].items():
-            for nfe, c in by_nfe.items():
-                values = " | ".join(f"{c[name]:.4g}" for name in COEFFICIENT_NAMES)
-                lines.append(f"| {sampler} | {nfe} | {values} |")
-    if results["diversity_curves"]:
-        lines += [
-            "",
-            f"## GenPPL–entropy curves ({knob} sweep; `(default)` marks the main runs)",
-            "",
-            f"| sampler | NFE | {knob} | GenPPL | entropy |",
-            "|---|---:|---:|---|---|",
-        ]
-        for sampler, by_nfe in results["diversity_curves"].items():
-            for nfe, points in by_nfe.items():
-                for point in points:
-                    value = "n/a" if point[knob] is None else f"{point[knob]:g}"
-                    value += " (default)" if point["default"] else ""
-                    lines.append(
-                        f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
-                    )
-    if results.get("equal_entropy"):
-        rows = [row for by_nfe in results["equal_entropy"].values() for row in by_nfe.values()]
-        held = any(row.get("entropy_resampled") is False for row in rows)
-        lines += [
-            "",
-            f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
-            "",
-            f"Curve fit: {results.get('equal_entropy_fit', FIT_DESCRIPTION)}; `outside` where the sampler's entropy "
-            f"lies outside the swept range. {interval_label(results)}, the same resample applied to the sampler and "
-            "to every point of the curve, which is re-fitted on each; no interval when more than 2.5% of the "
-            "resamples fall outside the curve's range (one tail unknown)."
-            + (
-                " This report's runs hold no per-sample entropies (scored before they were kept), so the entropies "
-                "are held at their measured values and only GenPPL is resampled."
-                if held
-                else ""
-            ),
-            "",
-            f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio [CI] |",
-            "|---|---:|---:|---:|---:|---|",
-        ]
-        for sampler, by_nfe in results["equal_entropy"].items():
-            for nfe, row in by_nfe.items():
-                reference, ratio, interval = row["baseline_gen_ppl_at_entropy"], row["ratio"], row.get("ratio_ci")
-                ratio_text = "outside" if ratio is None else f"{ratio:.3f}"
-                if ratio is not None:
-                    if interval:
-                        ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
-                    elif row.get("fraction_outside") is not None:
-                        ratio_text += f" (no CI: {row['fraction_outside']:.0%} of resamples outside)"
+    return lines
+
+
+def _coefficient_lines(results: dict) -> list[str]:
+    """η_R, η_T, η_O, α each untied sampler ran with, by NFE (absent from reports written before they were kept)."""
+    if not results.get("coefficients"):
+        return []
+    lines = ["", "## Coefficients the untied samplers ran with", ""]
+    if any("alpha_scale" in spec for spec in results["samplers"].values()):
+        lines += ["α is an average's weight, in (0, 1]: a scaled α above 1 runs at 1.", ""]
+    lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
+    for sampler, by_nfe in results["coefficients"].items():
+        for nfe, c in by_nfe.items():
+            values = " | ".join(f"{c[name]:.4g}" for name in COEFFICIENT_NAMES)
+            lines.append(f"| {sampler} | {nfe} | {values} |")
+    return lines
+
+
+def _curve_lines(results: dict) -> list[str]:
+    """The GenPPL–entropy curves of the diversity sweep, point by point."""
+    if not results["diversity_curves"]:
+        return []
+    knob = results["diversity_knob"]
+    lines = [
+        "",
+        f"## GenPPL–entropy curves ({knob} sweep; `(default)` marks the main runs)",
+        "",
+        f"| sampler | NFE | {knob} | GenPPL | entropy |",
+        "|---|---:|---:|---|---|",
+    ]
+    for sampler, by_nfe in results["diversity_curves"].items():
+        for nfe, points in by_nfe.items():
+            for point in points:
+                value = "n/a" if point[knob] is None else f"{point[knob]:g}"
+                value += " (default)" if point["default"] else ""
                 lines.append(
-                    f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
-                    f"{'outside' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
+                    f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
                 )
+    return lines
+
+
+def _equal_entropy_lines(results: dict) -> list[str]:
+    """Every sampler against the baseline's curve read at its entropy: the ratio and its interval."""
+    if not results.get("equal_entropy"):
+        return []
+    rows = [row for by_nfe in results["equal_entropy"].values() for row in by_nfe.values()]
+    held = any(row.get("entropy_resampled") is False for row in rows)
+    lines = [
+        "",
+        f"## At equal entropy: `{results['baseline']}`'s curve read at each sampler's entropy",
+        "",
+        f"Curve fit: {results.get('equal_entropy_fit', FIT_DESCRIPTION)}; `outside` where the sampler's entropy "
+        f"lies outside the swept range. {interval_label(results)}, the same resample applied to the sampler and "
+        "to every point of the curve, which is re-fitted on each; no interval when more than 2.5% of the "
+        "resamples fall outside the curve's range (one tail unknown)."
+        + (
+            " This report's runs hold no per-sample entropies (scored before they were kept), so the entropies "
+            "are held at their measured values and only GenPPL is resampled."
+            if held
+            else ""
+        ),
+        "",
+        f"| sampler | NFE | entropy | GenPPL | {results['baseline']} GenPPL at that entropy | ratio [CI] |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for sampler, by_nfe in results["equal_entropy"].items():
+        for nfe, row in by_nfe.items():
+            reference, ratio, interval = row["baseline_gen_ppl_at_entropy"], row["ratio"], row.get("ratio_ci")
+            ratio_text = "outside" if ratio is None else f"{ratio:.3f}"
+            if ratio is not None:
+                if interval:
+                    ratio_text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                elif row.get("fraction_outside") is not None:
+                    ratio_text += f" (no CI: {row['fraction_outside']:.0%} of resamples outside)"
+            lines.append(
+                f"| {sampler} | {nfe} | {row['entropy']:.3f} | {row['gen_ppl']:.2f} | "
+                f"{'outside' if reference is None else f'{reference:.2f}'} | {ratio_text} |"
+            )
+    return lines
+
+
+def _provenance_lines(results: dict) -> list[str]:
+    """Where and how long it ran, and the command(s) that reproduce it."""
     commands = [results["command"]]
     if "scoring_command" in results:  # sampled on one machine, scored on another
         commands.append(results["scoring_command"])
@@ -198,8 +231,24 @@ def format_markdown(results: dict) -> str:
         where = (
             f"Wall time {results['wall_seconds']:.1f} s on {results['device']} with torch {results['torch']}. Command:"
         )
-    lines += ["", where, "", "```", *commands, "```", ""]
-    return "\n".join(lines)
+    return ["", where, "", "```", *commands, "```", ""]
+
+
+def format_markdown(results: dict) -> str:
+    """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, repetition,
+    throughput, coefficients, curves, the equal-entropy control and how it ran (sections without data are left out)."""
+    samplers = list(results["samplers"])
+    sections = (
+        _main_table_lines(results, samplers),
+        _paired_lines(results),
+        _repetition_lines(results, samplers),
+        _throughput_lines(results, samplers),
+        _coefficient_lines(results),
+        _curve_lines(results),
+        _equal_entropy_lines(results),
+        _provenance_lines(results),
+    )
+    return "\n".join(line for section in sections for line in section)
 
 
 def write_results(

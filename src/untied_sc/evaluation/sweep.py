@@ -14,7 +14,8 @@ so that samplers can be compared at equal entropy.
 [`write_generation`] and [`read_generation`] carry a generation between the two. The statistics are
 [`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
 
-The sweep runs pipelines (it is the one place in `evaluation` that does) but scores only texts and token ids.
+The sweep runs pipelines (with `sampling.generate`, it is the one place in `evaluation` that does) but scores only
+texts and token ids.
 """
 
 import json
