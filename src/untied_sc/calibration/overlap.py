@@ -13,9 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.elf_transformer import ELFTransformerModel
-from ..models.langflow_transformer import LangFlowTransformerModel
-
 
 __all__ = [
     "OverlapBasis",
@@ -53,16 +50,18 @@ def effective_input_maps(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Te
         `tuple[torch.Tensor, torch.Tensor]`: `(W_z, W_m)`, float64, both of shape `(rows, D)`.
 
     Raises:
-        `TypeError`: if `model` is neither an [`ELFTransformerModel`] nor a [`LangFlowTransformerModel`].
+        `TypeError`: if `model` is neither an [`ELFTransformerModel`] nor a [`LangFlowTransformerModel`] (its
+            `family` is neither "elf" nor "langflow").
         `ValueError`: if the LangFlow model was built without self-conditioning (`self_conditioning=False`).
     """
+    family = getattr(model, "family", None)
     with torch.no_grad():
-        if isinstance(model, ELFTransformerModel):
+        if family == "elf":
             w_sc = model.self_cond_proj.weight.detach().to(device="cpu", dtype=torch.float64)
             w_b = model.text_proj.proj1.weight.detach().to(device="cpu", dtype=torch.float64)
             dim = w_sc.shape[0]
             return w_b @ w_sc[:, :dim], w_b @ w_sc[:, dim:]
-        if isinstance(model, LangFlowTransformerModel):
+        if family == "langflow":
             proj = getattr(model.backbone, "self_cond_proj", None)
             if not model.config.self_conditioning or proj is None:
                 raise ValueError(

@@ -59,14 +59,11 @@ def tuning_seeds(statistics) -> set[int]:
 
 
 def family_of(pipe) -> str:
-    """`"elf"` or `"langflow"`: which solver family a pipeline samples with."""
-    from ..pipelines import ELFPipeline, LangFlowPipeline
-
-    if isinstance(pipe, ELFPipeline):
-        return "elf"
-    if isinstance(pipe, LangFlowPipeline):
-        return "langflow"
-    raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+    """`"elf"` or `"langflow"`: which solver family a pipeline samples with (its `family`)."""
+    family = getattr(pipe, "family", None)
+    if family not in RESAMPLING_UNITS:
+        raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+    return family
 
 
 def diversity_knob(family: str) -> str:
