@@ -43,8 +43,8 @@ class CalibrationResult:
 
 
 def pipeline_solver(pipe) -> str:
-    """'elf' or 'langflow', from the pipeline's network."""
-    return "elf" if hasattr(pipe.transformer.config, "latent_dim") else "langflow"
+    """'elf' or 'langflow': the pipeline's `family`."""
+    return pipe.family
 
 
 def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
@@ -67,16 +67,15 @@ def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> Re
     return ReferenceRecurrenceScheduler(base_correction_scale, **{**config, "alpha": alpha})
 
 
-@torch.no_grad()
 def run_updates(pipe, scheduler, num_inference_steps: int, generator: torch.Generator, batch_size: int) -> None:
-    """Runs the update steps of one batch (the pipeline's network call; LangFlow's final evaluation is skipped)."""
-    device = pipe._execution_device
-    scheduler.set_timesteps(num_inference_steps, device=device, **pipe._set_timesteps_kwargs(generator))
-    latents = pipe.prepare_latents(batch_size, generator, None, device)
-    for t in scheduler.timesteps[: num_update_steps(scheduler.config.solver, num_inference_steps)]:
-        model_input = scheduler.scale_model_input(latents, t)
-        prediction, _ = pipe._predict(model_input, t, scheduler.self_conditioning)
-        latents = scheduler.step(prediction, t, latents).prev_sample
+    """
+    Runs the update steps of one batch through the pipeline's denoising loop with `scheduler` (the reference
+    recurrence, which records its corrections); LangFlow's final evaluation, which updates nothing, is skipped.
+    """
+    update_steps = num_update_steps(scheduler.config.solver, num_inference_steps)
+    pipe.denoise(
+        batch_size, num_inference_steps, generator, scheduler=scheduler, max_steps=update_steps, progress=False
+    )
 
 
 def trajectory_statistics(
@@ -170,7 +169,7 @@ def calibrate_pipeline(
         raise ValueError(f"bank_size must be ≥ 2 (each bank needs at least 2 trajectories), got {bank_size}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
-    solver = pipeline_solver(pipe)
+    solver = pipe.family
     if solver == "langflow" and not pipe.transformer.config.self_conditioning:
         raise ValueError("This LangFlow model has no self-conditioning input; untied self-conditioning needs one.")
     per_nfe_coefficients = resolve_preset_coefficients(solver, nfe, coefficients)

@@ -1,4 +1,4 @@
 from .loading import load_pipeline
 from .pipeline_elf import ELFPipeline, mask_after_eos
 from .pipeline_langflow import LangFlowPipeline
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
+from .pipeline_utils import DenoisingOutput, DenoisingStep, LanguageFlowPipeline, LanguageFlowPipelineOutput

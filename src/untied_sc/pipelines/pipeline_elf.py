@@ -6,11 +6,18 @@ import torch
 
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
-from .pipeline_utils import LanguageFlowPipeline
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
 
 
-# The SC-CFG scale of the released models, used when the scheduler (a stock one) does not carry it.
+# The SC-CFG scale of the released models: the pipeline's default when neither its config nor (old folders) the
+# scheduler config carries one.
 DEFAULT_SC_CFG_SCALE = 3.0
+
+
+def _check_sc_cfg_scale(value) -> float:
+    if not isinstance(value, int | float):
+        raise ValueError(f"sc_cfg_scale must be a number or None, got {value!r}.")
+    return float(value)
 
 
 def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) -> torch.LongTensor:
@@ -35,15 +42,21 @@ class ELFPipeline(LanguageFlowPipeline):
     Unconditional text generation with ELF (Embedded Language Flows).
 
     Each step calls the network once on the (re-noised) latent with the scheduler's self-conditioning input and the
-    SC-CFG scale w (`scheduler.config.sc_cfg_scale`, or the call's `sc_cfg_scale`). After the last step, one decode
-    pass (t = 1, zero self-conditioning, mode tokens on) gives logits; the argmax (or, with the call's
-    `decode_temperature` T > 0, a draw from softmax(logits / T)) is cut at the first EOS. NFE = number of steps.
+    SC-CFG scale w. After the last step, one decode pass (t = 1, zero self-conditioning, mode tokens on) gives
+    logits; the argmax (or, with the call's `decode_temperature` T > 0, a draw from softmax(logits / T)) is cut at
+    the first EOS. NFE = number of steps.
+
+    The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's `config.sc_cfg_scale`. That
+    default is fixed when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when
+    loading), else, for folders saved before the pipeline owned it, the scheduler config's legacy `sc_cfg_scale`
+    key, else 3.0 (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes it to `model_index.json`.
 
     Args:
         transformer ([`ELFTransformerModel`]): the network.
         scheduler ([`ELFScheduler`] or [`UntiedSelfConditioningScheduler`]): the sampler.
         tokenizer (`PreTrainedTokenizerBase`): the tokenizer of the model's vocabulary (T5 for the released models).
         sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
+        sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (see above for `None`).
 
     Example:
         ```py
@@ -53,32 +66,73 @@ class ELFPipeline(LanguageFlowPipeline):
         ```
     """
 
-    _sc_cfg_scale = None  # w of the call in progress (set by `__call__`; None: the scheduler config's)
-    _decode_temperature = 0.0  # T of the call in progress (0: argmax, the official decode)
+    family = "elf"
 
-    def __call__(self, *args, sc_cfg_scale: float | None = None, decode_temperature: float = 0.0, **kwargs):
+    def __init__(self, transformer, scheduler, tokenizer, sampler_statistics=None, sc_cfg_scale: float | None = None):
+        super().__init__(transformer, scheduler, tokenizer, sampler_statistics)
+        if sc_cfg_scale is None:  # a folder saved before the pipeline owned w keeps it in the scheduler config
+            sc_cfg_scale = scheduler.config.get("sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
+        self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale))
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        batch_size: int = 1,
+        num_inference_steps: int = 32,
+        generator: torch.Generator | None = None,
+        latents: torch.Tensor | None = None,
+        output_type: str = "text",
+        return_dict: bool = True,
+        callback_on_step_end=None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        sc_cfg_scale: float | None = None,
+        decode_temperature: float = 0.0,
+    ) -> LanguageFlowPipelineOutput | tuple:
         r"""
-        Samples as [`LanguageFlowPipeline.__call__`] (same arguments), with two ELF-specific knobs.
+        Samples `batch_size` sequences with `num_inference_steps` network evaluations.
 
         Args:
+            batch_size (`int`, defaults to 1): number of samples.
+            num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
+            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`:
+                a freshly seeded one). The batch shares one random time grid.
+            latents (`torch.Tensor` of shape `(batch_size, length, latent_dim)`, *optional*): the initial latent z_0.
+            output_type (`str`, defaults to `"text"`): `"text"` (texts and token ids), `"seq"` (token ids) or
+                `"latent"` (final latents only; no decode pass).
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowPipelineOutput`] or a tuple.
+            callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): called
+                after every step as `callback(pipe, step_index, timestep, callback_kwargs)`; may return
+                `{"latents": z}` to continue from z.
+            callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): tensors passed to it
+                (`"latents"`, `"prediction"`).
             sc_cfg_scale (`float`, *optional*): the SC-CFG scale w, a network input at every step and in the final
-                decode pass; ELF's own quality/diversity trade-off. `None` (default): `scheduler.config.sc_cfg_scale`.
+                decode pass; ELF's own quality/diversity trade-off. `None` (default): `self.config.sc_cfg_scale`.
             decode_temperature (`float`, defaults to 0.0): the temperature T of the final decode: 0 takes the argmax
                 (the official decode); T > 0 draws each token from softmax(logits / T) with the call's generator
                 (after every sampling step, so the trajectory and its pairing with other samplers are unchanged).
                 ELF's counterpart of LangFlow's softmax temperature on x̂: the diversity control of GenPPL–entropy
                 curves (raising T raises the samples' entropy).
+
+        Returns:
+            [`LanguageFlowPipelineOutput`] or `tuple`: `(texts, sequences, latents)`, texts cut at the first EOS.
         """
-        if sc_cfg_scale is not None and not isinstance(sc_cfg_scale, int | float):
-            raise ValueError(f"sc_cfg_scale must be a number or None, got {sc_cfg_scale!r}.")
+        if sc_cfg_scale is not None:
+            sc_cfg_scale = _check_sc_cfg_scale(sc_cfg_scale)
         if not (isinstance(decode_temperature, int | float) and decode_temperature >= 0):
             raise ValueError(f"decode_temperature must be a number ≥ 0 (0: argmax), got {decode_temperature!r}.")
-        self._sc_cfg_scale = None if sc_cfg_scale is None else float(sc_cfg_scale)
-        self._decode_temperature = float(decode_temperature)
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            self._sc_cfg_scale, self._decode_temperature = None, 0.0
+        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+        return self._generate(
+            batch_size,
+            num_inference_steps,
+            generator,
+            latents,
+            output_type,
+            return_dict,
+            callback_on_step_end,
+            callback_on_step_end_tensor_inputs,
+            network_kwargs={"sc_cfg_scale": scale},
+            decode_kwargs={"sc_cfg_scale": scale, "decode_temperature": float(decode_temperature)},
+        )
 
     @property
     def latent_shape(self) -> tuple[int, int]:
@@ -86,21 +140,23 @@ class ELFPipeline(LanguageFlowPipeline):
 
     @property
     def sc_cfg_scale(self) -> float:
-        """The SC-CFG scale w in use: the call's override, else the scheduler config's, else 3.0."""
-        if self._sc_cfg_scale is not None:
-            return self._sc_cfg_scale
-        return getattr(self.scheduler.config, "sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
+        """The default SC-CFG scale w of this pipeline (`config.sc_cfg_scale`); a call's `sc_cfg_scale` overrides it."""
+        return self.config.sc_cfg_scale
 
-    def _predict(self, model_input, timestep, self_conditioning):
-        output = self.transformer(model_input, timestep, self_conditioning, self.sc_cfg_scale)
+    def _predict(self, model_input, timestep, self_conditioning, sc_cfg_scale: float | None = None):
+        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+        output = self.transformer(model_input, timestep, self_conditioning, scale)
         return output.sample.float(), None
 
-    def _tokens(self, latents, last_logits, generator):
-        decode = self.transformer(latents, 1.0, None, self.sc_cfg_scale, decoder_step_active=True)
-        if self._decode_temperature == 0.0:
+    def _tokens(
+        self, latents, last_logits, generator, sc_cfg_scale: float | None = None, decode_temperature: float = 0.0
+    ):
+        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+        decode = self.transformer(latents, 1.0, None, scale, decoder_step_active=True)
+        if decode_temperature == 0.0:
             ids = decode.logits.argmax(dim=-1)
         else:
-            ids = sample_tokens(decode.logits, self._decode_temperature, generator)
+            ids = sample_tokens(decode.logits, decode_temperature, generator)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         return ids if eos is None else mask_after_eos(ids, eos, pad if pad is not None else eos)
 

@@ -2,9 +2,11 @@
 
 import os
 
+import torch
+
 from ..models import load_official_langflow
 from ..schedulers import LangFlowScheduler
-from .pipeline_utils import LanguageFlowPipeline
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
@@ -25,25 +27,63 @@ class LangFlowPipeline(LanguageFlowPipeline):
         sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
     """
 
-    _temperature = 1.0  # T of the call in progress (set by `__call__`)
+    family = "langflow"
 
-    def __call__(self, *args, temperature: float = 1.0, **kwargs):
+    @torch.no_grad()
+    def __call__(
+        self,
+        batch_size: int = 1,
+        num_inference_steps: int = 32,
+        generator: torch.Generator | None = None,
+        latents: torch.Tensor | None = None,
+        output_type: str = "text",
+        return_dict: bool = True,
+        callback_on_step_end=None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        temperature: float = 1.0,
+    ) -> LanguageFlowPipelineOutput | tuple:
         r"""
-        Samples as [`LanguageFlowPipeline.__call__`] (same arguments), with one LangFlow-specific knob.
+        Samples `batch_size` sequences with `num_inference_steps` network evaluations.
 
         Args:
+            batch_size (`int`, defaults to 1): number of samples.
+            num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2); the last
+                one is the final evaluation whose logits give the tokens.
+            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`:
+                a freshly seeded one).
+            latents (`torch.Tensor` of shape `(batch_size, length, hidden_size)`, *optional*): the initial latent
+                z_0.
+            output_type (`str`, defaults to `"text"`): `"text"` (texts and token ids), `"seq"` (token ids) or
+                `"latent"` (final latents only).
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowPipelineOutput`] or a tuple.
+            callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): called
+                after every step as `callback(pipe, step_index, timestep, callback_kwargs)`; may return
+                `{"latents": z}` to continue from z.
+            callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): tensors passed to it
+                (`"latents"`, `"prediction"`).
             temperature (`float`, defaults to 1.0): the softmax temperature T > 0 of the clean prediction
                 x̂ = softmax(logits / T)·E_norm handed to the scheduler at every step: the diversity control of the
                 official sampler (GenPPL–entropy curves). T = 1 is bit-identical to the official sampler. The final
                 tokens are the argmax of the logits, which T does not change.
+
+        Returns:
+            [`LanguageFlowPipelineOutput`] or `tuple`: `(texts, sequences, latents)`.
         """
         if not (isinstance(temperature, int | float) and temperature > 0):
             raise ValueError(f"temperature must be a positive number, got {temperature!r}.")
-        self._temperature = float(temperature)
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            self._temperature = 1.0
+        return self._generate(
+            batch_size,
+            num_inference_steps,
+            generator,
+            latents,
+            output_type,
+            return_dict,
+            callback_on_step_end,
+            callback_on_step_end_tensor_inputs,
+            # T = 1 is `_predict`'s default: the untempered, official network call
+            network_kwargs={} if temperature == 1 else {"temperature": float(temperature)},
+            decode_kwargs={},
+        )
 
     @property
     def latent_shape(self) -> tuple[int, int]:
@@ -52,9 +92,9 @@ class LangFlowPipeline(LanguageFlowPipeline):
     def _set_timesteps_kwargs(self, generator):
         return {**super()._set_timesteps_kwargs(generator), "proposal": self.transformer.gumbel_parameters()}
 
-    def _predict(self, model_input, timestep, self_conditioning):
+    def _predict(self, model_input, timestep, self_conditioning, temperature: float = 1.0):
         logits = self.transformer(model_input, timestep, self_conditioning).logits
-        tempered = logits if self._temperature == 1.0 else logits.float() / self._temperature
+        tempered = logits if temperature == 1.0 else logits.float() / temperature
         return self.transformer.clean_prediction(tempered), logits
 
     def _tokens(self, latents, last_logits, generator):

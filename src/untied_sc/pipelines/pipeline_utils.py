@@ -1,7 +1,8 @@
-"""What ELFPipeline and LangFlowPipeline share: Hub loading, input checks, the sampling loop and the output."""
+"""What ELFPipeline and LangFlowPipeline share: Hub loading, input checks, the denoising loop and the output."""
 
 import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
+from tqdm.auto import tqdm
 
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
@@ -34,6 +36,49 @@ class LanguageFlowPipelineOutput(BaseOutput):
     latents: torch.Tensor | None = None
 
 
+@dataclass
+class DenoisingStep:
+    """
+    One step k of [`LanguageFlowPipeline.denoise`], as its `step_callback` sees it.
+
+    Args:
+        index (`int`): k, the position of the step in the scheduler's timesteps.
+        timestep (`torch.Tensor`): t_k.
+        sample (`torch.Tensor`): z_k, the latent the step started from.
+        model_input (`torch.Tensor`): the network's latent input, `scheduler.scale_model_input(z_k, t_k)` (ELF
+            re-noises z_k; LangFlow passes it through).
+        self_conditioning (`torch.Tensor`, *optional*): the network's self-conditioning input (`None` at the first
+            step, or with a scheduler that has none).
+        prediction (`torch.Tensor`): the clean prediction handed to `scheduler.step`.
+        logits (`torch.Tensor`, *optional*): the network's token logits (LangFlow; `None` for ELF).
+        latents (`torch.Tensor`): z_{k+1}, the scheduler's output.
+    """
+
+    index: int
+    timestep: torch.Tensor
+    sample: torch.Tensor
+    model_input: torch.Tensor
+    self_conditioning: torch.Tensor | None
+    prediction: torch.Tensor
+    logits: torch.Tensor | None
+    latents: torch.Tensor
+
+
+@dataclass
+class DenoisingOutput:
+    """
+    Output of [`LanguageFlowPipeline.denoise`].
+
+    Args:
+        latents (`torch.Tensor` of shape `(batch, length, dim)`): the final latents.
+        logits (`torch.Tensor`, *optional*): the logits of the last network evaluation (LangFlow's tokens are their
+            argmax); `None` for ELF, whose tokens come from a separate decode pass.
+    """
+
+    latents: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
 def _accepted_kwargs(function, candidates: dict[str, Any]) -> dict[str, Any]:
     """The subset of `candidates` that `function` takes, so that stock diffusers schedulers can be swapped in."""
     parameters = inspect.signature(function).parameters
@@ -42,12 +87,16 @@ def _accepted_kwargs(function, candidates: dict[str, Any]) -> dict[str, Any]:
 
 class LanguageFlowPipeline(DiffusionPipeline):
     """
-    Base class of the language flow pipelines. Subclasses define how the network is called (`_predict`) and how
-    the final latents become token ids (`_tokens`).
+    Base class of the language flow pipelines. [`~LanguageFlowPipeline.denoise`] is the one denoising loop: the
+    pipelines' `__call__`, calibration and the benchmark all run it. Subclasses define how the network is called
+    (`_predict`, whose keyword arguments are the family's per-call network knobs) and how the final latents become
+    token ids (`_tokens`); per-call knobs are passed down as arguments, never stored on the pipeline.
 
     The self-conditioning state lives in the scheduler (`scheduler.self_conditioning`, reset by `set_timesteps`).
     A scheduler without that attribute (a stock diffusers one) still runs, without self-conditioning.
     """
+
+    family: str  # "elf" or "langflow", as the transformer's `family`
 
     model_cpu_offload_seq = "transformer"
     _optional_components = ["sampler_statistics"]
@@ -58,6 +107,12 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self.register_modules(
             transformer=transformer, scheduler=scheduler, tokenizer=tokenizer, sampler_statistics=sampler_statistics
         )
+        if getattr(transformer, "family", None) != self.family:
+            raise ValueError(
+                f"{type(self).__name__} samples {self.family!r} models, but the transformer is a "
+                f"{type(transformer).__name__} (family {getattr(transformer, 'family', None)!r}); use the pipeline "
+                "of its family (or `untied_sc.pipelines.load_pipeline` on a folder)."
+            )
         vocab_size = transformer.config.vocab_size
         if vocab_size not in (len(tokenizer), tokenizer.vocab_size):
             raise ValueError(
@@ -84,13 +139,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
         raise NotImplementedError
 
     def _predict(self, model_input: torch.Tensor, timestep: torch.Tensor, self_conditioning: torch.Tensor | None):
-        """One network evaluation → (clean prediction for the scheduler, logits or None)."""
+        """
+        One network evaluation → (clean prediction for the scheduler, logits or None). Subclasses add the family's
+        per-call network knobs as keyword arguments with defaults ([`~LanguageFlowPipeline.denoise`] passes them).
+        """
         raise NotImplementedError
 
     def _tokens(
         self, latents: torch.Tensor, last_logits: torch.Tensor | None, generator: torch.Generator
     ) -> torch.LongTensor:
-        """Final token ids (`generator`: the call's, for a decoder that samples)."""
+        """Final token ids (`generator`: the call's, for a decoder that samples); subclasses add decode knobs."""
         raise NotImplementedError
 
     def _texts(self, sequences: torch.LongTensor) -> list[str]:
@@ -98,9 +156,14 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
     def _set_timesteps_kwargs(self, generator: torch.Generator) -> dict[str, Any]:
         """Extra arguments for the scheduler's `set_timesteps` (passed only where it accepts them)."""
-        return {"generator": generator, "statistics": self.sampler_statistics}
+        return {"generator": generator}
 
-    def check_inputs(self, batch_size, num_inference_steps, latents, output_type, callback_tensor_inputs):
+    def _network_knobs(self) -> list[str]:
+        """The per-call network knobs: the keyword arguments of this family's `_predict`."""
+        parameters = list(inspect.signature(type(self)._predict).parameters.values())[4:]  # past self, z, t, m
+        return [parameter.name for parameter in parameters]
+
+    def check_inputs(self, batch_size, num_inference_steps, latents, output_type="text", callback_tensor_inputs=()):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
@@ -114,13 +177,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
         if unknown:
             raise ValueError(f"Unknown callback tensor inputs {unknown}; choose from {self._callback_tensor_inputs}.")
 
-    def prepare_latents(self, batch_size, generator, latents, device) -> torch.Tensor:
-        """z_0 = init_noise_sigma·ε drawn from `generator` (float32: the solvers run in float32/float64)."""
+    def prepare_latents(self, batch_size, generator, latents, device, scheduler=None) -> torch.Tensor:
+        """
+        z_0 = init_noise_sigma·ε drawn from `generator` (float32: the solvers run in float32/float64), with the
+        `init_noise_sigma` of `scheduler` (default: the pipeline's).
+        """
         if latents is not None:
             return latents.to(device=device, dtype=torch.float32)
         shape = (batch_size, *self.latent_shape)
         noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
-        return noise * getattr(self.scheduler, "init_noise_sigma", 1.0)
+        return noise * getattr(self.scheduler if scheduler is None else scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
         self, nfe: list[int], bank_size: int = 64, seed: int = CALIBRATION_SEED, batch_size: int = 16, **kwargs
@@ -138,76 +204,145 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
     @property
     def num_timesteps(self) -> int:
+        """Number of steps of the loop in progress or last run (diffusers' convention, for callbacks)."""
         return self._num_timesteps
 
     @torch.no_grad()
-    def __call__(
+    def denoise(
         self,
         batch_size: int = 1,
         num_inference_steps: int = 32,
         generator: torch.Generator | None = None,
         latents: torch.Tensor | None = None,
-        output_type: str = "text",
-        return_dict: bool = True,
-        callback_on_step_end=None,
-        callback_on_step_end_tensor_inputs: list[str] | None = None,
-    ) -> LanguageFlowPipelineOutput | tuple:
+        *,
+        scheduler=None,
+        statistics=None,
+        max_steps: int | None = None,
+        step_callback: Callable[[DenoisingStep], dict[str, torch.Tensor] | None] | None = None,
+        progress: bool = True,
+        **network_kwargs,
+    ) -> DenoisingOutput:
         r"""
-        Samples `batch_size` sequences with `num_inference_steps` network evaluations.
+        The denoising loop: from z_0 to the final latents, one network evaluation per step. For k = 0, 1, …:
+        `model_input = scheduler.scale_model_input(z_k, t_k)`, the network on `(model_input, t_k,
+        scheduler.self_conditioning)` gives the clean prediction p_k, and `z_{k+1} = scheduler.step(p_k, t_k, z_k)`.
+        `__call__` runs it and then decodes; calibration runs it with its reference scheduler; nothing is decoded
+        here.
 
         Args:
-            batch_size (`int`, defaults to 1): number of samples.
+            batch_size (`int`, defaults to 1): number of trajectories.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
-            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`:
-                a freshly seeded one).
+            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`: a
+                freshly seeded one). Draw order: the scheduler's `set_timesteps`, z_0, then the steps' draws.
             latents (`torch.Tensor` of shape `(batch_size, length, dim)`, *optional*): the initial latent z_0.
-            output_type (`str`, defaults to `"text"`): `"text"` (texts and token ids), `"seq"` (token ids) or
-                `"latent"` (final latents only; no decoding).
-            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowPipelineOutput`] or a tuple.
-            callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): called
-                after every step as `callback(pipe, step_index, timestep, callback_kwargs)`; may return new tensors.
-            callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): tensors passed to it.
+            scheduler (*optional*): the scheduler to run instead of `self.scheduler` (e.g. calibration's reference
+                recurrence, or a clone for a concurrent call); it gets the same `set_timesteps` arguments.
+            statistics ([`SamplerStatistics`], *optional*): handed to the scheduler's `set_timesteps` where it takes
+                them, after a check that they belong to the transformer. `__call__` passes the pipeline's
+                `sampler_statistics`; `None` (default) hands none.
+            max_steps (`int`, *optional*): run only the first `max_steps` timesteps (default: all of them;
+                calibration skips LangFlow's final evaluation, which updates nothing).
+            step_callback (`Callable`, *optional*): called after every step as `step_callback(step)` with a
+                [`DenoisingStep`]; may return `{"latents": z}` to continue from z instead of `step.latents`.
+            progress (`bool`, defaults to `True`): show the pipeline's progress bar.
+            network_kwargs: the family's per-call network knobs, passed to every network call (ELF:
+                `sc_cfg_scale`; LangFlow: `temperature`; see the pipeline's `__call__`). Omitted: their defaults.
+
+        Returns:
+            [`DenoisingOutput`]: the final latents and the last evaluation's logits.
         """
-        if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
-            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        callback_on_step_end_tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
-        self.check_inputs(batch_size, num_inference_steps, latents, output_type, callback_on_step_end_tensor_inputs)
+        unknown = sorted(set(network_kwargs) - set(self._network_knobs()))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.denoise got unknown network arguments {unknown}; this family takes "
+                f"{self._network_knobs()}."
+            )
+        self.check_inputs(batch_size, num_inference_steps, latents)
+        scheduler = self.scheduler if scheduler is None else scheduler
         device = self._execution_device
         if generator is None:
             generator = torch.Generator()
             generator.seed()
 
-        scheduler = self.scheduler
-        timestep_kwargs = _accepted_kwargs(scheduler.set_timesteps, self._set_timesteps_kwargs(generator))
+        timestep_kwargs = _accepted_kwargs(
+            scheduler.set_timesteps, {**self._set_timesteps_kwargs(generator), "statistics": statistics}
+        )
         if timestep_kwargs.get("statistics") is not None:
             timestep_kwargs["statistics"].check_model(self.transformer)
         scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
-        latents = self.prepare_latents(batch_size, generator, latents, device)
+        latents = self.prepare_latents(batch_size, generator, latents, device, scheduler)
         timesteps = scheduler.timesteps
+        if max_steps is not None:
+            if not isinstance(max_steps, int) or not 1 <= max_steps <= len(timesteps):
+                raise ValueError(f"max_steps must be an integer in [1, {len(timesteps)}], got {max_steps!r}.")
+            timesteps = timesteps[:max_steps]
         self._num_timesteps = len(timesteps)
 
         logits = None
-        with self.progress_bar(total=len(timesteps)) as progress_bar:
+        with self._progress_bar(len(timesteps), progress) as progress_bar:
             for i, t in enumerate(timesteps):
                 # Stock flow-matching schedulers have no `scale_model_input`; ELF's re-noises here.
                 scale = getattr(scheduler, "scale_model_input", None)
                 model_input = scale(latents, t) if scale is not None else latents
                 self_conditioning = getattr(scheduler, "self_conditioning", None)
-                prediction, logits = self._predict(model_input, t, self_conditioning)
-                latents = scheduler.step(prediction, t, latents, **step_kwargs).prev_sample
-                if callback_on_step_end is not None:
-                    callback_kwargs = {}
-                    for name in callback_on_step_end_tensor_inputs:
-                        callback_kwargs[name] = locals()[name]
-                    callback_outputs = callback_on_step_end(self, i, t, callback_kwargs)
-                    latents = callback_outputs.pop("latents", latents)
+                prediction, logits = self._predict(model_input, t, self_conditioning, **network_kwargs)
+                sample, latents = latents, scheduler.step(prediction, t, latents, **step_kwargs).prev_sample
+                if step_callback is not None:
+                    step = DenoisingStep(i, t, sample, model_input, self_conditioning, prediction, logits, latents)
+                    latents = (step_callback(step) or {}).get("latents", latents)
                 progress_bar.update()
+        return DenoisingOutput(latents=latents, logits=logits)
 
+    def _progress_bar(self, total: int, show: bool):
+        """The pipeline's progress bar, or a silent one."""
+        return self.progress_bar(total=total) if show else tqdm(total=total, disable=True)
+
+    def _generate(
+        self,
+        batch_size: int,
+        num_inference_steps: int,
+        generator: torch.Generator | None,
+        latents: torch.Tensor | None,
+        output_type: str,
+        return_dict: bool,
+        callback_on_step_end,
+        callback_on_step_end_tensor_inputs: list[str] | None,
+        network_kwargs: dict[str, Any],
+        decode_kwargs: dict[str, Any],
+    ) -> LanguageFlowPipelineOutput | tuple:
+        """
+        The body of the pipelines' `__call__`: [`denoise`] with the pipeline's scheduler and statistics, diffusers'
+        `callback_on_step_end`, then the decode (`_tokens` with `decode_kwargs`) and the output.
+        """
+        if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
+        self.check_inputs(batch_size, num_inference_steps, latents, output_type, tensor_inputs)
+        if generator is None:
+            generator = torch.Generator()
+            generator.seed()
+
+        step_callback = None
+        if callback_on_step_end is not None:
+
+            def step_callback(step: DenoisingStep) -> dict[str, torch.Tensor] | None:
+                tensors = {name: getattr(step, name) for name in tensor_inputs}
+                return callback_on_step_end(self, step.index, step.timestep, tensors)
+
+        denoised = self.denoise(
+            batch_size,
+            num_inference_steps,
+            generator,
+            latents,
+            statistics=self.sampler_statistics,
+            step_callback=step_callback,
+            **network_kwargs,
+        )
         texts = sequences = None
         if output_type != "latent":
-            sequences = self._tokens(latents, logits, generator)
+            sequences = self._tokens(denoised.latents, denoised.logits, generator, **decode_kwargs)
             texts = self._texts(sequences) if output_type == "text" else None
         self.maybe_free_model_hooks()
-        output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=latents)
+        output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=denoised.latents)
         return output if return_dict else output.to_tuple()
