@@ -1,6 +1,8 @@
 """Calibration: the reference recurrence's moments, base scales, determinism, entry points and errors."""
 
+import ast
 import copy
+import inspect
 import math
 
 import pytest
@@ -14,11 +16,13 @@ from untied_sc.calibration import (
     reference_activation,
     trajectory_statistics,
 )
+from untied_sc.calibration import calibrate as calibrate_module
 from untied_sc.calibration.calibrate import bank_seeds, run_updates
 from untied_sc.calibration.reference import ReferenceRecurrenceScheduler
 from untied_sc.cli import main as cli_main
 from untied_sc.models import LangFlowTransformerModel
 from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers.sampler_statistics import num_update_steps
 from untied_sc.schedulers.untied_functions import moment_projection
 
 from .conftest import elf_from_golden, langflow_from_golden
@@ -169,3 +173,86 @@ def test_bad_calibration_input_gives_clear_errors(elf_pipe, langflow_golden):
     pipe = LangFlowPipeline(no_sc, LangFlowScheduler(), tiny_tokenizer())
     with pytest.raises(ValueError, match="no self-conditioning input"):
         calibrate_pipeline(pipe, [8], progress=False)
+
+
+# ---- calibration runs the pipeline's public denoising loop --------------------------------------------------------
+
+
+def test_calibration_module_touches_no_private_pipeline_member():
+    tree = ast.parse(inspect.getsource(calibrate_module))
+    private = sorted(
+        {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "pipe"
+            and node.attr.startswith("_")
+        }
+    )
+    assert private == [], f"calibration uses private pipeline members {private}; use `pipe.denoise`"
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_calibration_calls_the_network_only_inside_pipe_denoise(request, monkeypatch, family):
+    """Every network call of the trajectory banks happens inside `pipe.denoise`: one call per bank batch."""
+    pipe = request.getfixturevalue(f"{family}_pipe")
+    depth, denoise_calls, predict_calls = [0], [], []
+    denoise, predict = pipe.denoise, pipe._predict
+
+    def counted_denoise(*args, **kwargs):
+        denoise_calls.append(kwargs.get("scheduler"))
+        depth[0] += 1
+        try:
+            return denoise(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    def guarded_predict(*args, **kwargs):
+        assert depth[0] == 1, "the network was called outside pipe.denoise"
+        predict_calls.append(1)
+        return predict(*args, **kwargs)
+
+    monkeypatch.setattr(pipe, "denoise", counted_denoise)
+    monkeypatch.setattr(pipe, "_predict", guarded_predict)
+    bank_mu, bank_sigma = bank_seeds(0, 0, 5, 2), bank_seeds(0, 1, 5, 2)
+    trajectory_statistics(pipe, 8, 1.0, 0.8, bank_mu, bank_sigma, progress=False)
+    assert len(denoise_calls) == len(bank_mu) + len(bank_sigma) == 6
+    assert all(isinstance(scheduler, ReferenceRecurrenceScheduler) for scheduler in denoise_calls)
+    update_steps = 8 if family == "elf" else 7  # LangFlow's final evaluation is skipped
+    assert len(predict_calls) == 6 * update_steps
+
+
+def _hand_written_update_steps(pipe, scheduler, num_inference_steps, generator, batch_size):
+    """The reference recurrence's update steps written out with the scheduler and the network (no pipeline loop)."""
+    if pipe.family == "elf":
+        scheduler.set_timesteps(num_inference_steps, generator=generator)
+    else:
+        scheduler.set_timesteps(num_inference_steps, proposal=pipe.transformer.gumbel_parameters())
+    latents = torch.randn((batch_size, *pipe.latent_shape), generator=generator) * scheduler.init_noise_sigma
+    for t in scheduler.timesteps[: num_update_steps(pipe.family, num_inference_steps)]:
+        model_input = scheduler.scale_model_input(latents, t)
+        if pipe.family == "elf":
+            prediction = pipe.transformer(model_input, t, scheduler.self_conditioning, pipe.sc_cfg_scale).sample
+        else:
+            logits = pipe.transformer(model_input, t, scheduler.self_conditioning).logits
+            prediction = pipe.transformer.clean_prediction(logits)
+        latents = scheduler.step(prediction.float(), t, latents).prev_sample
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+@torch.no_grad()
+def test_run_updates_through_the_pipeline_loop_equals_the_hand_written_recurrence_bit_for_bit(request, family):
+    pipe = request.getfixturevalue(f"{family}_pipe")
+    moments = []
+    for run in (run_updates, _hand_written_update_steps):
+        scheduler = ReferenceRecurrenceScheduler(1.0, solver=family, alpha=0.8)
+        scheduler.accumulator = MomentAccumulator(num_update_steps(family, 8), pipe.latent_shape[1])
+        for seed in (1, 2):
+            run(pipe, scheduler, 8, torch.Generator().manual_seed(seed), 3)
+        moments.append(
+            (scheduler.accumulator.mean(), scheduler.accumulator.rms(), scheduler.accumulator.cosine_distance())
+        )
+    assert moments[0][1].max() > 0
+    for through_pipeline, by_hand in zip(*moments, strict=True):
+        assert torch.equal(through_pipeline, by_hand)

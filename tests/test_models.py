@@ -223,3 +223,12 @@ def test_cli_convert_writes_loadable_diffusers_folders(tmp_path, capsys, elf_gol
     assert "Wrote" in capsys.readouterr().out
     assert cli_main(["convert", "elf", str(tmp_path / "nowhere" / "x"), str(tmp_path / "o")]) == 2
     assert "neither an existing path nor a Hub repo id" in capsys.readouterr().err
+
+
+def test_models_name_their_family_and_keep_it_after_a_round_trip(tmp_path, tiny_elf, tiny_langflow):
+    assert ELFTransformerModel.family == "elf" and LangFlowTransformerModel.family == "langflow"
+    for model in (tiny_elf, tiny_langflow):
+        model.save_pretrained(tmp_path / model.family)
+        reloaded = type(model).from_pretrained(tmp_path / model.family)
+        assert reloaded.family == model.family
+        assert "family" not in reloaded.config  # a class attribute, not a config key

@@ -1,10 +1,12 @@
 """Pipelines: save/load, Hub loading, push_to_hub, outputs, callbacks, official conversion, and input errors."""
 
+import inspect
 import json
 import shutil
 
 import pytest
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 from huggingface_hub import ModelCard
 from safetensors.torch import save_file
 
@@ -148,3 +150,185 @@ def test_bad_inputs_give_clear_errors(pipes, elf_golden):
         _sample(pipe, callback_on_step_end=lambda *a: {}, callback_on_step_end_tensor_inputs=["noise"])
     with pytest.raises(ValueError, match="tokenizer has 41 tokens but the transformer predicts 40"):
         ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer(41))
+
+
+# ---- family, signatures, per-call knobs and the SC-CFG default ---------------------------------------------------
+
+
+def test_pipelines_and_models_name_their_family(pipes):
+    assert (ELFPipeline.family, LangFlowPipeline.family) == ("elf", "langflow")
+    for family, pipe in pipes.items():
+        assert pipe.family == pipe.transformer.family == family
+    with pytest.raises(ValueError, match="LangFlowPipeline samples 'langflow' models, but the transformer is a"):
+        LangFlowPipeline(pipes["elf"].transformer, LangFlowScheduler(), tiny_tokenizer())
+
+
+SHARED_ARGUMENTS = [
+    "batch_size",
+    "num_inference_steps",
+    "generator",
+    "latents",
+    "output_type",
+    "return_dict",
+    "callback_on_step_end",
+    "callback_on_step_end_tensor_inputs",
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "knobs"), [(ELFPipeline, ["sc_cfg_scale", "decode_temperature"]), (LangFlowPipeline, ["temperature"])]
+)
+def test_call_signature_lists_every_argument_with_its_docstring(cls, knobs):
+    parameters = inspect.signature(cls.__call__).parameters
+    assert list(parameters) == ["self", *SHARED_ARGUMENTS, *knobs]  # no *args / **kwargs hide anything
+    for name in [*SHARED_ARGUMENTS, *knobs]:
+        assert f"            {name} (`" in cls.__call__.__doc__, f"{name} is not documented"
+
+
+def _spy_network_scales(pipe):
+    """Records the SC-CFG scale of every ELF network call (the steps' and the decode pass's)."""
+    scales, forward = [], pipe.transformer.forward
+
+    def spy(*args, **kwargs):
+        scales.append(args[3] if len(args) > 3 else kwargs.get("sc_cfg_scale"))
+        return forward(*args, **kwargs)
+
+    pipe.transformer.forward = spy
+    return scales
+
+
+def test_a_call_with_knobs_leaves_no_state_on_the_pipeline(pipes):
+    knobs_of = {"elf": {"sc_cfg_scale": 7.0, "decode_temperature": 5.0}, "langflow": {"temperature": 0.5}}
+    for family, knobs in knobs_of.items():
+        pipe = pipes[family]
+        _sample(pipe)
+        before = {key: value for key, value in vars(pipe).items() if key != "_num_timesteps"}
+        config = dict(pipe.config)
+        _sample(pipe, **knobs)
+        after = {key: value for key, value in vars(pipe).items() if key != "_num_timesteps"}
+        assert after.keys() == before.keys() and all(after[key] is before[key] for key in before)
+        assert dict(pipe.config) == config
+    scales = _spy_network_scales(pipes["elf"])
+    _sample(pipes["elf"], sc_cfg_scale=7.0)
+    _sample(pipes["elf"])
+    assert scales == [7.0] * 9 + [3.0] * 9  # 8 steps and the decode pass, then the pipeline default again
+
+
+@pytest.mark.parametrize(
+    ("family", "outer", "inner"),
+    [
+        ("elf", {"sc_cfg_scale": 7.0, "decode_temperature": 5.0}, {"sc_cfg_scale": 1.5, "decode_temperature": 0.5}),
+        ("langflow", {"temperature": 0.5}, {"temperature": 2.0}),
+    ],
+)
+def test_interleaved_calls_with_different_knobs_equal_separate_calls(pipes, family, outer, inner):
+    """A call made from another call's callback (on its own scheduler) changes neither call: re-entrancy."""
+    pipe = pipes[family]
+    alone_outer, alone_inner = _sample(pipe, seed=1, **outer), _sample(pipe, seed=2, **inner)
+    inner_outputs = []
+
+    def run_inner(pipe, step, timestep, tensors):
+        if step == 3:
+            own = pipe.scheduler
+            pipe.scheduler = type(own).from_config(own.config)  # a scheduler holds its trajectory: one per call
+            inner_outputs.append(_sample(pipe, seed=2, **inner))
+            pipe.scheduler = own
+        return {}
+
+    interleaved = _sample(pipe, seed=1, callback_on_step_end=run_inner, **outer)
+    for together, alone in ((interleaved, alone_outer), (inner_outputs[0], alone_inner)):
+        assert torch.equal(together.latents, alone.latents) and torch.equal(together.sequences, alone.sequences)
+    assert not torch.equal(alone_outer.latents, alone_inner.latents)
+
+
+def _old_layout_scheduler(sc_cfg_scale):
+    """An ELF scheduler loaded from a config saved when the SC-CFG scale lived there."""
+    config = {key: value for key, value in ELFScheduler().config.items() if not key.startswith("_")}
+    return ELFScheduler.from_config({**config, "sc_cfg_scale": sc_cfg_scale})
+
+
+def test_sc_cfg_scale_resolution_call_then_pipeline_then_legacy_scheduler_key_then_default(pipes):
+    transformer = pipes["elf"].transformer
+    assert ELFPipeline(transformer, FlowMatchEulerDiscreteScheduler(), tiny_tokenizer()).sc_cfg_scale == 3.0
+    legacy = ELFPipeline(transformer, _old_layout_scheduler(5.0), tiny_tokenizer())
+    assert legacy.config.sc_cfg_scale == legacy.sc_cfg_scale == 5.0
+    owned = ELFPipeline(transformer, _old_layout_scheduler(5.0), tiny_tokenizer(), sc_cfg_scale=4.0)
+    assert owned.config.sc_cfg_scale == 4.0
+    owned.set_progress_bar_config(disable=True)
+    scales = _spy_network_scales(owned)
+    _sample(owned)
+    _sample(owned, sc_cfg_scale=6.0)
+    assert scales == [4.0] * 9 + [6.0] * 9
+    with pytest.raises(ValueError, match="sc_cfg_scale must be a number or None"):
+        _sample(owned, sc_cfg_scale="3")
+
+
+def test_sc_cfg_scale_is_saved_in_model_index_and_old_folders_keep_their_scheduler_value(tmp_path, pipes):
+    transformer = pipes["elf"].transformer
+    ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=4.0).save_pretrained(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "model_index.json").read_text())["sc_cfg_scale"] == 4.0
+    assert ELFPipeline.from_pretrained(tmp_path / "new").sc_cfg_scale == 4.0
+    assert ELFPipeline.from_pretrained(tmp_path / "new", sc_cfg_scale=6.0).sc_cfg_scale == 6.0
+
+    # an old folder: no pipeline value, the scale in the scheduler config
+    old = tmp_path / "old"
+    ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer()).save_pretrained(old)
+    index = json.loads((old / "model_index.json").read_text())
+    del index["sc_cfg_scale"]
+    (old / "model_index.json").write_text(json.dumps(index))
+    scheduler_config = json.loads((old / "scheduler" / "scheduler_config.json").read_text())
+    (old / "scheduler" / "scheduler_config.json").write_text(json.dumps({**scheduler_config, "sc_cfg_scale": 5.0}))
+    loaded = ELFPipeline.from_pretrained(old)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.sc_cfg_scale == 5.0
+    built = ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=5.0)
+    built.set_progress_bar_config(disable=True)
+    assert torch.equal(_sample(loaded, seed=5).latents, _sample(built, seed=5).latents)
+    loaded.save_pretrained(tmp_path / "resaved")  # re-saving moves the value into model_index.json
+    assert json.loads((tmp_path / "resaved" / "model_index.json").read_text())["sc_cfg_scale"] == 5.0
+
+
+# ---- the public denoising loop -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_call_is_denoise_then_decode(pipes, family):
+    pipe = pipes[family]
+    knobs = {"sc_cfg_scale": 7.0} if family == "elf" else {"temperature": 0.5}
+    called = _sample(pipe, seed=4, output_type="latent", **knobs)
+    denoised = pipe.denoise(2, 8, torch.Generator().manual_seed(4), **knobs)
+    assert torch.equal(called.latents, denoised.latents)
+    assert (denoised.logits is None) == (family == "elf")
+    with pytest.raises(TypeError, match=r"unknown network arguments \['decode_temperature'\]"):
+        pipe.denoise(2, 8, decode_temperature=1.0)
+
+
+def test_denoise_step_callback_sees_each_step_and_can_replace_the_latents(pipes):
+    pipe = pipes["langflow"]
+    steps = []
+
+    def record(step):
+        steps.append(step)
+        return {"latents": step.latents * 0} if step.index == 1 else None
+
+    output = pipe.denoise(2, 4, torch.Generator().manual_seed(0), step_callback=record)
+    assert [s.index for s in steps] == [0, 1, 2, 3] and torch.equal(steps[0].timestep, pipe.scheduler.timesteps[0])
+    assert steps[0].self_conditioning is None and torch.equal(steps[1].self_conditioning, steps[0].prediction)
+    assert torch.count_nonzero(steps[2].sample) == 0  # the replaced latent is what step 2 started from
+    assert torch.equal(steps[1].sample, steps[0].latents) and steps[3].logits is not None
+    assert torch.equal(output.latents, steps[3].latents) and torch.equal(output.logits, steps[3].logits)
+
+    partial = pipe.denoise(2, 4, torch.Generator().manual_seed(0), max_steps=3, step_callback=record)
+    assert [s.index for s in steps[4:]] == [0, 1, 2] and torch.equal(partial.latents, steps[-1].latents)
+    with pytest.raises(ValueError, match=r"max_steps must be an integer in \[1, 4\]"):
+        pipe.denoise(2, 4, max_steps=5)
+
+
+def test_denoise_runs_a_given_scheduler_and_leaves_the_pipelines_own_alone(pipes):
+    pipe = pipes["elf"]
+    _sample(pipe, seed=0)
+    own_grid = pipe.scheduler.solver.grid
+    other = ELFScheduler.from_config(pipe.scheduler.config)
+    by_other = pipe.denoise(2, 8, torch.Generator().manual_seed(1), scheduler=other)
+    assert pipe.scheduler.solver.grid == own_grid and other.solver.grid != own_grid
+    assert torch.equal(by_other.latents, _sample(pipe, seed=1, output_type="latent").latents)
