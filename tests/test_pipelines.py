@@ -3,6 +3,7 @@
 import inspect
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import save_file
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc.pipelines import load_pipeline, mask_after_eos
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .hub_cache import populate_hub_cache
@@ -332,3 +334,41 @@ def test_denoise_runs_a_given_scheduler_and_leaves_the_pipelines_own_alone(pipes
     by_other = pipe.denoise(2, 8, torch.Generator().manual_seed(1), scheduler=other)
     assert pipe.scheduler.solver.grid == own_grid and other.solver.grid != own_grid
     assert torch.equal(by_other.latents, _sample(pipe, seed=1, output_type="latent").latents)
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "hub_artifacts"
+
+
+@torch.no_grad()
+def _official_loop_by_hand(pipe, num_inference_steps: int, seed: int, batch_size: int, sc_cfg_scale: float):
+    """The official sampler written out with the scheduler and the network: (final latents, token ids)."""
+    scheduler, transformer, generator = pipe.scheduler, pipe.transformer, torch.Generator().manual_seed(seed)
+    if pipe.family == "elf":
+        scheduler.set_timesteps(num_inference_steps, generator=generator)
+    else:
+        scheduler.set_timesteps(num_inference_steps, proposal=transformer.gumbel_parameters())
+    latents = torch.randn((batch_size, *pipe.latent_shape), generator=generator) * scheduler.init_noise_sigma
+    for t in scheduler.timesteps:
+        model_input = scheduler.scale_model_input(latents, t)
+        if pipe.family == "elf":
+            prediction = transformer(model_input, t, scheduler.self_conditioning, sc_cfg_scale).sample.float()
+        else:
+            logits = transformer(model_input, t, scheduler.self_conditioning).logits
+            prediction = transformer.clean_prediction(logits)
+        latents = scheduler.step(prediction, t, latents).prev_sample
+    if pipe.family == "langflow":
+        return latents, logits.argmax(dim=-1)
+    ids = transformer(latents, 1.0, None, sc_cfg_scale, decoder_step_active=True).logits.argmax(dim=-1)
+    return latents, mask_after_eos(ids, pipe.tokenizer.eos_token_id, pipe.tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("name", ["elf-small", "langflow-small"])
+def test_bundled_folders_sample_as_the_official_loop_written_out(name):
+    """The bundled folders (saved before the pipeline owned the SC-CFG scale) keep the released w = 3.0."""
+    pipe = load_pipeline(ARTIFACTS / name)
+    pipe.set_progress_bar_config(disable=True)
+    if pipe.family == "elf":
+        assert pipe.sc_cfg_scale == 3.0
+    output = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0), output_type="seq")
+    latents, tokens = _official_loop_by_hand(pipe, 8, seed=0, batch_size=2, sc_cfg_scale=3.0)
+    assert torch.equal(output.latents, latents) and torch.equal(output.sequences, tokens)
