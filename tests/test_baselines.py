@@ -11,11 +11,29 @@ import math
 import pytest
 import torch
 
+from untied_sc import ELFPipeline, LangFlowPipeline
 from untied_sc.calibration.ace import (
     ACEStatistics,
     contrast_direction,
     estimate_ace_direction,
     trajectory_features,
+)
+from untied_sc.schedulers import (
+    ACEELFScheduler,
+    ACELangFlowScheduler,
+    ELFScheduler,
+    HiGSACEELFScheduler,
+    HiGSACELangFlowScheduler,
+    HiGSELFScheduler,
+    HiGSLangFlowScheduler,
+    LangFlowScheduler,
+    MomentumELFScheduler,
+    MomentumLangFlowScheduler,
+    MultistepELFScheduler,
+    MultistepLangFlowScheduler,
+    UntiedELFScheduler,
+    UntiedLangFlowScheduler,
+    model_fingerprint,
 )
 from untied_sc.schedulers.baseline_functions import (
     dct_high_pass_matrix,
@@ -33,7 +51,8 @@ from untied_sc.schedulers.baseline_functions import (
 )
 from untied_sc.schedulers.solvers import ELFSolver, LangFlowSolver
 
-from .conftest import Golden, elf_from_golden
+from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
+from .test_scheduler_config import _public, diffusers_warnings
 from .tiny import tiny_tokenizer
 
 
@@ -265,8 +284,6 @@ def golden_elf():
 
 
 def _tiny_elf_pipeline(model):
-    from untied_sc import ELFPipeline, ELFScheduler
-
     pipe = ELFPipeline(model, ELFScheduler(sde_gamma=1.0), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -324,3 +341,322 @@ def test_ace_direction_refuses_another_model(golden_elf, tiny_langflow):
     carried.check_model(other)
     assert carried.config.estimated_fingerprint == statistics.config.model_fingerprint
     assert torch.equal(carried.direction, statistics.direction)
+
+
+# --- The comparison schedulers -------------------------------------------------------------------------------------
+
+COMPARISON = {
+    "elf": {
+        "momentum": MomentumELFScheduler,
+        "higs": HiGSELFScheduler,
+        "ace": ACEELFScheduler,
+        "higs_ace": HiGSACEELFScheduler,
+        "multistep": MultistepELFScheduler,
+    },
+    "langflow": {
+        "momentum": MomentumLangFlowScheduler,
+        "higs": HiGSLangFlowScheduler,
+        "ace": ACELangFlowScheduler,
+        "higs_ace": HiGSACELangFlowScheduler,
+        "multistep": MultistepLangFlowScheduler,
+    },
+}
+OFFICIAL = {"elf": ELFScheduler, "langflow": LangFlowScheduler}
+UNTIED = {"elf": UntiedELFScheduler, "langflow": UntiedLangFlowScheduler}
+ZERO_STRENGTH = {
+    "momentum": {"momentum_beta": 1.0},
+    "higs": {"higs_weight": 0.0},
+    "ace": {"ace_scale": 0.0},
+    "higs_ace": {"higs_weight": 0.0, "ace_scale": 0.0},
+    "multistep": {"multistep_strength": 0.0},
+}
+# Away from every default, every pathway used somewhere.
+CONFIGURED = {
+    "momentum": {"momentum_beta": 0.8, "momentum_routing": "both"},
+    "higs": {"higs_weight": 1.5, "higs_alpha": 0.5, "higs_eta": 0.5, "higs_t_min": 0.1, "higs_routing": "solver"},
+    "ace": {"ace_scale": 1.5, "ace_routing": "both"},
+    "higs_ace": {"higs_weight": 1.0, "higs_filter": "none", "higs_t_min": 0.1, "ace_scale": 0.5},
+    "multistep": {"multistep_strength": 0.5, "multistep_routing": "both"},
+}
+CASES = [(family, method) for family in COMPARISON for method in COMPARISON[family]]
+
+
+def _case_id(case) -> str:
+    return f"{case[0]}-{case[1]}"
+
+
+def _golden_pipeline(family: str, nfe_file: int = 8):
+    golden = Golden(f"{family}_sample_nfe{nfe_file}.safetensors")
+    if family == "elf":
+        pipe = ELFPipeline(elf_from_golden(golden), ELFScheduler(), tiny_tokenizer())
+    else:
+        pipe = LangFlowPipeline(langflow_from_golden(golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, golden
+
+
+def _trajectory(pipe, nfe: int, seed: int = 42, batch_size: int = 3):
+    latents = []
+
+    def record(pipe, step, timestep, tensors):
+        latents.append(tensors["latents"].clone())
+        return {}
+
+    generator = torch.Generator().manual_seed(seed)
+    output = pipe(
+        batch_size=batch_size,
+        num_inference_steps=nfe,
+        generator=generator,
+        output_type="seq",
+        callback_on_step_end=record,
+    )
+    return output, torch.stack(latents)
+
+
+def _ace_statistics(pipe, seed: int = 0) -> ACEStatistics:
+    """A random unit direction declared for `pipe`'s model (the schedulers' tests need no estimation)."""
+    model = pipe.transformer
+    width = pipe.latent_shape[1]
+    statistics = ACEStatistics(solver=pipe.family, latent_dim=width, model_fingerprint=model_fingerprint(model))
+    direction = torch.randn(width, generator=torch.Generator().manual_seed(seed))
+    statistics.direction.copy_(direction / direction.norm())
+    return statistics
+
+
+@pytest.mark.parametrize("nfe", [8, 32])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_zero_strength_reproduces_the_official_trajectory_bit_for_bit(case, nfe):
+    family, method = case
+    official, _ = _golden_pipeline(family)
+    expected, expected_latents = _trajectory(official, nfe)
+    pipe, _ = _golden_pipeline(family)
+    pipe.scheduler = COMPARISON[family][method].from_config(pipe.scheduler.config, **ZERO_STRENGTH[method])
+    got, latents = _trajectory(pipe, nfe)
+    assert torch.equal(latents, expected_latents)
+    assert torch.equal(got.latents, expected.latents) and torch.equal(got.sequences, expected.sequences)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_zero_strength_matches_the_official_golden_generation(case, monkeypatch):
+    family, method = case
+    pipe, golden = _golden_pipeline(family)
+    pipe.scheduler = COMPARISON[family][method].from_config(pipe.scheduler.config, **ZERO_STRENGTH[method])
+    replay_official_network(pipe, golden, monkeypatch)  # the sampler alone, bit for bit on any CPU (see conftest)
+    output = pipe(**golden_call(golden), output_type="seq")
+    rows = golden.outputs["trajectory_rows"]
+    assert torch.equal(output.latents, golden.outputs["latents"][rows])
+    assert torch.equal(output.sequences, golden.outputs["tokens"][rows])
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_each_method_changes_the_trajectory_with_one_evaluation_per_step(case):
+    family, method = case
+    official, _ = _golden_pipeline(family)
+    _, expected_latents = _trajectory(official, 8)
+    pipe, _ = _golden_pipeline(family)
+    pipe.scheduler = COMPARISON[family][method].from_config(pipe.scheduler.config, **CONFIGURED[method])
+    if "ace" in method:
+        pipe.scheduler.ace_statistics = _ace_statistics(pipe)
+    calls = []
+    pipe.transformer.register_forward_hook(lambda *args: calls.append(1))
+    _, latents = _trajectory(pipe, 8)
+    assert len(calls) == 8 + (1 if family == "elf" else 0)  # ELF's decode pass is not an NFE
+    assert torch.isfinite(latents).all()
+    assert not torch.equal(latents[-1], expected_latents[-1])
+
+
+def _model_fn(z: torch.Tensor, t, self_conditioning: torch.Tensor | None) -> torch.Tensor:
+    """A deterministic stand-in network whose prediction depends on its self-conditioning input."""
+    m = torch.zeros_like(z) if self_conditioning is None else self_conditioning
+    return torch.tanh(z + 0.5 * m) + 0.1 * float(t) * torch.cos(z)
+
+
+def _set_kwargs(family: str, seed: int = 3) -> dict:
+    if family == "elf":
+        return {"generator": torch.Generator().manual_seed(seed)}
+    return {"proposal": (4.5, 0.9, 1e-5)}
+
+
+def _run(scheduler, family: str, steps: int, pathways=None):
+    """
+    The sampling loop on `scheduler`; with `pathways(k, p) -> (q, m)` the loop hands `scheduler` (an official one)
+    q and feeds m back itself: the reference a comparison scheduler must equal.
+    """
+    scheduler.set_timesteps(steps, **_set_kwargs(family))
+    latents = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(7)) * scheduler.init_noise_sigma
+    self_conditioning, records = None, []
+    for k, t in enumerate(scheduler.timesteps):
+        prediction = _model_fn(scheduler.scale_model_input(latents, t), t, self_conditioning)
+        if pathways is None:  # the scheduler routes
+            latents = scheduler.step(prediction, t, latents).prev_sample
+            self_conditioning = scheduler.self_conditioning
+        else:  # the loop routes: LangFlow's final evaluation gets the prediction as it is
+            updates = k < scheduler.solver.num_update_steps
+            q, self_conditioning = pathways(scheduler, k, prediction) if updates else (prediction, prediction)
+            latents = scheduler.step(q, t, latents).prev_sample
+        records.append((latents, self_conditioning))
+    return records
+
+
+def _reference_momentum(beta, routing):
+    state = {}
+
+    def pathways(solver_scheduler, k, p):
+        state["v"] = p if "v" not in state else (1 - beta) * state["v"] + beta * p
+        v = state["v"]
+        return (v if routing != "self_conditioning" else p), (v if routing != "solver" else p)
+
+    return pathways
+
+
+def _noise_level(scheduler, k):
+    t = scheduler.solver.eval_time(k)
+    log_snr = elf_log_snr(t, 2.0) if isinstance(scheduler, ELFScheduler) else langflow_log_snr(t)
+    return 1 / (1 + math.exp(log_snr)) if math.isfinite(log_snr) else (1.0 if log_snr < 0 else 0.0)
+
+
+def _reference_higs(w, alpha, eta, t_min, t_max, routing, filtered, ace_scale=0.0, direction=None):
+    state = {}
+
+    def pathways(scheduler, k, p):
+        weight = w * math.sqrt((_noise_level(scheduler, k) - t_min) / (t_max - t_min))
+        weight = weight if t_min < _noise_level(scheduler, k) <= t_max else 0.0
+        guided = p
+        if "g" in state and weight > 0:
+            difference = p - state["g"]
+            parallel = (difference * p).sum(dim=(1, 2), keepdim=True) / (p * p).sum(dim=(1, 2), keepdim=True) * p
+            guidance = difference - (1 - eta) * parallel
+            if filtered:
+                guidance = dct_high_pass_matrix(p.shape[1], 0.05, 50.0, p.dtype) @ guidance
+            guided = p + weight * guidance
+        state["g"] = alpha * p + (1 - alpha) * state["g"] if "g" in state else alpha * p
+        q, m = (guided if routing != "self_conditioning" else p), (guided if routing != "solver" else p)
+        return q, m - ace_scale * direction if ace_scale else m
+
+    return pathways
+
+
+def _reference_multistep(strength, routing):
+    state = {}
+
+    def pathways(scheduler, k, p):
+        if isinstance(scheduler, ELFScheduler):
+            lam = elf_log_snr(scheduler.solver.eval_time(k), 2.0)
+            lam_next = elf_log_snr(scheduler.solver.grid[k + 1], 2.0)
+        else:
+            lam, lam_next = -scheduler.solver.eval_time(k) / 2, -scheduler.solver.gammas[k + 1].item() / 2
+        combined = p
+        if "p" in state:
+            h, h_prev = lam_next - lam, lam - state["lam"]
+            if math.isfinite(h) and math.isfinite(h_prev) and h_prev > 0:
+                combined = p + strength * h / (2 * h_prev) * (p - state["p"])
+        state["p"], state["lam"] = p, lam
+        return (combined if routing != "self_conditioning" else p), (combined if routing != "solver" else p)
+
+    return pathways
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_momentum_scheduler_is_the_heavy_ball_loop(family):
+    scheduler = COMPARISON[family]["momentum"](momentum_beta=0.7, momentum_routing="both")
+    _check_against_reference(family, scheduler, _reference_momentum(0.7, "both"))
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_higs_scheduler_is_the_history_guidance_loop(family, filtered):
+    config = {"higs_weight": 1.5, "higs_alpha": 0.6, "higs_eta": 0.25, "higs_t_min": 0.05, "higs_t_max": 1.0}
+    scheduler = COMPARISON[family]["higs"](**config, higs_filter="dct" if filtered else "none", higs_routing="solver")
+    reference = _reference_higs(1.5, 0.6, 0.25, 0.05, 1.0, "solver", filtered)
+    _check_against_reference(family, scheduler, reference)
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_higs_ace_scheduler_steers_what_higs_routed_to_self_conditioning(family):
+    direction = torch.tensor([0.5, -0.5, 0.5, 0.5])
+    scheduler = COMPARISON[family]["higs_ace"](higs_weight=1.0, higs_filter="none", higs_t_min=0.05, ace_scale=0.8)
+    statistics = ACEStatistics(solver=family, latent_dim=4)
+    statistics.direction.copy_(direction)
+    scheduler.ace_statistics = statistics
+    reference = _reference_higs(1.0, 0.75, 0.0, 0.05, 1.0, "both", False, ace_scale=0.8, direction=direction)
+    _check_against_reference(family, scheduler, reference)
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_multistep_scheduler_is_the_dpm_solver_pp_2m_loop(family):
+    scheduler = COMPARISON[family]["multistep"](multistep_strength=1.0, multistep_routing="solver")
+    _check_against_reference(family, scheduler, _reference_multistep(1.0, "solver"))
+
+
+def _check_against_reference(family, scheduler, reference):
+    got = _run(scheduler, family, 8)
+    expected = _run(OFFICIAL[family](), family, 8, reference)
+    for (latents, self_conditioning), (latents_ref, self_conditioning_ref) in zip(got, expected, strict=True):
+        assert torch.allclose(latents, latents_ref, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(self_conditioning, self_conditioning_ref, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got[-1][0], _run(OFFICIAL[family](), family, 8)[-1][0])
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_ace_scheduler_needs_a_direction_of_its_family(family):
+    scheduler = COMPARISON[family]["ace"]()
+    with pytest.raises(ValueError, match="repetition direction"):
+        scheduler.set_timesteps(8, **_set_kwargs(family))
+    other = "langflow" if family == "elf" else "elf"
+    with pytest.raises(ValueError, match="another model"):
+        scheduler.set_timesteps(8, **_set_kwargs(family), ace_statistics=ACEStatistics(solver=other, latent_dim=4))
+    statistics = ACEStatistics(solver=family, latent_dim=4)
+    scheduler.set_timesteps(8, **_set_kwargs(family), ace_statistics=statistics)
+    scheduler.set_timesteps(8, **_set_kwargs(family))  # the direction is kept for later runs
+    assert scheduler.ace_statistics is statistics
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_official_comparison_official_swaps_keep_the_keys_without_warnings(case):
+    family, method = case
+    official_cls, comparison_cls = OFFICIAL[family], COMPARISON[family][method]
+    official = official_cls()
+    with diffusers_warnings() as logged:
+        comparison = comparison_cls.from_config(official.config, **CONFIGURED[method])
+        back = official_cls.from_config(comparison.config)
+        again = comparison_cls.from_config(back.config)
+        untied = UNTIED[family].from_config(comparison.config)
+        from_untied = comparison_cls.from_config(untied.config)
+    assert not logged, [record.getMessage() for record in logged]
+    assert type(comparison) is comparison_cls and type(back) is official_cls and type(again) is comparison_cls
+    assert {key: back.config[key] for key in _public(official.config)} == _public(official.config)
+    assert all(back.config[key] == value for key, value in CONFIGURED[method].items())
+    assert _public(again.config) == _public(comparison.config) == _public(from_untied.config)
+    assert set(OFFICIAL[family]().compatibles) == set(comparison.compatibles)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_save_and_reload_gives_the_same_config_and_the_same_samples(case, tmp_path):
+    family, method = case
+    pipe, _ = _golden_pipeline(family)
+    pipe.scheduler = COMPARISON[family][method].from_config(pipe.scheduler.config, **CONFIGURED[method])
+    if "ace" in method:
+        pipe.scheduler.ace_statistics = _ace_statistics(pipe)
+    first, _ = _trajectory(pipe, 8)
+    pipe.scheduler.save_pretrained(tmp_path)
+    with diffusers_warnings() as logged:
+        reloaded = COMPARISON[family][method].from_pretrained(tmp_path)
+    assert not logged
+    assert _public(reloaded.config) == _public(pipe.scheduler.config)
+    reloaded.ace_statistics = getattr(pipe.scheduler, "ace_statistics", None)
+    pipe.scheduler = reloaded
+    again, _ = _trajectory(pipe, 8)
+    assert torch.equal(again.latents, first.latents)
+
+
+def test_comparison_schedulers_check_their_config():
+    with pytest.raises(ValueError, match="momentum_beta"):
+        MomentumELFScheduler(momentum_beta=0.0)
+    with pytest.raises(ValueError, match="higs_routing"):
+        HiGSLangFlowScheduler(higs_routing="everywhere")
+    with pytest.raises(ValueError, match="window"):
+        HiGSELFScheduler(higs_t_min=0.9, higs_t_max=0.5)
+    with pytest.raises(ValueError, match="higs_filter"):
+        HiGSACEELFScheduler(higs_filter="wavelet")
+    with pytest.raises(ValueError, match="multistep_strength"):
+        MultistepLangFlowScheduler(multistep_strength=-1.0)

@@ -2,8 +2,12 @@ from .coefficients import paper_coefficients, resolve_coefficients
 from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import SamplerStatistics, model_fingerprint
+from .scheduling_ace import ACEELFScheduler, ACELangFlowScheduler, HiGSACEELFScheduler, HiGSACELangFlowScheduler
 from .scheduling_elf import ELFScheduler
+from .scheduling_higs import HiGSELFScheduler, HiGSLangFlowScheduler
 from .scheduling_langflow import LangFlowScheduler
+from .scheduling_momentum import MomentumELFScheduler, MomentumLangFlowScheduler
+from .scheduling_multistep import MultistepELFScheduler, MultistepLangFlowScheduler
 from .scheduling_untied import UntiedSelfConditioningScheduler, untied_scheduler_class
 from .scheduling_untied_elf import UntiedELFScheduler
 from .scheduling_untied_langflow import UntiedLangFlowScheduler

@@ -5,6 +5,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
+from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
@@ -63,7 +64,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
 
     family = "elf"
     order = 1
-    _compatibles = ["UntiedELFScheduler"]
+    _compatibles = ["UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
 
     @register_to_config

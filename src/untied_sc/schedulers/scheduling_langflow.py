@@ -6,6 +6,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import LangFlowSolver
@@ -52,7 +53,7 @@ class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     family = "langflow"
     order = 1
     init_noise_sigma = 1.0
-    _compatibles = ["UntiedLangFlowScheduler"]
+    _compatibles = ["UntiedLangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
 
     @register_to_config
     def __init__(self, quantile_eps: float = QUANTILE_EPS):

@@ -4,6 +4,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
 from .scheduling_langflow import QUANTILE_EPS, LangFlowScheduler
@@ -39,7 +40,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
 
     family = "langflow"
     base_scheduler_class = LangFlowScheduler
-    _compatibles = ["LangFlowScheduler"]
+    _compatibles = ["LangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
 
     @register_to_config
     def __init__(

@@ -1,0 +1,202 @@
+"""What the comparison samplers share: the official base solver, the routing of a modified prediction, the families.
+
+A comparison sampler (Momentum, HiGS, ACE, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9) wraps the family's
+official scheduler exactly as the untied scheduler does: the same grid, the same random stream (ELF's re-noising is
+the official scheduler's own), one network evaluation per step. It changes only what the official scheduler is given:
+the prediction handed to the solver, the next self-conditioning input, or both (its routing key).
+"""
+
+import torch
+
+from .baseline_functions import elf_log_snr, langflow_log_snr
+from .comparison_names import ELF_COMPARISON_SCHEDULERS, LANGFLOW_COMPARISON_SCHEDULERS
+from .outputs import LanguageFlowSchedulerOutput
+from .scheduling_elf import DEFAULT_SDE_GAMMA, ELFScheduler
+from .scheduling_langflow import LangFlowScheduler
+
+
+ROUTINGS = ("solver", "self_conditioning", "both")
+
+
+def route(routing: str, solver_input: torch.Tensor, self_conditioning: torch.Tensor, modify):
+    """
+    `(solver_input, self_conditioning)` with `modify` applied to the pathways `routing` names: `"solver"` (the
+    prediction handed to the solver), `"self_conditioning"` (the next self-conditioning input) or `"both"`.
+    """
+    if routing not in ROUTINGS:
+        raise ValueError(f"A routing must be one of {ROUTINGS}, got {routing!r}.")
+    if routing != "self_conditioning":
+        solver_input = modify(solver_input)
+    if routing != "solver":
+        self_conditioning = modify(self_conditioning)
+    return solver_input, self_conditioning
+
+
+def check_routing(name: str, value: str) -> None:
+    if value not in ROUTINGS:
+        raise ValueError(f"{name} must be one of {ROUTINGS}, got {value!r}.")
+
+
+class ComparisonSamplerMixin:
+    r"""
+    A comparison sampler on an official solver. At update step k, with the raw clean prediction p_k:
+
+        (q_k, m_{k+1}) = the method's pathways of p_k      (q_k = m_{k+1} = p_k at zero strength)
+        z_{k+1} = S_k(z_k, q_k)                             (the official scheduler's step, unchanged)
+
+    and the network's next self-conditioning input is m_{k+1}. LangFlow's final evaluation only reads out tokens:
+    nothing is modified there.
+
+    A concrete scheduler mixes in, in this order: its method mixins (each with `_init_<method>` (checks its config
+    keys), `_<method>_pathways` and, where it has trajectory state, `_reset_<method>`; `methods` names them in the
+    order they apply), a family mixin
+    ([`ELFComparisonMixin`] or [`LangFlowComparisonMixin`]), this mixin, then `CompatibleSchedulerMixin,
+    SchedulerMixin, ConfigMixin`. Its `__init__` declares the family's official keys and the method keys and calls
+    `_init_comparison()`.
+    """
+
+    family: str
+    base_scheduler_class: type
+    methods: tuple[str, ...] = ()
+    order = 1
+
+    def _init_comparison(self) -> None:
+        """Checks the method keys, builds the official base scheduler from the config, and creates all state."""
+        for method in self.methods:
+            getattr(self, f"_init_{method}")()
+        base_cls = self.base_scheduler_class
+        base_keys = base_cls._get_init_keys(base_cls) - {"self"}
+        self.base = base_cls(**{key: value for key, value in self.config.items() if key in base_keys})
+        self.init_noise_sigma = self.base.init_noise_sigma
+        self.timesteps: torch.Tensor | None = None
+        self.num_inference_steps: int | None = None
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._step_index = 0
+        self.self_conditioning: torch.Tensor | None = None
+        for method in self.methods:
+            reset = getattr(self, f"_reset_{method}", None)
+            if reset is not None:
+                reset()
+
+    @property
+    def step_index(self) -> int:
+        return self._step_index
+
+    @property
+    def solver(self):
+        """The base solver of the current run (grid, κ_k, Δu_k, S_k)."""
+        return self.base.solver
+
+    def _set_timesteps(self, num_inference_steps: int, device, **base_kwargs) -> None:
+        """The official grid (`base_kwargs` go to the official `set_timesteps`) and a fresh trajectory state."""
+        self.base.set_timesteps(num_inference_steps, device=device, **base_kwargs)
+        self.timesteps, self.num_inference_steps = self.base.timesteps, num_inference_steps
+        self._reset_state()
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
+        """The official network input (ELF re-noises here, drawing the official noise; LangFlow passes through)."""
+        return self.base.scale_model_input(sample, timestep)
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor | float,
+        sample: torch.Tensor,
+        return_dict: bool = True,
+    ) -> LanguageFlowSchedulerOutput | tuple:
+        """
+        One step with the raw clean prediction p_k of this evaluation.
+
+        Args:
+            model_output (`torch.Tensor`): p_k (ELF: x̂; LangFlow: softmax(logits)·E_norm).
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`.
+            sample (`torch.Tensor`): the current latent z_k.
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
+
+        The output's `pred_original_sample` is the prediction handed to the solver, q_k, and `self_conditioning`
+        is m_{k+1}, the next network's self-conditioning input.
+        """
+        if self.num_inference_steps is None:
+            raise RuntimeError("Call `set_timesteps` before sampling.")
+        k, prediction = self._step_index, model_output
+        solver_input = next_self_conditioning = prediction
+        if k < self.solver.num_update_steps:  # not LangFlow's final evaluation, which updates nothing
+            for method in self.methods:
+                solver_input, next_self_conditioning = getattr(self, f"_{method}_pathways")(
+                    k, prediction, solver_input, next_self_conditioning
+                )
+        prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
+        self.self_conditioning = next_self_conditioning
+        self._step_index += 1
+        if not return_dict:
+            return (prev_sample, solver_input, next_self_conditioning)
+        return LanguageFlowSchedulerOutput(prev_sample, solver_input, next_self_conditioning)
+
+    def __len__(self) -> int:
+        return self.num_inference_steps or 0
+
+
+class ELFComparisonMixin:
+    """The ELF side of a comparison sampler: the official [`ELFScheduler`] as base, ELF's log-SNR."""
+
+    family = "elf"
+    base_scheduler_class = ELFScheduler
+    _compatibles = ["ELFScheduler", "UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
+    _legacy_config_keys = ("sc_cfg_scale",)
+
+    def _init_comparison(self) -> None:
+        if self.config.sde_gamma_by_steps is None:
+            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
+        super()._init_comparison()
+
+    def log_snrs(self, k: int) -> tuple[float, float]:
+        """(λ at the evaluation of step k, λ at its target): λ(s_k) and λ(t_{k+1}) of ELF's interpolant."""
+        noise_scale = self.config.noise_scale
+        return elf_log_snr(self.solver.eval_time(k), noise_scale), elf_log_snr(self.solver.grid[k + 1], noise_scale)
+
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """
+        Draws the official ELF grid and resets the trajectory state.
+
+        Args:
+            num_inference_steps (`int`): the NFE (≥ 2).
+            device (`str` or `torch.device`, *optional*): where `timesteps` lives.
+            generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
+        """
+        self._set_timesteps(num_inference_steps, device, generator=generator)
+
+
+class LangFlowComparisonMixin:
+    """The LangFlow side of a comparison sampler: the official [`LangFlowScheduler`] as base, LangFlow's log-SNR."""
+
+    family = "langflow"
+    base_scheduler_class = LangFlowScheduler
+    _compatibles = ["LangFlowScheduler", "UntiedLangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
+
+    def log_snrs(self, k: int) -> tuple[float, float]:
+        """(λ at the evaluation of step k, λ at its target): −γ_k/2 and −γ_{k+1}/2."""
+        gammas = self.solver.gammas
+        return langflow_log_snr(gammas[k].item()), langflow_log_snr(gammas[k + 1].item())
+
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        proposal: tuple[float, float, float] | None = None,
+    ) -> None:
+        """
+        Builds the official LangFlow γ grid and resets the trajectory state.
+
+        Args:
+            num_inference_steps (`int`): the NFE (≥ 2).
+            device (`str` or `torch.device`, *optional*): where `timesteps` lives.
+            proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
+        """
+        self._set_timesteps(num_inference_steps, device, proposal=proposal)
