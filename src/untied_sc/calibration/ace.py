@@ -35,7 +35,7 @@ CONTRAST_FRACTION = 1 / 3
 DIRECTION_EPS = 1e-8  # d/(‖d‖ + eps), as the source
 # Batch b is drawn from `batch_seed(ACE_SEED, b)`: the batches of benchmark seed 3000, disjoint from the default
 # evaluation seeds (0, 1, 2), the calibration banks (4000, 4001) and the tuning bank (10000). [choice: the source's
-# seed 42 would not be disjoint from the paper's LLM-judge generations]
+# seed 42 is also the seed of the paper's LLM-judge generations]
 ACE_SEED = 3000
 LABEL = "word_rep4"  # ACE's seq-rep-4: 1 − #unique/#total word 4-grams of the decoded text (`word_repetition`)
 
