@@ -49,6 +49,7 @@ from untied_sc.schedulers.baseline_functions import (
     project_history_difference,
     remove_repetition_direction,
 )
+from untied_sc.schedulers.comparison_names import comparison_scheduler_class
 from untied_sc.schedulers.solvers import ELFSolver, LangFlowSolver
 
 from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
@@ -366,16 +367,16 @@ UNTIED = {"elf": UntiedELFScheduler, "langflow": UntiedLangFlowScheduler}
 ZERO_STRENGTH = {
     "momentum": {"momentum_beta": 1.0},
     "higs": {"higs_weight": 0.0},
-    "ace": {"ace_scale": 0.0},
-    "higs_ace": {"higs_weight": 0.0, "ace_scale": 0.0},
+    "ace": {"ace_strength": 0.0},
+    "higs_ace": {"higs_weight": 0.0, "ace_strength": 0.0},
     "multistep": {"multistep_strength": 0.0},
 }
 # Away from every default, every pathway used somewhere.
 CONFIGURED = {
     "momentum": {"momentum_beta": 0.8, "momentum_routing": "both"},
     "higs": {"higs_weight": 1.5, "higs_alpha": 0.5, "higs_eta": 0.5, "higs_t_min": 0.1, "higs_routing": "solver"},
-    "ace": {"ace_scale": 1.5, "ace_routing": "both"},
-    "higs_ace": {"higs_weight": 1.0, "higs_filter": "none", "higs_t_min": 0.1, "ace_scale": 0.5},
+    "ace": {"ace_strength": 1.5, "ace_routing": "both"},
+    "higs_ace": {"higs_weight": 1.0, "higs_filter": "none", "higs_t_min": 0.1, "ace_strength": 0.5},
     "multistep": {"multistep_strength": 0.5, "multistep_routing": "both"},
 }
 CASES = [(family, method) for family in COMPARISON for method in COMPARISON[family]]
@@ -515,7 +516,7 @@ def _noise_level(scheduler, k):
     return 1 / (1 + math.exp(log_snr)) if math.isfinite(log_snr) else (1.0 if log_snr < 0 else 0.0)
 
 
-def _reference_higs(w, alpha, eta, t_min, t_max, routing, filtered, ace_scale=0.0, direction=None):
+def _reference_higs(w, alpha, eta, t_min, t_max, routing, filtered, ace_strength=0.0, direction=None):
     state = {}
 
     def pathways(scheduler, k, p):
@@ -531,7 +532,7 @@ def _reference_higs(w, alpha, eta, t_min, t_max, routing, filtered, ace_scale=0.
             guided = p + weight * guidance
         state["g"] = alpha * p + (1 - alpha) * state["g"] if "g" in state else alpha * p
         q, m = (guided if routing != "self_conditioning" else p), (guided if routing != "solver" else p)
-        return q, m - ace_scale * direction if ace_scale else m
+        return q, m - ace_strength * direction if ace_strength else m
 
     return pathways
 
@@ -574,11 +575,11 @@ def test_higs_scheduler_is_the_history_guidance_loop(family, filtered):
 @pytest.mark.parametrize("family", ["elf", "langflow"])
 def test_higs_ace_scheduler_steers_what_higs_routed_to_self_conditioning(family):
     direction = torch.tensor([0.5, -0.5, 0.5, 0.5])
-    scheduler = COMPARISON[family]["higs_ace"](higs_weight=1.0, higs_filter="none", higs_t_min=0.05, ace_scale=0.8)
+    scheduler = COMPARISON[family]["higs_ace"](higs_weight=1.0, higs_filter="none", higs_t_min=0.05, ace_strength=0.8)
     statistics = ACEStatistics(solver=family, latent_dim=4)
     statistics.direction.copy_(direction)
     scheduler.ace_statistics = statistics
-    reference = _reference_higs(1.0, 0.75, 0.0, 0.05, 1.0, "both", False, ace_scale=0.8, direction=direction)
+    reference = _reference_higs(1.0, 0.75, 0.0, 0.05, 1.0, "both", False, ace_strength=0.8, direction=direction)
     _check_against_reference(family, scheduler, reference)
 
 
@@ -660,3 +661,12 @@ def test_comparison_schedulers_check_their_config():
         HiGSACEELFScheduler(higs_filter="wavelet")
     with pytest.raises(ValueError, match="multistep_strength"):
         MultistepLangFlowScheduler(multistep_strength=-1.0)
+
+
+def test_comparison_scheduler_class_names_every_scheduler():
+    for family, schedulers in COMPARISON.items():
+        for method, scheduler_cls in schedulers.items():
+            assert comparison_scheduler_class(method, family) is scheduler_cls
+            assert scheduler_cls.family == family
+    with pytest.raises(ValueError, match="methods are"):
+        comparison_scheduler_class("sg", "elf")

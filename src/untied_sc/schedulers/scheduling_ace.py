@@ -37,7 +37,7 @@ class ACEMixin:
     r"""
     ACE (docs/algorithm.md §9.4): the pathways `ace_routing` names (by default the next self-conditioning input
     only, as the source) are moved against the model's repetition direction d, x ← x − λ·d at every position. In
-    HiGS + ACE it applies after HiGS, to what HiGS routed there. `ace_scale=0` is the official sampler.
+    HiGS + ACE it applies after HiGS, to what HiGS routed there. `ace_strength=0` is the official sampler.
 
     d is the `direction` of an [`~untied_sc.calibration.ace.ACEStatistics`] (not config: a tensor), given to
     `set_timesteps(..., ace_statistics=...)` (pipelines with an `ace_statistics` component pass it) or set as the
@@ -51,9 +51,9 @@ class ACEMixin:
     def _set_ace_statistics(self, ace_statistics) -> None:
         if ace_statistics is not None:
             self.ace_statistics = ace_statistics
-        if self.config.ace_scale != 0.0 and self.ace_statistics is None:
+        if self.config.ace_strength != 0.0 and self.ace_statistics is None:
             raise ValueError(
-                f"ACE with ace_scale={self.config.ace_scale} needs the model's repetition direction: pass "
+                f"ACE with ace_strength={self.config.ace_strength} needs the model's repetition direction: pass "
                 "`ace_statistics=` to `set_timesteps` (pipelines pass their `ace_statistics` component) or set "
                 "`scheduler.ace_statistics`; estimate it with `untied_sc.calibration.ace.estimate_ace_direction`."
             )
@@ -68,7 +68,7 @@ class ACEMixin:
             )
 
     def _ace_pathways(self, k, prediction, solver_input, self_conditioning):
-        scale = self.config.ace_scale
+        scale = self.config.ace_strength
         if scale == 0.0:
             return solver_input, self_conditioning
         direction = self.ace_statistics.direction
@@ -96,7 +96,7 @@ class _ACEELFTimesteps:
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
             generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
-                `None`. Required (given now or before) unless `ace_scale` is 0.
+                `None`. Required (given now or before) unless `ace_strength` is 0.
         """
         self._set_ace_statistics(ace_statistics)
         self._set_timesteps(num_inference_steps, device, generator=generator)
@@ -118,7 +118,7 @@ class _ACELangFlowTimesteps:
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
             proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
-                `None`. Required (given now or before) unless `ace_scale` is 0.
+                `None`. Required (given now or before) unless `ace_strength` is 0.
         """
         self._set_ace_statistics(ace_statistics)
         self._set_timesteps(num_inference_steps, device, proposal=proposal)
@@ -135,11 +135,11 @@ class ACEELFScheduler(
 ):
     r"""
     ACE ([`ACEMixin`]) on the official ELF sampler ([`ELFScheduler`], used unchanged as `self.base`: with
-    `ace_scale=0` it is the official sampler bit for bit).
+    `ace_strength=0` it is the official sampler bit for bit).
 
     Args:
         noise_scale, p_mean, p_std, sde_gamma, sde_gamma_by_steps, t_eps: [`ELFScheduler`]'s config.
-        ace_scale (`float`, defaults to 2.0): λ, how far each routed input moves against d; 0 switches ACE off.
+        ace_strength (`float`, defaults to 2.0): λ, how far each routed input moves against d; 0 switches ACE off.
         ace_routing (`str`, defaults to `"self_conditioning"`): which inputs move: `"self_conditioning"`,
             `"solver"` or `"both"`.
     """
@@ -155,7 +155,7 @@ class ACEELFScheduler(
         sde_gamma: float | None = None,
         sde_gamma_by_steps: dict[str, float] | None = None,
         t_eps: float = T_EPS,
-        ace_scale: float = ACE_SCALE,
+        ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
     ):
         self._init_comparison()
@@ -172,11 +172,11 @@ class ACELangFlowScheduler(
 ):
     r"""
     ACE ([`ACEMixin`]) on the official LangFlow sampler ([`LangFlowScheduler`], used unchanged as `self.base`:
-    with `ace_scale=0` it is the official sampler bit for bit).
+    with `ace_strength=0` it is the official sampler bit for bit).
 
     Args:
         quantile_eps: [`LangFlowScheduler`]'s config.
-        ace_scale, ace_routing: as for [`ACEELFScheduler`].
+        ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
     methods = ("ace",)
@@ -185,7 +185,7 @@ class ACELangFlowScheduler(
     def __init__(
         self,
         quantile_eps: float = QUANTILE_EPS,
-        ace_scale: float = ACE_SCALE,
+        ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
     ):
         self._init_comparison()
@@ -204,13 +204,13 @@ class HiGSACEELFScheduler(
     r"""
     HiGS then ACE ([`HiGSMixin`], [`ACEMixin`]) on the official ELF sampler: HiGS's guided prediction goes where
     `higs_routing` says, then ACE moves the inputs `ace_routing` names against d. With `higs_weight=0` and
-    `ace_scale=0` it is the official sampler bit for bit.
+    `ace_strength=0` it is the official sampler bit for bit.
 
     Args:
         noise_scale, p_mean, p_std, sde_gamma, sde_gamma_by_steps, t_eps: [`ELFScheduler`]'s config.
         higs_weight, higs_alpha, higs_eta, higs_t_min, higs_t_max, higs_filter, higs_cutoff, higs_sharpness,
         higs_routing: as for [`HiGSELFScheduler`].
-        ace_scale, ace_routing: as for [`ACEELFScheduler`].
+        ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
     methods = ("higs", "ace")
@@ -233,7 +233,7 @@ class HiGSACEELFScheduler(
         higs_cutoff: float = HIGS_CUTOFF,
         higs_sharpness: float = HIGS_SHARPNESS,
         higs_routing: str = HIGS_ROUTING,
-        ace_scale: float = ACE_SCALE,
+        ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
     ):
         self._init_comparison()
@@ -251,13 +251,13 @@ class HiGSACELangFlowScheduler(
 ):
     r"""
     HiGS then ACE ([`HiGSMixin`], [`ACEMixin`]) on the official LangFlow sampler; with `higs_weight=0` and
-    `ace_scale=0` it is the official sampler bit for bit.
+    `ace_strength=0` it is the official sampler bit for bit.
 
     Args:
         quantile_eps: [`LangFlowScheduler`]'s config.
         higs_weight, higs_alpha, higs_eta, higs_t_min, higs_t_max, higs_filter, higs_cutoff, higs_sharpness,
         higs_routing: as for [`HiGSELFScheduler`].
-        ace_scale, ace_routing: as for [`ACEELFScheduler`].
+        ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
     methods = ("higs", "ace")
@@ -275,7 +275,7 @@ class HiGSACELangFlowScheduler(
         higs_cutoff: float = HIGS_CUTOFF,
         higs_sharpness: float = HIGS_SHARPNESS,
         higs_routing: str = HIGS_ROUTING,
-        ace_scale: float = ACE_SCALE,
+        ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
     ):
         self._init_comparison()
