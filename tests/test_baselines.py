@@ -6,6 +6,7 @@ binary floating point where the test asserts equality.
 """
 
 import copy
+import json
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from untied_sc.calibration.ace import (
     ACEStatistics,
     contrast_direction,
     estimate_ace_direction,
+    save_ace_statistics,
     trajectory_features,
 )
 from untied_sc.schedulers import (
@@ -305,6 +307,20 @@ def test_ace_direction_is_estimated_reproducibly_and_round_trips(golden_elf, tmp
     loaded = ACEStatistics.from_pretrained(tmp_path / "ace_statistics")
     assert torch.equal(loaded.direction, statistics.direction)
     loaded.check_model(golden_elf)
+
+
+def test_save_ace_statistics_adds_the_component_to_a_pipeline_folder(golden_elf, tmp_path):
+    pipe = _tiny_elf_pipeline(golden_elf)
+    pipe.save_pretrained(tmp_path)
+    weights = (tmp_path / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    statistics = estimate_ace_direction(pipe, num_trajectories=3, num_inference_steps=3, progress=False)
+    save_ace_statistics(statistics, tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["ace_statistics"] == ["untied_sc.calibration.ace", "ACEStatistics"]
+    assert torch.equal(ACEStatistics.from_pretrained(tmp_path / "ace_statistics").direction, statistics.direction)
+    assert (tmp_path / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == weights
+    with pytest.raises(FileNotFoundError, match="model_index"):
+        save_ace_statistics(statistics, tmp_path / "transformer")
 
 
 def test_ace_features_are_the_mean_self_conditioning_input(golden_elf):

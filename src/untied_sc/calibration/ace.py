@@ -13,8 +13,11 @@ the N − 1 whose prediction becomes a self-conditioning input (ELF: the SDE ste
 source; LangFlow: the update steps, not the final evaluation). docs/algorithm.md §9.4 states the choices.
 """
 
+import json
 import math
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -279,3 +282,19 @@ def estimate_ace_direction(
     )
     statistics.direction.copy_(direction)
     return statistics.to(pipe.transformer.device)
+
+
+def save_ace_statistics(statistics: ACEStatistics, folder: str | os.PathLike) -> Path:
+    """
+    Writes `statistics` into the existing pipeline folder `folder` as its `ace_statistics` component and registers it
+    in `model_index.json`; the other components stay byte for byte as they were. Returns the component's folder.
+    """
+    folder = Path(folder)
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{folder} has no model_index.json: give an existing pipeline folder.")
+    statistics.save_pretrained(folder / "ace_statistics")
+    index = json.loads(index_path.read_text())
+    index["ace_statistics"] = [type(statistics).__module__, type(statistics).__name__]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return folder / "ace_statistics"
