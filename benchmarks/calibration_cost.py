@@ -24,7 +24,7 @@ from untied_sc.calibration import (
     trajectory_statistics,
 )
 from untied_sc.calibration.calibrate import bank_seeds, run_updates
-from untied_sc.calibration.reference import MomentAccumulator, ReferenceRecurrenceScheduler
+from untied_sc.calibration.reference import MomentAccumulator, reference_recurrence
 from untied_sc.pipelines import load_pipeline
 
 
@@ -44,7 +44,7 @@ def elf_b_random(args) -> dict:
     with torch.no_grad():
         model.final_layer.linear.weight.normal_(std=0.02)
     pipe = ELFPipeline(model, ELFScheduler(sde_gamma=2.0), _Tokenizer(model.config.vocab_size))
-    scheduler = ReferenceRecurrenceScheduler(1.0, solver="elf", alpha=0.7)
+    scheduler = reference_recurrence("elf", 1.0, alpha=0.7)
     scheduler.accumulator = MomentAccumulator(args.steps, model.config.latent_dim)
     start = time.perf_counter()
     run_updates(pipe, scheduler, args.steps, torch.Generator().manual_seed(0), args.batch_size)
@@ -76,7 +76,7 @@ def pipeline_folder(args) -> dict:
     for summary in calibration.summaries:
         n = summary.num_inference_steps
         step = calibration.statistics.for_steps(n)
-        alpha = step.coefficients["alpha"]
+        alpha = calibration.statistics.config.calibration_alpha[str(n)]
         held_mean, held_rms, held_distance = trajectory_statistics(
             pipe,
             n,

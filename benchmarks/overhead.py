@@ -39,7 +39,6 @@ def build(layers: int, max_length: int) -> tuple[ELFTransformerModel, SamplerSta
             mean=0.01 * torch.randn(n, q.shape[0], generator=generator),
             rms=0.1 + torch.rand(n, generator=generator),
             cosine_distance=torch.rand(n, generator=generator),
-            coefficients={"eta_r": 3.3, "eta_t": 1.7, "eta_o": 1.0, "alpha": 0.7},
         )
     stats = SamplerStatistics.build(model, "elf", q, rho_sq, (0.8, 0.9), steps)
     return model, stats, sum(p.numel() for p in model.parameters())

@@ -1,6 +1,7 @@
 """The bundled pipelines in `hub_artifacts/` load with their family's `from_pretrained`, are complete and generate."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,14 @@ def test_bundled_pipeline_loads_and_generates(name):
     pipe.set_progress_bar_config(disable=True)
     statistics = pipe.sampler_statistics
     assert statistics.config.calibrated_steps == [8, 16, 32, 64]
+    assert (
+        not statistics.is_legacy
+    )  # the bundled folders have the current layout: coefficients in the scheduler config
+    scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
     for nfe in (8, 16, 32, 64):
-        coefficients = statistics.for_steps(nfe).coefficients
-        assert all(torch.isfinite(torch.tensor(list(coefficients.values()))))
+        coefficients = scheduler_config["coefficients_by_steps"][str(nfe)]
+        assert set(coefficients) == {"eta_r", "eta_t", "eta_o", "alpha"}
+        assert all(math.isfinite(value) for value in coefficients.values())
 
     official = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
     assert len(official.texts) == 2 and all(isinstance(text, str) and text.strip() for text in official.texts)

@@ -1,9 +1,8 @@
-"""`untied-sc tune`: the coordinate search on a held-out bank, written into the sampler statistics."""
+"""`untied-sc tune`: the coordinate search on a held-out bank, written into the scheduler config."""
 
 import math
 
 import pytest
-import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
 from untied_sc.calibration.calibrate import CALIBRATION_SEED, calibration_seeds
@@ -13,10 +12,10 @@ from untied_sc.calibration.tune import (
     coordinate_search,
     format_tuning,
     tune_coefficients,
-    tuning_seeds,
 )
 from untied_sc.cli import main
 from untied_sc.evaluation import run_sweep
+from untied_sc.evaluation.sampling import tuning_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 
@@ -39,7 +38,7 @@ def calibrated_pipe(golden):
 @pytest.fixture(scope="module")
 def tuned(langflow_golden, evaluator):
     pipe = calibrated_pipe(langflow_golden)
-    before = pipe.sampler_statistics.for_steps(8).coefficients
+    before = dict(pipe.scheduler.config.coefficients_by_steps["8"])  # what calibration ran at
     results = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False)
     return pipe, before, results[0]
 
@@ -136,7 +135,7 @@ def test_the_keep_rule_resamples_whole_batches():
     assert batches.best.coefficients["eta_r"] == batches.best.coefficients["eta_t"] == 0.0
 
 
-def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candidate(tuned):
+def test_search_starts_from_the_calibrated_coefficients_and_keeps_the_best_admissible_candidate(tuned):
     pipe, before, result = tuned
     assert result.start.coefficients == pytest.approx(before)
     floor = result.official.entropy - 0.05
@@ -155,10 +154,10 @@ def test_search_starts_from_the_statistics_and_keeps_the_best_admissible_candida
 def test_tuned_coefficients_are_what_the_untied_scheduler_uses(tuned):
     pipe, _, result = tuned
     statistics = pipe.sampler_statistics
-    assert statistics.for_steps(8).coefficients == pytest.approx(result.best.coefficients)
+    assert pipe.scheduler.config.coefficients_by_steps["8"] == result.best.coefficients  # plain floats, exact
     scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
-    assert scheduler.resolve_coefficients(8, statistics) == pytest.approx(result.best.coefficients)
-    record = statistics.config.tuning["8"]
+    assert scheduler.resolve_coefficients(8, statistics) == result.best.coefficients
+    record = pipe.scheduler.config.tuning_by_steps["8"]
     assert record["seed"] == TUNE_SEED and record["num_samples"] == 4
     assert record["chosen"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
     assert record["confidence"] == 0.95
@@ -171,8 +170,9 @@ def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank
     pipe, _, result = tuned
     pipe.save_pretrained(tmp_path)
     loaded = load_pipeline(tmp_path)
-    assert tuning_seeds(loaded.sampler_statistics) == {TUNE_SEED}
-    assert torch.equal(loaded.sampler_statistics.coefficients_nfe8, pipe.sampler_statistics.coefficients_nfe8)
+    assert tuning_seeds(loaded) == {TUNE_SEED}
+    assert loaded.scheduler.config.coefficients_by_steps == pipe.scheduler.config.coefficients_by_steps
+    assert loaded.scheduler.config.tuning_by_steps == pipe.scheduler.config.tuning_by_steps
     with pytest.raises(ValueError, match=f"Seeds \\[{TUNE_SEED}\\] are the bank .* tuned on"):
         run_sweep(loaded, nfe=[8], seeds=[0, TUNE_SEED], num_samples=2, batch_size=2, evaluator=evaluator)
     # the calibration banks (default seed 2000: the batches of benchmark seeds 4000 and 4001) are refused too
@@ -196,12 +196,14 @@ def test_tuning_again_restarts_from_the_calibrated_coefficients(langflow_golden,
     options = {"num_samples": 4, "batch_size": 2, "evaluator": evaluator, "progress": False}
     tune_coefficients(pipe, [8], **options)
     # pretend the last choice switched the untied sampler off: a search from there could never switch it back on
-    pipe.sampler_statistics.coefficients_nfe8.copy_(torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    pipe.scheduler.register_to_config(
+        coefficients_by_steps={"8": {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 1.0, "alpha": 1.0}}
+    )
     again = tune_coefficients(pipe, [8], **options)[0]
     assert again.start.coefficients == pytest.approx(before)
     assert again.best.coefficients == first.best.coefficients
     assert [c.gen_ppl for c in again.candidates] == [c.gen_ppl for c in first.candidates]
-    assert pipe.sampler_statistics.config.tuning["8"]["calibrated"] == pytest.approx(before)
+    assert pipe.scheduler.config.tuning_by_steps["8"]["calibrated"] == pytest.approx(before)
 
 
 def test_tune_rejects_uncalibrated_nfe_and_pipelines_without_statistics(langflow_golden, evaluator):
@@ -222,4 +224,5 @@ def test_tune_command_writes_the_folder(langflow_golden, evaluator, tmp_path, ca
     argv = ["tune", str(tmp_path / "pipe"), "--nfe", "8", "--num-samples", "4", "--batch-size", "2"]
     assert main([*argv, "--evaluator", str(tmp_path / "evaluator"), "--no-progress"]) == 0
     assert "untied (tuned)" in capsys.readouterr().out
-    assert "8" in load_pipeline(tmp_path / "pipe").sampler_statistics.config.tuning
+    assert "8" in load_pipeline(tmp_path / "pipe").scheduler.config.tuning_by_steps
+    assert "coefficients_by_steps" in (tmp_path / "pipe" / "scheduler" / "scheduler_config.json").read_text()

@@ -12,7 +12,7 @@ def tiny_tokenizer(vocab_size: int = 40) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
-def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0, coefficients=None):
+def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0):
     """SamplerStatistics with the model's real overlap basis and random per-step moments (for scheduler tests)."""
     import torch
 
@@ -31,7 +31,6 @@ def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0, coeffici
             mean=0.05 * torch.randn(k, q.shape[0], generator=generator) * (rms > 0)[:, None],
             rms=rms,
             cosine_distance=torch.rand(k, generator=generator) * (rms > 0),
-            coefficients=coefficients or {"eta_r": 1.5, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.8},
         )
     return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), per_step)
 

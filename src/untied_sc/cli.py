@@ -20,14 +20,20 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"Wrote {type(model).__name__} ({parameters / 1e6:.1f}M parameters) to {args.output}")
 
 
-def _save_statistics(pipe, source: str, output: str | None) -> str:
-    """In place (no `--output`): only the `sampler_statistics` component is written; with `--output`: the pipeline."""
+def _save_calibration(pipe, source: str, output: str | None) -> str:
+    """
+    In place (no `--output`): only the `sampler_statistics` component and the scheduler config (which holds the
+    coefficients) are written; with `--output`: the whole pipeline.
+    """
+    from pathlib import Path
+
     from .pipelines.loading import save_sampler_statistics
 
     if output is not None:
         pipe.save_pretrained(output)
         return output
     save_sampler_statistics(pipe, source)
+    pipe.scheduler.save_config(Path(source) / "scheduler")
     return source
 
 
@@ -52,7 +58,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         coefficients=args.coefficients,
     )
-    folder = _save_statistics(pipe, args.pipeline, args.output)
+    folder = _save_calibration(pipe, args.pipeline, args.output)
     print(format_summary(result))
     print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
     if args.push_to_hub:
@@ -82,9 +88,17 @@ def _tune(args: argparse.Namespace) -> None:
         cache_dir=args.cache_dir,
         dtype=DTYPES[args.dtype],
     )
-    folder = _save_statistics(pipe, args.pipeline, args.output)
+    folder = _save_calibration(pipe, args.pipeline, args.output)
     print(format_tuning(results))
-    print(f"Wrote tuned coefficients (NFE {[r.num_inference_steps for r in results]}) to {folder}/sampler_statistics")
+    nfe = [r.num_inference_steps for r in results]
+    print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
+
+
+def _migrate(args: argparse.Namespace) -> None:
+    from .calibration.migrate import migrate_folder
+
+    folder = migrate_folder(args.pipeline, args.output, overwrite=args.overwrite)
+    print(f"Wrote {folder} in the current layout (coefficients in scheduler/scheduler_config.json)")
 
 
 def _data_build(args: argparse.Namespace) -> None:
@@ -138,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Bank seed: the banks are the batches of benchmark seeds 2·seed and 2·seed+1 (never evaluate on them).",
     )
     calibrate.add_argument("--batch-size", type=int, default=16)
-    calibrate.add_argument("--coefficients", help="Paper coefficient preset stored with the statistics.")
+    calibrate.add_argument(
+        "--coefficients",
+        help="Paper coefficient preset to calibrate at (its α) and to write into the scheduler config for NFEs that "
+        "have none (default: the scheduler config's, else the family's preset).",
+    )
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)
@@ -147,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluation.evaluator import SMOLLM2_NAME
 
     tune = commands.add_parser(
-        "tune", help="Search η_R, η_T, η_O, α per NFE on a held-out bank; write them into the sampler statistics."
+        "tune", help="Search η_R, η_T, η_O, α per NFE on a held-out bank; write them into the scheduler config."
     )
     tune.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
     tune.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to tune (calibrated ones).")
@@ -176,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
     tune.set_defaults(handler=_tune)
 
+    migrate = commands.add_parser(
+        "migrate", help="Rewrite a pipeline saved with the old sampler-statistics layout (coefficients inside)."
+    )
+    migrate.add_argument("pipeline", help="Local pipeline folder in the old layout.")
+    migrate.add_argument("--output", help="Write a migrated copy here (a new folder) instead of in place.")
+    migrate.add_argument("--overwrite", action="store_true", help="Rewrite the folder in place.")
+    migrate.set_defaults(handler=_migrate)
+
     register_evaluate_command(commands)
     register_benchmark_command(commands)
     register_judge_command(commands)
@@ -200,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except (UnsafeCheckpointError, ValueError, FileNotFoundError, ImportError) as error:
+    except (UnsafeCheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
         print(f"untied-sc {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

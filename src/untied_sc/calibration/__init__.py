@@ -1,7 +1,13 @@
 """Calibration: overlap basis, base scales and per-step statistics, computed once per model (docs/algorithm.md §4)."""
 
 from .base_scales import base_scales_from_gram, elf_response_gram
-from .calibrate import CalibrationResult, calibrate_pipeline, format_summary, trajectory_statistics
+from .calibrate import (
+    CalibrationResult,
+    apply_calibration,
+    calibrate_pipeline,
+    format_summary,
+    trajectory_statistics,
+)
 from .overlap import (
     OverlapBasis,
     ProjectionGeometry,
@@ -12,4 +18,4 @@ from .overlap import (
     projection_geometry,
     row_space_basis,
 )
-from .reference import MomentAccumulator, ReferenceRecurrenceScheduler, reference_activation
+from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_activation, reference_recurrence

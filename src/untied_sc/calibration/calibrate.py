@@ -10,7 +10,7 @@ from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics,
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler, paper_coefficients
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .overlap import overlap_basis_from_model
-from .reference import MomentAccumulator, ReferenceRecurrenceScheduler
+from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
 
 
 # Coefficients written with the statistics when none are given: the paper's closest system ([choice]; `untied-sc
@@ -37,9 +37,15 @@ class CalibrationSummary:
 
 @dataclass
 class CalibrationResult:
+    """
+    The statistics, with the coefficients calibration ran at (a preset's or the caller's, per NFE as a string):
+    [`apply_calibration`] writes them into the scheduler config for the NFEs that have none yet.
+    """
+
     statistics: SamplerStatistics
     summaries: list[CalibrationSummary] = field(default_factory=list)
     base_scale_seconds: float = 0.0
+    coefficients_by_steps: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def pipeline_solver(pipe) -> str:
@@ -61,10 +67,12 @@ def calibration_seeds(statistics) -> set[int]:
     return {int(seed) for pair in (statistics.config.get("seeds") or {}).values() for seed in pair}
 
 
-def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceScheduler:
-    config = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, eta_r=0.0, eta_t=0.0).config
-    config = {key: value for key, value in config.items() if not key.startswith("_")}
-    return ReferenceRecurrenceScheduler(base_correction_scale, **{**config, "alpha": alpha})
+def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceMixin:
+    """The reference recurrence on the pipeline's solver, configured as the untied scheduler would be."""
+    untied = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, eta_r=0.0, eta_t=0.0)
+    keys = type(untied)._get_init_keys(type(untied))  # the family's own keys (a config may carry others, hidden)
+    config = {key: value for key, value in untied.config.items() if key in keys}
+    return reference_recurrence(pipe.family, base_correction_scale, **{**config, "alpha": alpha})
 
 
 def run_updates(pipe, scheduler, num_inference_steps: int, generator: torch.Generator, batch_size: int) -> None:
@@ -72,7 +80,7 @@ def run_updates(pipe, scheduler, num_inference_steps: int, generator: torch.Gene
     Runs the update steps of one batch through the pipeline's denoising loop with `scheduler` (the reference
     recurrence, which records its corrections); LangFlow's final evaluation, which updates nothing, is skipped.
     """
-    update_steps = num_update_steps(scheduler.config.solver, num_inference_steps)
+    update_steps = num_update_steps(scheduler.family, num_inference_steps)
     pipe.denoise(
         batch_size, num_inference_steps, generator, scheduler=scheduler, max_steps=update_steps, progress=False
     )
@@ -102,7 +110,7 @@ def trajectory_statistics(
         if sum(size for _, size in bank) < 2:
             raise ValueError(f"Bank {name} has fewer than 2 trajectories; use bank_size ≥ 2.")
     scheduler = _reference_scheduler(pipe, base_correction_scale, alpha)
-    updates, dim = num_update_steps(scheduler.config.solver, num_inference_steps), pipe.latent_shape[1]
+    updates, dim = num_update_steps(scheduler.family, num_inference_steps), pipe.latent_shape[1]
     accumulators = []
     for bank_name, bank in (("μ, δ̄", bank_mu), ("σ", bank_sigma)):
         scheduler.accumulator = MomentAccumulator(updates, dim)
@@ -156,8 +164,9 @@ def calibrate_pipeline(
         seed (`int`, defaults to `CALIBRATION_SEED` = 2000): bank B_μ draws the batches of benchmark seed 2·seed,
             B_σ those of 2·seed + 1 (disjoint by construction; the benchmark refuses both seeds).
         batch_size (`int`, defaults to 16): trajectories per batch (an ELF batch shares one random grid).
-        coefficients (`str` or `dict`, *optional*): a paper preset name or explicit coefficients per NFE, stored
-            with the statistics (and α is the reference recurrence's EMA weight); default: the family's preset.
+        coefficients (`str` or `dict`, *optional*): a paper preset name or explicit coefficients per NFE; their α
+            is the reference recurrence's EMA weight (recorded as `calibration_alpha`). Default: the scheduler
+            config's `coefficients_by_steps` where it has the NFE, else the family's preset.
         base_scale_steps (`int`, defaults to 16), base_scale_bank_size (`int`, defaults to 32): ELF only: the NFE
             and number of trajectories of the response-Gram measurement.
         progress (`bool`, defaults to `True`): show progress bars.
@@ -173,6 +182,9 @@ def calibrate_pipeline(
     if solver == "langflow" and not pipe.transformer.config.self_conditioning:
         raise ValueError("This LangFlow model has no self-conditioning input; untied self-conditioning needs one.")
     per_nfe_coefficients = resolve_preset_coefficients(solver, nfe, coefficients)
+    if coefficients is None:  # the coefficients the scheduler config already runs at (e.g. tuned) come first
+        configured = pipe.scheduler.config.get("coefficients_by_steps") or {}
+        per_nfe_coefficients.update({n: dict(configured[str(n)]) for n in nfe if str(n) in configured})
     overlap = overlap_basis_from_model(pipe.transformer)
 
     start = time.perf_counter()
@@ -188,36 +200,57 @@ def calibrate_pipeline(
         base_scales = (1.0, 1.0)  # full-rank geometry (paper Appendix "Precomputation and inference-time settings")
     result = CalibrationResult(statistics=None, base_scale_seconds=time.perf_counter() - start)
 
-    steps, bank_sizes, seeds = _existing(pipe)
+    steps, bank_sizes, seeds, alphas = _existing(pipe)
     for n in nfe:
         start = time.perf_counter()
         bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
         mean, rms, distance = trajectory_statistics(
             pipe, n, base_scales[1], per_nfe_coefficients[n]["alpha"], bank_mu, bank_sigma, progress
         )
-        steps[n] = StepStatistics(mean, rms, distance, per_nfe_coefficients[n])
+        steps[n] = StepStatistics(mean, rms, distance)
+        alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
+        result.coefficients_by_steps[str(n)] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
         bank_sizes[str(n)], seeds[str(n)] = [bank_size, bank_size], [2 * seed, 2 * seed + 1]
         result.summaries.append(_summarise(n, mean, rms, distance, time.perf_counter() - start, 2 * bank_size))
 
     basis, rho_sq = overlap.storage_tensors()
     solver_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
     result.statistics = SamplerStatistics.build(
-        pipe.transformer, solver, basis, rho_sq, base_scales, steps, solver_config, bank_sizes, seeds
+        pipe.transformer, solver, basis, rho_sq, base_scales, steps, solver_config, bank_sizes, seeds, alphas
     )
     return result
 
 
-def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict]:
-    """Calibrations already in the pipeline for this very model (kept when adding NFEs), with their banks."""
+def apply_calibration(pipe, result: CalibrationResult) -> None:
+    """
+    Installs `result` in `pipe`: its statistics become the `sampler_statistics` component, and the coefficients it
+    ran at become the scheduler config's `coefficients_by_steps` for every NFE that has none yet (tuned values are
+    kept: `untied-sc tune` chose them for this model).
+    """
+    from .migrate import migrate_pipeline
+
+    migrate_pipeline(pipe)  # an old-layout folder's coefficients move to the scheduler config first
+    pipe.register_modules(sampler_statistics=result.statistics)
+    current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})
+    added = {n: values for n, values in result.coefficients_by_steps.items() if n not in current}
+    if added:
+        pipe.scheduler.register_to_config(coefficients_by_steps={**current, **added})
+
+
+def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict]:
+    """Calibrations already in the pipeline for this very model (kept when adding NFEs): banks and α included."""
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
-        return {}, {}, {}
+        return {}, {}, {}, {}
     try:
         statistics.check_model(pipe.transformer)
     except ValueError:
-        return {}, {}, {}
+        return {}, {}, {}, {}
+    if statistics.is_legacy:
+        statistics = statistics.migrate()[0]
     steps = {n: statistics.for_steps(n) for n in statistics.config.calibrated_steps or []}
-    return steps, dict(statistics.config.bank_sizes or {}), dict(statistics.config.seeds or {})
+    config = statistics.config
+    return steps, dict(config.bank_sizes or {}), dict(config.seeds or {}), dict(config.calibration_alpha or {})
 
 
 def _summarise(n, mean, rms, distance, seconds, trajectories) -> CalibrationSummary:

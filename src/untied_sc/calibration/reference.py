@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
+from ..schedulers.scheduling_untied_elf import UntiedELFScheduler
+from ..schedulers.scheduling_untied_langflow import UntiedLangFlowScheduler
 from ..schedulers.untied_functions import (
     history_direction,
     masked_token_mean,
@@ -75,9 +76,9 @@ class MomentAccumulator:
         return (self.centred_square_sum / self.centred_count.clamp(min=1)).sqrt()
 
 
-class ReferenceRecurrenceScheduler(UntiedSelfConditioningScheduler):
+class ReferenceRecurrenceMixin:
     r"""
-    The reference recurrence (paper eq. (40)): no SC transform; at update step k
+    The reference recurrence (paper eq. (40)) on a family's untied scheduler: no SC transform; at update step k
 
         H̃_k = λ_k^ref (p_k − E_k),   G̃_k = ‖H̃_k‖ (p_k − O_k)/‖p_k − O_k‖,
         δ̃_{k,n} = min(1, 1 − cos(H̃_{k,n}, G̃_{k,n})),   Ũ_k = H̃_k + Δu_k δ̃_k ⊙ (H̃_k − G̃_k),
@@ -88,7 +89,7 @@ class ReferenceRecurrenceScheduler(UntiedSelfConditioningScheduler):
     Args:
         base_correction_scale (`float`): g_T^(0).
         accumulator ([`MomentAccumulator`]): where the moments go (replace it between banks).
-        solver config keys and `alpha`: as [`UntiedSelfConditioningScheduler`] (η_R = η_T = 0 internally).
+        config: the family's untied scheduler config and `alpha` (η_R = η_T = 0 internally).
     """
 
     def __init__(self, base_correction_scale: float, accumulator: MomentAccumulator | None = None, **config):
@@ -96,11 +97,11 @@ class ReferenceRecurrenceScheduler(UntiedSelfConditioningScheduler):
         self.base_correction_scale = base_correction_scale
         self.accumulator = accumulator
 
-    def _correction(self, k: int, prediction: torch.Tensor) -> torch.Tensor | None:
+    def _correction(self, k: int, prediction: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         num_updates = self.solver.num_update_steps
         gain = REFERENCE_GAIN * self.base_correction_scale * reference_activation(k, num_updates)
         if gain == 0:
-            return None  # inactive step: μ = σ = δ̄ = 0 exactly
+            return None, None  # inactive step: μ = σ = δ̄ = 0 exactly
         history = gain * history_direction(prediction, self.ema)
         solver_direction = solver_history_direction(
             prediction, history, self.solver_average, self.mask, self.config.degeneracy_eps
@@ -110,4 +111,22 @@ class ReferenceRecurrenceScheduler(UntiedSelfConditioningScheduler):
         if self.mask is not None:
             correction = correction * self.mask[..., None]
         self.accumulator.add(k, correction, distance, self.mask)
-        return correction
+        return correction, None
+
+
+class ReferenceRecurrenceELFScheduler(ReferenceRecurrenceMixin, UntiedELFScheduler):
+    """The reference recurrence on the official ELF sampler."""
+
+
+class ReferenceRecurrenceLangFlowScheduler(ReferenceRecurrenceMixin, UntiedLangFlowScheduler):
+    """The reference recurrence on the official LangFlow sampler."""
+
+
+def reference_recurrence(
+    family: str, base_correction_scale: float, accumulator: MomentAccumulator | None = None, **config
+) -> ReferenceRecurrenceMixin:
+    """The reference recurrence on `family`'s ("elf" / "langflow") official sampler, with that family's config."""
+    classes = {"elf": ReferenceRecurrenceELFScheduler, "langflow": ReferenceRecurrenceLangFlowScheduler}
+    if family not in classes:
+        raise ValueError(f"family must be 'elf' or 'langflow', got {family!r}.")
+    return classes[family](base_correction_scale, accumulator, **config)

@@ -1,8 +1,8 @@
 """`untied-sc tune`: searching η_R, η_T, η_O, α per NFE for one model on a held-out bank (docs/algorithm.md §4.4).
 
 The paper's coefficient table covers its own checkpoints; for any other model the coefficients are searched here and
-written into the model's [`SamplerStatistics`] (`coefficients_nfe{N}`), which the untied scheduler uses whenever its
-config and preset leave them unset.
+written into the pipeline's scheduler config (`coefficients_by_steps`, with the search's record in `tuning_by_steps`),
+which the untied scheduler runs whenever no explicit value or preset overrides them (docs/algorithm.md §4.5).
 
 The search, per NFE N (every choice here is ours, the paper gives no procedure):
 1. the tuning bank is `num_samples` samples drawn exactly like benchmark seed `seed` (batch b from
@@ -12,7 +12,7 @@ The search, per NFE N (every choice here is ours, the paper gives no procedure):
 2. The official sampler is scored once: its entropy is the floor. A candidate whose entropy (the protocol's unigram
    entropy) falls more than `max_entropy_drop` below the official one's is inadmissible: lowering GenPPL by lowering
    diversity is not what we tune for.
-3. Coordinate search from the calibration's coefficients (the paper preset written at calibration; a tuning record
+3. Coordinate search from the calibration's coefficients (the paper preset written at calibration; the tuning record
    remembers them, so tuning again restarts there instead of from the last choice: re-running gives the same result
    and can switch a component back on): for each coefficient in `COEFFICIENT_NAMES` order, try the current value
    times each of `factors` (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept
@@ -34,7 +34,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 from tqdm.auto import tqdm
 
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
@@ -133,13 +132,15 @@ def tune_coefficients(
         progress (`bool`, defaults to `True`): a progress bar over the scored candidates.
 
     Returns:
-        One [`TuneResult`] per NFE. The statistics' `coefficients_nfe{N}` hold the chosen values and their config's
-        `tuning` records the bank, evaluator and scores.
+        One [`TuneResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values and its
+        `tuning_by_steps` records the bank, evaluator and scores.
     """
     from ..evaluation.evaluator import load_evaluator
     from ..evaluation.io import Sample, evaluate_samples
     from ..evaluation.sampling import build_scheduler, family_of, generate, resampling_clusters
+    from .migrate import migrate_pipeline
 
+    migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
         raise ValueError("This pipeline has no sampler statistics: run `untied-sc calibrate` before tuning.")
@@ -183,7 +184,7 @@ def tune_coefficients(
     results = []
     try:
         for n in nfe:
-            start = calibrated_coefficients(statistics, n) or build_scheduler(
+            start = calibrated_coefficients(config, n) or build_scheduler(
                 pipe, {"scheduler": "untied"}, config, n
             ).resolve_coefficients(n, statistics)
             results.append(
@@ -204,7 +205,7 @@ def tune_coefficients(
         pipe.set_progress_bar_config(**progress_config)
 
     _write_coefficients(
-        statistics, results, seed, num_samples, batch_size, evaluator_name, protocol, max_entropy_drop, confidence
+        pipe.scheduler, results, seed, num_samples, batch_size, evaluator_name, protocol, max_entropy_drop, confidence
     )
     return results
 
@@ -279,12 +280,10 @@ def coordinate_search(
     )
 
 
-def calibrated_coefficients(statistics, num_inference_steps: int) -> dict[str, float] | None:
-    """The coefficients calibration wrote at this NFE, as remembered by an earlier tuning record (`None` if untuned).
-
-    Records written before this field existed fall back to the coefficients their search started from.
-    """
-    record = (statistics.config.get("tuning") or {}).get(str(num_inference_steps))
+def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
+    """The coefficients calibration ran at for this NFE, as remembered by an earlier tuning record (`None` if
+    untuned). Records written before this field existed fall back to the coefficients their search started from."""
+    record = (scheduler_config.get("tuning_by_steps") or {}).get(str(num_inference_steps))
     if not record:
         return None
     source = record.get("calibrated") or record["start"]
@@ -292,34 +291,31 @@ def calibrated_coefficients(statistics, num_inference_steps: int) -> dict[str, f
 
 
 def _write_coefficients(
-    statistics, results, seed, num_samples, batch_size, evaluator, protocol, max_drop, confidence
+    scheduler, results, seed, num_samples, batch_size, evaluator, protocol, max_drop, confidence
 ) -> None:
-    tuning = dict(statistics.config.get("tuning") or {})
-    with torch.no_grad():
-        for result in results:
-            calibrated = calibrated_coefficients(statistics, result.num_inference_steps) or result.start.coefficients
-            values = torch.tensor([result.best.coefficients[name] for name in COEFFICIENT_NAMES])
-            getattr(statistics, f"coefficients_nfe{result.num_inference_steps}").copy_(values)
-            tuning[str(result.num_inference_steps)] = {
-                "seed": seed,
-                "num_samples": num_samples,
-                "batch_size": batch_size,
-                "evaluator": evaluator,
-                "protocol": protocol,
-                "max_entropy_drop": max_drop,
-                "confidence": confidence,
-                "official": {"gen_ppl": result.official.gen_ppl, "entropy": result.official.entropy},
-                "calibrated": dict(calibrated),
-                "start": {
-                    **result.start.coefficients,
-                    "gen_ppl": result.start.gen_ppl,
-                    "entropy": result.start.entropy,
-                },
-                "chosen": {**result.best.coefficients, "gen_ppl": result.best.gen_ppl, "entropy": result.best.entropy},
-                "best_vs_official": _comparison_record(result.best_vs_official),
-                "candidates": len(result.candidates),
-            }
-    statistics.register_to_config(tuning=tuning)
+    """The chosen coefficients and the search's record into the scheduler config (plain JSON floats)."""
+    coefficients = dict(scheduler.config.get("coefficients_by_steps") or {})
+    tuning = dict(scheduler.config.get("tuning_by_steps") or {})
+    for result in results:
+        n = str(result.num_inference_steps)
+        calibrated = calibrated_coefficients(scheduler.config, result.num_inference_steps) or result.start.coefficients
+        coefficients[n] = {name: float(result.best.coefficients[name]) for name in COEFFICIENT_NAMES}
+        tuning[n] = {
+            "seed": seed,
+            "num_samples": num_samples,
+            "batch_size": batch_size,
+            "evaluator": evaluator,
+            "protocol": protocol,
+            "max_entropy_drop": max_drop,
+            "confidence": confidence,
+            "official": {"gen_ppl": result.official.gen_ppl, "entropy": result.official.entropy},
+            "calibrated": dict(calibrated),
+            "start": {**result.start.coefficients, "gen_ppl": result.start.gen_ppl, "entropy": result.start.entropy},
+            "chosen": {**result.best.coefficients, "gen_ppl": result.best.gen_ppl, "entropy": result.best.entropy},
+            "best_vs_official": _comparison_record(result.best_vs_official),
+            "candidates": len(result.candidates),
+        }
+    scheduler.register_to_config(coefficients_by_steps=coefficients, tuning_by_steps=tuning)
 
 
 def _comparison_record(comparison: PairedComparison | None) -> dict | None:
@@ -331,13 +327,6 @@ def _comparison_record(comparison: PairedComparison | None) -> dict | None:
         "mean_delta_nll_ci": list(comparison.mean_delta_ci),
         "fraction_worse": comparison.fraction_b_worse,
     }
-
-
-def tuning_seeds(statistics) -> set[int]:
-    """The benchmark-style seeds whose banks tuned these statistics (evaluating on them would leak)."""
-    if statistics is None:
-        return set()
-    return {int(entry["seed"]) for entry in (statistics.config.get("tuning") or {}).values()}
 
 
 def format_tuning(results: Sequence[TuneResult]) -> str:

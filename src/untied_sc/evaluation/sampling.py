@@ -51,11 +51,16 @@ def batch_seed(seed: int, batch_index: int) -> int:
     return 1_000_003 * int(seed) + int(batch_index)
 
 
-def tuning_seeds(statistics) -> set[int]:
-    """The benchmark-style seeds whose banks tuned these statistics (evaluating on them would leak)."""
-    if statistics is None:
-        return set()
-    return {int(entry["seed"]) for entry in (statistics.config.get("tuning") or {}).values()}
+def tuning_seeds(pipe) -> set[int]:
+    """
+    The benchmark-style seeds whose banks tuned `pipe`'s coefficients (evaluating on them would leak): the scheduler
+    config's `tuning_by_steps`, and an old-layout folder's record inside its sampler statistics.
+    """
+    records = list((pipe.scheduler.config.get("tuning_by_steps") or {}).values())
+    statistics = getattr(pipe, "sampler_statistics", None)
+    if statistics is not None:
+        records += list((statistics.config.get("tuning") or {}).values())
+    return {int(record["seed"]) for record in records}
 
 
 def family_of(pipe) -> str:

@@ -86,12 +86,12 @@ def _sweep_runs(
     return plan
 
 
-def _refuse_leaked_seeds(seeds: Sequence[int], statistics) -> None:
-    """Raises when an evaluation seed is one the statistics were tuned or calibrated on (the result would leak)."""
+def _refuse_leaked_seeds(seeds: Sequence[int], pipe) -> None:
+    """Raises when an evaluation seed is one the pipeline was tuned or calibrated on (the result would leak)."""
     for used, what, remedy in (
-        (tuning_seeds(statistics), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
+        (tuning_seeds(pipe), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
         (
-            calibration_seeds(statistics),
+            calibration_seeds(getattr(pipe, "sampler_statistics", None)),
             "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
             " or recalibrate with another seed",
         ),
@@ -147,7 +147,7 @@ def generate_sweep(
         pipe.to(device)
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
-    _refuse_leaked_seeds(seeds, statistics)
+    _refuse_leaked_seeds(seeds, pipe)
     knob = diversity_knob(family)
     samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
     unknown = [s for s in diversity_samplers if s not in samplers]

@@ -193,13 +193,14 @@ class LanguageFlowPipeline(DiffusionPipeline):
     ) -> "CalibrationResult":  # noqa: F821
         """
         Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see
-        [`~untied_sc.calibration.calibrate_pipeline`] for the arguments. Returns the calibration result (statistics
-        and a per-NFE summary).
+        [`~untied_sc.calibration.calibrate_pipeline`] for the arguments, and
+        [`~untied_sc.calibration.apply_calibration`] for what is installed (the statistics, and the coefficients it
+        ran at into the scheduler config where it has none). Returns the calibration result.
         """
-        from ..calibration import calibrate_pipeline
+        from ..calibration import apply_calibration, calibrate_pipeline
 
         result = calibrate_pipeline(self, nfe, bank_size=bank_size, seed=seed, batch_size=batch_size, **kwargs)
-        self.register_modules(sampler_statistics=result.statistics)
+        apply_calibration(self, result)
         return result
 
     @property

@@ -3,12 +3,16 @@
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 
-FORMAT_VERSION = 1
+# Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
+# `tuning` record) moved to the scheduler config (`coefficients_by_steps`, `tuning_by_steps`).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SOLVERS = ("elf", "langflow")
 COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
 # Default calibration seed: its banks are the batches of benchmark seeds 4000 and 4001, disjoint from the default
@@ -21,11 +25,17 @@ def num_update_steps(solver: str, num_inference_steps: int) -> int:
     return num_inference_steps if solver == "elf" else num_inference_steps - 1
 
 
+def model_family(model: torch.nn.Module) -> str | None:
+    """The model's `family` ("elf" / "langflow"); `None` for a model that is neither."""
+    return getattr(model, "family", None)
+
+
 def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The weights that define the overlap geometry: ELF's `self_cond_proj` and bottleneck, LangFlow's SC projection."""
-    if hasattr(model, "text_proj"):
+    family = model_family(model)
+    if family == "elf":
         return [model.self_cond_proj.weight, model.text_proj.proj1.weight]
-    if hasattr(model, "backbone") and hasattr(model.backbone, "self_cond_proj"):
+    if family == "langflow" and getattr(model.backbone, "self_cond_proj", None) is not None:
         return [model.backbone.self_cond_proj.weight]
     raise ValueError(
         f"{type(model).__name__} has no self-conditioning input projection, so untied self-conditioning does not apply."
@@ -44,22 +54,27 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 @dataclass
 class StepStatistics:
-    """The calibration of one NFE: per update step k, μ_k (K_u, D), σ_k (K_u,), δ̄_k (K_u,), and coefficients."""
+    """The calibration of one NFE: per update step k, μ_k (K_u, D), σ_k (K_u,) and δ̄_k (K_u,)."""
 
     mean: torch.Tensor
     rms: torch.Tensor
     cosine_distance: torch.Tensor
-    coefficients: dict[str, float]
+
+
+def shortest_float(value: float) -> float:
+    """The shortest decimal that rounds to the same float32 (a float32 0.3 reads 0.3, not 0.30000001192092896)."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="0"))
 
 
 class SamplerStatistics(ModelMixin, ConfigMixin):
     r"""
-    Precomputed statistics of untied self-conditioning for one model (docs/algorithm.md §5), as persistent buffers:
+    Precomputed statistics of untied self-conditioning for one model (docs/algorithm.md §5), as persistent buffers.
+    Everything here is determined by the model (and the calibration banks); the coefficients η_R, η_T, η_O, α that
+    run live in the scheduler config (docs/algorithm.md §4.5).
 
     - `basis` Q (D, r) and `rho_sq` ρ² (r,): the overlap basis of the self-conditioning and latent input maps;
     - `base_scales` (λ_R^(0), g_T^(0));
-    - per calibrated NFE N: `mean_nfe{N}` μ (K_u, D), `rms_nfe{N}` σ (K_u,), `cosine_distance_nfe{N}` δ̄ (K_u,)
-      and `coefficients_nfe{N}` (η_R, η_T, η_O, α).
+    - per calibrated NFE N: `mean_nfe{N}` μ (K_u, D), `rms_nfe{N}` σ (K_u,), `cosine_distance_nfe{N}` δ̄ (K_u,).
 
     K_u = N for ELF and N − 1 for LangFlow. The config records what produced them, so that a mismatch is caught.
 
@@ -69,11 +84,12 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         rank (`int`): number r of overlap directions.
         calibrated_steps (`list[int]`): the calibrated NFEs.
         model_fingerprint (`str`): [`model_fingerprint`] of the model the statistics were computed for.
-        format_version (`int`): layout version of this component.
+        format_version (`int`): layout version of this component (1: the old layout, read for its coefficients).
         solver_config (`dict`): the base solver's configuration during calibration (grid parameters, churn).
         bank_sizes (`dict`), seeds (`dict`): calibration bank sizes and seeds per NFE (as strings).
-        tuning (`dict`, *optional*): per NFE (as strings), how `untied-sc tune` chose the coefficients (bank seed and
-            size, evaluator, scores); `None` when the coefficients are the calibration's preset.
+        calibration_alpha (`dict`, *optional*): per NFE (as strings), the EMA weight α of the reference recurrence
+            the moments were measured with.
+        tuning (`dict`, *optional*): format 1 only: the tuning record, now the scheduler config's `tuning_by_steps`.
     """
 
     @register_to_config
@@ -88,15 +104,16 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         solver_config: dict | None = None,
         bank_sizes: dict | None = None,
         seeds: dict | None = None,
+        calibration_alpha: dict | None = None,
         tuning: dict | None = None,
     ):
         super().__init__()
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
-        if format_version != FORMAT_VERSION:
+        if format_version not in READABLE_VERSIONS:
             raise ValueError(
-                f"These sampler statistics have format version {format_version}; this untied-sc reads version "
-                f"{FORMAT_VERSION}. Recalibrate with `untied-sc calibrate` or install a matching untied-sc."
+                f"These sampler statistics have format version {format_version}; this untied-sc reads versions "
+                f"{READABLE_VERSIONS}. Recalibrate with `untied-sc calibrate` or install a matching untied-sc."
             )
         self.register_buffer("basis", torch.zeros(latent_dim, rank))
         self.register_buffer("rho_sq", torch.zeros(rank))
@@ -106,7 +123,8 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             self.register_buffer(f"mean_nfe{steps}", torch.zeros(updates, latent_dim))
             self.register_buffer(f"rms_nfe{steps}", torch.zeros(updates))
             self.register_buffer(f"cosine_distance_nfe{steps}", torch.zeros(updates))
-            self.register_buffer(f"coefficients_nfe{steps}", torch.ones(len(COEFFICIENT_NAMES)))
+            if format_version == 1:  # (η_R, η_T, η_O, α), read by `legacy_coefficients`
+                self.register_buffer(f"coefficients_nfe{steps}", torch.ones(len(COEFFICIENT_NAMES)))
 
     @classmethod
     def build(
@@ -120,6 +138,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         solver_config: dict | None = None,
         bank_sizes: dict | None = None,
         seeds: dict | None = None,
+        calibration_alpha: dict | None = None,
     ) -> "SamplerStatistics":
         """Assembles statistics for `model` from computed tensors (what calibration produces)."""
         statistics = cls(
@@ -131,6 +150,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             solver_config=solver_config,
             bank_sizes=bank_sizes,
             seeds=seeds,
+            calibration_alpha=calibration_alpha,
         )
         with torch.no_grad():
             statistics.basis.copy_(basis)
@@ -140,8 +160,6 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 getattr(statistics, f"mean_nfe{n}").copy_(step.mean)
                 getattr(statistics, f"rms_nfe{n}").copy_(step.rms)
                 getattr(statistics, f"cosine_distance_nfe{n}").copy_(step.cosine_distance)
-                values = [step.coefficients[name] for name in COEFFICIENT_NAMES]
-                getattr(statistics, f"coefficients_nfe{n}").copy_(torch.tensor(values))
         statistics.check_model(model)
         return statistics
 
@@ -167,17 +185,57 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"Calibrate them with `untied-sc calibrate PIPELINE_DIR --nfe {num_inference_steps}` or "
                 f"`pipe.calibrate(nfe=[{num_inference_steps}])`, or sample with a calibrated number of steps."
             )
-        values = getattr(self, f"coefficients_nfe{num_inference_steps}").tolist()
         return StepStatistics(
             mean=getattr(self, f"mean_nfe{num_inference_steps}"),
             rms=getattr(self, f"rms_nfe{num_inference_steps}"),
             cosine_distance=getattr(self, f"cosine_distance_nfe{num_inference_steps}"),
-            coefficients=dict(zip(COEFFICIENT_NAMES, values, strict=True)),
         )
+
+    @property
+    def is_legacy(self) -> bool:
+        """Saved in the format-1 layout, which also held the coefficients (see `migrate`)."""
+        return self.config.format_version == 1
+
+    def legacy_coefficients(self, num_inference_steps: int) -> dict[str, float] | None:
+        """
+        Format 1 only: the (η_R, η_T, η_O, α) this folder stored at `num_inference_steps`, at float32's shortest
+        decimals; `None` for the current layout (coefficients live in the scheduler config) or an uncalibrated NFE.
+        """
+        if not self.is_legacy or num_inference_steps not in (self.config.calibrated_steps or []):
+            return None
+        values = getattr(self, f"coefficients_nfe{num_inference_steps}").tolist()
+        return {name: shortest_float(value) for name, value in zip(COEFFICIENT_NAMES, values, strict=True)}
+
+    def migrate(self) -> tuple["SamplerStatistics", dict[str, dict], dict[str, dict]]:
+        """
+        The current-layout copy of format-1 statistics, with the coefficients and tuning record they carried:
+        `(statistics, coefficients_by_steps, tuning_by_steps)`, the last two for the scheduler config. The
+        tensors are copied exactly, so sampling with the same seed and coefficients gives the same samples.
+        """
+        if not self.is_legacy:
+            raise ValueError("These sampler statistics already have the current layout; nothing to migrate.")
+        steps = sorted(self.config.calibrated_steps or [])
+        coefficients = {str(n): self.legacy_coefficients(n) for n in steps}
+        tuning = {str(n): dict(record) for n, record in (self.config.tuning or {}).items()}
+        # Format 1 measured the moments with the α calibration stored; tuning may have replaced it since, and its
+        # record remembers the calibration's coefficients ("calibrated", or "start" in the earliest records).
+        alphas = {}
+        for n in steps:
+            record = tuning.get(str(n)) or {}
+            alphas[str(n)] = shortest_float(
+                (record.get("calibrated") or record.get("start") or coefficients[str(n)])["alpha"]
+            )
+        keep = {"solver", "latent_dim", "rank", "calibrated_steps", "model_fingerprint"}
+        keep |= {"solver_config", "bank_sizes", "seeds"}
+        config = {key: value for key, value in self.config.items() if key in keep}
+        migrated = type(self)(**config, calibration_alpha=alphas)
+        state = {key: value for key, value in self.state_dict().items() if not key.startswith("coefficients_nfe")}
+        migrated.load_state_dict(state)
+        return migrated, coefficients, tuning
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Raises if these statistics were computed for another model (width or input-projection weights)."""
-        width = model.config.latent_dim if hasattr(model.config, "latent_dim") else model.config.hidden_size
+        width = model.config.latent_dim if model_family(model) == "elf" else model.config.hidden_size
         if width != self.config.latent_dim:
             raise ValueError(
                 f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
