@@ -123,7 +123,7 @@ def test_migrate_command_refuses_to_overwrite_and_rewrites_only_statistics_and_s
         assert pipe.scheduler.config.coefficients_by_steps == LEGACY
     assert (legacy_folder / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == weights
     assert main(["migrate", str(legacy_folder), "--overwrite"]) == 2  # nothing to migrate
-    with pytest.raises(ValueError, match="nothing to migrate"):
+    with pytest.raises(ValueError, match="already has the current layout; nothing to migrate"):
         migrate_folder(legacy_folder, overwrite=True)
 
 

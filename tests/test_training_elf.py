@@ -309,7 +309,7 @@ def test_train_loop_logs_and_export_generates_text(tmp_path):
     out = export_pipeline(run, tmp_path / "pipe", dtype="float32")
     assert json.loads((out / "latent_normalization.json").read_text())["std"] == trainer.normalization.std
     pipe = ELFPipeline.from_pretrained(out)
-    assert pipe.scheduler.config.sc_cfg_scale == 3.0
+    assert pipe.config.sc_cfg_scale == 3.0 and "sc_cfg_scale" not in pipe.scheduler.config
     assert pipe.tokenizer.eos_token_id == trainer.tokenizer.sep_token_id
     output = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
     assert len(output.texts) == 2 and all(isinstance(text, str) for text in output.texts)

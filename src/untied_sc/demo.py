@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .calibration.calibrate import DEFAULT_PRESET, pipeline_solver
+from .calibration.calibrate import DEFAULT_PRESET
 from .evaluation import Sample, evaluate_samples, load_evaluator
 from .evaluation.evaluator import describe_evaluator
 from .pipelines import load_pipeline
@@ -33,7 +33,7 @@ def find_pipelines(artifacts: Path) -> list[Path]:
 def sample_both(pipe, steps: int, batch_size: int, seed: int) -> dict:
     """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed."""
     official_scheduler = pipe.scheduler
-    preset = DEFAULT_PRESET[pipeline_solver(pipe)]
+    preset = DEFAULT_PRESET[pipe.family]
     overrides = {"official": None, "untied": {}, f"untied ({preset} preset)": {"coefficients": preset}}
     results = {}
     try:

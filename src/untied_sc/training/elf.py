@@ -93,7 +93,7 @@ class ELFTrainConfig(TrainConfig):
     decoder_p_std: float = 0.8
     sc_cfg_low: float = 1.5
     sc_cfg_high: float = 6.0
-    sc_cfg_scale: float = 3.0  # the exported scheduler's default
+    sc_cfg_scale: float = 3.0  # the exported pipeline's default
     loss_on_padding: bool = True
 
     def model_config(self, vocab_size: int, latent_dim: int) -> dict:
@@ -575,7 +575,7 @@ def export_pipeline(
     sc_cfg_scale: float | None = None,
 ) -> Path:
     """
-    Writes `ELFPipeline(EMA transformer, ELFScheduler(sc_cfg_scale), tokenizer).save_pretrained(out_dir)`, plus
+    Writes `ELFPipeline(EMA transformer, ELFScheduler(), tokenizer, sc_cfg_scale).save_pretrained(out_dir)`, plus
     `latent_normalization.json` (the encoder and x0 = (h − mean)/std, needed only to encode text into the model's
     latent space, not to sample) and `training_info.json`.
 
@@ -583,7 +583,7 @@ def export_pipeline(
         dtype (`str`, defaults to `"bfloat16"`): weight dtype on disk. The decoder head alone (384 × 30522) is
             11.7M parameters, 47 MB in float32, so bfloat16 keeps the folder under 40 MB. `from_pretrained` loads
             the weights into a float32 model unless told otherwise, so sampling runs in float32 either way.
-        sc_cfg_scale (`float`, *optional*): the scheduler's SC-CFG scale (default: the run's `sc_cfg_scale`).
+        sc_cfg_scale (`float`, *optional*): the pipeline's default SC-CFG scale (default: the run's `sc_cfg_scale`).
     """
     from diffusers.utils import logging as diffusers_logging
     from transformers import AutoTokenizer
@@ -606,10 +606,10 @@ def export_pipeline(
         p_mean=config["p_mean"],
         p_std=config["p_std"],
         t_eps=config["t_eps"],
-        sc_cfg_scale=scale,
     )
     out = Path(out_dir)
-    ELFPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer).save_pretrained(out)
+    pipe = ELFPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer, sc_cfg_scale=scale)
+    pipe.save_pretrained(out)
     _portable_tokenizer_files(out / "tokenizer")
     index_path = out / "model_index.json"
     index = json.loads(index_path.read_text())
