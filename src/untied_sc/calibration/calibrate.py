@@ -48,11 +48,6 @@ class CalibrationResult:
     coefficients_by_steps: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def pipeline_solver(pipe) -> str:
-    """'elf' or 'langflow': the pipeline's `family`."""
-    return pipe.family
-
-
 def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
     """(generator seed, batch size) of each batch of bank `bank` (0: B_μ, 1: B_σ) of a calibration with `seed`."""
     base = (2 * seed + bank) * BANK_STRIDE
