@@ -1,23 +1,34 @@
-"""untied-sc: few-step sampling for continuous language flow models (ELF, LangFlow) with untied self-conditioning."""
+"""untied-sc: few-step sampling for continuous language flow models (ELF, LangFlow) with untied self-conditioning.
 
-from .models import (
-    ELFTransformerModel,
-    LangFlowTransformerModel,
-    convert_official_elf,
-    convert_official_langflow,
-    load_official_elf,
-    load_official_langflow,
-)
-from .pipelines import ELFPipeline, LangFlowPipeline, LanguageFlowPipelineOutput
-from .schedulers import (
-    ELFScheduler,
-    LangFlowScheduler,
-    SamplerStatistics,
-    UntiedELFScheduler,
-    UntiedLangFlowScheduler,
-    UntiedSelfConditioningMixin,
-    UntiedSelfConditioningScheduler,
-)
+The names below are imported on first access, so that `import untied_sc` (and the `untied-sc` command line) does not
+load torch, diffusers or transformers until they are needed.
+"""
+
+from ._lazy import lazy_attributes
 
 
 __version__ = "0.1.0.dev0"
+
+__getattr__, __dir__, __all__ = lazy_attributes(
+    __name__,
+    {
+        ".models": (
+            "ELFTransformerModel",
+            "LangFlowTransformerModel",
+            "convert_official_elf",
+            "convert_official_langflow",
+            "load_official_elf",
+            "load_official_langflow",
+        ),
+        ".pipelines": ("ELFPipeline", "LangFlowPipeline", "LanguageFlowPipelineOutput"),
+        ".schedulers": (
+            "ELFScheduler",
+            "LangFlowScheduler",
+            "SamplerStatistics",
+            "UntiedELFScheduler",
+            "UntiedLangFlowScheduler",
+            "UntiedSelfConditioningMixin",
+            "UntiedSelfConditioningScheduler",
+        ),
+    },
+)

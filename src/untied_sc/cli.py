@@ -2,14 +2,20 @@
 
 import argparse
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
-from .evaluation.benchmark import register_benchmark_command
-from .evaluation.cli import register_evaluate_command
+from .defaults import DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
+from .evaluation.cli import register_benchmark_command, register_evaluate_command
 from .judge.cli import register_judge_command
-from .models.convert import UnsafeCheckpointError, convert_official_elf, convert_official_langflow
+
+
+# Argument registration imports only argparse-level modules (`untied-sc --help` does not load torch): every handler
+# imports what it runs.
 
 
 def _convert(args: argparse.Namespace) -> None:
+    from .models.convert import convert_official_elf, convert_official_langflow
+
     if args.family == "elf":
         model = convert_official_elf(
             args.source, args.output, max_length=args.max_length, weights=args.weights, allow_pickle=args.allow_pickle
@@ -68,7 +74,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from .calibration.tune import format_tuning, tune_coefficients
-    from .evaluation.cli import DTYPES
+    from .evaluation.cli import torch_dtype
     from .pipelines import load_pipeline
 
     _check_statistics_target(args.pipeline, args.output)
@@ -86,7 +92,7 @@ def _tune(args: argparse.Namespace) -> None:
         eval_batch_size=args.eval_batch_size,
         progress=not args.no_progress,
         cache_dir=args.cache_dir,
-        dtype=DTYPES[args.dtype],
+        dtype=torch_dtype(args.dtype),
     )
     folder = _save_calibration(pipe, args.pipeline, args.output)
     print(format_tuning(results))
@@ -118,8 +124,19 @@ def _train(args: argparse.Namespace) -> None:
         raise SystemExit(status)
 
 
+def package_version() -> str:
+    """The installed `untied-sc` distribution's version."""
+    try:
+        return version("untied-sc")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from . import __version__
+
+        return f"{__version__} (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="untied-sc", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser(
@@ -161,9 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)
 
-    from .calibration.tune import TUNE_SEED
-    from .evaluation.evaluator import SMOLLM2_NAME
-
     tune = commands.add_parser(
         "tune", help="Search η_R, η_T, η_O, α per NFE on a held-out bank; write them into the scheduler config."
     )
@@ -186,9 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Level of the paired ΔNLL interval vs official that must lie below 0 for the untied sampler to be kept.",
     )
     tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
-    tune.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="Evaluator dtype."
-    )
+    tune.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="Evaluator dtype.")
     tune.add_argument("--cache-dir", help="Evaluator cache folder.")
     tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
@@ -222,11 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """Errors `main` reports in one line (exit status 2) rather than with a traceback."""
+    errors = (ValueError, FileNotFoundError, FileExistsError, ImportError)
+    convert = sys.modules.get("untied_sc.models.convert")  # only a handler that imported it can raise its error
+    return errors + ((convert.UnsafeCheckpointError,) if convert is not None else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except (UnsafeCheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
+    except Exception as error:
+        if not isinstance(error, _reported_errors()):
+            raise
         print(f"untied-sc {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,40 +1,49 @@
 """Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
 throughput, and the statistics of matched comparisons (docs/algorithm.md §6). It scores texts and token ids only."""
 
-from .aggregation import aggregate
-from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve, monotone_cubic
-from .evaluator import SMOLLM2_NAME, default_cache_dir, evaluator_context_size, load_evaluator
-from .io import Sample, compare_results, evaluate_runs, evaluate_samples, read_samples, write_samples
-from .metrics import (
-    PROTOCOLS,
-    GenerativePerplexity,
-    SampleNLLs,
-    distinct_n,
-    elf_token_weights,
-    generative_perplexity,
-    longest_repeated_run,
-    mean_unigram_entropy,
-    perplexity_from_nlls,
-    retained_throughput,
-    sample_nlls,
-    samples_per_second,
-    token_distinct_n,
-    token_ngrams,
-    token_nlls,
-    token_repetition,
-    unigram_entropy,
-    word_ngrams,
-    word_repetition,
+from .._lazy import lazy_attributes
+
+
+# Imported on first access: importing the package (e.g. for the command line's argument parser) loads nothing heavy.
+__getattr__, __dir__, __all__ = lazy_attributes(
+    __name__,
+    {
+        ".aggregation": ("aggregate",),
+        ".curves": ("FIT_DESCRIPTION", "RunSamples", "equal_entropy_ratio", "gen_ppl_on_curve", "monotone_cubic"),
+        ".evaluator": ("SMOLLM2_NAME", "default_cache_dir", "evaluator_context_size", "load_evaluator"),
+        ".io": ("Sample", "compare_results", "evaluate_runs", "evaluate_samples", "read_samples", "write_samples"),
+        ".metrics": (
+            "PROTOCOLS",
+            "GenerativePerplexity",
+            "SampleNLLs",
+            "distinct_n",
+            "elf_token_weights",
+            "generative_perplexity",
+            "longest_repeated_run",
+            "mean_unigram_entropy",
+            "perplexity_from_nlls",
+            "retained_throughput",
+            "sample_nlls",
+            "samples_per_second",
+            "token_distinct_n",
+            "token_ngrams",
+            "token_nlls",
+            "token_repetition",
+            "unigram_entropy",
+            "word_ngrams",
+            "word_repetition",
+        ),
+        ".plots": ("plot_benchmark",),
+        ".report": ("format_markdown", "write_results"),
+        ".sampling": ("batch_seed", "generate", "resampling_clusters", "resampling_unit"),
+        ".statistics": (
+            "PairedComparison",
+            "bootstrap_ci",
+            "cluster_resample_weights",
+            "mean_and_standard_error",
+            "paired_comparison",
+            "percentile_interval",
+        ),
+        ".sweep": ("generate_sweep", "read_generation", "run_sweep", "score_sweep", "write_generation"),
+    },
 )
-from .plots import plot_benchmark
-from .report import format_markdown, write_results
-from .sampling import batch_seed, generate, resampling_clusters, resampling_unit
-from .statistics import (
-    PairedComparison,
-    bootstrap_ci,
-    cluster_resample_weights,
-    mean_and_standard_error,
-    paired_comparison,
-    percentile_interval,
-)
-from .sweep import generate_sweep, read_generation, run_sweep, score_sweep, write_generation

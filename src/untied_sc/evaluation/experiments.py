@@ -14,12 +14,12 @@ baseline of every paired comparison. The experiments (`--experiment`):
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..defaults import EXPERIMENTS  # noqa: F401  (re-exported here)
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 
 
 BASELINE = "official"
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
-EXPERIMENTS = ("main", "placement", "components", "sensitivity")
 SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
 
 

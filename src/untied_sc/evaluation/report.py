@@ -251,6 +251,15 @@ def format_markdown(results: dict) -> str:
     return "\n".join(line for section in sections for line in section)
 
 
+def report_paths(output_dir: str | os.PathLike, stem: str, samples: bool = True) -> dict[str, Path]:
+    """The files [`write_results`] writes for `stem`: `json`, `markdown`, `plot` and (with `samples`) `samples`."""
+    folder = Path(output_dir)
+    paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
+    if samples:
+        paths["samples"] = folder / f"{stem}.samples.jsonl.gz"
+    return paths
+
+
 def write_results(
     results: dict, output_dir: str | os.PathLike, samples: Sequence[Sample] | None = None, stem: str | None = None
 ) -> dict[str, Path]:
@@ -261,10 +270,9 @@ def write_results(
 
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = stem or results["model"]
-    paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
+    paths = report_paths(folder, stem or results["model"], samples=samples is not None)
     if samples is not None:
-        paths["samples"] = write_samples(folder / f"{stem}.samples.jsonl.gz", samples)
+        paths["samples"] = write_samples(paths["samples"], samples)
     paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
     paths["markdown"].write_text(format_markdown(results))
     plot_benchmark(results, paths["plot"])

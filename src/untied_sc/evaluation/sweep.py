@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..calibration.calibrate import calibration_seeds
+from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS
 from .aggregation import AGGREGATED_METRICS, analyse
 from .evaluator import describe_evaluator
 from .experiments import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
@@ -46,8 +47,6 @@ from .sampling import (
 )
 
 
-DEFAULT_NFE = (8, 16, 32, 64)
-DEFAULT_SEEDS = (0, 1, 2)
 GENERATION_FORMAT = "untied-sc benchmark generation"
 
 # Per-sample records a run keeps (the intervals and the equal-entropy control resample them).
@@ -101,6 +100,48 @@ def _refuse_leaked_seeds(seeds: Sequence[int], pipe) -> None:
             raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
 
 
+def _check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPELINE_DIR") -> None:
+    """Before any sampling: every untied sampler's coefficients resolve at each of its NFEs, and the sampler statistics
+    are calibrated at every NFE an untied sampler needs them at (one error naming all the missing NFEs and the
+    `untied-sc calibrate` command that adds them, which also writes coefficients for NFEs that have none), so that a
+    sweep never fails after minutes of sampling."""
+    from ..schedulers import UntiedSelfConditioningScheduler
+
+    statistics = getattr(pipe, "sampler_statistics", None)
+    calibrated = set(statistics.config.calibrated_steps or []) if statistics is not None else set()
+    missing: dict[int, list[str]] = {}
+    for sampler, n in dict.fromkeys((sampler, n) for sampler, n, _, _ in plan):
+        spec = samplers[sampler]
+        try:
+            scheduler = build_scheduler(pipe, spec, pipe.scheduler.config, n)
+            if not isinstance(scheduler, UntiedSelfConditioningScheduler):
+                continue
+            coefficients = scheduler.resolve_coefficients(n, statistics)
+        except (ValueError, KeyError) as error:
+            if n in calibrated or spec.get("scheduler") != "untied":
+                raise ValueError(f"Sampler {sampler!r} at NFE {n}: {error}") from error
+            coefficients = None  # unresolvable at an uncalibrated NFE: calibrating it writes its coefficients too
+        needs_statistics = coefficients is None or coefficients["eta_r"] > 0 or coefficients["eta_t"] > 0
+        if needs_statistics and n not in calibrated:
+            missing.setdefault(n, []).append(sampler)
+    if missing:
+        where = "; ".join(f"NFE {n} (samplers {', '.join(map(repr, s))})" for n, s in sorted(missing.items()))
+        have = f"calibrated NFEs: {sorted(calibrated)}" if statistics is not None else "no sampler statistics"
+        raise ValueError(
+            f"The untied samplers need sampler statistics at {where}, and the pipeline has {have}. Nothing was "
+            f"sampled. Run `untied-sc calibrate {shlex.quote(source)} --nfe {' '.join(map(str, sorted(missing)))}` "
+            "first, or leave those NFEs out of --nfe / --diversity-nfe."
+        )
+
+
+def default_name(pipeline_dir_or_pipe) -> str:
+    """The model name of a sweep's files when none is given: the pipeline folder's (or Hub id's) last part."""
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        return Path(str(pipeline_dir_or_pipe).rstrip("/")).name
+    pipe = pipeline_dir_or_pipe
+    return Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+
+
 def generate_sweep(
     pipeline_dir_or_pipe,
     nfe: Sequence[int] = DEFAULT_NFE,
@@ -138,11 +179,10 @@ def generate_sweep(
     if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
         from ..pipelines import load_pipeline
 
-        name = name or Path(str(pipeline_dir_or_pipe).rstrip("/")).name
         pipe = load_pipeline(pipeline_dir_or_pipe)
     else:
         pipe = pipeline_dir_or_pipe
-        name = name or Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+    name = name or default_name(pipeline_dir_or_pipe)
     if device is not None:
         pipe.to(device)
     family = family_of(pipe)
@@ -156,6 +196,8 @@ def generate_sweep(
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
     plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
+    source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
+    _check_runs(pipe, samplers, plan, source)
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -217,17 +259,21 @@ def generate_sweep(
     }
 
 
+def generation_paths(output_dir: str | os.PathLike, stem: str) -> dict[str, Path]:
+    """The files [`write_generation`] writes for `stem`: `generation` and `samples`."""
+    folder = Path(output_dir)
+    return {
+        "generation": folder / f"{stem}.generation.json",
+        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
+    }
+
+
 def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
     """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
     `<model>.generation-samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, batch, index and knob
     value; a name apart from the report's own `<model>.samples.jsonl.gz`, which holds only the runs it scored)."""
-    folder = Path(output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = generation["model"]
-    paths = {
-        "generation": folder / f"{stem}.generation.json",
-        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
-    }
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    paths = generation_paths(output_dir, generation["model"])
     header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
     header["samples_file"] = paths["samples"].name
     paths["generation"].write_text(json.dumps(header, indent=1) + "\n")

@@ -8,12 +8,21 @@ the judge prompt, [`client`] talks to the endpoint, [`cache`] keeps the replies,
 `untied-sc judge`. docs/judge.md describes the protocol and the file formats.
 """
 
-from .cache import ReplyCache, request_key
-from .client import ChatClient, ChatReply, JudgeRequestError
-from .export import blind_presentations, export_presentations, read_key, read_prompts
-from .pairs import SamplePair, match_pairs
-from .prompt import DEFAULT_PROMPT_FILE, PromptTemplate, load_template, parse_template
-from .report import format_markdown, write_report
-from .run import run_judge
-from .score import candidate_strength, score_verdicts
-from .verdicts import VERDICTS, VerdictRecord, normalise_verdict, parse_verdict, read_verdicts
+from .._lazy import lazy_attributes
+
+
+# Imported on first access: importing the package (e.g. for the command line's argument parser) loads nothing heavy.
+__getattr__, __dir__, __all__ = lazy_attributes(
+    __name__,
+    {
+        ".cache": ("ReplyCache", "request_key"),
+        ".client": ("ChatClient", "ChatReply", "JudgeRequestError"),
+        ".export": ("blind_presentations", "export_presentations", "read_key", "read_prompts"),
+        ".pairs": ("SamplePair", "match_pairs"),
+        ".prompt": ("DEFAULT_PROMPT_FILE", "PromptTemplate", "load_template", "parse_template"),
+        ".report": ("format_markdown", "write_report"),
+        ".run": ("run_judge",),
+        ".score": ("candidate_strength", "score_verdicts"),
+        ".verdicts": ("VERDICTS", "VerdictRecord", "normalise_verdict", "parse_verdict", "read_verdicts"),
+    },
+)

