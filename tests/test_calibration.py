@@ -166,8 +166,10 @@ def test_bad_calibration_input_gives_clear_errors(elf_pipe, langflow_golden):
         calibrate_pipeline(elf_pipe, [1], progress=False)
     with pytest.raises(ValueError, match="banks overlap"):
         trajectory_statistics(elf_pipe, 8, 1.0, 0.8, bank_seeds(0, 0, 4, 2), bank_seeds(0, 0, 4, 2), progress=False)
-    with pytest.raises(ValueError, match="no coefficients for NFE \\[12\\]"):
-        calibrate_pipeline(elf_pipe, [12], progress=False)
+    with pytest.raises(ValueError, match="Unknown coefficient preset 'nope'"):
+        calibrate_pipeline(elf_pipe, [12], coefficients="nope", progress=False)
+    with pytest.raises(ValueError, match="alpha at 12 steps must lie in"):
+        calibrate_pipeline(elf_pipe, [12], coefficients={12: {"eta_r": 1, "eta_t": 1, "eta_o": 1, "alpha": 2}})
     config = dict(langflow_from_golden(langflow_golden).config)
     no_sc = LangFlowTransformerModel(**{**config, "self_conditioning": False})
     pipe = LangFlowPipeline(no_sc, LangFlowScheduler(), tiny_tokenizer())

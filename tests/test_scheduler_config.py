@@ -337,7 +337,7 @@ def test_the_table_comes_before_legacy_statistics_which_warn():
 
 
 def test_no_coefficients_is_an_error_naming_every_option_and_the_nfes_that_have_some():
-    scheduler = UntiedELFScheduler(eta_r=1.0, coefficients="elf-b", coefficients_by_steps={"12": TUNED})
+    scheduler = UntiedELFScheduler(eta_r=1.0, coefficients_by_steps={"12": TUNED})
     with pytest.raises(ValueError) as error:
         scheduler.resolve_coefficients(24, LegacyStatistics({8: STORED, 16: STORED}))
     message = str(error.value)
@@ -345,7 +345,7 @@ def test_no_coefficients_is_an_error_naming_every_option_and_the_nfes_that_have_
         "No coefficients for 24 steps (eta_t, eta_o, alpha unset)",
         "`eta_r=`, `eta_t=`, `eta_o=`, `alpha=`",
         "`coefficients=` (one of ['elf-b', 'elf-l', 'elf-m', 'langflow-lm1b', 'langflow-owt'])",
-        "the preset 'elf-b' (it has NFEs [8, 16, 32, 64])",
+        "`untied-sc calibrate PIPELINE_DIR --nfe 24`",
         "`coefficients_by_steps` (this config has NFEs [12]; `untied-sc tune` writes them)",
         "the old-layout sampler statistics (NFEs [8, 16])",
     ):

@@ -55,6 +55,14 @@ def _calibrate(args: argparse.Namespace) -> None:
     from .calibration import format_summary
     from .pipelines import load_pipeline
 
+    explicit = {name: getattr(args, name) for name in ("eta_r", "eta_t", "eta_o", "alpha")}
+    given = [name for name, value in explicit.items() if value is not None]
+    if given and len(given) < len(explicit):
+        flags = " ".join(f"--{name.replace('_', '-')}" for name in explicit)
+        raise ValueError(f"Give all four of {flags} together (got only {', '.join(given)}), or none.")
+    if given and args.coefficients is not None:
+        raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
+    coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
     _check_statistics_target(args.pipeline, args.output)
     pipe = load_pipeline(args.pipeline)
     result = pipe.calibrate(
@@ -62,7 +70,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         bank_size=args.bank_size,
         seed=args.seed,
         batch_size=args.batch_size,
-        coefficients=args.coefficients,
+        coefficients=coefficients,
     )
     folder = _save_calibration(pipe, args.pipeline, args.output)
     print(format_summary(result))
@@ -172,8 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--coefficients",
         help="Paper coefficient preset to calibrate at (its α) and to write into the scheduler config for NFEs that "
-        "have none (default: the scheduler config's, else the family's preset).",
+        "have none (default: the scheduler config's, else the family's preset). At an NFE the preset does not list, "
+        "its entry at the nearest listed NFE in log2 (ties to the smaller).",
     )
+    for flag, meaning in (
+        ("--eta-r", "η_R (SC-transform strength)"),
+        ("--eta-t", "η_T (correction strength)"),
+        ("--eta-o", "η_O (disagreement weight)"),
+        ("--alpha", "α (EMA weight, also the calibration's)"),
+    ):
+        calibrate.add_argument(
+            flag,
+            type=float,
+            help=f"Explicit {meaning} for every NFE given; all four together, instead of --coefficients.",
+        )
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
-from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler, paper_coefficients
+from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .overlap import overlap_basis_from_model
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
@@ -118,23 +119,21 @@ def trajectory_statistics(
 
 
 def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str | dict | None) -> dict[int, dict]:
-    """Coefficients per NFE: a preset name, an explicit {nfe: {eta_r, eta_t, eta_o, alpha}}, or the family default."""
+    """
+    Coefficients per NFE: a preset name, an explicit {nfe: {eta_r, eta_t, eta_o, alpha}}, or the family default
+    preset. A preset covers every NFE: at one it does not list, its entry at the nearest listed NFE in log2, ties to
+    the smaller NFE (`preset_entry`, docs/algorithm.md §4.5), the same rule the untied scheduler uses.
+    """
     if isinstance(coefficients, dict):
         missing = [n for n in steps if n not in coefficients]
         if missing:
             raise ValueError(f"No coefficients given for NFE {missing}.")
+        for n in steps:
+            check_coefficients(coefficients[n], where=f" at {n} steps")
         return {n: dict(coefficients[n]) for n in steps}
     name = coefficients or DEFAULT_PRESET[solver]
-    table = paper_coefficients().get(name)
-    if table is None:
-        raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
-    missing = [n for n in steps if str(n) not in table]
-    if missing:
-        raise ValueError(
-            f"The {name!r} preset has no coefficients for NFE {missing} (it has {sorted(int(k) for k in table)}); "
-            "pass `coefficients={nfe: {'eta_r': ..., 'eta_t': ..., 'eta_o': ..., 'alpha': ...}}`."
-        )
-    return {n: dict(table[str(n)]) for n in steps}
+    check_preset(name)
+    return {n: preset_entry(name, n)[1] for n in steps}
 
 
 def calibrate_pipeline(

@@ -142,7 +142,10 @@ def tune_coefficients(
     migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
-        raise ValueError("This pipeline has no sampler statistics: run `untied-sc calibrate` before tuning.")
+        raise ValueError(
+            "This pipeline has no sampler statistics: run "
+            f"`untied-sc calibrate PIPELINE_DIR --nfe {' '.join(map(str, nfe))}` before tuning."
+        )
     missing = [n for n in nfe if n not in (statistics.config.calibrated_steps or [])]
     if missing:
         raise ValueError(

@@ -3,15 +3,17 @@
 For N steps, per coefficient, the first of these that has a value wins:
 
 1. the explicit scalar in the scheduler config (`eta_r`, `eta_t`, `eta_o`, `alpha`);
-2. the paper preset named by the config's `coefficients` (e.g. `"elf-b"`), if it covers N;
+2. the paper preset named by the config's `coefficients` (e.g. `"elf-b"`), if it lists N;
 3. the config's `coefficients_by_steps[str(N)]` (what `untied-sc tune` or calibration wrote);
 4. legacy folders only: the coefficients stored with the sampler statistics
    (`statistics.legacy_coefficients(N)`), with a `FutureWarning` (migrate with `untied-sc migrate`);
+5. the named preset at an NFE it does not list: its entry at the nearest listed NFE (`preset_entry`);
 
 and if none has, a `ValueError` names every option and the NFEs each one covers.
 """
 
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from importlib import resources
@@ -23,6 +25,33 @@ def paper_coefficients() -> dict[str, dict[str, dict[str, float]]]:
     """The paper's coefficient table (ELF-B/M/L, LangFlow OWT/LM1B), keyed by preset name and NFE."""
     text = resources.files("untied_sc").joinpath("data/coefficients.json").read_text()
     return {name: table for name, table in json.loads(text).items() if not name.startswith("_")}
+
+
+def nearest_listed_steps(listed, num_steps: int) -> int:
+    """
+    The listed NFE nearest to `num_steps` in log2 (|log2 n − log2 N| smallest), ties going to the smaller NFE
+    **[choice]**: with 8/16/32/64 listed, the boundaries are the geometric means 8√2 ≈ 11.3, 16√2 ≈ 22.6 and
+    32√2 ≈ 45.3, so 5 → 8, 11 → 8, 12 → 16, 22 → 16, 24 → 32, 48 → 64, 1000 → 64 (ties cannot occur between powers
+    of two; they would between e.g. 8 and 18, at 12).
+    """
+    steps = sorted(int(n) for n in listed)
+    if not steps:
+        raise ValueError("No NFEs listed.")
+    return min(steps, key=lambda n: (abs(math.log2(n) - math.log2(num_steps)), n))
+
+
+def preset_entry(name: str, num_steps: int) -> tuple[int, dict[str, float]]:
+    """
+    A paper preset's coefficients for any NFE (docs/algorithm.md §4.5): its entry at `num_steps` if it lists it,
+    else its entry at the nearest listed NFE in log2, ties to the smaller NFE ([`nearest_listed_steps`]). Returns
+    (the NFE the entry is listed at, η_R, η_T, η_O, α as a new dict).
+    """
+    check_preset(name)
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
+    table = paper_coefficients()[name]
+    listed = num_steps if str(num_steps) in table else nearest_listed_steps(table, num_steps)
+    return listed, {key: float(value) for key, value in table[str(listed)].items()}
 
 
 def check_coefficients(values: Mapping[str, float | None], where: str = "") -> None:
@@ -93,16 +122,18 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=N
             FutureWarning,
             stacklevel=3,
         )
+    elif preset is not None:
+        fallback = preset_entry(preset, num_inference_steps)[1]
     else:
         sources = [f"`coefficients_by_steps` (this config has NFEs {_steps(by_steps)}; `untied-sc tune` writes them)"]
-        if preset is not None:
-            sources.insert(0, f"the preset {preset!r} (it has NFEs {_steps(preset_table)})")
         if legacy is not None and getattr(statistics, "is_legacy", False):
             sources.append(f"the old-layout sampler statistics (NFEs {sorted(statistics.config.calibrated_steps)})")
         raise ValueError(
             f"No coefficients for {num_inference_steps} steps ({', '.join(missing)} unset). Set them as config "
             f"values (`eta_r=`, `eta_t=`, `eta_o=`, `alpha=`), name a paper preset with `coefficients=` (one of "
-            f"{sorted(paper_coefficients())}), or give them per NFE in `coefficients_by_steps`. Consulted: "
+            f"{sorted(paper_coefficients())}), or give them per NFE in `coefficients_by_steps` (e.g. "
+            f"`untied-sc calibrate PIPELINE_DIR --nfe {num_inference_steps}` writes the family preset's, or "
+            f"`--coefficients PRESET` / `--eta-r R --eta-t T --eta-o O --alpha A` ones). Consulted: "
             f"{'; '.join(sources)}."
         )
     resolved = {name: float(fallback[name] if resolved[name] is None else resolved[name]) for name in resolved}

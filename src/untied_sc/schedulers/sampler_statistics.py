@@ -112,7 +112,8 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         if format_version not in READABLE_VERSIONS:
             raise ValueError(
                 f"These sampler statistics have format version {format_version}; this untied-sc reads versions "
-                f"{READABLE_VERSIONS}. Recalibrate with `untied-sc calibrate` or install a matching untied-sc."
+                f"{READABLE_VERSIONS}. Recalibrate with `untied-sc calibrate PIPELINE_DIR --nfe "
+                f"{' '.join(map(str, sorted(calibrated_steps or [8])))}` or install a matching untied-sc."
             )
         self.register_buffer("basis", torch.zeros(latent_dim, rank))
         self.register_buffer("rho_sq", torch.zeros(rank))
@@ -232,18 +233,23 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         migrated.load_state_dict(state)
         return migrated, coefficients, tuning
 
+    def _recalibrate_command(self) -> str:
+        """The command that recalibrates these statistics' NFEs for the pipeline's own model."""
+        steps = " ".join(map(str, sorted(self.config.calibrated_steps or [8])))
+        return f"`untied-sc calibrate PIPELINE_DIR --nfe {steps}`"
+
     def check_model(self, model: torch.nn.Module) -> None:
         """Raises if these statistics were computed for another model (width or input-projection weights)."""
         width = model.config.latent_dim if model_family(model) == "elf" else model.config.hidden_size
         if width != self.config.latent_dim:
             raise ValueError(
                 f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
-                "belong to another model. Recalibrate with `untied-sc calibrate`."
+                f"belong to another model. Recalibrate with {self._recalibrate_command()}."
             )
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
             raise ValueError(
                 f"The sampler statistics were computed for a model with fingerprint {self.config.model_fingerprint!r}, "
                 f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
-                "weights changed). Recalibrate with `untied-sc calibrate`."
+                f"weights changed). Recalibrate with {self._recalibrate_command()}."
             )

@@ -1,5 +1,7 @@
 """The official ELF sampler as a diffusers scheduler."""
 
+import math
+
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
@@ -17,6 +19,29 @@ P_MEAN, P_STD = -1.5, 0.8  # the logit-normal time grid: the training values
 T_EPS = 0.05  # the velocity clamp max(1 − s, t_eps)
 # γ_sde per NFE for the base models (the paper's protocol; the official configs list 32 → 1.5 and 64 → 1.0).
 DEFAULT_SDE_GAMMA = {"8": 2.0, "16": 2.0, "32": 1.5, "64": 1.0}
+
+
+def default_sde_gamma(num_steps: int) -> float:
+    """
+    The default churn γ_sde for `num_steps` network evaluations, defined for every N ≥ 1 (docs/algorithm.md §2.1).
+
+    Rule **[choice]**: the official value where one exists (`DEFAULT_SDE_GAMMA`, from the official ELF configs and
+    the paper's protocol: 8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0); between two listed NFEs, linear interpolation in
+    log2(N) (e.g. 12 → 2.0, 24 → 2.0 − 0.5·log2(24/16) ≈ 1.7075, 48 → 1.5 − 0.5·log2(48/32) ≈ 1.2075); outside
+    [8, 64], the end value (N < 8 → 2.0, N > 64 → 1.0).
+    """
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
+    points = sorted((int(n), float(gamma)) for n, gamma in DEFAULT_SDE_GAMMA.items())
+    if num_steps <= points[0][0]:
+        return points[0][1]
+    if num_steps >= points[-1][0]:
+        return points[-1][1]
+    for (n0, g0), (n1, g1) in zip(points, points[1:], strict=False):
+        if n0 <= num_steps <= n1:
+            fraction = (math.log2(num_steps) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+            return g0 + fraction * (g1 - g0)
+    raise AssertionError("unreachable: num_steps lies within the listed NFEs")
 
 
 def elf_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_std: float) -> torch.Tensor:
@@ -55,7 +80,8 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         p_mean (`float`, defaults to -1.5), p_std (`float`, defaults to 0.8): the logit-normal grid (the training
             values, as the official sampler uses).
         sde_gamma (`float`, *optional*): churn strength for every NFE; `None` looks it up in `sde_gamma_by_steps`.
-        sde_gamma_by_steps (`dict[str, float]`): churn strength per NFE (8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0).
+        sde_gamma_by_steps (`dict[str, float]`): churn strength per NFE (8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0);
+            an NFE it does not list uses [`default_sde_gamma`] (log2-interpolated official values).
         t_eps (`float`, defaults to 0.05): velocity clamp, max(1 − s, t_eps).
 
     The SC-CFG scale, a network input, is the pipeline's (`ELFPipeline`); configs saved when the scheduler held it
@@ -98,15 +124,13 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         return self._step_index
 
     def sde_gamma_for(self, num_inference_steps: int) -> float:
+        """γ_sde for N steps: `sde_gamma` if set, else `sde_gamma_by_steps[str(N)]`, else `default_sde_gamma(N)`."""
         if self.config.sde_gamma is not None:
             return float(self.config.sde_gamma)
-        table = self.config.sde_gamma_by_steps
-        if str(num_inference_steps) not in table:
-            raise ValueError(
-                f"No default SDE churn for {num_inference_steps} steps (defaults exist for "
-                f"{sorted(int(k) for k in table)}); set it with `ELFScheduler.from_config(config, sde_gamma=...)`."
-            )
-        return float(table[str(num_inference_steps)])
+        table = self.config.sde_gamma_by_steps or {}
+        if str(num_inference_steps) in table:
+            return float(table[str(num_inference_steps)])
+        return default_sde_gamma(num_inference_steps)
 
     def set_timesteps(
         self,

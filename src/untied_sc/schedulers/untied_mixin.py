@@ -128,7 +128,7 @@ class UntiedSelfConditioningMixin:
             raise ValueError(
                 "Untied sampling with η_R > 0 or η_T > 0 needs the model's SamplerStatistics: pass "
                 "`statistics=` (pipelines do this from their `sampler_statistics` component), or calibrate with "
-                "`untied-sc calibrate`."
+                f"`untied-sc calibrate PIPELINE_DIR --nfe {num_inference_steps}`."
             )
         self.base.set_timesteps(num_inference_steps, device=device, **base_kwargs)
         self.timesteps, self.num_inference_steps = self.base.timesteps, num_inference_steps
