@@ -51,9 +51,12 @@ def test_help_of_every_command_exits_0(command, capsys):
     assert "usage: untied-sc" in capsys.readouterr().out
 
 
-def test_importing_the_cli_does_not_import_torch():
+def test_building_the_cli_parsers_does_not_import_torch():
     """What keeps `untied-sc --help` fast: the parsers import only argparse-level modules; handlers import the rest."""
-    code = "import sys, untied_sc.cli; print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, untied_sc.cli; untied_sc.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
 

@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(handler=_convert)
 
-    from .schedulers.sampler_statistics import CALIBRATION_SEED
+    from .defaults import CALIBRATION_SEED
 
     calibrate = commands.add_parser(
         "calibrate", help="Compute a pipeline's sampler statistics (overlap basis, base scales, per-NFE statistics)."
