@@ -138,3 +138,17 @@ def test_calibration_writes_its_coefficients_into_the_scheduler_config_and_keeps
     assert coefficients["16"] == result.coefficients_by_steps["16"]  # the preset's, written
     # the moments were measured with the α that runs
     assert pipe.sampler_statistics.config.calibration_alpha == {"8": 0.9, "16": coefficients["16"]["alpha"]}
+
+
+def test_recalibrating_one_nfe_leaves_the_other_nfes_coefficients_and_tuning_records_alone(langflow_golden):
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[8], bank_size=2, batch_size=2, progress=False)
+    tuned = {"eta_r": 0.5, "eta_t": 0.0, "eta_o": 1.0, "alpha": 0.9}
+    pipe.scheduler.register_to_config(coefficients_by_steps={"8": tuned}, tuning_by_steps={"8": TUNING["8"]})
+    first = pipe.sampler_statistics.rms_nfe8.clone()
+    pipe.calibrate(nfe=[16], bank_size=2, batch_size=2, progress=False)
+    assert pipe.scheduler.config.coefficients_by_steps["8"] == tuned
+    assert pipe.scheduler.config.tuning_by_steps == {"8": TUNING["8"]}
+    assert torch.equal(pipe.sampler_statistics.rms_nfe8, first)
+    assert sorted(pipe.scheduler.config.coefficients_by_steps) == ["16", "8"]
