@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..evaluation.metrics import word_repetition
 from ..evaluation.sampling import batch_seed, build_scheduler, family_of
-from ..schedulers.sampler_statistics import SOLVERS, model_family, model_fingerprint
+from ..schedulers.sampler_statistics import SOLVERS, latent_width, model_family, model_fingerprint
 
 
 FORMAT_VERSION = 1
@@ -150,7 +150,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 f"The ACE direction is for a {self.config.solver!r} model, this one is {family!r}: it belongs to "
                 "another model family. Estimate one for this model with `estimate_ace_direction`."
             )
-        width = model.config.latent_dim if family == "elf" else model.config.hidden_size
+        width = latent_width(model)
         if width != self.config.latent_dim:
             raise ValueError(
                 f"The ACE direction has width {self.config.latent_dim}, the model's latent has {width}: it belongs "
@@ -171,7 +171,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
         estimated on in `estimated_fingerprint`: ACE's official recipe estimates d once on ELF-B and reuses it.
         """
         family = model_family(model)
-        width = model.config.latent_dim if family == "elf" else model.config.hidden_size
+        width = latent_width(model)
         if family != self.config.solver or width != self.config.latent_dim:
             raise ValueError(
                 f"A {self.config.solver!r} direction of width {self.config.latent_dim} cannot serve a {family!r} "

@@ -29,6 +29,11 @@ def model_family(model: torch.nn.Module) -> str | None:
     return getattr(model, "family", None)
 
 
+def latent_width(model: torch.nn.Module) -> int:
+    """D, the width of the latent the sampler moves: ELF's `latent_dim`, LangFlow's `hidden_size`."""
+    return model.config.latent_dim if model_family(model) == "elf" else model.config.hidden_size
+
+
 def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The weights that define the overlap geometry: ELF's `self_cond_proj` and bottleneck, LangFlow's SC projection."""
     family = model_family(model)
@@ -240,7 +245,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Raises if these statistics were computed for another model (width or input-projection weights)."""
-        width = model.config.latent_dim if model_family(model) == "elf" else model.config.hidden_size
+        width = latent_width(model)
         if width != self.config.latent_dim:
             raise ValueError(
                 f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
