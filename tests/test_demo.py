@@ -38,5 +38,25 @@ def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow
     for name in results:
         assert f"--- {name}: GenPPL" in out
     assert "(langflow protocol: generator ids), word Rep-4" in out and ", token Rep-4 " in out
-    assert out.startswith("Evaluator: ") and "run in float32" in out.splitlines()[0]
+    lines = out.splitlines()
+    assert lines[0].startswith("Loading the evaluator") and lines[1].startswith("Evaluator: ")
+    assert "run in float32" in lines[1] and "lower reads as more fluent, but only at similar entropy" in out
+    assert "scoring official (2 samples)..." in out
+    summary = out[out.index("=== Summary (8 steps, 2 samples per sampler") :]
+    line = next(line for line in summary.splitlines() if line.startswith("tiny: official GenPPL"))
+    assert "untied (langflow-lm1b preset)" in line and "(×" in line
+    assert summary.rstrip().endswith("docs/results.md.")
     assert main(["--artifacts", str(tmp_path / "empty")]) == 1
+
+
+def test_the_demo_says_why_an_untied_block_equals_the_official_one(langflow_golden):
+    from untied_sc.demo import correction_off_note
+
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    off = {"8": {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 1.0, "alpha": 1.0}}
+    pipe.scheduler.register_to_config(coefficients_by_steps=off)
+    assert "η_R = η_T = 0: `untied-sc tune` kept the official sampler" in correction_off_note(pipe, 8)
+    pipe.scheduler.register_to_config(coefficients_by_steps={"8": {**off["8"], "eta_t": 0.5}})
+    assert correction_off_note(pipe, 8) is None

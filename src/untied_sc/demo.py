@@ -47,13 +47,48 @@ def sample_both(pipe, steps: int, batch_size: int, seed: int) -> dict:
     return results
 
 
+EXPLANATION = """\
+How to read the numbers:
+  GenPPL   perplexity of the samples under the evaluator: lower reads as more fluent, but only at similar entropy
+           (text that repeats itself also scores low), so read it beside the entropy.
+  entropy  unigram entropy of the sample's tokens: its diversity (which tokenizer's ids is said on each line).
+  Rep-4    share of repeated 4-grams, on words and on the generator's tokens (loops inside words show in the latter).
+Each block starts from the same seed, so official and untied begin from the same latent and random stream."""
+
+
+def reference_scores(folder: Path, results: Path = Path("benchmarks/results")) -> dict | None:
+    """The held-out text's scores for a bundled model (`benchmarks/results/<name>-quality.json`), for scale."""
+    path = results / f"{folder.name}-quality.json"
+    if not path.is_file():
+        return None
+    import json
+
+    rows = json.loads(path.read_text()).get("rows", [])
+    return next((row for row in rows if row.get("sampler") == "held-out reference text"), None)
+
+
+def correction_off_note(pipe, steps: int) -> str | None:
+    """Why the folder's untied block can equal the official one: its coefficients at `steps` switch the method off."""
+    untied = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
+    coefficients = untied.resolve_coefficients(steps, pipe.sampler_statistics)
+    if coefficients["eta_r"] or coefficients["eta_t"]:
+        return None
+    return (
+        f"The folder's coefficients at {steps} steps have η_R = η_T = 0: `untied-sc tune` kept the official sampler "
+        "there (no setting beat it on the tuning bank for this model), so the 'untied' block equals the official one "
+        "by construction; the preset block shows the method switched on."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifacts", default="hub_artifacts")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--evaluator", default="smollm2-135m")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--artifacts", default="hub_artifacts", help="Folder of pipeline folders.")
+    parser.add_argument("--steps", type=int, default=8, help="NFE of every sampler.")
+    parser.add_argument("--batch-size", type=int, default=8, help="Samples per sampler.")
+    parser.add_argument("--seed", type=int, default=0, help="Generator seed (the same for every sampler).")
+    parser.add_argument("--evaluator", default="smollm2-135m", help="Evaluator name or folder.")
     parser.add_argument("--show", type=int, default=3, help="Samples printed per sampler.")
     args = parser.parse_args(argv)
 
@@ -61,16 +96,30 @@ def main(argv: list[str] | None = None) -> int:
     if not folders:
         print(f"No pipeline folders (with model_index.json) under {args.artifacts}/.", file=sys.stderr)
         return 1
+    print("Loading the evaluator (the first run converts its GGUF weights, about a minute)...", flush=True)
     evaluator = load_evaluator(args.evaluator)
     print(f"Evaluator: {describe_evaluator(args.evaluator, next(evaluator[0].parameters()).dtype)}")
+    print(EXPLANATION)
+    summary = []
     for folder in folders:
         pipe = load_pipeline(folder)
         protocol = "elf" if type(pipe).__name__ == "ELFPipeline" else "langflow"
         print(f"\n=== {folder.name} ({type(pipe).__name__}), {args.steps} steps, seed {args.seed} ===")
+        reference = reference_scores(folder)
+        if reference is not None:
+            print(
+                f"For scale: held-out text scores GenPPL {reference['gen_ppl']:.1f} under this evaluator "
+                f"(evaluator-id entropy {reference['entropy_evaluator_ids']:.2f})."
+            )
+        note = correction_off_note(pipe, args.steps)
+        if note:
+            print(textwrap.fill(note, 118))
         results = sample_both(pipe, args.steps, args.batch_size, args.seed)
+        scored = {}
         for name, output in results.items():
+            print(f"scoring {name} ({len(output.texts)} samples)...", flush=True)
             samples = [Sample(text=t, ids=i.tolist()) for t, i in zip(output.texts, output.sequences, strict=True)]
-            scores = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
+            scores = scored[name] = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
             print(
                 f"\n--- {name}: GenPPL {scores['gen_ppl']:.1f}, unigram entropy {scores['entropy']:.2f} "
                 f"({protocol} protocol: {ENTROPY_IDS[protocol]} ids), word Rep-4 {scores['rep_4']:.3f}, "
@@ -78,6 +127,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             for text in output.texts[: args.show]:
                 print(textwrap.indent(textwrap.fill(text, 110), "  | "), end="\n\n")
+        official = scored["official"]
+        parts = [
+            f"{name} {scores['gen_ppl']:.1f} (×{scores['gen_ppl'] / official['gen_ppl']:.2f}, entropy "
+            f"{scores['entropy']:.2f})"
+            for name, scores in scored.items()
+            if name != "official"
+        ]
+        summary.append(
+            f"{folder.name}: official GenPPL {official['gen_ppl']:.1f} (entropy {official['entropy']:.2f}) vs "
+            + "; ".join(parts)
+        )
+    print(f"\n=== Summary ({args.steps} steps, {args.batch_size} samples per sampler: a glimpse, not a benchmark) ===")
+    for line in summary:
+        print(line)
+    print("Benchmarks with paired confidence intervals over thousands of samples: docs/results.md.")
     return 0
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..hub import HUB_KWARGS, resolve_local
 from .pipeline_elf import ELFPipeline
 from .pipeline_langflow import LangFlowPipeline
+from .remote_code import saved_class_name
 
 
 PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, LangFlowPipeline)}
@@ -19,7 +20,7 @@ def load_pipeline(source: str | os.PathLike, **kwargs):
     index = folder / "model_index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{folder} has no model_index.json; is it a pipeline folder?")
-    name = json.loads(index.read_text()).get("_class_name")
+    name = saved_class_name(json.loads(index.read_text()))
     if name not in PIPELINES:
         raise ValueError(f"{index} names pipeline {name!r}; untied-sc loads {sorted(PIPELINES)}.")
     return PIPELINES[name].from_pretrained(folder, **kwargs)

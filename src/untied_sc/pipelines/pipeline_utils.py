@@ -1,9 +1,11 @@
 """What ELFPipeline and LangFlowPipeline share: Hub loading, input checks, the denoising loop and the output."""
 
 import inspect
+import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +17,8 @@ from tqdm.auto import tqdm
 
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
+from .artifact_checks import check_pipeline_folder
+from .remote_code import is_package_module, write_remote_code
 
 
 OUTPUT_TYPES = ("text", "seq", "latent")
@@ -85,6 +89,32 @@ def _accepted_kwargs(function, candidates: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in candidates.items() if name in parameters}
 
 
+def as_int(value):
+    """A numpy (or other `__index__`) integer as a Python int; anything else unchanged, for `check_inputs` to judge."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def check_generator(generator, batch_size: int) -> None:
+    """`None`, a `torch.Generator`, or a list of `batch_size` of them (diffusers' rule); an int is refused."""
+    generators = generator if isinstance(generator, list) else [generator]
+    for item in generators:
+        if item is not None and not isinstance(item, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator (or None), got {type(item).__name__} {item!r}. For a seed, pass "
+                f"`generator=torch.Generator().manual_seed({item if isinstance(item, int) else 0})`."
+            )
+    if isinstance(generator, list) and len(generator) != batch_size:
+        raise ValueError(
+            f"You passed a list of {len(generator)} generators for a batch of {batch_size}; pass one generator per "
+            "sample, or a single torch.Generator for the whole batch."
+        )
+
+
 class LanguageFlowPipeline(DiffusionPipeline):
     """
     Base class of the language flow pipelines. [`~LanguageFlowPipeline.denoise`] is the one denoising loop: the
@@ -131,7 +161,19 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """
         hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
         folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
+        check_pipeline_folder(folder, cls, passed=set(kwargs))
+        if is_package_module(folder):  # the file only re-exports this package's classes (see remote_code.py)
+            kwargs.setdefault("trust_remote_code", True)
         return super().from_pretrained(folder, **kwargs)
+
+    def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """
+        diffusers' `model_index.json`, plus the module file that lets `DiffusionPipeline.from_pretrained(folder,
+        trust_remote_code=True)` load the folder (see `pipelines/remote_code.py`); `save_pretrained` calls this
+        before any upload, so a pushed repo has both.
+        """
+        super().save_config(save_directory, *args, **kwargs)
+        write_remote_code(Path(save_directory))
 
     @property
     def latent_shape(self) -> tuple[int, int]:
@@ -162,6 +204,24 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """The per-call network knobs: the keyword arguments of this family's `_predict`."""
         parameters = list(inspect.signature(type(self)._predict).parameters.values())[4:]  # past self, z, t, m
         return [parameter.name for parameter in parameters]
+
+    def check_scheduler(self, scheduler) -> None:
+        """Refuses a scheduler of the other family (it would run and give other text); stock schedulers pass."""
+        family = getattr(scheduler, "family", None)
+        if family is None or family == self.family:
+            return
+        from .. import schedulers
+
+        names = sorted(
+            name
+            for name in dir(schedulers)
+            if name.endswith("Scheduler") and getattr(getattr(schedulers, name), "family", None) == self.family
+        )
+        raise ValueError(
+            f"{type(scheduler).__name__} belongs to the {family!r} family, but {type(self).__name__} samples "
+            f"{self.family!r} models (it would run and give other text). Use one of this family's schedulers: "
+            f"{', '.join(names)}, e.g. `pipe.scheduler = {names[0]}.from_config(pipe.scheduler.config)`."
+        )
 
     def check_inputs(self, batch_size, num_inference_steps, latents, output_type="text", callback_tensor_inputs=()):
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -258,8 +318,11 @@ class LanguageFlowPipeline(DiffusionPipeline):
                 f"{type(self).__name__}.denoise got unknown network arguments {unknown}; this family takes "
                 f"{self._network_knobs()}."
             )
+        batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
         self.check_inputs(batch_size, num_inference_steps, latents)
+        check_generator(generator, batch_size)
         scheduler = self.scheduler if scheduler is None else scheduler
+        self.check_scheduler(scheduler)
         device = self._execution_device
         if generator is None:
             generator = torch.Generator()
@@ -319,7 +382,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
         tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
+        batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
         self.check_inputs(batch_size, num_inference_steps, latents, output_type, tensor_inputs)
+        check_generator(generator, batch_size)
         if generator is None:
             generator = torch.Generator()
             generator.seed()

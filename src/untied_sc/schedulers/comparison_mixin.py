@@ -11,8 +11,8 @@ import torch
 from .baseline_functions import elf_log_snr, langflow_log_snr
 from .comparison_names import ELF_COMPARISON_SCHEDULERS, LANGFLOW_COMPARISON_SCHEDULERS
 from .outputs import LanguageFlowSchedulerOutput
-from .scheduling_elf import DEFAULT_SDE_GAMMA, ELFScheduler
-from .scheduling_langflow import LangFlowScheduler
+from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, ELFScheduler
+from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, LangFlowScheduler
 
 
 ROUTINGS = ("solver", "self_conditioning", "both")
@@ -145,6 +145,7 @@ class ELFComparisonMixin:
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", "UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
+    _config_ranges = ELF_CONFIG_RANGES
 
     def _init_comparison(self) -> None:
         if self.config.sde_gamma_by_steps is None:
@@ -179,6 +180,7 @@ class LangFlowComparisonMixin:
     family = "langflow"
     base_scheduler_class = LangFlowScheduler
     _compatibles = ["LangFlowScheduler", "UntiedLangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
+    _config_ranges = LANGFLOW_CONFIG_RANGES
 
     def log_snrs(self, k: int) -> tuple[float, float]:
         """(λ at the evaluation of step k, λ at its target): −γ_k/2 and −γ_{k+1}/2."""

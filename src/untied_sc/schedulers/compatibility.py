@@ -7,8 +7,11 @@ sibling scheduler "will be ignored" (it keeps them all the same, as hidden confi
 """
 
 import importlib
+import warnings
 
 import diffusers
+
+from .config_checks import Range, check_config_ranges, unknown_key_message
 
 
 class CompatibleSchedulerMixin:
@@ -25,10 +28,14 @@ class CompatibleSchedulerMixin:
     - A key set with `register_to_config` after `__init__` (e.g. `coefficients_by_steps` written by
       `untied-sc tune`) stops counting as an `__init__` default, so that an in-memory `from_config` swap keeps it
       (diffusers drops the keys it remembers as defaults before building the new scheduler).
+    - `_config_ranges` gives the allowed range of numeric settings: an out-of-range value is refused when the
+      scheduler is built (from a file, a config or keyword arguments), and a key that neither this class nor a
+      compatible one takes warns, naming the nearest known key (`from_config(eta_rr=1.0)`).
     """
 
     _compatibles: list[str] = []
     _legacy_config_keys: tuple[str, ...] = ()
+    _config_ranges: dict[str, Range] = {}
 
     @classmethod
     def _get_compatibles(cls) -> list[type]:
@@ -45,10 +52,19 @@ class CompatibleSchedulerMixin:
         }
         current = {key: value for key, value in config_dict.items() if key not in cls._legacy_config_keys}
         init_dict, unused_kwargs, hidden_config = super().extract_init_dict(current, **kwargs)
+        known = set(cls._legacy_config_keys)
+        for scheduler in cls._get_compatibles():
+            known |= scheduler._get_init_keys(scheduler) | set(getattr(scheduler, "_legacy_config_keys", ()))
+        known.discard("self")
+        for key in unused_kwargs:
+            if not key.startswith("_") and key not in known and key != "dtype":
+                warnings.warn(unknown_key_message(cls.__name__, key, known), UserWarning, stacklevel=3)
         return init_dict, unused_kwargs, {**hidden_config, **legacy}
 
     def register_to_config(self, **kwargs) -> None:
         first = "_internal_dict" not in self.__dict__
+        if first:
+            check_config_ranges(type(self).__name__, kwargs, self._config_ranges)
         super().register_to_config(**kwargs)
         if first:
             # The class name, which diffusers writes only when saving, so that a config in memory says what it is.

@@ -1,6 +1,7 @@
 """SamplerStatistics: the precomputed tensors the untied scheduler needs, saved as a pipeline component."""
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +169,45 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         statistics.check_model(model)
         return statistics
 
+    @staticmethod
+    def tensor_names(config: dict) -> list[str]:
+        """The tensors a statistics file with this config must hold (format 1 also held the coefficients)."""
+        names = ["basis", "rho_sq", "base_scales"]
+        per_nfe = ["mean", "rms", "cosine_distance"] + (["coefficients"] if config.get("format_version") == 1 else [])
+        for steps in sorted(config.get("calibrated_steps") or []):
+            names += [f"{name}_nfe{steps}" for name in per_nfe]
+        return names
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "SamplerStatistics":
+        """
+        diffusers' loading, then checks: every tensor the config promises was in the file (diffusers would leave a
+        missing one at zeros) and every value is finite. Errors name the folder and the fix.
+        """
+        return_info = kwargs.pop("output_loading_info", False)
+        statistics, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        where = os.path.join(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:
+            raise ValueError(
+                f"The sampler statistics in {where} lack tensors {missing} that its config.json promises "
+                f"(calibrated_steps {sorted(statistics.config.calibrated_steps or [])}). Recalibrate with "
+                f"{statistics._recalibrate_command()} (add `--overwrite`)."
+            )
+        statistics.check_finite(where)
+        return (statistics, info) if return_info else statistics
+
+    def check_finite(self, where: str = "these sampler statistics") -> None:
+        """Raises if a tensor holds NaN or Inf (a corrupt file, or a calibration that diverged)."""
+        for name, tensor in self.named_buffers():
+            if not torch.isfinite(tensor).all():
+                count = int((~torch.isfinite(tensor)).sum())
+                raise ValueError(
+                    f"The sampler statistics in {where}: tensor {name!r} holds {count} NaN/Inf value(s). The file is "
+                    f"corrupt or the calibration diverged; recalibrate with {self._recalibrate_command()} (add "
+                    "`--overwrite`)."
+                )
+
     def forward(self) -> None:
         raise RuntimeError("SamplerStatistics holds tensors; pass it to the scheduler's `set_timesteps`.")
 
@@ -253,6 +293,16 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             )
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
+            dtypes = {weight.dtype for weight in input_projection_weights(model)} - {torch.float32}
+            if dtypes:  # a float32 hash cannot match rounded weights
+                raise ValueError(
+                    f"The sampler statistics' fingerprint {self.config.model_fingerprint!r} hashes the model's "
+                    f"input-projection weights at the precision they were calibrated with, and this model holds them "
+                    f"in {', '.join(sorted(map(str, dtypes)))}: rounding changes the hash, so the statistics cannot "
+                    "be matched to it. Load the transformer in float32 (e.g. `from_pretrained(..., "
+                    "dtype=torch.float32)` and run it under `torch.autocast`), or calibrate statistics at this "
+                    f"precision with {self._recalibrate_command()}."
+                )
             raise ValueError(
                 f"The sampler statistics were computed for a model with fingerprint {self.config.model_fingerprint!r}, "
                 f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "

@@ -9,6 +9,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
+from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
 
@@ -17,6 +18,14 @@ from .solvers import ELFSolver
 NOISE_SCALE = 2.0  # the interpolant's noise scale
 P_MEAN, P_STD = -1.5, 0.8  # the logit-normal time grid: the training values
 T_EPS = 0.05  # the velocity clamp max(1 − s, t_eps)
+ELF_CONFIG_RANGES = {
+    "noise_scale": POSITIVE,
+    "p_mean": FINITE,
+    "p_std": POSITIVE,
+    "sde_gamma": NON_NEGATIVE,
+    "sde_gamma_by_steps": NON_NEGATIVE,
+    "t_eps": Range(0.0, 1.0, low_inclusive=False, high_inclusive=False),
+}
 # γ_sde per NFE for the base models (the paper's protocol; the official configs list 32 → 1.5 and 64 → 1.0).
 DEFAULT_SDE_GAMMA = {"8": 2.0, "16": 2.0, "32": 1.5, "64": 1.0}
 
@@ -92,6 +101,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     order = 1
     _compatibles = ["UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
+    _config_ranges = ELF_CONFIG_RANGES
 
     @register_to_config
     def __init__(

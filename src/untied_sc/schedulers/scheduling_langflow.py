@@ -8,11 +8,13 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
+from .config_checks import Range
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import LangFlowSolver
 
 
 QUANTILE_EPS = 1e-5  # the grid's quantiles run from 1 − eps to eps (the official sampler's)
+LANGFLOW_CONFIG_RANGES = {"quantile_eps": Range(0.0, 0.5, low_inclusive=False, high_inclusive=False)}
 
 
 def gumbel_gamma_range(loc: float, scale: float, cutoff: float) -> tuple[float, float]:
@@ -54,6 +56,7 @@ class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     order = 1
     init_noise_sigma = 1.0
     _compatibles = ["UntiedLangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
+    _config_ranges = LANGFLOW_CONFIG_RANGES
 
     @register_to_config
     def __init__(self, quantile_eps: float = QUANTILE_EPS):

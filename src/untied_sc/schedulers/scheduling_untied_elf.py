@@ -7,13 +7,14 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
-from .scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
+from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
 from .untied_mixin import (
     CORRECTION_ROUTING,
     COSINE_DISTANCE,
     DEGENERACY_EPS,
     EPS_FP,
     TRANSFORM_ASSIGNMENT,
+    UNTIED_CONFIG_RANGES,
     UntiedSelfConditioningMixin,
 )
 
@@ -56,6 +57,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
+    _config_ranges = {**ELF_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config
     def __init__(

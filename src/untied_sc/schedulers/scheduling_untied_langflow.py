@@ -7,13 +7,14 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
-from .scheduling_langflow import QUANTILE_EPS, LangFlowScheduler
+from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, QUANTILE_EPS, LangFlowScheduler
 from .untied_mixin import (
     CORRECTION_ROUTING,
     COSINE_DISTANCE,
     DEGENERACY_EPS,
     EPS_FP,
     TRANSFORM_ASSIGNMENT,
+    UNTIED_CONFIG_RANGES,
     UntiedSelfConditioningMixin,
 )
 
@@ -41,6 +42,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     family = "langflow"
     base_scheduler_class = LangFlowScheduler
     _compatibles = ["LangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
+    _config_ranges = {**LANGFLOW_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config
     def __init__(

@@ -3,6 +3,7 @@
 import torch
 
 from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
+from .config_checks import POSITIVE
 from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import SamplerStatistics
 from .untied_functions import (
@@ -23,6 +24,7 @@ COSINE_DISTANCE_SOURCES = ("precomputed", "online")
 # Defaults of the untied config keys (both families): the paper's sampler.
 EPS_FP = 0.01  # floor of b_{k,i} in the retention [choice]
 DEGENERACY_EPS = 1e-12  # relative degeneracy threshold of G_k [choice]
+UNTIED_CONFIG_RANGES = {"eps_fp": POSITIVE, "degeneracy_eps": POSITIVE}  # coefficients: `check_coefficients`
 CORRECTION_ROUTING, TRANSFORM_ASSIGNMENT, COSINE_DISTANCE = "solver", "overlap", "precomputed"
 
 
