@@ -185,3 +185,25 @@ def test_cpu_grid_comes_from_a_copy_and_leaves_the_generator_alone():
     scheduler.set_timesteps(8, generator=generator)
     assert torch.equal(generator.get_state(), state)
     assert scheduler.solver.grid == elf_time_grid(8, copy_generator(generator), -1.5, 0.8).tolist()
+
+
+def test_a_failed_draw_ahead_is_raised_on_the_next_draw_and_leaves_the_generator_as_before(monkeypatch):
+    import threading
+
+    from untied_sc.schedulers import noise
+
+    draw = noise._draw_on_cpu
+
+    def fail_on_the_background_thread(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("no pinned memory")
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(noise, "_draw_on_cpu", fail_on_the_background_thread)
+    generator = torch.Generator().manual_seed(10)
+    stream = NoiseStream(generator, 3, draw_ahead=True)
+    first = stream.next(SHAPE, "cpu")  # drawn inline; starts a draw ahead that fails on its thread
+    with pytest.raises(MemoryError, match="no pinned memory"):
+        stream.next(SHAPE, "cpu")
+    expected, state = _inline(10, [SHAPE])
+    assert torch.equal(first, expected[0]) and torch.equal(generator.get_state(), state)

@@ -46,9 +46,13 @@ def draw_normal(
 ) -> torch.Tensor:
     """
     ε ~ N(0, I) of `shape` from `generator`, drawn on the generator's device (its own stream: a CPU generator gives
-    the CPU numbers on any device) and moved to `device`. Settles a draw ahead on `generator` first.
+    the CPU numbers on any device) and moved to `device` (from pinned memory without blocking, for a GPU). Settles a
+    draw ahead on `generator` first.
     """
     settle(generator)
+    device = torch.device(device)
+    if generator.device.type == "cpu":
+        return _to_device(_draw_on_cpu(tuple(shape), generator, dtype, pin=device.type == "cuda"), device)
     return torch.randn(tuple(shape), generator=generator, device=generator.device, dtype=dtype).to(device)
 
 
@@ -95,6 +99,11 @@ def _draw_on_cpu(shape: tuple[int, ...], generator: torch.Generator, dtype: torc
     return torch.empty(shape, dtype=dtype, pin_memory=pin).normal_(generator=generator)
 
 
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; a pinned one is copied without blocking (torch keeps its memory until the copy is done)."""
+    return tensor.to(device, non_blocking=tensor.is_pinned())
+
+
 class NoiseStream:
     r"""
     The noise tensors ε_0, …, ε_{n−1} of one sampling run, drawn from `generator` in that order, each once.
@@ -138,13 +147,16 @@ class NoiseStream:
                 f"All {self.num_draws} noise tensors of this run are drawn; call `set_timesteps` again."
             )
         shape, device = tuple(shape), torch.device(device)
+        ahead, pin = self._draws_ahead_to(device), device.type == "cuda"
         noise = self._take_ahead(shape, dtype)
-        if noise is None:
+        if noise is None and self.generator.device.type == "cpu":
+            noise = _draw_on_cpu(shape, self.generator, dtype, pin=ahead and pin)
+        elif noise is None:
             noise = torch.randn(shape, generator=self.generator, device=self.generator.device, dtype=dtype)
         self.num_taken += 1
-        if self.num_taken < self.num_draws and self._draws_ahead_to(device):
-            self._start_ahead(shape, dtype, pin=device.type == "cuda")
-        return noise.to(device, non_blocking=noise.is_pinned())
+        if ahead and self.num_taken < self.num_draws:
+            self._start_ahead(shape, dtype, pin=pin)
+        return _to_device(noise, device)
 
     def _start_ahead(self, shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> None:
         with _IN_FLIGHT_LOCK:
@@ -155,12 +167,15 @@ class NoiseStream:
             _IN_FLIGHT[id(self.generator)] = self
 
     def _finish_ahead(self) -> _DrawAhead | None:
-        """Joins the draw ahead, if any, and unregisters it; returns it."""
+        """Joins the draw ahead, if any, and unregisters it; returns it. A failed draw is given back, then raised."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
         try:
             ahead.result()
+        except BaseException:
+            self.generator.set_state(ahead.state_before)
+            raise
         finally:
             with _IN_FLIGHT_LOCK:
                 if _IN_FLIGHT.get(id(self.generator)) is self:
