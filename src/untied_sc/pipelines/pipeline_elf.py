@@ -6,6 +6,7 @@ import torch
 
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
+from ..schedulers.noise import settle
 from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
 
 
@@ -27,8 +28,13 @@ def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) 
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.LongTensor:
-    """One token per position from softmax(logits / T), by inverse CDF of a uniform drawn on the CPU `generator`."""
-    u = torch.rand(logits.shape[:-1], generator=generator, dtype=torch.float64).to(logits.device)
+    """
+    One token per position from softmax(logits / T), by inverse CDF of a uniform drawn from `generator` on its device
+    (after any draw ahead on it has settled).
+    """
+    settle(generator)
+    u = torch.rand(logits.shape[:-1], generator=generator, device=generator.device, dtype=torch.float64)
+    u = u.to(logits.device)
     ids = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
     for row in range(logits.shape[0]):  # one sequence at a time: a float64 CDF of the whole batch can take GBs
         cdf = torch.softmax(logits[row].double() / temperature, dim=-1).cumsum(dim=-1)
@@ -94,8 +100,12 @@ class ELFPipeline(LanguageFlowPipeline):
         Args:
             batch_size (`int`, defaults to 1): number of samples.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
-            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`:
-                a freshly seeded one). The batch shares one random time grid.
+            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: a freshly seeded
+                CPU one). The batch shares one random time grid. A CPU generator gives the official CPU run bit for
+                bit on any device (on a GPU the re-noising draws are made ahead on a background thread while the
+                network runs: same numbers); a CUDA generator draws the grid, z_0, the noise and the decode's
+                uniforms on its GPU, in the official order (the official code on CUDA): reproducible for a seed,
+                but not the CPU numbers.
             latents (`torch.Tensor` of shape `(batch_size, length, latent_dim)`, *optional*): the initial latent z_0.
             output_type (`str`, defaults to `"text"`): `"text"` (texts and token ids), `"seq"` (token ids) or
                 `"latent"` (final latents only; no decode pass).

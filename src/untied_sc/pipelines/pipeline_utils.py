@@ -1,5 +1,6 @@
 """What ELFPipeline and LangFlowPipeline share: Hub loading, input checks, the denoising loop and the output."""
 
+import contextlib
 import inspect
 import operator
 import os
@@ -16,6 +17,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from tqdm.auto import tqdm
 
 from ..hub import HUB_KWARGS, resolve_local
+from ..schedulers.noise import draw_normal, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
 from .artifact_checks import check_pipeline_folder
 from .remote_code import is_package_module, write_remote_code
@@ -83,6 +85,15 @@ class DenoisingOutput:
     logits: torch.Tensor | None = None
 
 
+@contextlib.contextmanager
+def _settled(generator):
+    """On leaving (also by an error or a shorter `max_steps`), a draw ahead not taken goes back to `generator`."""
+    try:
+        yield
+    finally:
+        settle(generator)
+
+
 def _accepted_kwargs(function, candidates: dict[str, Any]) -> dict[str, Any]:
     """The subset of `candidates` that `function` takes, so that stock diffusers schedulers can be swapped in."""
     parameters = inspect.signature(function).parameters
@@ -99,7 +110,7 @@ def as_int(value):
         return value
 
 
-def check_generator(generator, batch_size: int) -> None:
+def check_generator_input(generator, batch_size: int) -> None:
     """`None`, a `torch.Generator`, or a list of `batch_size` of them (diffusers' rule); an int is refused."""
     generators = generator if isinstance(generator, list) else [generator]
     for item in generators:
@@ -239,13 +250,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
     def prepare_latents(self, batch_size, generator, latents, device, scheduler=None) -> torch.Tensor:
         """
-        z_0 = init_noise_sigma·ε drawn from `generator` (float32: the solvers run in float32/float64), with the
-        `init_noise_sigma` of `scheduler` (default: the pipeline's).
+        z_0 = init_noise_sigma·ε drawn from `generator` on its device and moved to `device` (float32: the solvers run
+        in float32/float64), with the `init_noise_sigma` of `scheduler` (default: the pipeline's).
         """
         if latents is not None:
             return latents.to(device=device, dtype=torch.float32)
         shape = (batch_size, *self.latent_shape)
-        noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+        if isinstance(generator, torch.Generator):  # drawn on the generator's device (a CUDA one: on the GPU)
+            noise = draw_normal(shape, generator, device, torch.float32)
+        else:  # a list (one generator per sample) or None: diffusers' convention
+            noise = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
         return noise * getattr(self.scheduler if scheduler is None else scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
@@ -293,8 +307,11 @@ class LanguageFlowPipeline(DiffusionPipeline):
         Args:
             batch_size (`int`, defaults to 1): number of trajectories.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
-            generator (`torch.Generator`, *optional*): a CPU generator; every random draw comes from it (`None`: a
-                freshly seeded one). Draw order: the scheduler's `set_timesteps`, z_0, then the steps' draws.
+            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: a freshly seeded
+                CPU one). Draw order: the scheduler's `set_timesteps`, z_0, then the steps' draws. A CPU generator
+                gives the official CPU stream bit for bit on any device (on a GPU, ELF's noise is drawn ahead while
+                the network runs: same numbers); a CUDA generator draws everything on its GPU, a device stream that
+                reproduces itself for a seed but not the CPU numbers (docs/algorithm.md §2.1).
             latents (`torch.Tensor` of shape `(batch_size, length, dim)`, *optional*): the initial latent z_0.
             scheduler (*optional*): the scheduler to run instead of `self.scheduler` (e.g. calibration's reference
                 recurrence, or a clone for a concurrent call); it gets the same `set_timesteps` arguments.
@@ -320,7 +337,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
             )
         batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
         self.check_inputs(batch_size, num_inference_steps, latents)
-        check_generator(generator, batch_size)
+        check_generator_input(generator, batch_size)
         scheduler = self.scheduler if scheduler is None else scheduler
         self.check_scheduler(scheduler)
         device = self._execution_device
@@ -344,7 +361,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self._num_timesteps = len(timesteps)
 
         logits = None
-        with self._progress_bar(len(timesteps), progress) as progress_bar:
+        with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
             for i, t in enumerate(timesteps):
                 # Stock flow-matching schedulers have no `scale_model_input`; ELF's re-noises here.
                 scale = getattr(scheduler, "scale_model_input", None)
@@ -384,7 +401,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
         batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
         self.check_inputs(batch_size, num_inference_steps, latents, output_type, tensor_inputs)
-        check_generator(generator, batch_size)
+        check_generator_input(generator, batch_size)
         if generator is None:
             generator = torch.Generator()
             generator.seed()

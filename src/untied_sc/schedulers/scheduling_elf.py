@@ -5,11 +5,11 @@ import math
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
-from diffusers.utils.torch_utils import randn_tensor
 
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
+from .noise import NoiseStream, check_generator, settle
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
 
@@ -54,10 +54,14 @@ def default_sde_gamma(num_steps: int) -> float:
 
 
 def elf_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_std: float) -> torch.Tensor:
-    """t_0 = 0 < sorted(sigmoid(N(p_mean, p_std²)), N−1 draws) < t_N = 1, float32, drawn from `generator` on CPU."""
-    normals = torch.randn((num_steps - 1,), generator=generator, dtype=torch.float32)
+    """
+    t_0 = 0 < sorted(sigmoid(N(p_mean, p_std²)), N−1 draws) < t_N = 1, float32, drawn from `generator` and computed
+    on the generator's device (as the official code does on its device).
+    """
+    device = generator.device
+    normals = torch.randn((num_steps - 1,), generator=generator, device=device, dtype=torch.float32)
     inner = torch.sort(torch.sigmoid(normals * p_std + p_mean)).values
-    return torch.cat([torch.zeros(1), inner, torch.ones(1)])
+    return torch.cat([torch.zeros(1, device=device), inner, torch.ones(1, device=device)])
 
 
 def copy_generator(generator: torch.Generator) -> torch.Generator:
@@ -73,10 +77,14 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     steps that re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass
     that follows is not counted.
 
-    Randomness follows the official PyTorch port on CPU, where the global RNG and a `torch.Generator` are seeded
-    alike: the grid's N−1 normals come from a copy of `generator` taken in `set_timesteps` (before any draw), then
-    the initial latent (the pipeline) and one noise tensor before every SDE step's network call come from
-    `generator` itself. One seed therefore gives the official result.
+    Randomness follows the official PyTorch port on the generator's device (docs/algorithm.md §2.1). A CPU generator
+    is the official CPU run, where the global RNG and a `torch.Generator` are seeded alike: the grid's N−1 normals
+    come from a copy of `generator` taken in `set_timesteps` (before any draw), then the initial latent (the
+    pipeline) and one noise tensor before every SDE step's network call come from `generator` itself; one seed gives
+    the official result bit for bit, on any device the latents live on. On a GPU the noise is drawn ahead on a
+    background thread while the network runs ([`NoiseStream`]): same numbers, same final generator state. A CUDA
+    generator is the official run on CUDA, one device stream: the grid, then z_0, then the noise, all drawn from
+    `generator` on its device.
 
     Use: `set_timesteps(N, generator=g)`; then per step `model_input = scale_model_input(z, t)` (the re-noising),
     the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and `step(x_pred, t, z)`.
@@ -93,6 +101,10 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             an NFE it does not list uses [`default_sde_gamma`] (log2-interpolated official values).
         t_eps (`float`, defaults to 0.05): velocity clamp, max(1 − s, t_eps).
 
+    The attribute `draw_ahead` (not a config key; set it on the instance, on `scheduler.base` of a scheduler that
+    wraps this one) chooses [`NoiseStream`]'s draw-ahead: `None` (default) when a CPU generator feeds latents on
+    another device, `True` also on the CPU, `False` never. It changes no number.
+
     The SC-CFG scale, a network input, is the pipeline's (`ELFPipeline`); configs saved when the scheduler held it
     (`sc_cfg_scale`) load silently and keep it, for the pipeline to read.
     """
@@ -102,6 +114,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     _compatibles = ["UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
     _config_ranges = ELF_CONFIG_RANGES
+    draw_ahead: bool | None = None
 
     @register_to_config
     def __init__(
@@ -121,8 +134,10 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         self.num_inference_steps: int | None = None
         self._reset_state()
 
-    def _reset_state(self, generator: torch.Generator | None = None) -> None:
-        self._generator = generator
+    def _reset_state(self, noise: NoiseStream | None = None) -> None:
+        if getattr(self, "_noise_stream", None) is not None:
+            self._noise_stream.close()  # a run left unfinished gives its drawn-ahead noise back to its generator
+        self._noise_stream = noise  # ε_0..ε_{N−2} of this run, in the official order
         self._step_index = 0
         # ε_k of the current SDE step and its k: only one step's noise is ever needed, so only one is kept.
         self._noise: torch.Tensor | None = None
@@ -154,16 +169,17 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         Args:
             num_inference_steps (`int`): N ≥ 2, the number of network evaluations.
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
-            generator (`torch.Generator`, *optional*): the sampling generator (CPU). The grid is drawn from a copy
-                of it; the re-noising draws advance it. `None` uses a freshly seeded, non-reproducible generator.
+            generator (`torch.Generator`, *optional*): the sampling generator, CPU or CUDA. CPU (the official CPU
+                stream): the grid is drawn from a copy of it, and the re-noising draws advance it. CUDA (the official
+                CUDA stream): the grid is drawn from it on its device, advancing it, then the re-noising draws.
+                `None` uses a freshly seeded, non-reproducible CPU generator.
         """
-        if isinstance(generator, list):
-            raise ValueError("ELF draws one time grid per batch: pass a single torch.Generator, not a list.")
         if generator is None:
             generator = torch.Generator()
             generator.seed()
-        if generator.device.type != "cpu":
-            raise ValueError("Pass a CPU torch.Generator: the official draws are made on CPU.")
+        check_generator(generator)
+        self._reset_state()  # an unfinished run's draw ahead goes back to its generator before anything is drawn
+        settle(generator)
         self.solver = ELFSolver(
             self._draw_grid(num_inference_steps, generator),
             self.sde_gamma_for(num_inference_steps),
@@ -172,13 +188,16 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         )
         self.num_inference_steps = num_inference_steps
         self.timesteps = torch.tensor(self.solver.eval_times, dtype=torch.float32, device=device)
-        self._reset_state(generator)
+        num_draws = sum(self.solver.renoises(k) for k in range(self.solver.num_update_steps))
+        self._reset_state(NoiseStream(generator, num_draws, draw_ahead=self.draw_ahead))
 
     def _draw_grid(self, num_inference_steps: int, generator: torch.Generator) -> list[float]:
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
             raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
-        grid = elf_time_grid(num_inference_steps, copy_generator(generator), self.config.p_mean, self.config.p_std)
-        return grid.tolist()
+        # The official CPU run draws the grid from the global RNG, seeded like the generator (so: from a copy); on CUDA
+        # it draws everything from the one CUDA RNG, the grid first.
+        source = copy_generator(generator) if generator.device.type == "cpu" else generator
+        return elf_time_grid(num_inference_steps, source, self.config.p_mean, self.config.p_std).tolist()
 
     def _check_ready(self) -> None:
         if self.solver is None:
@@ -187,12 +206,10 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             raise RuntimeError(f"All {self.solver.num_update_steps} steps are done; call `set_timesteps` again.")
 
     def _step_noise(self, sample: torch.Tensor) -> torch.Tensor:
-        """ε_k of the current step: drawn from the generator on first use (the official order), then reused."""
+        """ε_k of the current step: taken from the run's noise stream on first use (the official order), then reused."""
         k = self._step_index
         if self._noise_step_index != k:
-            self._noise = randn_tensor(
-                sample.shape, generator=self._generator, device=sample.device, dtype=sample.dtype
-            )
+            self._noise = self._noise_stream.next(sample.shape, sample.device, sample.dtype)
             self._noise_step_index = k
         if self._noise.shape != sample.shape:
             raise ValueError(
