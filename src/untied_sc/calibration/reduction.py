@@ -35,9 +35,9 @@ def calibration_process_state(device: str | None = None):
     `None` when a single process runs (no process group is needed).
 
     Args:
-        device (`str`, *optional*): `"cpu"` runs every process on the CPU (gloo backend); `"cuda"` or `None` one
-            process per GPU (`cuda:LOCAL_RANK`, nccl) where CUDA is available. A device with an index (`cuda:1`)
-            names one GPU, which several processes cannot share.
+        device (`str`, *optional*): `"cpu"` runs every process on the CPU (gloo backend); `"cuda"` one process per
+            GPU (`cuda:LOCAL_RANK`, nccl); `None` the GPUs where CUDA is available, else the CPU. A device with an
+            index (`cuda:1`) names one GPU, which several processes cannot share.
     """
     if launched_processes() <= 1:
         return None
@@ -48,9 +48,16 @@ def calibration_process_state(device: str | None = None):
             f"--device {device} names one device, but {launched_processes()} processes were launched: each process "
             "takes its own (accelerate's `PartialState().device`); pass --device cuda (or cpu)."
         )
-    state = PartialState(cpu=device is not None and torch.device(device).type == "cpu")
+    # Without a GPU, accelerate joins the launched processes only when told to use the CPU (gloo).
+    cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
+    state = PartialState(cpu=cpu)
     if device is not None and state.device.type != torch.device(device).type:
         raise ValueError(f"--device {device} was asked for, but this process got {state.device} (is CUDA there?).")
+    if state.num_processes != launched_processes():
+        raise RuntimeError(
+            f"{launched_processes()} processes were launched but accelerate joined {state.num_processes}: "
+            "launch with torchrun or accelerate launch, which set RANK, WORLD_SIZE and MASTER_ADDR."
+        )
     return state
 
 
