@@ -74,6 +74,10 @@ def _calibrate(args: argparse.Namespace) -> None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not main_process or args.no_progress:  # the main process alone shows progress bars, loading's too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline)
     result = pipe.calibrate(
         nfe=args.nfe,

@@ -373,6 +373,8 @@ def format_cost(result: CalibrationResult) -> str:
     """One line: seconds for the base scales, each NFE and in all, and trajectories per second, with where it ran."""
     processes = f"{result.num_processes} process{'es' if result.num_processes > 1 else ''}"
     parts = [f"base scales {result.base_scale_seconds:.1f} s ({result.base_scale_trajectories} trajectories)"]
+    if result.base_scale_trajectories == 0:
+        parts = ["base scales (1, 1): full-rank geometry, nothing to measure"]
     for s in result.summaries:
         rate = s.trajectories / s.seconds if s.seconds > 0 else float("inf")
         parts.append(f"NFE {s.num_inference_steps} {s.seconds:.1f} s ({rate:.1f} trajectories/s)")
