@@ -4,7 +4,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .defaults import DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
+from .defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS, DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
 from .evaluation.cli import register_benchmark_command, register_evaluate_command
 from .judge.cli import register_judge_command
 
@@ -53,6 +53,8 @@ def _check_statistics_target(source: str, output: str | None) -> None:
 
 def _calibrate(args: argparse.Namespace) -> None:
     from .calibration import format_summary
+    from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
+    from .evaluation.cli import torch_dtype
     from .pipelines import load_pipeline
 
     explicit = {name: getattr(args, name) for name in ("eta_r", "eta_t", "eta_o", "alpha")}
@@ -64,6 +66,18 @@ def _calibrate(args: argparse.Namespace) -> None:
         raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
     coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
     _check_statistics_target(args.pipeline, args.output)
+    # Launched with torchrun / accelerate launch: one process per device, the banks' batches split between them.
+    state = calibration_process_state(args.device)
+    main_process = is_main_process(state)
+    device = state.device if state is not None else args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not main_process or args.no_progress:  # the main process alone shows progress bars, loading's too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline)
     result = pipe.calibrate(
         nfe=args.nfe,
@@ -71,13 +85,21 @@ def _calibrate(args: argparse.Namespace) -> None:
         seed=args.seed,
         batch_size=args.batch_size,
         coefficients=coefficients,
+        base_scale_steps=args.base_scale_steps,
+        base_scale_bank_size=args.base_scale_bank_size,
+        progress=not args.no_progress,
+        device=device,
+        dtype=torch_dtype(args.dtype) if args.dtype else None,
+        process_state=state,
     )
-    folder = _save_calibration(pipe, args.pipeline, args.output)
-    print(format_summary(result))
-    print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
-    if args.push_to_hub:
-        pipe.push_to_hub(args.push_to_hub)
-        print(f"Pushed to {args.push_to_hub}")
+    if main_process:  # every process holds the same statistics; one writes them
+        folder = _save_calibration(pipe, args.pipeline, args.output)
+        print(format_summary(result))
+        print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
+        if args.push_to_hub:
+            pipe.push_to_hub(args.push_to_hub)
+            print(f"Pushed to {args.push_to_hub}")
+    wait_for_everyone(state)  # the other processes return once the files are written
 
 
 def _tune(args: argparse.Namespace) -> None:
@@ -169,7 +191,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("pipeline", help="Pipeline folder (or Hub repo id) to calibrate.")
     calibrate.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to calibrate, e.g. 8 16 32 64.")
-    calibrate.add_argument("--bank-size", type=int, default=64, help="Trajectories in each of the two banks.")
+    calibrate.add_argument(
+        "--bank-size",
+        type=int,
+        default=64,
+        help="Trajectories in each of the two banks B_μ, B_σ (per-NFE statistics).",
+    )
+    calibrate.add_argument(
+        "--base-scale-bank-size",
+        type=int,
+        default=BASE_SCALE_BANK_SIZE,
+        help="ELF only: trajectories of the base-scale (response-Gram) measurement, a bank of its own that "
+        f"--bank-size does not change (default {BASE_SCALE_BANK_SIZE}).",
+    )
+    calibrate.add_argument(
+        "--base-scale-steps",
+        type=int,
+        default=BASE_SCALE_STEPS,
+        help=f"ELF only: NFE of the base-scale trajectories (default {BASE_SCALE_STEPS}).",
+    )
     calibrate.add_argument(
         "--seed",
         type=int,
@@ -194,6 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
             type=float,
             help=f"Explicit {meaning} for every NFE given; all four together, instead of --coefficients.",
         )
+    calibrate.add_argument(
+        "--device",
+        help="Where the network runs: cpu, cuda, cuda:N (default: cuda where available, else cpu). Under torchrun "
+        "or accelerate launch every process takes its own device (cuda:LOCAL_RANK; with cpu, all on the CPU).",
+    )
+    calibrate.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        help="The network's dtype for the runs, e.g. bfloat16 on a GPU (default: as stored); the statistics "
+        "accumulate in float64 and the pipeline's weights are written as they were.",
+    )
+    calibrate.add_argument("--no-progress", action="store_true", help="No progress bars.")
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)

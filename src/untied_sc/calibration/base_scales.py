@@ -52,21 +52,50 @@ def _per_sample_norm(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(1).norm(dim=1)
 
 
-@torch.no_grad()
 def elf_response_gram(
     pipe,
     overlap: OverlapBasis,
     generators: list[torch.Generator],
-    batch_size: int,
+    batch_size: int | list[int],
     num_inference_steps: int = 16,
     epsilon: float = 1e-2,
     alpha: float = 0.8,
     progress=None,
 ) -> torch.Tensor:
     """
-    The mean response Gram matrix over official ELF trajectories, one batch per generator (see module docstring).
+    The mean response Gram matrix over official ELF trajectories, one batch per generator (see module docstring);
+    `batch_size`: one size for every batch, or each batch's size.
 
     Uses the pipeline's own network call and the official scheduler's solver (grid, re-noising, update S_k).
+    """
+    gram_sum, count = elf_response_gram_sums(
+        pipe, overlap, generators, batch_size, num_inference_steps, epsilon, alpha, progress
+    )
+    return response_gram(gram_sum, count)
+
+
+def response_gram(gram_sum: torch.Tensor, count: float) -> torch.Tensor:
+    """G = Σ⟨r_a, r_b⟩ / count: the mean Gram from its float64 sum (over batches, possibly over processes)."""
+    if count == 0:
+        raise ValueError("No response was measured: use at least 4 steps so that steps 1..K_u−2 exist.")
+    return gram_sum / count
+
+
+@torch.no_grad()
+def elf_response_gram_sums(
+    pipe,
+    overlap: OverlapBasis,
+    generators: list[torch.Generator],
+    batch_size: int | list[int],
+    num_inference_steps: int = 16,
+    epsilon: float = 1e-2,
+    alpha: float = 0.8,
+    progress=None,
+) -> tuple[torch.Tensor, int]:
+    """
+    (Σ over samples and steps of the per-sample 2×2 Grams ⟨r_a, r_b⟩ in float64, number of terms) over the batches
+    of `generators`; [`response_gram`] divides. Sums from disjoint sets of batches (several processes) add.
+    `batch_size`: one size for every batch, or each batch's size.
     """
     from ..schedulers import ELFScheduler
 
@@ -79,11 +108,14 @@ def elf_response_gram(
     def predict(z, t, m):
         return model(z, t, m, scale).sample.float()
 
-    for generator in generators:
+    sizes = [batch_size] * len(generators) if isinstance(batch_size, int) else list(batch_size)
+    if len(sizes) != len(generators):
+        raise ValueError(f"Got {len(generators)} generators but {len(sizes)} batch sizes; give one per generator.")
+    for generator, rows in zip(generators, sizes, strict=True):
         scheduler = ELFScheduler.from_config(pipe.scheduler.config)
         scheduler.set_timesteps(num_inference_steps, generator=generator)
         solver = scheduler.solver
-        shape = (batch_size, *pipe.latent_shape)
+        shape = (rows, *pipe.latent_shape)
         z = torch.randn(shape, generator=generator).to(device) * solver.noise_scale
         noises = [torch.randn(shape, generator=generator).to(device) for _ in range(solver.num_update_steps - 1)]
 
@@ -111,6 +143,4 @@ def elf_response_gram(
             m, z_b, p = p, z_b_next, p_next
         if progress is not None:
             progress.update()
-    if count == 0:
-        raise ValueError("No response was measured: use at least 4 steps so that steps 1..K_u−2 exist.")
-    return gram / count
+    return gram, count

@@ -1,16 +1,19 @@
 """Calibration: from a frozen pipeline to its SamplerStatistics (overlap basis, base scales, per-NFE statistics)."""
 
+import copy
 import time
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
+from ..defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS
 from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
-from .base_scales import base_scales_from_gram, elf_response_gram
+from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
 from .overlap import overlap_basis_from_model
+from .reduction import is_main_process, process_share, sum_across_processes
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
 
 
@@ -47,6 +50,11 @@ class CalibrationResult:
     summaries: list[CalibrationSummary] = field(default_factory=list)
     base_scale_seconds: float = 0.0
     coefficients_by_steps: dict[str, dict[str, float]] = field(default_factory=dict)
+    total_seconds: float = 0.0
+    base_scale_trajectories: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_processes: int = 1
 
 
 def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
@@ -90,11 +98,15 @@ def trajectory_statistics(
     bank_mu: list[tuple[int, int]],
     bank_sigma: list[tuple[int, int]],
     progress: bool = True,
+    process_state=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """
     μ_k, σ_k, δ̄_k from the reference recurrence on two disjoint banks (eq. empirical_carrier_statistics).
 
     Each bank is a list of (generator seed, batch size); a batch shares ELF's random grid, as in official sampling.
+    With an accelerate `process_state` of several processes, each runs its share of every bank's batches
+    (`process_share`) and the float64 moment sums are added across processes before the ratios are taken: every
+    process returns the same statistics, those of one process (`calibration.reduction`).
     Returns float32 (K_u, D), (K_u,), (K_u,).
     """
     if num_inference_steps < 2:
@@ -107,12 +119,14 @@ def trajectory_statistics(
             raise ValueError(f"Bank {name} has fewer than 2 trajectories; use bank_size ≥ 2.")
     scheduler = _reference_scheduler(pipe, base_correction_scale, alpha)
     updates, dim = num_update_steps(scheduler.family, num_inference_steps), pipe.latent_shape[1]
+    show = progress and is_main_process(process_state)
     accumulators = []
     for bank_name, bank in (("μ, δ̄", bank_mu), ("σ", bank_sigma)):
         scheduler.accumulator = MomentAccumulator(updates, dim)
         description = f"NFE {num_inference_steps}, bank {bank_name}"
-        for seed, size in tqdm(bank, desc=description, disable=not progress, leave=False):
+        for seed, size in tqdm(process_share(bank, process_state), desc=description, disable=not show, leave=False):
             run_updates(pipe, scheduler, num_inference_steps, torch.Generator().manual_seed(seed), size)
+        scheduler.accumulator.load_sums(sum_across_processes(scheduler.accumulator.sums(), process_state))
         accumulators.append(scheduler.accumulator)
     mu_bank, sigma_bank = accumulators
     return mu_bank.mean().float(), sigma_bank.rms().float(), mu_bank.cosine_distance().float()
@@ -143,13 +157,21 @@ def calibrate_pipeline(
     seed: int = CALIBRATION_SEED,
     batch_size: int = 16,
     coefficients: str | dict | None = None,
-    base_scale_steps: int = 16,
-    base_scale_bank_size: int = 32,
+    base_scale_steps: int = BASE_SCALE_STEPS,
+    base_scale_bank_size: int = BASE_SCALE_BANK_SIZE,
     progress: bool = True,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    process_state=None,
 ) -> CalibrationResult:
     """
     Computes the pipeline's [`SamplerStatistics`] for the NFEs in `nfe`, keeping other NFEs already calibrated for
     this model (the basis and base scales are recomputed; they are deterministic).
+
+    The network runs on the pipeline's device and in its dtype, or on `device` in `dtype` (a cast copy of the
+    transformer: the pipeline itself, which the statistics are built for, is left as it is); the statistics
+    accumulate in float64 whatever the network's dtype. ELF's base scales (a finite difference at ε = 1e-2, which
+    bf16's 2⁻⁸ rounding would swamp) always run the network in float32, on the same device.
 
     Args:
         pipe ([`ELFPipeline`] or [`LangFlowPipeline`]): the frozen pipeline.
@@ -162,8 +184,14 @@ def calibrate_pipeline(
             is the reference recurrence's EMA weight (recorded as `calibration_alpha`). Default: the scheduler
             config's `coefficients_by_steps` where it has the NFE, else the family's preset.
         base_scale_steps (`int`, defaults to 16), base_scale_bank_size (`int`, defaults to 32): ELF only: the NFE
-            and number of trajectories of the response-Gram measurement.
-        progress (`bool`, defaults to `True`): show progress bars.
+            and number of trajectories of the response-Gram measurement (its own bank, independent of
+            `bank_size`; batches of `batch_size`).
+        progress (`bool`, defaults to `True`): show progress bars (the main process only).
+        device (`str` or `torch.device`, *optional*), dtype (`torch.dtype`, *optional*): where and in which dtype
+            the network runs (default: the transformer's own).
+        process_state (accelerate `PartialState`, *optional*): several processes (`torchrun`, `accelerate
+            launch`) split every bank's batches by index and add their float64 sums (`calibration.reduction`);
+            each returns the same result, that of one process. `None`: this process runs every batch.
     """
     nfe = sorted(set(nfe))
     if not nfe or any(not isinstance(n, int) or n < 2 for n in nfe):
@@ -172,6 +200,11 @@ def calibrate_pipeline(
         raise ValueError(f"bank_size must be ≥ 2 (each bank needs at least 2 trajectories), got {bank_size}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
+    if base_scale_bank_size < 1 or base_scale_steps < 4:
+        raise ValueError(
+            f"The base scales need base_scale_bank_size ≥ 1 and base_scale_steps ≥ 4 (steps 1..K_u−2 must exist), "
+            f"got {base_scale_bank_size} and {base_scale_steps}."
+        )
     solver = pipe.family
     if solver == "langflow" and not pipe.transformer.config.self_conditioning:
         raise ValueError("This LangFlow model has no self-conditioning input; untied self-conditioning needs one.")
@@ -179,33 +212,55 @@ def calibrate_pipeline(
     if coefficients is None:  # the coefficients the scheduler config already runs at (e.g. tuned) come first
         configured = pipe.scheduler.config.get("coefficients_by_steps") or {}
         per_nfe_coefficients.update({n: dict(configured[str(n)]) for n in nfe if str(n) in configured})
-    overlap = overlap_basis_from_model(pipe.transformer)
+    overlap = overlap_basis_from_model(pipe.transformer)  # from the stored weights, whatever the run's dtype
+    runner = pipeline_on(pipe, device, dtype)
+    run_device = runner.transformer.device
+    show = progress and is_main_process(process_state)
+    result = CalibrationResult(
+        statistics=None,
+        device=str(run_device),
+        dtype=str(runner.transformer.dtype).removeprefix("torch."),
+        num_processes=1 if process_state is None else process_state.num_processes,
+    )
 
-    start = time.perf_counter()
+    calibration_start = start = _clock(run_device)
     if solver == "elf":
-        generators = [
-            torch.Generator().manual_seed(s) for s, _ in bank_seeds(seed + 7919, 0, base_scale_bank_size, batch_size)
-        ]
-        bar = tqdm(total=len(generators), desc="base scales (response Gram)", disable=not progress, leave=False)
-        gram = elf_response_gram(pipe, overlap, generators, batch_size, base_scale_steps, progress=bar)
+        batches = bank_seeds(seed + 7919, 0, base_scale_bank_size, batch_size)
+        share = process_share(batches, process_state)
+        bar = tqdm(total=len(share), desc="base scales (response Gram)", disable=not show, leave=False)
+        generators = [torch.Generator().manual_seed(s) for s, _ in share]
+        sizes = [size for _, size in share]
+        # The response Gram is a finite difference at ε = 1e-2 of the input, coarser than float32's rounding but
+        # not bf16's (2⁻⁸ relative): it runs in float32 on the run's device whatever the trajectories' dtype.
+        gram_runner = pipeline_on(pipe, run_device, torch.float32)
+        gram_sum, count = elf_response_gram_sums(
+            gram_runner, overlap, generators, sizes, base_scale_steps, progress=bar
+        )
+        del gram_runner
         bar.close()
-        base_scales = base_scales_from_gram(gram)
+        totals = sum_across_processes(
+            {"gram_sum": gram_sum, "count": torch.tensor(float(count), dtype=torch.float64)}, process_state
+        )
+        base_scales = base_scales_from_gram(response_gram(totals["gram_sum"], totals["count"].item()))
+        result.base_scale_trajectories = base_scale_bank_size
     else:
         base_scales = (1.0, 1.0)  # full-rank geometry (paper Appendix "Precomputation and inference-time settings")
-    result = CalibrationResult(statistics=None, base_scale_seconds=time.perf_counter() - start)
+    result.base_scale_seconds = _clock(run_device) - start
 
     steps, bank_sizes, seeds, alphas = _existing(pipe)
     for n in nfe:
-        start = time.perf_counter()
+        start = _clock(run_device)
         bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
+        alpha = per_nfe_coefficients[n]["alpha"]
         mean, rms, distance = trajectory_statistics(
-            pipe, n, base_scales[1], per_nfe_coefficients[n]["alpha"], bank_mu, bank_sigma, progress
+            runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state
         )
         steps[n] = StepStatistics(mean, rms, distance)
         alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
         result.coefficients_by_steps[str(n)] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
         bank_sizes[str(n)], seeds[str(n)] = [bank_size, bank_size], [2 * seed, 2 * seed + 1]
-        result.summaries.append(_summarise(n, mean, rms, distance, time.perf_counter() - start, 2 * bank_size))
+        result.summaries.append(_summarise(n, mean, rms, distance, _clock(run_device) - start, 2 * bank_size))
+    result.total_seconds = _clock(run_device) - calibration_start
 
     basis, rho_sq = overlap.storage_tensors()
     solver_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
@@ -213,6 +268,40 @@ def calibrate_pipeline(
         pipe.transformer, solver, basis, rho_sq, base_scales, steps, solver_config, bank_sizes, seeds, alphas
     )
     return result
+
+
+def pipeline_on(pipe, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+    """
+    `pipe` itself where its transformer already is on `device` in `dtype` (or neither is given); else the same
+    pipeline around a copy of the transformer moved and cast there (the statistics stay those of `pipe`'s model).
+    """
+    transformer = pipe.transformer
+    target_device = _device(transformer.device if device is None else device)
+    target_dtype = transformer.dtype if dtype is None else dtype
+    if _device(transformer.device) == target_device and transformer.dtype == target_dtype:
+        return pipe
+    # `torch.nn.Module.to`: diffusers' override warns on any dtype cast about float32-kept modules, none here
+    copied = torch.nn.Module.to(copy.deepcopy(transformer), device=target_device, dtype=target_dtype)
+    components = {**pipe.components, "transformer": copied, "sampler_statistics": None}
+    extra = {"sc_cfg_scale": pipe.sc_cfg_scale} if pipe.family == "elf" else {}
+    return type(pipe)(**components, **extra)
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """One name per device: `cpu` for any CPU index (accelerate says cpu:0), `cuda:N` for `cuda`."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _clock(device: torch.device) -> float:
+    """perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def apply_calibration(pipe, result: CalibrationResult) -> None:
@@ -262,7 +351,7 @@ def _summarise(n, mean, rms, distance, seconds, trajectories) -> CalibrationSumm
 
 
 def format_summary(result: CalibrationResult) -> str:
-    """A Markdown table of the calibrated NFEs."""
+    """A Markdown table of the calibrated NFEs, then the calibration's cost."""
     statistics = result.statistics
     lines = [
         f"λ_R^(0) = {statistics.base_transform_exponent:.4f}, g_T^(0) = {statistics.base_correction_scale:.4f} "
@@ -276,4 +365,20 @@ def format_summary(result: CalibrationResult) -> str:
             f"| {s.num_inference_steps} | {s.active_steps} | {s.mean_rms:.4f} | {s.max_rms:.4f} | "
             f"{s.mean_cosine_distance:.4f} | {s.mean_norm:.4f} | {s.trajectories} | {s.seconds:.1f} |"
         )
+    lines += ["", format_cost(result)]
     return "\n".join(lines)
+
+
+def format_cost(result: CalibrationResult) -> str:
+    """One line: seconds for the base scales, each NFE and in all, and trajectories per second, with where it ran."""
+    processes = f"{result.num_processes} process{'es' if result.num_processes > 1 else ''}"
+    parts = [f"base scales {result.base_scale_seconds:.1f} s ({result.base_scale_trajectories} trajectories)"]
+    if result.base_scale_trajectories == 0:
+        parts = ["base scales (1, 1): full-rank geometry, nothing to measure"]
+    for s in result.summaries:
+        rate = s.trajectories / s.seconds if s.seconds > 0 else float("inf")
+        parts.append(f"NFE {s.num_inference_steps} {s.seconds:.1f} s ({rate:.1f} trajectories/s)")
+    trajectories = sum(s.trajectories for s in result.summaries)
+    rate = trajectories / result.total_seconds if result.total_seconds > 0 else float("inf")
+    parts.append(f"total {result.total_seconds:.1f} s ({rate:.1f} trajectories/s over the banks)")
+    return f"Cost on {result.device}, {result.dtype}, {processes}: " + "; ".join(parts)

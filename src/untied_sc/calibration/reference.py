@@ -63,6 +63,20 @@ class MomentAccumulator:
         self.centred_square_sum[step] += centred.pow(2).sum().cpu()
         self.centred_count[step] += (counts.sum() * correction.shape[-1]).cpu()
 
+    SUMS = ("mean_sum", "distance_sum", "trajectories", "centred_square_sum", "centred_count")
+
+    def sums(self) -> dict[str, torch.Tensor]:
+        """The running sums by name: every statistic is a ratio of two, so sums from several processes add."""
+        return {name: getattr(self, name) for name in self.SUMS}
+
+    def load_sums(self, sums: dict[str, torch.Tensor]) -> None:
+        """Replaces the running sums (e.g. by their totals over processes, `sum_across_processes`)."""
+        for name in self.SUMS:
+            current = getattr(self, name)
+            if sums[name].shape != current.shape:
+                raise ValueError(f"Sum {name!r} has shape {tuple(sums[name].shape)}, expected {tuple(current.shape)}.")
+            setattr(self, name, sums[name].to(device=current.device, dtype=torch.float64))
+
     def mean(self) -> torch.Tensor:
         """μ_k (K_u, D): the mean over trajectories of each trajectory's token mean; 0 where nothing was recorded."""
         return self.mean_sum / self.trajectories.clamp(min=1)[:, None]
