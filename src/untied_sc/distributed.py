@@ -127,6 +127,18 @@ def main_process_progress(iterable: Iterable[T], state=None, enabled: bool = Tru
     return tqdm(iterable, disable=not enabled or not is_main_process(state), **tqdm_kwargs)
 
 
+def silence_other_processes(state=None) -> None:
+    """On a process other than the main one, turns off diffusers' and transformers' progress bars (e.g. "Loading
+    pipeline components"), so that the terminal shows one process's bars, not N interleaved copies."""
+    if is_main_process(state):
+        return
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+
+
 def describe_processes(state=None) -> str:
     """E.g. `"1 process"` or `"2 processes"`: how many processes sampled (for reports)."""
     count = process_rank(state)[1]

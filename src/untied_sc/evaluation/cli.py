@@ -321,7 +321,7 @@ def benchmark_command(args) -> dict | None:
     one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
     not split: it runs on the main process only.
     """
-    from ..distributed import is_main_process, process_state
+    from ..distributed import is_main_process, process_state, silence_other_processes
     from .experiments import experiment_name, experiment_samplers, with_preset
     from .report import format_markdown
     from .sweep import default_name, generate_sweep, run_sweep, write_generation
@@ -337,6 +337,7 @@ def benchmark_command(args) -> dict | None:
         "dtype": torch_dtype(args.dtype),
     }
     state = process_state(args.device)
+    silence_other_processes(state)
     if args.from_generation:
         if not is_main_process(state):
             return None

@@ -136,7 +136,13 @@ def generate_samples(
 def generate_command(args: argparse.Namespace) -> list | None:
     """Handler of `untied-sc generate`: samples (split across processes under `accelerate launch`), then the main
     process writes `--out`. Returns the samples on the main process, `None` on the others."""
-    from ..distributed import describe_processes, is_main_process, process_device, process_state
+    from ..distributed import (
+        describe_processes,
+        is_main_process,
+        process_device,
+        process_state,
+        silence_other_processes,
+    )
     from ..pipelines import load_pipeline
     from .io import write_samples
 
@@ -144,6 +150,7 @@ def generate_command(args: argparse.Namespace) -> list | None:
     if out.exists() and not args.overwrite:  # before any work, on every process
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --out.")
     state = process_state(args.device)
+    silence_other_processes(state)
     pipe = load_pipeline(args.pipeline)
     pipe.to(process_device(state, args.device))
     samples, seconds = generate_samples(

@@ -14,8 +14,8 @@ so that samplers can be compared at equal entropy.
 [`write_generation`] and [`read_generation`] carry a generation between the two. The statistics are
 [`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
 
-The sweep runs pipelines (with `sampling.generate`, it is the one place in `evaluation` that does) but scores only
-texts and token ids.
+The sweep runs pipelines (with `sampling.generate`; `generate.py`, behind `untied-sc generate`, is the only other
+place in `evaluation` that does) but scores only texts and token ids.
 Under `accelerate launch` the sampling is split across the processes by batch (`untied_sc.distributed`) with the same
 samples as one process; scoring runs once, on the main process, which alone writes files.
 """
@@ -262,7 +262,7 @@ def generate_sweep(
         "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
         "device": str(pipe.device)
         + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else "")
-        + (f", {num_processes} processes (one per device)" if num_processes > 1 else ""),
+        + (f", {num_processes} processes" if num_processes > 1 else ""),
         "num_processes": num_processes,  # a run's `seconds` are its slowest process's
         "torch": torch.__version__,
         "command": command,
