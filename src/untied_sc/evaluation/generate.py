@@ -95,8 +95,7 @@ def generate_samples(
         `(samples, seconds)`: [`Sample`]s in order (`extra` holds `index` and `batch_seed`), and the sampling time
         of the slowest process.
     """
-    from .io import Sample
-    from .sampling import batch_seed, build_scheduler, generate
+    from .sampling import build_scheduler, generate, run_samples
     from .sweep import check_runs, refuse_leaked_seeds
 
     if nfe < 1 or num_samples < 1 or batch_size < 1:
@@ -118,18 +117,7 @@ def generate_samples(
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
-    samples = [
-        Sample(
-            text=text,
-            ids=row,
-            seed=seed,
-            batch=i // batch_size,
-            sampler=sampler,
-            nfe=nfe,
-            extra={"index": i, "batch_seed": batch_seed(seed, i // batch_size)},
-        )
-        for i, (text, row) in enumerate(zip(texts, ids, strict=True))
-    ]
+    samples = run_samples(texts, ids, seed, batch_size, sampler, nfe, record_batch_seed=True)
     return samples, seconds
 
 

@@ -127,6 +127,38 @@ def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | 
     return trimmed
 
 
+def run_samples(
+    texts: list[str],
+    ids: list[list[int]],
+    seed: int,
+    batch_size: int,
+    sampler: str,
+    nfe: int,
+    record_batch_seed: bool = False,
+    **extra,
+) -> list:
+    """The [`Sample`]s of one [`generate`] run: sample i lies in batch i // batch_size; `extra` holds its `index`,
+    with `record_batch_seed` its batch's [`batch_seed`], then the given `extra` keys (e.g. a diversity knob's value)."""
+    from .io import Sample
+
+    return [
+        Sample(
+            text=text,
+            ids=row,
+            seed=seed,
+            batch=i // batch_size,
+            sampler=sampler,
+            nfe=nfe,
+            extra={
+                "index": i,
+                **({"batch_seed": batch_seed(seed, i // batch_size)} if record_batch_seed else {}),
+                **extra,
+            },
+        )
+        for i, (text, row) in enumerate(zip(texts, ids, strict=True))
+    ]
+
+
 def generate(
     pipe,
     num_inference_steps: int,

@@ -44,6 +44,7 @@ from .sampling import (
     diversity_knob,
     family_of,
     generate,
+    run_samples,
     tokenizer_description,
     tuning_seeds,
 )
@@ -224,18 +225,7 @@ def generate_sweep(
             if value is not None:
                 call_kwargs[knob] = value
             texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, state=state, **call_kwargs)
-            samples = [
-                Sample(
-                    text=t,
-                    ids=i,
-                    seed=seed,
-                    batch=j // batch_size,
-                    sampler=sampler,
-                    nfe=n,
-                    extra={"index": j, knob: value},
-                )
-                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
-            ]
+            samples = run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value})
             runs.append(
                 {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
             )
