@@ -22,18 +22,20 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     """Adds the `generate` arguments to `parser` and returns it."""
     parser.add_argument("pipeline", help="Pipeline folder (or Hub repo id); the untied sampler needs it calibrated.")
     parser.add_argument("--nfe", type=int, required=True, help="Number of function evaluations, e.g. 8.")
-    parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="Samples to write.")
+    parser.add_argument(
+        "--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="Samples to write (default %(default)s)."
+    )
     parser.add_argument(
         "--batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
-        help="Samples per pipeline call, part of the seeding (the benchmark's default).",
+        help="Samples per pipeline call, part of the seeding (default %(default)s, the benchmark's).",
     )
     parser.add_argument(
         "--seed",
         type=int,
         default=DEFAULT_SEEDS[0],
-        help="Benchmark-style seed: batch b is drawn from 1_000_003·seed + b. Seeds that calibrated or tuned the "
+        help="Benchmark-style seed (default %(default)s): batch b is drawn from 1_000_003·seed + b. Seeds that calibrated or tuned the "
         "pipeline are refused, as in the benchmark.",
     )
     parser.add_argument(
