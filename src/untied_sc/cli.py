@@ -1,4 +1,8 @@
-"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, evaluate and benchmark samplers."""
+"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, generate samples, evaluate and
+benchmark samplers.
+
+`generate` and the sampling of `benchmark` split their batches across processes started by `accelerate launch -m
+untied_sc.cli ...` (or `torchrun`), one per GPU, with the samples of one process (see `untied_sc.distributed`)."""
 
 import argparse
 import sys
@@ -6,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS, DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
 from .evaluation.cli import register_benchmark_command, register_evaluate_command
+from .evaluation.generate import register_generate_command
 from .judge.cli import register_judge_command
 
 
@@ -286,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--overwrite", action="store_true", help="Rewrite the folder in place.")
     migrate.set_defaults(handler=_migrate)
 
+    register_generate_command(commands)
     register_evaluate_command(commands)
     register_benchmark_command(commands)
     register_judge_command(commands)

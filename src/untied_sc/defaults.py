@@ -19,6 +19,10 @@ SMOLLM2_NAME = "smollm2-135m"
 # The benchmark sweep's NFEs and seeds.
 DEFAULT_NFE = (8, 16, 32, 64)
 DEFAULT_SEEDS = (0, 1, 2)
+# Samples per (sampler, NFE, seed) and per pipeline call (the batch size is part of the seeding) of the benchmark sweep
+# and of `untied-sc generate`.
+DEFAULT_NUM_SAMPLES = 256
+DEFAULT_BATCH_SIZE = 32
 # The benchmark's sampler sets (`untied-sc benchmark --experiment`).
 EXPERIMENTS = ("main", "placement", "components", "sensitivity")
 # Paired bootstrap resamples of the LLM-judge statistics (`untied-sc judge score --num-resamples`).

@@ -11,6 +11,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".aggregation": ("aggregate",),
         ".curves": ("FIT_DESCRIPTION", "RunSamples", "equal_entropy_ratio", "gen_ppl_on_curve", "monotone_cubic"),
         ".evaluator": ("SMOLLM2_NAME", "default_cache_dir", "evaluator_context_size", "load_evaluator"),
+        ".generate": ("generate_samples",),
         ".io": ("Sample", "compare_results", "evaluate_runs", "evaluate_samples", "read_samples", "write_samples"),
         ".metrics": (
             "PROTOCOLS",

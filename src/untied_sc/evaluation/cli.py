@@ -13,7 +13,15 @@ import json
 import shlex
 from pathlib import Path
 
-from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS, DTYPE_NAMES, EXPERIMENTS, SMOLLM2_NAME
+from ..defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_NFE,
+    DEFAULT_NUM_SAMPLES,
+    DEFAULT_SEEDS,
+    DTYPE_NAMES,
+    EXPERIMENTS,
+    SMOLLM2_NAME,
+)
 
 
 # The parsers import nothing heavy (`untied-sc --help` stays fast): the handlers import torch and the sweep.
@@ -145,8 +153,8 @@ def evaluate_command(args: argparse.Namespace) -> dict:
 SWEEP_DEFAULTS = {
     "nfe": list(DEFAULT_NFE),
     "seeds": list(DEFAULT_SEEDS),
-    "num_samples": 256,
-    "batch_size": 32,
+    "num_samples": DEFAULT_NUM_SAMPLES,
+    "batch_size": DEFAULT_BATCH_SIZE,
     "experiment": "main",
     "temperatures": None,
     "diversity_nfe": None,
@@ -217,7 +225,12 @@ def add_benchmark_arguments(parser):
     parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
     parser.add_argument("--max-length", type=int, help="Evaluator truncation length (default: its context).")
     parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples.")
-    parser.add_argument("--device", help="Device of the pipeline and the evaluator (default: cpu).")
+    parser.add_argument(
+        "--device",
+        help="Device of the pipeline and the evaluator (default: the process's own for sampling, i.e. its GPU under "
+        "`accelerate launch`, else cuda when there is one, else cpu; cpu for the evaluator). 'cuda' still gives each "
+        "process its own GPU.",
+    )
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="Evaluator dtype.")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
@@ -301,8 +314,14 @@ def _score_generation_file(args, scoring: dict) -> dict:
     )
 
 
-def benchmark_command(args) -> dict:
-    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table."""
+def benchmark_command(args) -> dict | None:
+    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
+
+    Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
+    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
+    not split: it runs on the main process only.
+    """
+    from ..distributed import is_main_process, process_state, silence_other_processes
     from .experiments import experiment_name, experiment_samplers, with_preset
     from .report import format_markdown
     from .sweep import default_name, generate_sweep, run_sweep, write_generation
@@ -317,7 +336,11 @@ def benchmark_command(args) -> dict:
         "cache_dir": args.cache_dir,
         "dtype": torch_dtype(args.dtype),
     }
+    state = process_state(args.device)
+    silence_other_processes(state)
     if args.from_generation:
+        if not is_main_process(state):
+            return None
         results = _score_generation_file(args, scoring)
         print(format_markdown(results))
         print("Wrote " + ", ".join(results["files"].values()))
@@ -347,9 +370,12 @@ def benchmark_command(args) -> dict:
         "command": benchmark_command_line(args),
         "progress": not args.no_progress,
         "device": args.device,
+        "state": state,
     }
     if args.generate_only:
         generation = generate_sweep(args.pipeline, **sweep)
+        if not is_main_process(state):
+            return None
         paths = write_generation(generation, args.output_dir)
         count = sum(len(run["samples"]) for run in generation["runs"])
         print(
@@ -358,6 +384,8 @@ def benchmark_command(args) -> dict:
         )
         return generation
     results = run_sweep(args.pipeline, **sweep, **scoring)
+    if results is None:  # not the main process
+        return None
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))
     return results

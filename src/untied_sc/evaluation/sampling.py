@@ -127,19 +127,80 @@ def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | 
     return trimmed
 
 
-def generate(pipe, num_inference_steps: int, seed: int, num_samples: int, batch_size: int, **call_kwargs):
-    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds)."""
+def run_samples(
+    texts: list[str],
+    ids: list[list[int]],
+    seed: int,
+    batch_size: int,
+    sampler: str,
+    nfe: int,
+    record_batch_seed: bool = False,
+    **extra,
+) -> list:
+    """The [`Sample`]s of one [`generate`] run: sample i lies in batch i // batch_size; `extra` holds its `index`,
+    with `record_batch_seed` its batch's [`batch_seed`], then the given `extra` keys (e.g. a diversity knob's value)."""
+    from .io import Sample
+
+    return [
+        Sample(
+            text=text,
+            ids=row,
+            seed=seed,
+            batch=i // batch_size,
+            sampler=sampler,
+            nfe=nfe,
+            extra={
+                "index": i,
+                **({"batch_seed": batch_seed(seed, i // batch_size)} if record_batch_seed else {}),
+                **extra,
+            },
+        )
+        for i, (text, row) in enumerate(zip(texts, ids, strict=True))
+    ]
+
+
+def generate(
+    pipe,
+    num_inference_steps: int,
+    seed: int,
+    num_samples: int,
+    batch_size: int,
+    state=None,
+    progress: bool = False,
+    **call_kwargs,
+):
+    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds).
+
+    With a `state` ([`untied_sc.distributed.process_state`]) of several processes, this process samples only its
+    shard of the batches ([`shard_batches`]) and every process returns all the samples, in batch order: the same
+    samples as one process, since batch b is drawn from `batch_seed(seed, b)` whatever process draws it. `seconds` is
+    the sampling time of the slowest process (the sum of its batches' times; with one process, of all batches).
+    `progress` shows a bar over this process's batches on the main process.
+    """
+    from ..distributed import (
+        gather_in_order,
+        main_process_progress,
+        process_rank,
+        shard_batches,
+        slowest_process_seconds,
+    )
+
     family = family_of(pipe)
     pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
-    texts, ids, seconds = [], [], 0.0
-    for batch_index, start in enumerate(range(0, num_samples, batch_size)):
+    num_batches = -(-num_samples // batch_size)
+    mine = {}
+    for batch_index in main_process_progress(shard_batches(num_batches, state), state, progress, desc="batches"):
+        start = batch_index * batch_size
         size = min(batch_size, num_samples - start)
         generator = torch.Generator().manual_seed(batch_seed(seed, batch_index))
         began = time.perf_counter()
         output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
         if output.sequences is not None and output.sequences.is_cuda:
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - began
-        texts.extend(output.texts)
-        ids.extend(generator_ids(output.sequences, family, pad))
+            torch.cuda.synchronize(output.sequences.device)
+        seconds = time.perf_counter() - began
+        mine[batch_index] = (output.texts, generator_ids(output.sequences, family, pad), seconds)
+    batches = gather_in_order(mine, state)
+    texts = [text for batch_texts, _, _ in batches for text in batch_texts]
+    ids = [row for _, batch_ids, _ in batches for row in batch_ids]
+    seconds = slowest_process_seconds([batch_seconds for _, _, batch_seconds in batches], process_rank(state)[1])
     return texts, ids, seconds

@@ -14,8 +14,10 @@ so that samplers can be compared at equal entropy.
 [`write_generation`] and [`read_generation`] carry a generation between the two. The statistics are
 [`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
 
-The sweep runs pipelines (with `sampling.generate`, it is the one place in `evaluation` that does) but scores only
-texts and token ids.
+The sweep runs pipelines (with `sampling.generate`; `generate.py`, behind `untied-sc generate`, is the only other
+place in `evaluation` that does) but scores only texts and token ids.
+Under `accelerate launch` the sampling is split across the processes by batch (`untied_sc.distributed`) with the same
+samples as one process; scoring runs once, on the main process, which alone writes files.
 """
 
 import json
@@ -42,6 +44,7 @@ from .sampling import (
     diversity_knob,
     family_of,
     generate,
+    run_samples,
     tokenizer_description,
     tuning_seeds,
 )
@@ -85,8 +88,9 @@ def _sweep_runs(
     return plan
 
 
-def _refuse_leaked_seeds(seeds: Sequence[int], pipe) -> None:
-    """Raises when an evaluation seed is one the pipeline was tuned or calibrated on (the result would leak)."""
+def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> None:
+    """Raises when an evaluation seed is one the pipeline was tuned or calibrated on (the result would leak);
+    `option` is the command-line option the error tells the user to change."""
     for used, what, remedy in (
         (tuning_seeds(pipe), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
         (
@@ -97,10 +101,10 @@ def _refuse_leaked_seeds(seeds: Sequence[int], pipe) -> None:
     ):
         leaked = sorted(set(seeds) & used)
         if leaked:
-            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other --seeds{remedy}.")
+            raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other {option}{remedy}.")
 
 
-def _check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPELINE_DIR") -> None:
+def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPELINE_DIR") -> None:
     """Before any sampling: every untied sampler's coefficients resolve at each of its NFEs, and the sampler statistics
     are calibrated at every NFE an untied sampler needs them at (one error naming all the missing NFEs and the
     `untied-sc calibrate` command that adds them, which also writes coefficients for NFEs that have none), so that a
@@ -156,21 +160,25 @@ def generate_sweep(
     command: str | None = None,
     progress: bool = True,
     device: str | torch.device | None = None,
+    state=None,
 ) -> dict:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
-    The arguments are [`run_sweep`]'s. Sampling and scoring can run on different machines (sample on a GPU, score on
+    The arguments are [`run_sweep`]'s. With a `state` of several processes ([`untied_sc.distributed.process_state`],
+    e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
+    ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
+    process would. Sampling and scoring can run on different machines (sample on a GPU, score on
     a machine that has the evaluator): [`write_generation`] saves the result, [`read_generation`] loads it and
     [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
 
     Returns:
         `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
         `batch_size`, `samplers`, `diversity_*`), `coefficients` (η_R, η_T, η_O, α each untied sampler ran with, by
-        NFE), `device`, `torch`, `command`, `seconds` (wall time) and `runs`: one
-        dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling and its `samples` ([`Sample`]s).
+        NFE), `device`, `num_processes`, `torch`, `command`, `seconds` (wall time) and
+        `runs`: one dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling (its slowest process's)
+        and its `samples` ([`Sample`]s).
     """
-    from tqdm.auto import tqdm
-
+    from ..distributed import main_process_progress, process_device, process_rank
     from ..schedulers import UntiedSelfConditioningScheduler
 
     began = time.perf_counter()
@@ -183,11 +191,14 @@ def generate_sweep(
     else:
         pipe = pipeline_dir_or_pipe
     name = name or default_name(pipeline_dir_or_pipe)
+    if state is not None:
+        device = process_device(state, device)
     if device is not None:
         pipe.to(device)
+    num_processes = process_rank(state)[1]
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
-    _refuse_leaked_seeds(seeds, pipe)
+    refuse_leaked_seeds(seeds, pipe)
     knob = diversity_knob(family)
     samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
     unknown = [s for s in diversity_samplers if s not in samplers]
@@ -197,7 +208,7 @@ def generate_sweep(
         raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
     plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
     source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
-    _check_runs(pipe, samplers, plan, source)
+    check_runs(pipe, samplers, plan, source)
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -205,7 +216,7 @@ def generate_sweep(
     runs = []
     coefficients: dict[str, dict[str, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
     try:
-        for sampler, n, seed, value in tqdm(plan, desc=f"sampling {name}", disable=not progress):
+        for sampler, n, seed, value in main_process_progress(plan, state, progress, desc=f"sampling {name}"):
             spec = samplers[sampler]
             pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
             if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler):
@@ -213,19 +224,8 @@ def generate_sweep(
             call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
             if value is not None:
                 call_kwargs[knob] = value
-            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, **call_kwargs)
-            samples = [
-                Sample(
-                    text=t,
-                    ids=i,
-                    seed=seed,
-                    batch=j // batch_size,
-                    sampler=sampler,
-                    nfe=n,
-                    extra={"index": j, knob: value},
-                )
-                for j, (t, i) in enumerate(zip(texts, ids, strict=True))
-            ]
+            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, state=state, **call_kwargs)
+            samples = run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value})
             runs.append(
                 {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
             )
@@ -251,7 +251,9 @@ def generate_sweep(
         "diversity_samplers": list(diversity_samplers) if diversity_values else [],
         "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
         "device": str(pipe.device)
-        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else ""),
+        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else "")
+        + (f", {num_processes} processes" if num_processes > 1 else ""),
+        "num_processes": num_processes,  # a run's `seconds` are its slowest process's
         "torch": torch.__version__,
         "command": command,
         "seconds": time.perf_counter() - began,
@@ -372,6 +374,7 @@ def score_sweep(
         "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
+        "num_processes": generation.get("num_processes", 1),  # absent from generation files written before it
         "runs": runs,
         "diversity_default": knob_default,
         "command": generation["command"],
@@ -411,8 +414,9 @@ def run_sweep(
     command: str | None = None,
     progress: bool = True,
     device: str | torch.device | None = None,
+    state=None,
     **evaluator_kwargs,
-) -> dict:
+) -> dict | None:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
 
     [`generate_sweep`] then [`score_sweep`]: use those two to sample and score on different machines.
@@ -445,13 +449,19 @@ def run_sweep(
         command (`str`, *optional*): the command line stored in the results (default: this process's argv).
         progress (`bool`, defaults to `True`): a tqdm bar over the runs.
         device: where to run the pipeline and a named evaluator (default: where the pipeline is; evaluator on CPU).
+        state: the [`untied_sc.distributed.process_state`] of several processes (`accelerate launch`): sampling is
+            split across them by batch ([`generate_sweep`]); the main process alone scores and writes, the others
+            return `None`. Scoring is not split: it runs once, on the main process.
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
         The results dict (see [`write_results`] for the files): `model`, `family`, `protocol`, `evaluator`, settings,
         `diversity_knob`, `runs` (one record per (sampler, NFE, seed[, knob value]) with its metrics, samples/s and
-        per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`.
+        per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
+        process other than the main one.
     """
+    from ..distributed import is_main_process
+
     generation = generate_sweep(
         pipeline_dir_or_pipe,
         nfe=nfe,
@@ -466,7 +476,10 @@ def run_sweep(
         command=command,
         progress=progress,
         device=device,
+        state=state,
     )
+    if not is_main_process(state):
+        return None
     if device is not None and isinstance(evaluator, (str, os.PathLike)):
         evaluator_kwargs.setdefault("device", device)
     return score_sweep(
