@@ -90,6 +90,7 @@ def elf_b_random(args, state) -> dict:
         device=args.device if state is None else state.device,
         dtype=getattr(torch, args.dtype),
         process_state=state,
+        generator_device=args.generator_device,
     )
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     calls = network_calls(args)
@@ -101,6 +102,7 @@ def elf_b_random(args, state) -> dict:
         "dtype": result.dtype,
         "base_scale_dtype": "float32",
         "processes": result.num_processes,
+        "generator_device": result.generator_device,
         "batch_size": args.batch_size,
         "bank_size": args.bank_size,
         "trajectories": trajectories,
@@ -175,6 +177,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="Default: 64 (elf-b-random), else 4.")
     parser.add_argument("--device", default=None, help="cpu or cuda (under torchrun: each process its own).")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--generator-device", default="cpu", choices=["cpu", "cuda"], help="Where the draws are made.")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--output")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing results file.")

@@ -199,3 +199,23 @@ def test_base_scales_follow_their_own_bank_not_bank_size(one_thread, tiny_pipeli
     assert not torch.equal(base_scales(base_scale_bank_size=6), reference)
     with pytest.raises(ValueError, match="base_scale_steps ≥ 4"):
         base_scales(base_scale_bank_size=4, base_scale_steps=3)
+
+
+def test_calibration_generator_device_is_checked_and_the_cpu_stream_is_the_default(tmp_path):
+    from untied_sc import LangFlowTransformerModel
+
+    from .tiny import tiny_tokenizer
+
+    torch.manual_seed(0)
+    model = LangFlowTransformerModel(
+        vocab_size=40, hidden_size=32, cond_dim=16, num_layers=1, num_attention_heads=4, max_length=8
+    ).eval()
+    pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"bank_size": 4, "batch_size": 2, "progress": False}
+    default = calibrate_pipeline(pipe, [4], **kwargs)
+    explicit = calibrate_pipeline(pipe, [4], generator_device="cpu", **kwargs)
+    assert default.generator_device == explicit.generator_device == "cpu"
+    assert torch.equal(default.statistics.mean_nfe4, explicit.statistics.mean_nfe4)
+    with pytest.raises(ValueError, match="generator_device must be 'cpu' or 'cuda'"):
+        calibrate_pipeline(pipe, [4], generator_device="meta", **kwargs)

@@ -96,6 +96,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         device=device,
         dtype=torch_dtype(args.dtype) if args.dtype else None,
         process_state=state,
+        generator_device=args.generator_device,
     )
     if main_process:  # every process holds the same statistics; one writes them
         folder = _save_calibration(pipe, args.pipeline, args.output)
@@ -249,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=DTYPE_NAMES,
         help="The network's dtype for the runs, e.g. bfloat16 on a GPU (default: as stored); the statistics "
         "accumulate in float64 and the pipeline's weights are written as they were.",
+    )
+    calibrate.add_argument(
+        "--generator-device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="Where the batches' random draws are made: cpu (the CPU stream: the same statistics on every device) "
+        "or cuda (no CPU draws to wait for: faster at large banks, statistics of the same distribution but not the "
+        "same numbers).",
     )
     calibrate.add_argument("--no-progress", action="store_true", help="No progress bars.")
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")

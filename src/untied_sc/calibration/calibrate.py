@@ -55,6 +55,7 @@ class CalibrationResult:
     device: str = "cpu"
     dtype: str = "float32"
     num_processes: int = 1
+    generator_device: str = "cpu"
 
 
 def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
@@ -99,6 +100,7 @@ def trajectory_statistics(
     bank_sigma: list[tuple[int, int]],
     progress: bool = True,
     process_state=None,
+    generator_device: str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """
     μ_k, σ_k, δ̄_k from the reference recurrence on two disjoint banks (eq. empirical_carrier_statistics).
@@ -107,6 +109,8 @@ def trajectory_statistics(
     With an accelerate `process_state` of several processes, each runs its share of every bank's batches
     (`process_share`) and the float64 moment sums are added across processes before the ratios are taken: every
     process returns the same statistics, those of one process (`calibration.reduction`).
+    Batch seeds seed `torch.Generator(generator_device)`: the CPU stream by default (the same statistics on any
+    device), or a CUDA stream (no CPU draws to wait for; statistics of the same distribution, not the same numbers).
     Returns float32 (K_u, D), (K_u,), (K_u,).
     """
     if num_inference_steps < 2:
@@ -125,7 +129,8 @@ def trajectory_statistics(
         scheduler.accumulator = MomentAccumulator(updates, dim)
         description = f"NFE {num_inference_steps}, bank {bank_name}"
         for seed, size in tqdm(process_share(bank, process_state), desc=description, disable=not show, leave=False):
-            run_updates(pipe, scheduler, num_inference_steps, torch.Generator().manual_seed(seed), size)
+            generator = torch.Generator(generator_device).manual_seed(seed)
+            run_updates(pipe, scheduler, num_inference_steps, generator, size)
         scheduler.accumulator.load_sums(sum_across_processes(scheduler.accumulator.sums(), process_state))
         accumulators.append(scheduler.accumulator)
     mu_bank, sigma_bank = accumulators
@@ -163,6 +168,7 @@ def calibrate_pipeline(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     process_state=None,
+    generator_device: str = "cpu",
 ) -> CalibrationResult:
     """
     Computes the pipeline's [`SamplerStatistics`] for the NFEs in `nfe`, keeping other NFEs already calibrated for
@@ -189,6 +195,10 @@ def calibrate_pipeline(
         progress (`bool`, defaults to `True`): show progress bars (the main process only).
         device (`str` or `torch.device`, *optional*), dtype (`torch.dtype`, *optional*): where and in which dtype
             the network runs (default: the transformer's own).
+        generator_device (`str`, defaults to `"cpu"`): where the batches' generators draw. `"cpu"`: the CPU stream,
+            the same statistics on every device (on a GPU the draws are made ahead on a CPU thread, which can still
+            bound the run at the paper's size); `"cuda"`: a device stream, no CPU draws (statistics of the same
+            distribution, not the same numbers; reproducible on one kind of GPU).
         process_state (accelerate `PartialState`, *optional*): several processes (`torchrun`, `accelerate
             launch`) split every bank's batches by index and add their float64 sums (`calibration.reduction`);
             each returns the same result, that of one process. `None`: this process runs every batch.
@@ -221,14 +231,19 @@ def calibrate_pipeline(
         device=str(run_device),
         dtype=str(runner.transformer.dtype).removeprefix("torch."),
         num_processes=1 if process_state is None else process_state.num_processes,
+        generator_device=str(generator_device),
     )
+    if torch.device(generator_device).type not in ("cpu", "cuda"):
+        raise ValueError(f"generator_device must be 'cpu' or 'cuda', got {generator_device!r}.")
+    if torch.device(generator_device).type == "cuda":
+        generator_device = run_device if run_device.type == "cuda" else generator_device
 
     calibration_start = start = _clock(run_device)
     if solver == "elf":
         batches = bank_seeds(seed + 7919, 0, base_scale_bank_size, batch_size)
         share = process_share(batches, process_state)
         bar = tqdm(total=len(share), desc="base scales (response Gram)", disable=not show, leave=False)
-        generators = [torch.Generator().manual_seed(s) for s, _ in share]
+        generators = [torch.Generator(generator_device).manual_seed(s) for s, _ in share]
         sizes = [size for _, size in share]
         # The response Gram is a finite difference at ε = 1e-2 of the input, coarser than float32's rounding but
         # not bf16's (2⁻⁸ relative): it runs in float32 on the run's device whatever the trajectories' dtype.
@@ -253,7 +268,7 @@ def calibrate_pipeline(
         bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
         alpha = per_nfe_coefficients[n]["alpha"]
         mean, rms, distance = trajectory_statistics(
-            runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state
+            runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state, generator_device
         )
         steps[n] = StepStatistics(mean, rms, distance)
         alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
