@@ -65,7 +65,7 @@ def every_parser():
     from untied_sc.training import elf, langflow
 
     yield from parser_tree(build_parser())
-    for family in (elf, langflow):
+    for family in (elf, langflow):  # the modules' own parsers: what `python -m untied_sc.training.FAMILY` parses
         name = family.__name__.rsplit(".", 1)[1]
         yield from parser_tree(family.build_parser(), ("train", name))
 
@@ -167,6 +167,20 @@ def test_building_the_cli_parsers_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("argv", [["train", "elf", "--help"], ["train", "langflow", "train", "--help"]])
+def test_training_help_does_not_import_torch(argv):
+    """`untied-sc train FAMILY [ACTION] --help` parses with the light `untied_sc.training.cli`: no torch to load."""
+    code = (
+        "import sys, untied_sc.cli\n"
+        "try:\n"
+        f"    untied_sc.cli.main({argv!r})\n"
+        "except SystemExit:\n"
+        "    print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "usage: python -m untied_sc.training" in out and out.strip().endswith("[]")
 
 
 @pytest.fixture(scope="module")

@@ -218,9 +218,9 @@ def _data_build(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    import importlib
+    from .training.cli import main as train_main
 
-    status = importlib.import_module(f"untied_sc.training.{args.family}").main(args.rest)
+    status = train_main(args.family, args.rest)
     if status:
         raise SystemExit(status)
 

