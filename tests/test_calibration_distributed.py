@@ -117,16 +117,18 @@ state = calibration_process_state("cpu")
 rank = state.process_index
 sums = {"x": torch.tensor([1.0, 2.0], dtype=torch.float64) * (rank + 1), "n": torch.tensor(3.0 + rank).double()}
 totals = sum_across_processes(sums, state)
-print(json.dumps({"rank": rank, "x": totals["x"].tolist(), "n": totals["n"].item(), "device": str(state.device)}))
+result = {"rank": rank, "x": totals["x"].tolist(), "n": totals["n"].item(), "device": str(state.device)}
+with open(sys.argv[1] + f"/rank{rank}.json", "w") as handle:  # a file each: two processes' prints can interleave
+    json.dump(result, handle)
 """
 
 
 def test_sums_are_added_across_two_real_processes(tmp_path):
     script = tmp_path / "reduce.py"
     script.write_text(REDUCE_SCRIPT)
-    run = _torchrun(str(script))
+    run = _torchrun(str(script), str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
-    results = sorted((json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")), key=str)
+    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
     assert [r["rank"] for r in sorted(results, key=lambda r: r["rank"])] == [0, 1]
     for result in results:  # every process gets the totals: (1 + 2)·[1, 2] and 3 + 4
         assert result["x"] == [3.0, 6.0] and result["n"] == 7.0 and result["device"].startswith("cpu")
