@@ -20,7 +20,7 @@ from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.noise import draw_normal, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
 from .artifact_checks import check_pipeline_folder
-from .remote_code import is_package_module, write_remote_code
+from .remote_code import MODULE_NAME, is_package_module, write_remote_code
 
 
 OUTPUT_TYPES = ("text", "seq", "latent")
@@ -173,9 +173,24 @@ class LanguageFlowPipeline(DiffusionPipeline):
         hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
         folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
         check_pipeline_folder(folder, cls, passed=set(kwargs))
-        if is_package_module(folder):  # the file only re-exports this package's classes (see remote_code.py)
-            kwargs.setdefault("trust_remote_code", True)
         return super().from_pretrained(folder, **kwargs)
+
+    @classmethod
+    def load_config(cls, *args, **kwargs):
+        """
+        diffusers' `load_config`, reading our module file's `[module, class]` name as the plain class name: the
+        package's own class loads the folder, never through diffusers' remote-code import (which several processes
+        loading at once would race on). Any other module file is left to diffusers' rule.
+        """
+        loaded = super().load_config(*args, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        name = config.get("_class_name")
+        if isinstance(name, list | tuple) and name[0] == MODULE_NAME:
+            folder = Path(args[0] if args else kwargs["pretrained_model_name_or_path"])
+            folder = folder.parent if folder.name == "model_index.json" else folder
+            if is_package_module(folder):
+                config["_class_name"] = name[-1]
+        return loaded
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """
