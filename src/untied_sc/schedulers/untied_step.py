@@ -16,10 +16,17 @@ step. [`fused_untied_step`] computes the same step in about fifteen passes:
   device, so the step reads nothing back from the device and `torch.compile` traces it without specialising on a
   step's values.
 
-It agrees with the pure functions within float rounding (tests/test_untied_step.py). Norms are taken without the
-pure functions' rescaling, so a prediction with entries beyond ~1e15 (float32 sums of squares overflow) or a
-nonzero H or O difference whose every entry is below ~1e-19 (they underflow) falls outside that agreement; neither
-occurs in sampling, where predictions are O(1).
+It agrees with the pure functions within float rounding (tests/test_untied_step.py), with two documented
+exceptions, neither of which occurs in sampling (predictions are O(1) and vary across positions):
+
+- norms are taken without the pure functions' rescaling, so entries beyond ~1e15 (float32 sums of squares
+  overflow) or an H_k or p_k − O_k whose every entry is below ~1e-19 (they underflow) fall outside the agreement;
+- C U_k is U_k minus its token mean, not shifted by one token first, so a U_k that is exactly constant across two or
+  more active positions gives C U_k at rounding level (normalised to σ_k) rather than exactly 0 (Π_k = μ_k).
+
+`fused_untied_step` is the eager form (per-step values as 0-dim tensors, optional preallocated buffers);
+`indexed_untied_step` is the form `torch.compile` gets (whole per-run tables indexed by a step counter on the
+device, one graph for every step).
 """
 
 from dataclasses import dataclass, field
@@ -27,11 +34,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .untied_functions import _compute_dtype, overlap_transform, retention
-
-
-# Columns of a step's scalar row.
-ONE_PLUS_C, C, KAPPA, ETA_SIGMA, ALPHA = range(5)
-TRANSFORM_KINDS = (None, "matrix", "low_rank", "online")
 
 
 @dataclass
