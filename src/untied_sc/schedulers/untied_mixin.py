@@ -16,6 +16,7 @@ from .untied_functions import (
     solver_history_direction,
     token_cosine_distance,
 )
+from .untied_step import FusedStepPlan, choose_transform_kind, fused_untied_step, indexed_untied_step
 
 
 CORRECTION_ROUTINGS = ("solver", "self_conditioning", "both")
@@ -52,6 +53,9 @@ class UntiedSelfConditioningMixin:
     family: str
     base_scheduler_class: type
     order = 1
+    # The fused step ([`fused_untied_step`], few passes over (B, L, D)); False runs the reference step, the pure
+    # functions of `untied_functions` chained one by one (equal within float rounding; tests compare the two).
+    use_fused_step = True
 
     def _init_untied(self) -> None:
         """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
@@ -84,6 +88,9 @@ class UntiedSelfConditioningMixin:
         self.rho_sq: torch.Tensor | None = None  # ρ² (r,), float64, permuted by the assignment ablations
         self.transform_strength = 0.0  # λ_R = λ_R^(0)·η_R
         self.mask: torch.Tensor | None = None  # (B, L) active positions of the correction
+        self._fused_plan: FusedStepPlan | None = None  # the fused step's per-step tensors of this run
+        self._kappas: list[float] = []  # κ_k as floats, read once per run
+        self._compiled_step = None  # `torch.compile(indexed_untied_step)` after `compile_step()`
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -94,6 +101,8 @@ class UntiedSelfConditioningMixin:
         self.self_conditioning: torch.Tensor | None = None  # m̃_k = F_k m_k, the network's next input
         self.previous_kappa = 0.0  # κ_{k−1}
         self.previous_cosine_distance: float | torch.Tensor = 0.0  # δ̄_{k−1}: a float, or (B,) when online
+        self._step_counter: torch.Tensor | None = None  # k on the device, for the compiled step
+        self._buffers: dict[str, torch.Tensor] | None = None  # the eager fused step's (B, L, D) buffers, per run
 
     @property
     def step_index(self) -> int:
@@ -141,7 +150,80 @@ class UntiedSelfConditioningMixin:
         self.cosine_distances = stats.cosine_distance.tolist() if stats is not None else []
         self._setup_transform(statistics if coefficients["eta_r"] > 0 else None, device)
         self.mask = mask
+        self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
+        self._fused_plan = self._plan_fused_step(device)
         self._reset_state()
+
+    def _plan_fused_step(self, device) -> FusedStepPlan:
+        """Every per-step number of this run for the fused step, as float64 tensors on `device` (once per run)."""
+        coefficients, solver = self.coefficients, self.solver
+        steps = solver.num_update_steps
+        eta_t, eta_o, alpha = coefficients["eta_t"], coefficients["eta_o"], coefficients["alpha"]
+        table_dtype = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+        online = self.config.cosine_distance == "online" and self.basis is not None
+        correct = eta_t > 0
+        sigmas = self.rms if self.rms else [0.0] * steps
+        rows = []
+        for k in range(steps):
+            c = eta_o * solver.delta_u(k) if correct else 0.0
+            rows.append([1.0 + c, c, self._kappas[k], eta_t * sigmas[k], alpha, float(sigmas[k] > 0)])
+        scalars = torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=table_dtype)
+        mean = None
+        if correct:
+            mean = self.step_statistics.mean.detach().to(device=device, dtype=table_dtype)
+        kind, ell, identity = None, None, [True] * steps
+        rank = self.basis.shape[1] if self.basis is not None else 0
+        if rank > 0:
+            kind = "online" if online else choose_transform_kind(rank, self.basis.shape[0])
+        if kind in ("matrix", "low_rank"):
+            # â_{k+1} = κ_k(1 − δ̄_k) of the transform that ends step k, as `_transform` forms it from Python floats.
+            a_hat = [self._kappas[k] * (1 - self.cosine_distances[k]) for k in range(steps)]
+            ell = retention(
+                self.rho_sq,
+                torch.tensor(a_hat, dtype=torch.float64),
+                self.transform_strength,
+                self.config.eps_fp,
+                self.config.global_scaling,
+            ).expand(steps, rank)
+            identity = [bool((row == 1).all()) for row in ell]
+            ell = ell.to(device=device, dtype=table_dtype)
+        solver_direction = (correct and eta_o > 0) or online
+        rho_sq = None
+        if kind == "online":  # ρ² in float64 on the device (the CPU for MPS, which has no float64)
+            rho_sq = self.rho_sq if table_dtype == torch.float32 else self.rho_sq.to(device)
+        return FusedStepPlan(
+            scalars=scalars,
+            eta_t=eta_t,
+            mean=mean,
+            active=[sigma > 0 for sigma in sigmas],
+            transform_kind=kind,
+            retention=ell,
+            identity=identity,
+            basis=self.basis if rank > 0 else None,
+            rho_sq=rho_sq,
+            strength=self.transform_strength,
+            eps_fp=self.config.eps_fp,
+            global_scaling=self.config.global_scaling,
+            correct=correct,
+            online=online,
+            solver_direction=solver_direction,
+            track_ema=correct or online,
+            track_solver_average=(correct or online) and solver_direction,
+            routing=self.config.correction_routing,
+            eps=self.config.degeneracy_eps,
+            mask=self.mask.to(device=device, dtype=torch.bool) if self.mask is not None else None,
+        )
+
+    def compile_step(self, enable: bool = True, **options):
+        """
+        Runs the fused step compiled: `torch.compile(indexed_untied_step, **options)` (`enable=False` goes back to
+        the eager fused step). The compiled step reads its per-step numbers from per-run tables with a step counter
+        kept on the device, so a run compiles one graph (again when the batch shape changes), not one per step; on
+        a GPU it replaces the eager step's ~15-30 kernel launches per step by a few fused kernels. The first run
+        pays the compilation (seconds to a minute). Returns the scheduler.
+        """
+        self._compiled_step = torch.compile(indexed_untied_step, **options) if enable else None
+        return self
 
     def _setup_transform(self, statistics: SamplerStatistics | None, device) -> None:
         """Q, ρ² (permuted for the assignment ablations) and λ_R = λ_R^(0)·η_R; no transform when η_R = 0."""
@@ -226,30 +308,147 @@ class UntiedSelfConditioningMixin:
             # LangFlow's final evaluation: the base scheduler leaves the latent as it is; nothing to correct.
             prev_sample = self.base.step(prediction, timestep, sample).prev_sample
             solver_input = prediction
+        elif self.use_fused_step:
+            solver_input, prev_sample = self._fused_update(k, prediction, timestep, sample)
         else:
-            if self.ema is None:
-                self.ema = torch.zeros_like(prediction)
-                self.solver_average = torch.zeros_like(prediction)
-            correction, distance = self._correction(k, prediction)
-            corrected = prediction if correction is None else prediction + correction
-            routing = self.config.correction_routing
-            solver_input = prediction if routing == "self_conditioning" else corrected
-            next_raw = prediction if routing == "solver" else corrected
-            prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
-            kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
-            self.solver_average = (1 - kappa) * self.solver_average + kappa * solver_input
-            self.ema = (1 - alpha) * self.ema + alpha * prediction
-            self.raw_self_conditioning = next_raw
-            self.previous_kappa = kappa
-            if distance is not None:
-                self.previous_cosine_distance = distance
-            elif self.cosine_distances:
-                self.previous_cosine_distance = self.cosine_distances[k]
-            self.self_conditioning = self._transform(next_raw)
+            solver_input, prev_sample = self._reference_update(k, prediction, timestep, sample)
         self._step_index += 1
         if not return_dict:
             return (prev_sample, solver_input, self.self_conditioning)
         return LanguageFlowSchedulerOutput(prev_sample, solver_input, self.self_conditioning)
+
+    def _fused_update(
+        self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Update step k with the fused step ([`fused_untied_step`]): (q_k, z_{k+1}). The state changes only once the
+        base solver's step has succeeded. With η_R = η_T = 0 (and no online δ̄) q_k = p_k and m̃_{k+1} = p_k are
+        the prediction itself, so the official step runs on the official tensors: bit for bit the official sampler.
+        """
+        plan = self._fused_plan
+        kappa = self._kappas[k]
+        if plan.trivial:
+            prev_sample = self.base.step(prediction, timestep, sample).prev_sample
+            solver_input = next_raw = self_conditioning = prediction
+            distance = None
+        else:
+            if prediction.ndim != 3:
+                raise ValueError(
+                    f"Expected a (B, L, D) tensor, got shape {tuple(prediction.shape)}; add the missing "
+                    "batch/position axes."
+                )
+            if self.mask is not None and tuple(self.mask.shape) != tuple(prediction.shape[:2]):
+                raise ValueError(
+                    f"`mask` must have shape (B, L) = {tuple(prediction.shape[:2])} to match the (B, L, D) "
+                    f"input, got {tuple(self.mask.shape)}."
+                )
+            tensors = plan.tensors(prediction)
+            mask = tensors["mask"]
+            ema, average = self.ema, self.solver_average
+            if plan.track_ema and ema is None:
+                ema = torch.zeros_like(prediction)
+            if plan.track_solver_average and average is None:
+                average = torch.zeros_like(prediction)
+            counter = buffers = None
+            if self._compiled_step is None:
+                # Writing into buffers (`out=`) has no gradient: a prediction that needs one gets new tensors.
+                if not (torch.is_grad_enabled() and prediction.requires_grad):
+                    buffers = self._step_buffers(prediction, plan)
+                solver_input, next_raw, self_conditioning, new_ema, new_average, distance = fused_untied_step(
+                    prediction,
+                    ema,
+                    average,
+                    tensors["scalars"][k],
+                    tensors["eta_mean"][k],
+                    mask,
+                    tensors["transforms"][k],
+                    tensors["basis"],
+                    tensors["basis_t"],
+                    tensors["rho_sq"],
+                    out=buffers,
+                    **plan.options(k),
+                )
+            else:
+                if self._step_counter is None:  # made on the device: a host copy would wait for the network
+                    self._step_counter = torch.full((), k, dtype=torch.int64, device=prediction.device)
+                outputs = self._compiled_step(
+                    self._step_counter,
+                    prediction,
+                    ema,
+                    average,
+                    tensors["scalar_table"],
+                    tensors["mean_table"],
+                    mask,
+                    tensors["transform_table"],
+                    tensors["basis"],
+                    tensors["basis_t"],
+                    tensors["rho_sq"],
+                    **plan.options(0),
+                )
+                solver_input, next_raw, self_conditioning, new_ema, new_average, distance, counter = outputs
+            prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
+            if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
+                buffers["ema"], buffers["solver_average"] = ema, average
+            self.ema, self.solver_average = new_ema, new_average
+            if counter is not None:
+                self._step_counter = counter
+        self.raw_self_conditioning = next_raw
+        self.previous_kappa = kappa
+        if distance is not None:
+            self.previous_cosine_distance = distance
+        elif self.cosine_distances:
+            self.previous_cosine_distance = self.cosine_distances[k]
+        self.self_conditioning = self_conditioning
+        return solver_input, prev_sample
+
+    def _step_buffers(self, prediction: torch.Tensor, plan: FusedStepPlan) -> dict[str, torch.Tensor]:
+        """
+        The eager fused step's buffers of this run ([`fused_untied_step`]'s `out`), made at its first step: H_k's,
+        (p_k − O_k)'s and the targets of E_{k+1}, O_{k+1} (the state is double-buffered, so a failed base step
+        leaves E_k and O_k as they were).
+        """
+        buffers = self._buffers
+        if buffers is not None:
+            some = next(iter(buffers.values()), None)
+            if some is None or (some.shape, some.device) == (prediction.shape, prediction.device):
+                return buffers
+        compute = torch.float32 if torch.finfo(prediction.dtype).bits < 32 else prediction.dtype
+        buffers = {}
+        if plan.correct or plan.online:
+            buffers["history"] = torch.empty_like(prediction)
+        if plan.solver_direction:
+            buffers["difference"] = torch.empty_like(prediction, dtype=compute)
+        if plan.track_ema:
+            buffers["ema"] = torch.empty_like(prediction)
+        if plan.track_solver_average:
+            buffers["solver_average"] = torch.empty_like(prediction)
+        self._buffers = buffers
+        return buffers
+
+    def _reference_update(
+        self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update step k with the pure functions chained one by one (the reference of the fused step): (q_k, z_{k+1})."""
+        if self.ema is None:
+            self.ema = torch.zeros_like(prediction)
+            self.solver_average = torch.zeros_like(prediction)
+        correction, distance = self._correction(k, prediction)
+        corrected = prediction if correction is None else prediction + correction
+        routing = self.config.correction_routing
+        solver_input = prediction if routing == "self_conditioning" else corrected
+        next_raw = prediction if routing == "solver" else corrected
+        prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
+        kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
+        self.solver_average = (1 - kappa) * self.solver_average + kappa * solver_input
+        self.ema = (1 - alpha) * self.ema + alpha * prediction
+        self.raw_self_conditioning = next_raw
+        self.previous_kappa = kappa
+        if distance is not None:
+            self.previous_cosine_distance = distance
+        elif self.cosine_distances:
+            self.previous_cosine_distance = self.cosine_distances[k]
+        self.self_conditioning = self._transform(next_raw)
+        return solver_input, prev_sample
 
     def __len__(self) -> int:
         return self.num_inference_steps or 0
