@@ -300,3 +300,14 @@ def test_tune_runs_the_pipeline_and_the_evaluator_on_its_device(tmp_path, saved,
     assert main([*argv, "--device", "cpu"]) == 0
     assert moves[0] == "cpu" and calls[0]["device"] == "cpu" and calls[0]["progress"] is False
     assert (tmp_path / "out" / "model_index.json").is_file()
+
+
+def test_convert_and_calibrate_never_write_into_an_existing_folder(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "result.json").write_text("{}")
+    assert main(["convert", "langflow", str(tmp_path / "no-such-checkpoint"), str(taken)]) == 2
+    assert "taken already exists and is not empty; pass --overwrite to replace it" in capsys.readouterr().err
+    assert main(["calibrate", str(tmp_path), "--nfe", "8", "--output", str(taken)]) == 2
+    assert "leave out --output to update the pipeline folder in place" in capsys.readouterr().err
+    assert (taken / "result.json").read_text() == "{}"

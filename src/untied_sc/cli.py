@@ -76,9 +76,19 @@ untied_sc.training.FAMILY ACTION [options]`; `untied-sc train FAMILY ACTION --he
 Build the corpus and tokenizer first with `untied-sc data build` (see docs/training.md, docs/training-elf.md)."""
 
 
+def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --overwrite to replace it") -> None:
+    """A folder a command would write must not hold anything yet, unless the user said to replace it."""
+    from pathlib import Path
+
+    path = Path(folder)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise ValueError(f"{path} already exists and is not empty; {remedy}, or name a new folder.")
+
+
 def _convert(args: argparse.Namespace) -> None:
     from .models.convert import convert_official_elf, convert_official_langflow
 
+    _refuse_existing_folder(args.output, args.overwrite)
     if args.family == "elf":
         model = convert_official_elf(
             args.source, args.output, max_length=args.max_length, weights=args.weights, allow_pickle=args.allow_pickle
@@ -112,6 +122,8 @@ def _check_statistics_target(source: str, output: str | None) -> None:
 
     if output is None and not Path(source).is_dir():
         raise ValueError(f"{source!r} is not a local folder (a Hub repo id?): give --output FOLDER to write to.")
+    if output is not None:
+        _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -258,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--allow-pickle", action="store_true", help="ELF only: allow full unpickling (trusted files only)."
     )
+    convert.add_argument("--overwrite", action="store_true", help="Replace OUTPUT if it exists and is not empty.")
     convert.set_defaults(handler=_convert)
 
     from .defaults import CALIBRATION_SEED
