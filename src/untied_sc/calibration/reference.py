@@ -106,6 +106,9 @@ class ReferenceRecurrenceMixin:
         config: the family's untied scheduler config and `alpha` (η_R = η_T = 0 internally).
     """
 
+    # The recurrence replaces `_correction`, which only the unfused reference step calls.
+    use_fused_step = False
+
     def __init__(self, base_correction_scale: float, accumulator: MomentAccumulator | None = None, **config):
         super().__init__(**{**config, "eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "coefficients": None})
         self.base_correction_scale = base_correction_scale
