@@ -211,7 +211,7 @@ def measure(w: Workload, variants: dict, args) -> dict:
         scheduler_rounds += 1
 
     profiles = {}
-    if args.profile:
+    if args.profile and w.name in args.profile_models:
         for name, run in alone.items():
             profiles[name] = profile_run(lambda run=run: run(0), device)
     median = {name: statistics.median(v) for name, v in seconds.items()}
@@ -436,8 +436,9 @@ def main() -> None:
         "--profile",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="record the top ops of one scheduler-alone run per variant (default: on for cuda)",
+        help="record the top ops of one scheduler-alone run per variant (default: on for cuda, ELF-B rows only)",
     )
+    parser.add_argument("--profile-models", nargs="+", default=["elf-b"], choices=["elf-b", "langflow-small"])
     parser.add_argument("--output", default="benchmarks/results/overhead.json")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
