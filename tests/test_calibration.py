@@ -153,7 +153,8 @@ def test_cli_calibrate_writes_statistics_into_the_folder(tmp_path, capsys, langf
     assert "| NFE | active steps |" in out and "calibrated NFEs [8]" in out
     reloaded = load_pipeline(tmp_path)
     assert reloaded.sampler_statistics.config.calibrated_steps == [8]
-    assert reloaded.sampler_statistics.config.seeds == {"8": [4000, 4001]}  # default seed 2000: banks 2·2000, +1
+    # default seed 2000: streams 2·2000 and 2·2000 + 1 of the calibration seed space
+    assert reloaded.sampler_statistics.config.seeds == {"8": {"space": "calibration", "streams": [4000, 4001]}}
     assert all(path.read_bytes() == data for path, data in before.items())
     assert cli_main(["calibrate", "someone/model", "--nfe", "8"]) == 2
     assert "give --output FOLDER" in capsys.readouterr().err

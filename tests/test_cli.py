@@ -3,6 +3,7 @@
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -255,8 +256,13 @@ def test_benchmark_checks_every_nfe_before_sampling(tmp_path, saved, pipeline_ca
 
 
 def test_benchmark_refuses_leaked_seeds_before_sampling(tmp_path, saved, pipeline_calls, capsys):
-    argv = benchmark_argv(saved, tmp_path, "--nfe", "8")
-    argv[argv.index("--seeds") + 1] = "4000"  # a calibration bank of the default calibration seed 2000
+    old = tmp_path / "old"
+    shutil.copytree(saved / "tiny-langflow", old)
+    config_path = old / "sampler_statistics" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "seeds": {"8": [4000, 4001]}}))  # calibrated before the seed spaces
+    argv = benchmark_argv(saved, tmp_path / "results", "--nfe", "8")
+    argv[1], argv[argv.index("--seeds") + 1] = str(old), "4000"
     assert main(argv) == 2
     assert "leak" in capsys.readouterr().err and pipeline_calls == []
 

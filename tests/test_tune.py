@@ -16,6 +16,7 @@ from untied_sc.calibration.tune import (
 from untied_sc.cli import main
 from untied_sc.evaluation import run_sweep
 from untied_sc.evaluation.sampling import tuning_seeds
+from untied_sc.evaluation.sweep import refuse_leaked_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 
@@ -170,15 +171,18 @@ def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank
     pipe, _, result = tuned
     pipe.save_pretrained(tmp_path)
     loaded = load_pipeline(tmp_path)
-    assert tuning_seeds(loaded) == {TUNE_SEED}
     assert loaded.scheduler.config.coefficients_by_steps == pipe.scheduler.config.coefficients_by_steps
     assert loaded.scheduler.config.tuning_by_steps == pipe.scheduler.config.tuning_by_steps
+    # the tuning bank and the calibration banks lie in seed spaces of their own: no benchmark seed is theirs
+    assert loaded.scheduler.config.tuning_by_steps["8"]["seed_space"] == "tuning" and tuning_seeds(loaded) == set()
+    assert calibration_seeds(loaded.sampler_statistics) == set()
+    refuse_leaked_seeds([0, TUNE_SEED, 2 * CALIBRATION_SEED, 2 * CALIBRATION_SEED + 1], loaded)
+    # a record written before the spaces names a benchmark seed, which is still refused
+    old = {**loaded.scheduler.config.tuning_by_steps["8"]}
+    del old["seed_space"]
+    loaded.scheduler.register_to_config(tuning_by_steps={"8": old})
     with pytest.raises(ValueError, match=f"Seeds \\[{TUNE_SEED}\\] are the bank .* tuned on"):
         run_sweep(loaded, nfe=[8], seeds=[0, TUNE_SEED], num_samples=2, batch_size=2, evaluator=evaluator)
-    # the calibration banks (default seed 2000: the batches of benchmark seeds 4000 and 4001) are refused too
-    assert calibration_seeds(loaded.sampler_statistics) == {2 * CALIBRATION_SEED, 2 * CALIBRATION_SEED + 1}
-    with pytest.raises(ValueError, match=r"Seeds \[4001\] drew the trajectory banks .* calibrated on"):
-        run_sweep(loaded, nfe=[8], seeds=[1, 4001], num_samples=2, batch_size=2, evaluator=evaluator)
 
 
 def test_tuning_is_deterministic(langflow_golden, evaluator, tuned):

@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=BASE_SCALE_BANK_SIZE,
         help="ELF only: trajectories of the base-scale (response-Gram) measurement, a bank of its own that "
-        "--bank-size does not change.",
+        "--bank-size does not change. Measured only when no other calibrated NFE is kept (those were measured with "
+        "the folder's base scales, which are then kept).",
     )
     calibrate.add_argument(
         "--base-scale-steps",
@@ -303,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=CALIBRATION_SEED,
-        help="Bank seed: the banks are the batches of benchmark seeds 2·seed and 2·seed+1 (never evaluate on them).",
+        help="Seed of the banks, in the calibration seed space: no benchmark seed draws the same batches.",
     )
     calibrate.add_argument(
         "--batch-size", type=int, default=16, help="Trajectories per pipeline call (the pipeline batch)."
@@ -356,7 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to tune (calibrated ones).")
     tune.add_argument("--num-samples", type=int, default=64, help="Samples in the tuning bank.")
     tune.add_argument(
-        "--seed", type=int, default=TUNE_SEED, help="Benchmark-style seed of the bank; never an evaluation seed."
+        "--seed",
+        type=int,
+        default=TUNE_SEED,
+        help="Seed of the bank, in the tuning seed space (no benchmark seed draws it).",
     )
     tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
     tune.add_argument("--evaluator", default=SMOLLM2_NAME, help="Evaluator name, Hub id or folder.")

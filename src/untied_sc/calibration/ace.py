@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..evaluation.metrics import word_repetition
 from ..evaluation.sampling import batch_seed, build_scheduler, family_of
 from ..schedulers.sampler_statistics import SOLVERS, latent_width, model_family, model_fingerprint
+from ..seeds import LEGACY_SPACE, check_seed
 
 
 FORMAT_VERSION = 1
@@ -36,9 +37,9 @@ NUM_TRAJECTORIES = 400
 NUM_INFERENCE_STEPS = 64
 CONTRAST_FRACTION = 1 / 3
 DIRECTION_EPS = 1e-8  # d/(‖d‖ + eps), as the source
-# Batch b is drawn from `batch_seed(ACE_SEED, b)`: the batches of benchmark seed 3000, disjoint from the default
-# evaluation seeds (0, 1, 2), the calibration banks (4000, 4001) and the tuning bank (10000). [choice: the source's
-# seed 42 is also the seed of the paper's LLM-judge generations]
+# Batch b is drawn from `batch_seed(ACE_SEED, b, "ace")`: ACE's own seed space (`untied_sc.seeds`), which no benchmark,
+# calibration or tuning batch reaches. [choice: the source's seed 42 is also the seed of the paper's LLM-judge
+# generations]
 ACE_SEED = 3000
 LABEL = "word_rep4"  # ACE's seq-rep-4: 1 − #unique/#total word 4-grams of the decoded text (`word_repetition`)
 
@@ -97,6 +98,8 @@ class ACEStatistics(ModelMixin, ConfigMixin):
             carried over to another ([`for_model`]; ACE's recipe reuses ELF-B's direction for ELF-M and ELF-L).
         format_version (`int`): layout version.
         num_trajectories (`int`), num_inference_steps (`int`), batch_size (`int`), seed (`int`): the estimation.
+        seed_space (`str`): the seed space its batches were drawn in (`"ace"`; `"benchmark"` for directions
+            estimated before ACE had its own space, whose seed the benchmark then refuses).
         solver_config (`dict`, *optional*): the official scheduler's configuration during estimation.
         call_kwargs (`dict`, *optional*): the pipeline-call arguments of the estimation (e.g. `sc_cfg_scale`).
         label (`str`): the repetition label (`"word_rep4"`).
@@ -116,6 +119,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
         num_inference_steps: int = 0,
         batch_size: int = 0,
         seed: int = ACE_SEED,
+        seed_space: str = LEGACY_SPACE,
         solver_config: dict | None = None,
         call_kwargs: dict | None = None,
         label: str = LABEL,
@@ -140,7 +144,13 @@ class ACEStatistics(ModelMixin, ConfigMixin):
     def batch_seeds(self) -> set[int]:
         """The generator seeds of the estimation's batches (evaluating on them would reuse its trajectories)."""
         batches = math.ceil(self.config.num_trajectories / max(self.config.batch_size, 1))
-        return {batch_seed(self.config.seed, b) for b in range(batches)}
+        space = self.config.get("seed_space", LEGACY_SPACE)
+        return {batch_seed(self.config.seed, b, space) for b in range(batches)}
+
+    @property
+    def benchmark_seeds(self) -> set[int]:
+        """The benchmark seeds the estimation drew (only a direction estimated before ACE had its own seed space)."""
+        return {int(self.config.seed)} if self.config.get("seed_space", LEGACY_SPACE) == "benchmark" else set()
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Raises if this direction is for another model (family, width or input-projection weights)."""
@@ -229,15 +239,15 @@ def estimate_ace_direction(
 
     The trajectories run the family's official scheduler built from `pipe.scheduler.config` (with
     `scheduler_overrides`, e.g. `{"sde_gamma": 1.0}`), whatever scheduler the pipeline holds; it is restored after.
-    Batch b is drawn from `torch.Generator().manual_seed(batch_seed(seed, b))`, as the benchmark draws benchmark
-    seed `seed`. Cost: `num_trajectories` generations of `num_inference_steps` NFE (the defaults, the source's
+    Batch b is drawn from `torch.Generator().manual_seed(batch_seed(seed, b, "ace"))`: ACE's own seed space, never a
+    benchmark batch. Cost: `num_trajectories` generations of `num_inference_steps` NFE (the defaults, the source's
     400 × 64, are hours on a CPU; minutes on a GPU).
 
     Args:
         pipe: an [`ELFPipeline`] or [`LangFlowPipeline`].
         num_trajectories (`int`, defaults to 400), num_inference_steps (`int`, defaults to 64): the source's recipe.
         batch_size (`int`, defaults to 16): trajectories per pipeline call (an ELF batch shares one time grid).
-        seed (`int`, defaults to 3000): the benchmark-style seed of the batches.
+        seed (`int`, defaults to 3000): the seed of the batches in ACE's seed space.
         contrast_fraction (`float`, defaults to 1/3): the share of trajectories on each side of the contrast.
         scheduler_overrides (`Mapping`, *optional*): config overrides of the official scheduler.
         progress (`bool`, defaults to `True`): show a progress bar over batches.
@@ -247,6 +257,7 @@ def estimate_ace_direction(
         [`ACEStatistics`] for `pipe.transformer`; register it with `pipe.register_modules(ace_statistics=...)`.
     """
     family = family_of(pipe)
+    seed = check_seed(seed, "seed")
     if num_trajectories < 1 or batch_size < 1:
         raise ValueError(f"num_trajectories and batch_size must be ≥ 1, got {num_trajectories} and {batch_size}.")
     original = pipe.scheduler
@@ -256,7 +267,7 @@ def estimate_ace_direction(
         starts = list(range(0, num_trajectories, batch_size))
         for b, start in enumerate(tqdm(starts, desc="ACE direction", disable=not progress, leave=False)):
             size = min(batch_size, num_trajectories - start)
-            generator = torch.Generator().manual_seed(batch_seed(seed, b))
+            generator = torch.Generator().manual_seed(batch_seed(seed, b, "ace"))
             batch_features, texts = trajectory_features(pipe, num_inference_steps, generator, size, **call_kwargs)
             features.append(batch_features)
             labels.extend(word_repetition(text, 4) for text in texts)
@@ -274,6 +285,7 @@ def estimate_ace_direction(
         num_inference_steps=num_inference_steps,
         batch_size=batch_size,
         seed=seed,
+        seed_space="ace",
         solver_config=solver_config,
         call_kwargs=dict(call_kwargs),
         contrast_fraction=contrast_fraction,

@@ -11,6 +11,7 @@ from ..defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS
 from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
+from ..seeds import check_seed, generator_seed, seeds_in_space
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
 from .overlap import overlap_basis_from_model
 from .reduction import is_main_process, process_share, sum_across_processes
@@ -20,9 +21,6 @@ from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_re
 # Coefficients written with the statistics when none are given: the paper's closest system ([choice]; `untied-sc
 # tune` replaces them with values searched for the model).
 DEFAULT_PRESET = {"elf": "elf-b", "langflow": "langflow-lm1b"}
-# Bank j (0: B_μ, 1: B_σ) of a calibration with seed s draws its batches from generators seeded
-# (2s + j)·BANK_STRIDE + i, i.e. exactly the batches of benchmark seed 2s + j (`batch_seed`).
-BANK_STRIDE = 1_000_003
 
 
 @dataclass
@@ -56,20 +54,32 @@ class CalibrationResult:
     dtype: str = "float32"
     num_processes: int = 1
     generator_device: str = "cpu"
+    base_scales_kept_for: list[int] = field(default_factory=list)
 
 
 def bank_seeds(seed: int, bank: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
-    """(generator seed, batch size) of each batch of bank `bank` (0: B_μ, 1: B_σ) of a calibration with `seed`."""
-    base = (2 * seed + bank) * BANK_STRIDE
-    sizes = [batch_size] * (bank_size // batch_size) + ([bank_size % batch_size] if bank_size % batch_size else [])
-    return [(base + i, size) for i, size in enumerate(sizes)]
+    """(generator seed, batch size) of each batch of bank `bank` (0: B_μ, 1: B_σ) of a calibration with `seed`: the
+    batches of stream 2·seed + bank in the calibration seed space (`untied_sc.seeds`), which no benchmark seed draws."""
+    return _batches("calibration", 2 * seed + bank, bank_size, batch_size)
+
+
+def base_scale_seeds(seed: int, bank_size: int, batch_size: int) -> list[tuple[int, int]]:
+    """(generator seed, batch size) of each batch of ELF's base-scale bank of a calibration with `seed` (stream
+    `seed` of the base-scale seed space)."""
+    return _batches("base_scales", seed, bank_size, batch_size)
+
+
+def _batches(space: str, stream: int, size: int, batch_size: int) -> list[tuple[int, int]]:
+    sizes = [batch_size] * (size // batch_size) + ([size % batch_size] if size % batch_size else [])
+    return [(generator_seed(space, stream, i), size) for i, size in enumerate(sizes)]
 
 
 def calibration_seeds(statistics) -> set[int]:
-    """The benchmark-style seeds whose batches calibrated these statistics (banks B_μ and B_σ of every NFE)."""
+    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs calibrated before calibration
+    had its own seed space (their `seeds` entry is a plain list). Newer banks lie in the calibration space."""
     if statistics is None:
         return set()
-    return {int(seed) for pair in (statistics.config.get("seeds") or {}).values() for seed in pair}
+    return seeds_in_space((statistics.config.get("seeds") or {}).values(), "benchmark")
 
 
 def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceMixin:
@@ -183,8 +193,10 @@ def calibrate_pipeline(
         pipe ([`ELFPipeline`] or [`LangFlowPipeline`]): the frozen pipeline.
         nfe (`list[int]`): NFEs to calibrate (each ≥ 2).
         bank_size (`int`, defaults to 64): trajectories in each of the two disjoint banks B_μ and B_σ.
-        seed (`int`, defaults to `CALIBRATION_SEED` = 2000): bank B_μ draws the batches of benchmark seed 2·seed,
-            B_σ those of 2·seed + 1 (disjoint by construction; the benchmark refuses both seeds).
+        seed (`int`, defaults to `CALIBRATION_SEED` = 2000): bank B_μ draws the batches of stream 2·seed of the
+            calibration seed space, B_σ those of stream 2·seed + 1, and ELF's base scales stream `seed` of the
+            base-scale space (`untied_sc.seeds`): disjoint from each other and from every benchmark batch by
+            construction. Recorded per NFE in the statistics' `seeds`.
         batch_size (`int`, defaults to 16): trajectories per batch (an ELF batch shares one random grid).
         coefficients (`str` or `dict`, *optional*): a paper preset name or explicit coefficients per NFE; their α
             is the reference recurrence's EMA weight (recorded as `calibration_alpha`). Default: the scheduler
@@ -203,6 +215,7 @@ def calibrate_pipeline(
             launch`) split every bank's batches by index and add their float64 sums (`calibration.reduction`);
             each returns the same result, that of one process. `None`: this process runs every batch.
     """
+    seed = check_seed(seed, "seed")
     nfe = sorted(set(nfe))
     if not nfe or any(not isinstance(n, int) or n < 2 for n in nfe):
         raise ValueError(f"Every NFE must be an integer ≥ 2, got {nfe}.")
@@ -238,9 +251,16 @@ def calibrate_pipeline(
     if torch.device(generator_device).type == "cuda":
         generator_device = run_device if run_device.type == "cuda" else generator_device
 
+    steps, bank_sizes, seeds, alphas, existing_scales = _existing(pipe)
+    kept = sorted(set(steps) - set(nfe))
     calibration_start = start = _clock(run_device)
-    if solver == "elf":
-        batches = bank_seeds(seed + 7919, 0, base_scale_bank_size, batch_size)
+    if solver == "elf" and kept:
+        # The kept NFEs' moments were measured with these base scales, and the scheduler runs them with them:
+        # remeasuring (another seed, or a folder calibrated before the seed spaces) would change those NFEs' sampling.
+        base_scales = existing_scales
+        result.base_scales_kept_for = kept
+    elif solver == "elf":
+        batches = base_scale_seeds(seed, base_scale_bank_size, batch_size)
         share = process_share(batches, process_state)
         bar = tqdm(total=len(share), desc="base scales (response Gram)", disable=not show, leave=False)
         generators = [torch.Generator(generator_device).manual_seed(s) for s, _ in share]
@@ -262,7 +282,6 @@ def calibrate_pipeline(
         base_scales = (1.0, 1.0)  # full-rank geometry (paper Appendix "Precomputation and inference-time settings")
     result.base_scale_seconds = _clock(run_device) - start
 
-    steps, bank_sizes, seeds, alphas = _existing(pipe)
     for n in nfe:
         start = _clock(run_device)
         bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
@@ -273,7 +292,8 @@ def calibrate_pipeline(
         steps[n] = StepStatistics(mean, rms, distance)
         alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
         result.coefficients_by_steps[str(n)] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
-        bank_sizes[str(n)], seeds[str(n)] = [bank_size, bank_size], [2 * seed, 2 * seed + 1]
+        bank_sizes[str(n)] = [bank_size, bank_size]
+        seeds[str(n)] = {"space": "calibration", "streams": [2 * seed, 2 * seed + 1]}
         result.summaries.append(_summarise(n, mean, rms, distance, _clock(run_device) - start, 2 * bank_size))
     result.total_seconds = _clock(run_device) - calibration_start
 
@@ -335,20 +355,28 @@ def apply_calibration(pipe, result: CalibrationResult) -> None:
         pipe.scheduler.register_to_config(coefficients_by_steps={**current, **added})
 
 
-def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict]:
-    """Calibrations already in the pipeline for this very model (kept when adding NFEs): banks and α included."""
+def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[float, float] | None]:
+    """Calibrations already in the pipeline for this very model (kept when adding NFEs): banks, α and the base scales
+    they were measured with."""
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
-        return {}, {}, {}, {}
+        return {}, {}, {}, {}, None
     try:
         statistics.check_model(pipe.transformer)
     except ValueError:
-        return {}, {}, {}, {}
+        return {}, {}, {}, {}, None
     if statistics.is_legacy:
         statistics = statistics.migrate()[0]
     steps = {n: statistics.for_steps(n) for n in statistics.config.calibrated_steps or []}
     config = statistics.config
-    return steps, dict(config.bank_sizes or {}), dict(config.seeds or {}), dict(config.calibration_alpha or {})
+    scales = tuple(float(x) for x in statistics.base_scales.tolist())
+    return (
+        steps,
+        dict(config.bank_sizes or {}),
+        dict(config.seeds or {}),
+        dict(config.calibration_alpha or {}),
+        scales,
+    )
 
 
 def _summarise(n, mean, rms, distance, seconds, trajectories) -> CalibrationSummary:
@@ -388,7 +416,10 @@ def format_cost(result: CalibrationResult) -> str:
     """One line: seconds for the base scales, each NFE and in all, and trajectories per second, with where it ran."""
     processes = f"{result.num_processes} process{'es' if result.num_processes > 1 else ''}"
     parts = [f"base scales {result.base_scale_seconds:.1f} s ({result.base_scale_trajectories} trajectories)"]
-    if result.base_scale_trajectories == 0:
+    if result.base_scales_kept_for:
+        kept = ", ".join(map(str, result.base_scales_kept_for))
+        parts = [f"base scales kept from the existing statistics (NFE {kept} were measured with them)"]
+    elif result.base_scale_trajectories == 0:
         parts = ["base scales (1, 1): full-rank geometry, nothing to measure"]
     for s in result.summaries:
         rate = s.trajectories / s.seconds if s.seconds > 0 else float("inf")

@@ -5,10 +5,10 @@ written into the pipeline's scheduler config (`coefficients_by_steps`, with the 
 which the untied scheduler runs whenever no explicit value or preset overrides them (docs/algorithm.md §4.5).
 
 The search, per NFE N (every choice here is ours, the paper gives no procedure):
-1. the tuning bank is `num_samples` samples drawn exactly like benchmark seed `seed` (batch b from
-   [`batch_seed`]`(seed, b)`); every candidate and the official sampler see the same latents and random streams, so
-   candidates are compared on matched pairs. `seed` must differ from every evaluation seed: the benchmark refuses to
-   evaluate on a seed recorded here.
+1. the tuning bank is `num_samples` samples drawn as the benchmark draws a seed, but in the tuning seed space
+   (batch b from [`batch_seed`]`(seed, b, "tuning")`, `untied_sc.seeds`): no benchmark seed can draw a tuning batch,
+   whatever seeds either command is given. Every candidate and the official sampler see the same latents and random
+   streams, so candidates are compared on matched pairs.
 2. The official sampler is scored once: its entropy is the floor. A candidate whose entropy (the protocol's unigram
    entropy) falls more than `max_entropy_drop` below the official one's is inadmissible: lowering GenPPL by lowering
    diversity is not what we tune for.
@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..defaults import TUNE_SEED  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+from ..seeds import check_seed
 
 
 if TYPE_CHECKING:  # the evaluation package imports this module (the benchmark refuses tuning seeds)
@@ -116,8 +117,8 @@ def tune_coefficients(
         pipe: an [`ELFPipeline`] or [`LangFlowPipeline`] whose `sampler_statistics` are calibrated at every NFE.
         nfe (`Sequence[int]`): the NFEs to tune.
         num_samples (`int`, defaults to 64): size of the tuning bank (samples per candidate).
-        seed (`int`, defaults to `TUNE_SEED`): benchmark-style seed of the bank (batch b uses
-            [`batch_seed`]`(seed, b)`); recorded in the statistics so that the benchmark can refuse it.
+        seed (`int`, defaults to `TUNE_SEED`): seed of the bank in the tuning seed space (batch b uses
+            [`batch_seed`]`(seed, b, "tuning")`, never a benchmark batch); recorded with its space.
         batch_size (`int`, defaults to 32): samples per pipeline call.
         evaluator: an evaluator name for [`load_evaluator`] or a `(model, tokenizer)` pair.
         protocol (`str`, *optional*): `"elf"` or `"langflow"` (default: the pipeline's family).
@@ -160,6 +161,7 @@ def tune_coefficients(
         raise ValueError(f"max_entropy_drop must be ≥ 0, got {max_entropy_drop}.")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    seed = check_seed(seed, "seed")
     family = family_of(pipe)
     protocol = protocol or family
     if isinstance(evaluator, str):
@@ -176,7 +178,7 @@ def tune_coefficients(
 
     def score(n: int, spec: dict) -> tuple[float, float, list[float]]:
         pipe.scheduler = build_scheduler(pipe, spec, config, n)
-        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size)
+        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size, seed_space="tuning")
         samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
         result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
         bar.update()
@@ -304,6 +306,7 @@ def _write_coefficients(
         coefficients[n] = {name: float(result.best.coefficients[name]) for name in COEFFICIENT_NAMES}
         tuning[n] = {
             "seed": seed,
+            "seed_space": "tuning",
             "num_samples": num_samples,
             "batch_size": batch_size,
             "evaluator": evaluator,

@@ -35,8 +35,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         "--seed",
         type=int,
         default=DEFAULT_SEEDS[0],
-        help="Benchmark-style seed (default %(default)s): batch b is drawn from 1_000_003·seed + b. Seeds that calibrated or tuned the "
-        "pipeline are refused, as in the benchmark.",
+        help="Benchmark seed (default %(default)s): batch b is drawn from 1_000_003·seed + b. Seeds that an old "
+        "calibration or tuning record names are refused, as in the benchmark.",
     )
     parser.add_argument(
         "--sampler", choices=SAMPLERS, help="Sampler (default: the one the pipeline's scheduler config names)."

@@ -2,7 +2,8 @@
 
 Shared by `untied-sc benchmark` and `untied-sc tune`: batch b of seed s is drawn from
 `torch.Generator().manual_seed(batch_seed(s, b))` for every sampler and NFE, so sample i of two samplers shares its
-initial latent and random stream (a matched pair).
+initial latent and random stream (a matched pair). The benchmark draws in the benchmark seed space and the tuning
+bank in the tuning space (`untied_sc.seeds`): no tuning seed can draw a benchmark batch.
 
 The resampling unit ([`resampling_unit`]) is the unit of randomness that samples share, which the bootstrap must
 resample whole: ELF draws one random time grid per pipeline call, so the samples of one batch are correlated through
@@ -14,6 +15,8 @@ import time
 from collections.abc import Mapping
 
 import torch
+
+from ..seeds import LEGACY_SPACE, generator_seed
 
 
 # Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
@@ -46,21 +49,24 @@ def tokenizer_description(tokenizer) -> str:
     return f"{kind}, {len(tokenizer):,} ids"
 
 
-def batch_seed(seed: int, batch_index: int) -> int:
-    """Seed of batch `batch_index` of benchmark seed `seed` (the same for every sampler and NFE: pairs match)."""
-    return 1_000_003 * int(seed) + int(batch_index)
+def batch_seed(seed: int, batch_index: int, space: str = "benchmark") -> int:
+    """Generator seed of batch `batch_index` of seed `seed` in a seed space (`untied_sc.seeds`; the benchmark's by
+    default: `1_000_003·seed + batch_index`, the same for every sampler and NFE, so pairs match)."""
+    return generator_seed(space, seed, batch_index)
 
 
 def tuning_seeds(pipe) -> set[int]:
     """
-    The benchmark-style seeds whose banks tuned `pipe`'s coefficients (evaluating on them would leak): the scheduler
-    config's `tuning_by_steps`, and an old-layout folder's record inside its sampler statistics.
+    The benchmark seeds whose batches tuned `pipe`'s coefficients (evaluating on them would leak): records of the
+    scheduler config's `tuning_by_steps`, and an old-layout folder's record inside its sampler statistics, that were
+    written before tuning had its own seed space (a record without `seed_space`). Newer tuning banks lie in the
+    `tuning` space, which no benchmark seed reaches.
     """
     records = list((pipe.scheduler.config.get("tuning_by_steps") or {}).values())
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is not None:
         records += list((statistics.config.get("tuning") or {}).values())
-    return {int(record["seed"]) for record in records}
+    return {int(r["seed"]) for r in records if r.get("seed_space", LEGACY_SPACE) == "benchmark"}
 
 
 def family_of(pipe) -> str:
@@ -167,9 +173,11 @@ def generate(
     batch_size: int,
     state=None,
     progress: bool = False,
+    seed_space: str = "benchmark",
     **call_kwargs,
 ):
-    """Generates `num_samples` samples in batches seeded by [`batch_seed`]; returns (texts, generator ids, seconds).
+    """Generates `num_samples` samples in batches seeded by [`batch_seed`] in `seed_space` (`untied-sc tune` draws
+    its bank in the `tuning` space); returns (texts, generator ids, seconds).
 
     With a `state` ([`untied_sc.distributed.process_state`]) of several processes, this process samples only its
     shard of the batches ([`shard_batches`]) and every process returns all the samples, in batch order: the same
@@ -192,7 +200,7 @@ def generate(
     for batch_index in main_process_progress(shard_batches(num_batches, state), state, progress, desc="batches"):
         start = batch_index * batch_size
         size = min(batch_size, num_samples - start)
-        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index))
+        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index, seed_space))
         began = time.perf_counter()
         output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
         if output.sequences is not None and output.sequences.is_cuda:

@@ -32,6 +32,7 @@ import torch
 
 from ..calibration.calibrate import calibration_seeds
 from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS
+from ..seeds import check_seed
 from .aggregation import AGGREGATED_METRICS, analyse
 from .evaluator import describe_evaluator
 from .experiments import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
@@ -89,14 +90,26 @@ def _sweep_runs(
 
 
 def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> None:
-    """Raises when an evaluation seed is one the pipeline was tuned or calibrated on (the result would leak);
-    `option` is the command-line option the error tells the user to change."""
+    """Raises when an evaluation seed is out of range or one the pipeline was tuned, calibrated or ACE-estimated on
+    (the result would leak); `option` is the command-line option the error tells the user to change.
+
+    Calibration, tuning and ACE draw in seed spaces of their own (`untied_sc.seeds`), so only records written before
+    those spaces existed (e.g. the bundled folders': banks 4000 and 4001, tuning bank 10000) can name a benchmark
+    seed."""
+    for seed in seeds:
+        check_seed(seed, option)
+    ace = getattr(pipe, "ace_statistics", None)
     for used, what, remedy in (
         (tuning_seeds(pipe), "are the bank the sampler coefficients were tuned on (`untied-sc tune`)", ""),
         (
             calibration_seeds(getattr(pipe, "sampler_statistics", None)),
             "drew the trajectory banks the sampler statistics were calibrated on (`untied-sc calibrate --seed`)",
-            " or recalibrate with another seed",
+            " or recalibrate (new banks lie in the calibration seed space)",
+        ),
+        (
+            ace.benchmark_seeds if ace is not None else set(),
+            "drew the trajectories ACE's direction was estimated on",
+            "",
         ),
     ):
         leaked = sorted(set(seeds) & used)
