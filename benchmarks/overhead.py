@@ -86,8 +86,12 @@ def build_elf(layers: int, max_length: int = 1024) -> tuple[ELFTransformerModel,
 class Workload:
     """One model at one batch size and NFE: the network call, the decode, and the schedulers' arguments."""
 
-    def __init__(self, name, model, official, untied, statistics, nfe, batch_size, device, notes=""):
+    def __init__(
+        self, name, model, official, untied, statistics, nfe, batch_size, device, notes="", generator_device="cpu"
+    ):
         self.name, self.model, self.official, self.untied = name, model, official, untied
+        # "cpu": the official CPU stream (drawn ahead on a GPU); "cuda": grid, z_0 and every draw on the GPU
+        self.generator_device = torch.device(generator_device)
         self.statistics, self.nfe, self.batch_size, self.device, self.notes = (
             statistics,
             nfe,
@@ -118,8 +122,12 @@ class Workload:
             return self.model(latents, 1.0, None, ELF_SC_CFG_SCALE, decoder_step_active=True).logits.argmax(-1)
         return logits.argmax(-1)
 
+    def generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(self.generator_device).manual_seed(seed)
+
     def initial_latents(self, scheduler, generator):
-        return (torch.randn(self.latent_shape, generator=generator) * scheduler.init_noise_sigma).to(self.device)
+        z = torch.randn(self.latent_shape, generator=generator, device=generator.device)
+        return (z * scheduler.init_noise_sigma).to(self.device)
 
 
 def clock(device: torch.device) -> float:
@@ -133,7 +141,7 @@ def clock(device: torch.device) -> float:
 def time_sampling(w: Workload, scheduler, statistics, seed: int) -> float:
     """One whole sampling run as the pipeline's loop makes it, decode included: seconds."""
     start = clock(w.device)
-    generator = torch.Generator().manual_seed(seed)
+    generator = w.generator(seed)
     extra = {"statistics": statistics} if statistics is not None else {}
     scheduler.set_timesteps(w.nfe, device=w.device, **w.set_timesteps_kwargs(generator), **extra)
     latents = w.initial_latents(scheduler, generator)
@@ -150,7 +158,7 @@ def time_sampling(w: Workload, scheduler, statistics, seed: int) -> float:
 def time_network(w: Workload, timesteps: torch.Tensor, seed: int) -> float:
     """The network calls of one run alone (same inputs' shapes, self-conditioning fed back), decode included."""
     start = clock(w.device)
-    latents = w.initial_latents(w.official, torch.Generator().manual_seed(seed))
+    latents = w.initial_latents(w.official, w.generator(seed))
     self_conditioning = logits = None
     for t in timesteps:
         self_conditioning, logits = w.network(latents, t, self_conditioning)
@@ -161,8 +169,8 @@ def time_network(w: Workload, timesteps: torch.Tensor, seed: int) -> float:
 @torch.no_grad()
 def time_scheduler(w: Workload, scheduler, statistics, predictions: list[torch.Tensor], seed: int) -> float:
     """The scheduler's calls of one run alone (`set_timesteps`, `scale_model_input`, `step`), fixed predictions."""
-    generator = torch.Generator().manual_seed(seed)
-    latents = w.initial_latents(scheduler, torch.Generator().manual_seed(seed + 1))
+    generator = w.generator(seed)
+    latents = w.initial_latents(scheduler, w.generator(seed + 1))
     extra = {"statistics": statistics} if statistics is not None else {}
     start = clock(w.device)
     scheduler.set_timesteps(w.nfe, device=w.device, **w.set_timesteps_kwargs(generator), **extra)
@@ -175,7 +183,7 @@ def time_scheduler(w: Workload, scheduler, statistics, predictions: list[torch.T
 def measure(w: Workload, variants: dict, args) -> dict:
     """Warm-up, then alternating timed rounds of every variant; the scheduler alone per scheduler variant."""
     device = w.device
-    probe = torch.Generator().manual_seed(0)
+    probe = w.generator(0)
     w.official.set_timesteps(w.nfe, device=device, **w.set_timesteps_kwargs(probe))
     timesteps = w.official.timesteps.clone()
     predictions = [
@@ -377,6 +385,7 @@ def report(results: list[dict], args, device: torch.device, started: float, load
         "git_commit": git_commit(),
         **device_description(device),
         "load_average_start_end": [load_start, os.getloadavg() if hasattr(os, "getloadavg") else None],
+        "generator_device": args.generator_device,
         "total_seconds": time.perf_counter() - started,
         "complete": len(results) == expected_rows(args),
         "definitions": {
@@ -439,6 +448,13 @@ def main() -> None:
         help="record the top ops of one scheduler-alone run per variant (default: on for cuda, ELF-B rows only)",
     )
     parser.add_argument("--profile-models", nargs="+", default=["elf-b"], choices=["elf-b", "langflow-small"])
+    parser.add_argument(
+        "--generator-device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the runs' generators draw: cpu (the official CPU stream, drawn ahead on a GPU) or cuda (a device "
+        "stream: grid, z_0 and every re-noising draw on the GPU)",
+    )
     parser.add_argument("--output", default="benchmarks/results/overhead.json")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
@@ -451,6 +467,8 @@ def main() -> None:
         args.profile = device.type == "cuda"
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda, but torch sees no GPU.")
+    if args.generator_device == "cuda" and device.type != "cuda":
+        sys.exit("--generator-device cuda needs --device cuda.")
     started = time.perf_counter()
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
@@ -467,7 +485,16 @@ def main() -> None:
             variants = schedulers_for(official, {"coefficients": "elf-b"}, stats, args)
             notes = "" if layers == 12 else f"{layers} of ELF-B's 12 layers"
             w = Workload(
-                "elf-b", model, official, variants["untied"][0], stats, args.elf_nfe, batch_size, device, notes
+                "elf-b",
+                model,
+                official,
+                variants["untied"][0],
+                stats,
+                args.elf_nfe,
+                batch_size,
+                device,
+                notes,
+                args.generator_device,
             )
             results.append(measure(w, variants, args))
             write(output, report(results, args, device, started, load_start))
