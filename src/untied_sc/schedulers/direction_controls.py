@@ -1,5 +1,5 @@
 """The controls of the solver correction's direction: paper Table "Controls for the solver correction"
-(`tab:direction_controls`, App. C.8) and docs/algorithm.md §3.6.
+(`tab:direction_controls`, Table 12, App. C.9) and docs/algorithm.md §3.8.
 
 Each control replaces the history-based direction U_k (eq. (10)) by another direction before the moment projection
 Π_k (eq. (11)), so every control keeps the calibrated token mean μ_k and centred RMS σ_k of the correction and changes
@@ -12,7 +12,7 @@ only where its centred part points:
 
 Shapes and masks follow `untied_functions`: directions are (B, L, D), `mask` is an optional (B, L) bool tensor of
 active positions. The functions are pure; the random ones take their permutation or noise as an argument, drawn by the
-scheduler from a generator [`direction_seed`] derives (docs/algorithm.md §3.6).
+scheduler from a generator [`direction_seed`] derives (docs/algorithm.md §3.8).
 """
 
 import hashlib
