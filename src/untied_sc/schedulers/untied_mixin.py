@@ -243,7 +243,8 @@ class UntiedSelfConditioningMixin:
         the eager fused step). The compiled step reads its per-step numbers from per-run tables with a step counter
         kept on the device, so a run compiles one graph (again when the batch shape changes), not one per step; on
         a GPU it replaces the eager step's ~15-30 kernel launches per step by a few fused kernels. The first run
-        pays the compilation (seconds to a minute). Returns the scheduler.
+        pays the compilation (seconds to a minute). A `correction_direction` control runs the unfused step either way.
+        Returns the scheduler.
         """
         self._compiled_step = torch.compile(indexed_untied_step, **options) if enable else None
         return self
