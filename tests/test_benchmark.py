@@ -461,7 +461,7 @@ def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evalua
     assert saved["num_samples"] == 2
 
 
-@pytest.mark.parametrize("experiment", ["placement", "components", "sensitivity"])
+@pytest.mark.parametrize("experiment", ["placement", "components", "sensitivity", "directions"])
 def test_controlled_experiments_run_as_matched_sampler_sets(pipes, evaluator, experiment):
     samplers = experiment_samplers(experiment)
     assert next(iter(samplers)) == "official"
@@ -483,6 +483,35 @@ def test_coefficient_scales_multiply_the_resolved_coefficients(pipes):
         build_scheduler(pipe, {"scheduler": "official", "eta_t_scale": 0.5})
     with pytest.raises(ValueError, match="Unknown experiment"):
         experiment_samplers("ablations")
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_the_directions_experiment_builds_one_untied_sampler_per_direction_control(pipes, family):
+    samplers = experiment_samplers("directions")
+    assert list(samplers) == [
+        "official",
+        "untied (history)",
+        "untied (common)",
+        "untied (permuted)",
+        "untied (random)",
+    ]
+    pipe = pipes[family]
+    official = build_scheduler(pipe, {"scheduler": "official", **samplers["official"]})
+    assert type(official) is type(pipe.scheduler) and "correction_direction" not in official.config
+    latents = {}
+    for name, spec in list(samplers.items())[1:]:
+        scheduler = build_scheduler(pipe, {"scheduler": "untied", **spec}, None, 8)
+        assert scheduler.config.correction_direction == name.removeprefix("untied (").removesuffix(")")
+        pipe.scheduler, kept = scheduler, pipe.scheduler
+        try:
+            generator = torch.Generator().manual_seed(0)
+            out = pipe(batch_size=3, num_inference_steps=8, generator=generator, output_type="latent").latents
+        finally:
+            pipe.scheduler = kept
+        assert torch.isfinite(out).all()
+        latents[name] = out
+    history = latents["untied (history)"]
+    assert all(not torch.allclose(history, got) for name, got in latents.items() if name != "untied (history)")
 
 
 def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, pipes, evaluator):

@@ -87,6 +87,8 @@ def _configured(scheduler_cls):
         tuning_by_steps={str(STEPS): {"seed": 10000, "chosen": {"eta_t": 0.7}}},
         correction_routing="both",
         cosine_distance="online",
+        correction_direction="random",
+        direction_seed=7,
     )
 
 

@@ -193,6 +193,13 @@ def test_invalid_coefficients_and_options_are_refused(scheduler_cls):
         scheduler_cls(coefficients_by_steps={8: {"eta_r": 1.0}})
     with pytest.raises(ValueError, match="correction_routing must be one of"):
         scheduler_cls(correction_routing="latent")
+    with pytest.raises(ValueError, match="correction_direction must be one of"):
+        scheduler_cls(correction_direction="orthogonal")
+    with pytest.raises(ValueError, match="correction_direction must be one of"):
+        UntiedSelfConditioningScheduler.from_config(scheduler_cls().config, correction_direction="History")
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="direction_seed must be an integer ≥ 0"):
+            scheduler_cls(direction_seed=seed)
     with pytest.raises(ValueError, match="Unknown coefficient preset"):
         scheduler_cls(coefficients="elf-xl")
     set_timesteps_kwargs = (
@@ -220,8 +227,11 @@ def test_ablation_switches_change_the_self_conditioning_input(options):
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])
-def test_no_attribute_first_appears_in_set_timesteps_or_step(family):
-    pipe, _ = _pipeline(family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8, cosine_distance="online")
+@pytest.mark.parametrize("control", ["history", "permuted", "random"])
+def test_no_attribute_first_appears_in_set_timesteps_or_step(family, control):
+    pipe, _ = _pipeline(
+        family, 8, eta_r=2.0, eta_t=1.5, eta_o=1.0, alpha=0.8, cosine_distance="online", correction_direction=control
+    )
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     created = set(vars(scheduler))
     pipe.scheduler = scheduler
@@ -242,3 +252,115 @@ def test_online_cosine_distance_reads_nothing_back_per_sample(family, monkeypatc
         _run(pipe, 8, batch_size=batch_size)
         counts.append(len(reads))
     assert counts[0] == counts[1]
+
+
+# ---- the direction controls of the solver correction (paper Table 12; `correction_direction`) ----------------------
+
+
+CONTROLS = ("common", "permuted", "random")
+STRONG = {"eta_r": 2.0, "eta_t": 1.5, "eta_o": 1.0, "alpha": 0.8}
+
+
+def _latents_and_state(pipe, seed=42, batch_size=3, latents=None):
+    """The final latents of a run, and its generator's state afterwards (what the official stream consumed)."""
+    generator = torch.Generator().manual_seed(seed)
+    output = pipe(
+        batch_size=batch_size,
+        num_inference_steps=8,
+        generator=generator,
+        latents=latents,
+        output_type="latent",
+    )
+    return output.latents, generator.get_state()
+
+
+def _history_reference(family, batch_size=3, **untied):
+    """The history direction on the unfused step, which the controls run (fused and unfused agree only to rounding)."""
+    pipe, _ = _pipeline(family, 8, **untied)
+    pipe.scheduler.use_fused_step = False
+    return pipe
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+@pytest.mark.parametrize("control", CONTROLS)
+def test_a_direction_control_at_zero_strength_is_the_official_sampler_bit_for_bit(family, control):
+    official, _ = _pipeline(family, 8, statistics=False)
+    untied, _ = _pipeline(family, 8, **ZERO, correction_direction=control)
+    expected, expected_trajectory = _run(official, 8)
+    got, trajectory = _run(untied, 8)
+    assert torch.equal(trajectory, expected_trajectory)
+    assert torch.equal(got.latents, expected.latents) and torch.equal(got.sequences, expected.sequences)
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_without_the_correction_a_direction_control_changes_nothing(control):
+    # η_T = 0 with the SC transform on: A_k is never formed, so the direction is never read.
+    no_correction = {**STRONG, "eta_t": 0.0}
+    expected = _run(_history_reference("elf", **no_correction), 8)[1]
+    controlled, _ = _pipeline("elf", 8, **no_correction, correction_direction=control)
+    assert torch.equal(_run(controlled, 8)[1], expected)
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_direction_controls_reproduce_for_a_seed_and_leave_the_sampling_stream_alone(family):
+    history, _ = _pipeline(family, 8, **STRONG)
+    expected, expected_state = _latents_and_state(history)
+    for control in CONTROLS:
+        pipe, _ = _pipeline(family, 8, **STRONG, correction_direction=control)
+        latents, state = _latents_and_state(pipe)
+        assert torch.isfinite(latents).all() and not torch.allclose(latents, expected), control
+        assert torch.equal(_latents_and_state(pipe)[0], latents), control  # same seed, same samples
+        assert torch.equal(state, expected_state), control  # the official draws, and only they, were taken
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_with_one_sample_the_permuted_and_common_controls_are_the_history_direction(family):
+    expected, _ = _latents_and_state(_history_reference(family, **STRONG), batch_size=1)
+    permuted, _ = _pipeline(family, 8, **STRONG, correction_direction="permuted")
+    assert torch.equal(_latents_and_state(permuted, batch_size=1)[0], expected)  # no other sample: π = identity
+    common, _ = _pipeline(family, 8, **STRONG, correction_direction="common")
+    got, _ = _latents_and_state(common, batch_size=1)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5)  # Π_k of U's unit direction: equal up to rounding
+
+
+def test_with_identical_samples_the_common_and_permuted_controls_are_the_history_direction():
+    # LangFlow is deterministic given z_0: three copies of one z_0 are three identical trajectories.
+    z0 = torch.randn(1, 12, 32, generator=torch.Generator().manual_seed(5)).expand(3, -1, -1).contiguous()
+    expected, _ = _latents_and_state(_history_reference("langflow", **STRONG), latents=z0)
+    assert torch.equal(expected[0], expected[1])
+    for control in ("common", "permuted"):
+        pipe, _ = _pipeline("langflow", 8, **STRONG, correction_direction=control)
+        got, _ = _latents_and_state(pipe, latents=z0)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), control
+    random, _ = _pipeline("langflow", 8, **STRONG, correction_direction="random")
+    assert not torch.allclose(_latents_and_state(random, latents=z0)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_direction_seed_and_the_sampling_seed_pick_the_controls_draws():
+    pipe, _ = _pipeline("langflow", 8, **STRONG, correction_direction="random")
+    other, _ = _pipeline("langflow", 8, **STRONG, correction_direction="random", direction_seed=1)
+    assert not torch.allclose(_latents_and_state(pipe)[0], _latents_and_state(other)[0])
+    permuted, _ = _pipeline("langflow", 8, **STRONG, correction_direction="permuted")
+    permutations = set()
+    for seed in range(6):
+        _latents_and_state(permuted, seed=seed, batch_size=4)
+        pi = permuted.scheduler._direction_permutation.tolist()
+        assert all(pi[b] != b for b in range(4))
+        permutations.add(tuple(pi))
+    assert len(permutations) > 1  # each sampling seed draws its own derangement
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_direction_controls_run_the_unfused_step(control, monkeypatch):
+    pipe, _ = _pipeline("elf", 8, **STRONG, correction_direction=control)
+    assert pipe.scheduler.use_fused_step  # the class default: the controls bypass it themselves
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused step forms only the history direction")
+
+    monkeypatch.setattr(pipe.scheduler, "_fused_update", refuse)
+    _run(pipe, 8)
+    history, _ = _pipeline("elf", 8, **STRONG)
+    monkeypatch.setattr(history.scheduler, "_fused_update", refuse)
+    with pytest.raises(AssertionError, match="history direction"):
+        _run(history, 8)

@@ -207,7 +207,8 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "--experiment",
         choices=EXPERIMENTS,
-        help="Sampler set: official vs untied (main, the default), or one of the paper's controlled experiments.",
+        help="Sampler set: official vs untied (main, the default), or one of the paper's controlled experiments: "
+        "placement, components, sensitivity, directions (the solver correction's direction controls).",
     )
     parser.add_argument(
         "--coefficients",

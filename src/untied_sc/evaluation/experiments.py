@@ -8,13 +8,16 @@ baseline of every paired comparison. The experiments (`--experiment`):
 - `placement` (Table "placement" (a)): where the correction goes: off, into the solver, into the next
   self-conditioning input, or both;
 - `components` (Table "placement" (b)): which components are on: the SC transform alone, the correction alone, both;
-- `sensitivity` (Appendix "parameter sensitivity"): one coefficient at a time at ×½..×2 of its resolved value.
+- `sensitivity` (Appendix "parameter sensitivity"): one coefficient at a time at ×½..×2 of its resolved value;
+- `directions` (Table "Controls for the solver correction"): the full untied sampler with the history direction and
+  with each control of it (`correction_direction`): the batch's common component, another sample's direction, a random
+  direction with equal RMS.
 """
 
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..defaults import EXPERIMENTS  # noqa: F401  (re-exported here)
+from ..defaults import EXPERIMENTS  # (re-exported here)
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 
 
@@ -24,7 +27,8 @@ SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
 
 
 def experiment_samplers(name: str) -> dict[str, dict]:
-    """Sampler specs of an experiment: `main`, `placement`, `components` or `sensitivity` (official always first)."""
+    """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity` or `directions` (official always
+    first)."""
     if name == "main":
         return dict(DEFAULT_SAMPLERS)
     if name == "placement":
@@ -48,7 +52,15 @@ def experiment_samplers(name: str) -> dict[str, dict]:
             for factor in SENSITIVITY_FACTORS:
                 samplers[f"untied ({coefficient} x{factor:g})"] = {f"{coefficient}_scale": factor}
         return samplers
-    raise ValueError(f"Unknown experiment {name!r}; choose main, placement, components or sensitivity.")
+    if name == "directions":
+        return {
+            BASELINE: {},
+            "untied (history)": {"correction_direction": "history"},
+            "untied (common)": {"correction_direction": "common"},
+            "untied (permuted)": {"correction_direction": "permuted"},
+            "untied (random)": {"correction_direction": "random"},
+        }
+    raise ValueError(f"Unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
 
 
 def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:

@@ -9,6 +9,7 @@ from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
 from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
 from .untied_mixin import (
+    CORRECTION_DIRECTION,
     CORRECTION_ROUTING,
     COSINE_DISTANCE,
     DEGENERACY_EPS,
@@ -51,6 +52,11 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         global_scaling (`bool`, defaults to `True`): keep the common factor g_k in the retention (paper Table 10).
         cosine_distance (`str`, defaults to `"precomputed"`): δ̄ from the statistics, or `"online"` from this
             trajectory's own H and G (per sample).
+        correction_direction (`str`, defaults to `"history"`): the direction Π_k normalises: the paper's history
+            direction U_k, or a control of paper Table 12: `"common"` (the batch's common component), `"permuted"`
+            (another sample's U_k), `"random"` (noise with U_k's centred RMS); the controls run the unfused step.
+        direction_seed (`int`, defaults to 0): mixed with the sampling generator's state into the seed of the
+            `"permuted"` and `"random"` draws (the sampling stream itself is not drawn from).
     """
 
     family = "elf"
@@ -82,6 +88,8 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         transform_seed: int = 0,
         global_scaling: bool = True,
         cosine_distance: str = COSINE_DISTANCE,
+        correction_direction: str = CORRECTION_DIRECTION,
+        direction_seed: int = 0,
     ):
         if sde_gamma_by_steps is None:
             self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
@@ -105,4 +113,6 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
         """
-        self._set_timesteps(num_inference_steps, device, statistics, mask, generator=generator)
+        self._set_timesteps(
+            num_inference_steps, device, statistics, mask, direction_generator=generator, generator=generator
+        )

@@ -9,6 +9,7 @@ from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, QUANTILE_EPS, LangFlowScheduler
 from .untied_mixin import (
+    CORRECTION_DIRECTION,
     CORRECTION_ROUTING,
     COSINE_DISTANCE,
     DEGENERACY_EPS,
@@ -35,8 +36,9 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     Args:
         quantile_eps: [`LangFlowScheduler`]'s config.
         eta_r, eta_t, eta_o, alpha, coefficients, coefficients_by_steps, tuning_by_steps, eps_fp, degeneracy_eps,
-        correction_routing, transform_assignment, transform_seed, global_scaling, cosine_distance: the untied keys,
-            as for [`UntiedELFScheduler`] (presets `"langflow-owt"`, `"langflow-lm1b"`).
+        correction_routing, transform_assignment, transform_seed, global_scaling, cosine_distance,
+        correction_direction, direction_seed: the untied keys, as for [`UntiedELFScheduler`] (presets
+            `"langflow-owt"`, `"langflow-lm1b"`).
     """
 
     family = "langflow"
@@ -62,6 +64,8 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         transform_seed: int = 0,
         global_scaling: bool = True,
         cosine_distance: str = COSINE_DISTANCE,
+        correction_direction: str = CORRECTION_DIRECTION,
+        direction_seed: int = 0,
     ):
         self._init_untied()
 
@@ -72,6 +76,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         proposal: tuple[float, float, float] | None = None,
         statistics: SamplerStatistics | None = None,
         mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         """
         Builds the LangFlow γ grid, selects the statistics for this NFE and resets the trajectory state.
@@ -82,5 +87,9 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
             proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
+            generator (`torch.Generator`, *optional*): the sampling generator; nothing is drawn from it (LangFlow's
+                grid is fixed), its state only seeds the `"permuted"` and `"random"` direction controls.
         """
-        self._set_timesteps(num_inference_steps, device, statistics, mask, proposal=proposal)
+        self._set_timesteps(
+            num_inference_steps, device, statistics, mask, direction_generator=generator, proposal=proposal
+        )

@@ -4,6 +4,14 @@ import torch
 
 from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
 from .config_checks import POSITIVE
+from .direction_controls import (
+    CORRECTION_DIRECTIONS,
+    common_direction,
+    derangement,
+    direction_seed,
+    permuted_direction,
+    random_direction,
+)
 from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import SamplerStatistics
 from .untied_functions import (
@@ -27,6 +35,7 @@ EPS_FP = 0.01  # floor of b_{k,i} in the retention [choice]
 DEGENERACY_EPS = 1e-12  # relative degeneracy threshold of G_k [choice]
 UNTIED_CONFIG_RANGES = {"eps_fp": POSITIVE, "degeneracy_eps": POSITIVE}  # coefficients: `check_coefficients`
 CORRECTION_ROUTING, TRANSFORM_ASSIGNMENT, COSINE_DISTANCE = "solver", "overlap", "precomputed"
+CORRECTION_DIRECTION = "history"  # the paper's U_k; the others are the controls of Table 12 (`direction_controls`)
 
 
 class UntiedSelfConditioningMixin:
@@ -36,7 +45,7 @@ class UntiedSelfConditioningMixin:
     1. the self-conditioning transform m̃_k = F_k m_k, which dampens the self-conditioning input along the directions
        its input map shares with the latent's (eqs. (7), (34));
     2. the solver correction A_k = η_T·Π_k(U_k) toward the step-average prediction, normalised to calibrated
-       moments (eqs. (9)–(11));
+       moments (eqs. (9)–(11)); `correction_direction` replaces U_k by one of the paper's controls (Table 12);
     3. untied routing (eq. (12)): z_{k+1} = S_k(z_k, p_k + A_k), O_{k+1} = (1 − κ_k)O_k + κ_k(p_k + A_k),
        m_{k+1} = p_k, E_{k+1} = (1 − α)E_k + α p_k.
 
@@ -55,6 +64,7 @@ class UntiedSelfConditioningMixin:
     order = 1
     # The fused step ([`fused_untied_step`], few passes over (B, L, D)); False runs the reference step, the pure
     # functions of `untied_functions` chained one by one (equal within float rounding; tests compare the two).
+    # The fused step forms the history direction only: a `correction_direction` control always runs the reference.
     use_fused_step = True
 
     def _init_untied(self) -> None:
@@ -64,9 +74,13 @@ class UntiedSelfConditioningMixin:
             ("correction_routing", CORRECTION_ROUTINGS),
             ("transform_assignment", TRANSFORM_ASSIGNMENTS),
             ("cosine_distance", COSINE_DISTANCE_SOURCES),
+            ("correction_direction", CORRECTION_DIRECTIONS),
         ):
             if config[name] not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {config[name]!r}.")
+        seed = config.direction_seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"direction_seed must be an integer ≥ 0, got {seed!r}.")
         check_preset(config.coefficients)
         check_coefficients(config)
         if config.coefficients_by_steps is not None:  # stored as JSON gives it back: string NFEs, plain floats
@@ -91,6 +105,7 @@ class UntiedSelfConditioningMixin:
         self._fused_plan: FusedStepPlan | None = None  # the fused step's per-step tensors of this run
         self._kappas: list[float] = []  # κ_k as floats, read once per run
         self._compiled_step = None  # `torch.compile(indexed_untied_step)` after `compile_step()`
+        self._direction_seed = 0  # seed of this run's direction-control draws ([`direction_seed`])
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -103,6 +118,8 @@ class UntiedSelfConditioningMixin:
         self.previous_cosine_distance: float | torch.Tensor = 0.0  # δ̄_{k−1}: a float, or (B,) when online
         self._step_counter: torch.Tensor | None = None  # k on the device, for the compiled step
         self._buffers: dict[str, torch.Tensor] | None = None  # the eager fused step's (B, L, D) buffers, per run
+        self._direction_permutation: torch.Tensor | None = None  # π of the `permuted` control, drawn at its first use
+        self._direction_generator: torch.Generator | None = None  # ξ of the `random` control, on the run's device
 
     @property
     def step_index(self) -> int:
@@ -125,9 +142,13 @@ class UntiedSelfConditioningMixin:
         device: str | torch.device | None,
         statistics: SamplerStatistics | None,
         mask: torch.Tensor | None,
+        direction_generator: torch.Generator | list[torch.Generator] | None = None,
         **base_kwargs,
     ) -> None:
-        """The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state."""
+        """
+        The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state, and
+        the seed of the direction controls' draws, derived from `direction_generator`'s state without drawing from it.
+        """
         coefficients = self.resolve_coefficients(num_inference_steps, statistics)
         if statistics is not None and statistics.config.solver != self.family:
             raise ValueError(
@@ -153,6 +174,8 @@ class UntiedSelfConditioningMixin:
         self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
         self._fused_plan = self._plan_fused_step(device)
         self._reset_state()
+        if self.config.correction_direction in ("permuted", "random") and coefficients["eta_t"] > 0:
+            self._direction_seed = direction_seed(self.config.direction_seed, direction_generator)
 
     def _plan_fused_step(self, device) -> FusedStepPlan:
         """Every per-step number of this run for the fused step, as float64 tensors on `device` (once per run)."""
@@ -220,7 +243,8 @@ class UntiedSelfConditioningMixin:
         the eager fused step). The compiled step reads its per-step numbers from per-run tables with a step counter
         kept on the device, so a run compiles one graph (again when the batch shape changes), not one per step; on
         a GPU it replaces the eager step's ~15-30 kernel launches per step by a few fused kernels. The first run
-        pays the compilation (seconds to a minute). Returns the scheduler.
+        pays the compilation (seconds to a minute). A `correction_direction` control runs the unfused step either way.
+        Returns the scheduler.
         """
         self._compiled_step = torch.compile(indexed_untied_step, **options) if enable else None
         return self
@@ -278,8 +302,33 @@ class UntiedSelfConditioningMixin:
         if eta_t == 0:
             return None, distance
         direction = combined_direction(history, solver_direction, self.coefficients["eta_o"], self.solver.delta_u(k))
+        direction = self._control_direction(direction)
         mean = self.step_statistics.mean[k].to(device=prediction.device, dtype=prediction.dtype)
         return eta_t * moment_projection(direction, mean, rms, self.mask), distance
+
+    def _control_direction(self, direction: torch.Tensor) -> torch.Tensor:
+        """
+        U_k as the config's `correction_direction` control has it (paper Table 12; `direction_controls`): U_k itself
+        (`history`), the batch's common component, the direction of another sample by a derangement drawn at the
+        run's first correction, or Gaussian noise with U_k's centred RMS, one draw per update step. The draws come
+        from generators seeded with `_direction_seed`: the permutation on the CPU, the noise on U_k's device.
+        """
+        control = self.config.correction_direction
+        if control == "history":
+            return direction
+        if control == "common":
+            return common_direction(direction, self.mask)
+        if control == "permuted":
+            if self._direction_permutation is None:
+                generator = torch.Generator().manual_seed(self._direction_seed)
+                self._direction_permutation = derangement(direction.shape[0], generator).to(direction.device)
+            return permuted_direction(direction, self._direction_permutation)
+        if self._direction_generator is None:
+            self._direction_generator = torch.Generator(direction.device).manual_seed(self._direction_seed)
+        noise = torch.randn(
+            direction.shape, generator=self._direction_generator, device=direction.device, dtype=torch.float32
+        )
+        return random_direction(direction, noise, self.mask)
 
     def step(
         self,
@@ -308,7 +357,7 @@ class UntiedSelfConditioningMixin:
             # LangFlow's final evaluation: the base scheduler leaves the latent as it is; nothing to correct.
             prev_sample = self.base.step(prediction, timestep, sample).prev_sample
             solver_input = prediction
-        elif self.use_fused_step:
+        elif self.use_fused_step and self.config.correction_direction == "history":
             solver_input, prev_sample = self._fused_update(k, prediction, timestep, sample)
         else:
             solver_input, prev_sample = self._reference_update(k, prediction, timestep, sample)
