@@ -91,6 +91,61 @@ def candidate_values(name: str, value: float, factors: Sequence[float]) -> list[
     return values
 
 
+def is_admissible(gen_ppl: float, entropy: float | None, floor: float) -> bool:
+    """The entropy guard (step 2): a finite GenPPL and an entropy no lower than `floor` (official − allowed drop)."""
+    return math.isfinite(gen_ppl) and entropy is not None and entropy >= floor
+
+
+def compare_with_official(
+    official: Candidate, candidate: Candidate, confidence: float, clusters: Sequence | None = None
+) -> PairedComparison:
+    """The paired comparison of the keep rule (step 4): b = `candidate`, a = the official sampler, on the bank's
+    matched pairs, resampling `clusters` (the family's unit of shared randomness)."""
+    from ..evaluation.statistics import paired_comparison
+
+    # A fixed bootstrap generator: the decision is a function of the scores alone.
+    return paired_comparison(official.nlls, candidate.nlls, confidence=confidence, generator=0, clusters=clusters)
+
+
+def beats_official(comparison: PairedComparison | None) -> bool:
+    """The keep rule (step 4): the interval of the mean per-sample ΔNLL (candidate − official) lies below 0."""
+    return comparison is not None and comparison.mean_delta_ci[1] < 0
+
+
+def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
+    """`(evaluator pair, name)`: a name is loaded with [`load_evaluator`] (`evaluator_kwargs`), a `(model,
+    tokenizer)` pair is used as it is and named by its model."""
+    from ..evaluation.evaluator import load_evaluator
+
+    if isinstance(evaluator, str):
+        return load_evaluator(evaluator, **evaluator_kwargs), evaluator
+    return evaluator, getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+
+
+def bank_scorer(pipe, config, seed, num_samples, batch_size, evaluator, protocol, eval_batch_size, on_scored=None):
+    """
+    `score(n, spec) -> (gen_ppl, entropy, nlls)`: the sampler spec `spec` ([`build_scheduler`] from the scheduler
+    config `config`) at NFE `n` on the tuning bank (step 1: `num_samples` samples of seed `seed` in the tuning space),
+    scored by the `(model, tokenizer)` `evaluator` under `protocol`; `nlls` are the per-sample per-token NLLs in bank
+    order (NaN where unscored). It leaves the spec's scheduler on `pipe` (the caller restores its own) and calls
+    `on_scored()` after each score.
+    """
+    from ..evaluation.io import Sample, evaluate_samples
+    from ..evaluation.sampling import build_scheduler, generate
+
+    def score(n: int, spec: dict) -> tuple[float, float, list[float]]:
+        pipe.scheduler = build_scheduler(pipe, spec, config, n)
+        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size, seed_space="tuning")
+        samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
+        result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
+        if on_scored is not None:
+            on_scored()
+        nlls = [math.nan if r["mean_nll"] is None else r["mean_nll"] for r in result["per_sample"]]
+        return result["gen_ppl"], result["entropy"], nlls
+
+    return score
+
+
 def _key(coefficients: Mapping[str, float]) -> tuple:
     return tuple(round(float(coefficients[name]), 12) for name in COEFFICIENT_NAMES)
 
@@ -135,9 +190,7 @@ def tune_coefficients(
         One [`TuneResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values and its
         `tuning_by_steps` records the bank, evaluator and scores.
     """
-    from ..evaluation.evaluator import load_evaluator
-    from ..evaluation.io import Sample, evaluate_samples
-    from ..evaluation.sampling import build_scheduler, family_of, generate, resampling_clusters
+    from ..evaluation.sampling import build_scheduler, family_of, resampling_clusters
     from .migrate import migrate_pipeline
 
     migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
@@ -164,26 +217,14 @@ def tune_coefficients(
     seed = check_seed(seed, "seed")
     family = family_of(pipe)
     protocol = protocol or family
-    if isinstance(evaluator, str):
-        evaluator_name = evaluator
-        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
-    else:
-        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+    evaluator, evaluator_name = scoring_evaluator(evaluator, **evaluator_kwargs)
 
     original_scheduler = pipe.scheduler
     config = original_scheduler.config
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     bar = tqdm(desc="tune", disable=not progress, unit="candidate")
-
-    def score(n: int, spec: dict) -> tuple[float, float, list[float]]:
-        pipe.scheduler = build_scheduler(pipe, spec, config, n)
-        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size, seed_space="tuning")
-        samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
-        result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
-        bar.update()
-        nlls = [math.nan if r["mean_nll"] is None else r["mean_nll"] for r in result["per_sample"]]
-        return result["gen_ppl"], result["entropy"], nlls
+    score = bank_scorer(pipe, config, seed, num_samples, batch_size, evaluator, protocol, eval_batch_size, bar.update)
 
     results = []
     try:
@@ -236,8 +277,6 @@ def coordinate_search(
         clusters (`Sequence`, *optional*): the resampling unit of each bank sample (e.g. its batch for ELF); by
             default every sample is its own.
     """
-    from ..evaluation.statistics import paired_comparison
-
     began = time.perf_counter()
     official_ppl, official_entropy, official_nlls = score({"scheduler": "official"})
     official = Candidate(
@@ -254,8 +293,7 @@ def coordinate_search(
         key = _key(coefficients)
         if key not in scored:
             ppl, entropy, nlls = score({"scheduler": "untied", **coefficients})
-            admissible = math.isfinite(ppl) and entropy is not None and entropy >= floor
-            scored[key] = Candidate(dict(coefficients), ppl, entropy, admissible, list(nlls))
+            scored[key] = Candidate(dict(coefficients), ppl, entropy, is_admissible(ppl, entropy, floor), list(nlls))
         return scored[key]
 
     first = best = evaluate(dict(start))
@@ -265,11 +303,8 @@ def coordinate_search(
                 candidate = evaluate({**best.coefficients, name: value})
                 if candidate.admissible and (not best.admissible or candidate.gen_ppl < best.gen_ppl):
                     best = candidate
-    comparison = None
-    if best.admissible:
-        # A fixed bootstrap generator: the decision is a function of the scores alone.
-        comparison = paired_comparison(official.nlls, best.nlls, confidence=confidence, generator=0, clusters=clusters)
-    if comparison is None or comparison.mean_delta_ci[1] >= 0:  # no win beyond noise: bitwise the official sampler
+    comparison = compare_with_official(official, best, confidence, clusters) if best.admissible else None
+    if not beats_official(comparison):  # no win beyond noise: bitwise the official sampler
         best = Candidate(
             {**first.coefficients, "eta_r": 0.0, "eta_t": 0.0}, official_ppl, official_entropy, True, official.nlls
         )

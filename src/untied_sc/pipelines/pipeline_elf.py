@@ -63,6 +63,8 @@ class ELFPipeline(LanguageFlowPipeline):
         tokenizer (`PreTrainedTokenizerBase`): the tokenizer of the model's vocabulary (T5 for the released models).
         sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
         sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (see above for `None`).
+        ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction for the ACE schedulers
+            (`untied-sc ace`).
 
     Example:
         ```py
@@ -74,8 +76,16 @@ class ELFPipeline(LanguageFlowPipeline):
 
     family = "elf"
 
-    def __init__(self, transformer, scheduler, tokenizer, sampler_statistics=None, sc_cfg_scale: float | None = None):
-        super().__init__(transformer, scheduler, tokenizer, sampler_statistics)
+    def __init__(
+        self,
+        transformer,
+        scheduler,
+        tokenizer,
+        sampler_statistics=None,
+        sc_cfg_scale: float | None = None,
+        ace_statistics=None,
+    ):
+        super().__init__(transformer, scheduler, tokenizer, sampler_statistics, ace_statistics)
         if sc_cfg_scale is None:  # a folder saved before the pipeline owned w keeps it in the scheduler config
             sc_cfg_scale = scheduler.config.get("sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
         self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale))

@@ -25,6 +25,8 @@ class LangFlowPipeline(LanguageFlowPipeline):
         scheduler ([`LangFlowScheduler`] or [`UntiedSelfConditioningScheduler`]): the sampler.
         tokenizer (`PreTrainedTokenizerBase`): the tokenizer of the model's vocabulary.
         sampler_statistics ([`SamplerStatistics`], *optional*): calibration for the untied scheduler.
+        ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction for the ACE schedulers
+            (`untied-sc ace`).
     """
 
     family = "langflow"

@@ -140,13 +140,17 @@ class LanguageFlowPipeline(DiffusionPipeline):
     family: str  # "elf" or "langflow", as the transformer's `family`
 
     model_cpu_offload_seq = "transformer"
-    _optional_components = ["sampler_statistics"]
+    _optional_components = ["sampler_statistics", "ace_statistics"]
     _callback_tensor_inputs = ["latents", "prediction"]
 
-    def __init__(self, transformer, scheduler, tokenizer, sampler_statistics=None):
+    def __init__(self, transformer, scheduler, tokenizer, sampler_statistics=None, ace_statistics=None):
         super().__init__()
         self.register_modules(
-            transformer=transformer, scheduler=scheduler, tokenizer=tokenizer, sampler_statistics=sampler_statistics
+            transformer=transformer,
+            scheduler=scheduler,
+            tokenizer=tokenizer,
+            sampler_statistics=sampler_statistics,
+            ace_statistics=ace_statistics,
         )
         if getattr(transformer, "family", None) != self.family:
             raise ValueError(
@@ -307,6 +311,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         *,
         scheduler=None,
         statistics=None,
+        ace_statistics=None,
         max_steps: int | None = None,
         step_callback: Callable[[DenoisingStep], dict[str, torch.Tensor] | None] | None = None,
         progress: bool = True,
@@ -333,6 +338,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
             statistics ([`SamplerStatistics`], *optional*): handed to the scheduler's `set_timesteps` where it takes
                 them, after a check that they belong to the transformer. `__call__` passes the pipeline's
                 `sampler_statistics`; `None` (default) hands none.
+            ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction, handed to the schedulers
+                that take it (ACE, HiGS + ACE) after the same check; `__call__` passes the pipeline's
+                `ace_statistics`.
             max_steps (`int`, *optional*): run only the first `max_steps` timesteps (default: all of them;
                 calibration skips LangFlow's final evaluation, which updates nothing).
             step_callback (`Callable`, *optional*): called after every step as `step_callback(step)` with a
@@ -361,10 +369,12 @@ class LanguageFlowPipeline(DiffusionPipeline):
             generator.seed()
 
         timestep_kwargs = _accepted_kwargs(
-            scheduler.set_timesteps, {**self._set_timesteps_kwargs(generator), "statistics": statistics}
+            scheduler.set_timesteps,
+            {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
         )
-        if timestep_kwargs.get("statistics") is not None:
-            timestep_kwargs["statistics"].check_model(self.transformer)
+        for name in ("statistics", "ace_statistics"):
+            if timestep_kwargs.get(name) is not None:
+                timestep_kwargs[name].check_model(self.transformer)
         scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
         latents = self.prepare_latents(batch_size, generator, latents, device, scheduler)
@@ -434,6 +444,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
             generator,
             latents,
             statistics=self.sampler_statistics,
+            ace_statistics=getattr(self, "ace_statistics", None),
             step_callback=step_callback,
             **network_kwargs,
         )
