@@ -213,6 +213,41 @@ def _tune(args: argparse.Namespace) -> None:
     print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
 
 
+def _ace(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .calibration.ace import estimate_ace_direction, save_ace_statistics
+    from .pipelines import load_pipeline
+
+    folder = Path(args.pipeline)
+    if not (folder / "model_index.json").is_file():
+        raise ValueError(f"{args.pipeline!r} is not a local pipeline folder: `untied-sc ace` writes into one.")
+    target = folder / "ace_statistics"
+    if target.exists() and not args.overwrite:
+        raise ValueError(f"{target} already exists; pass --overwrite to estimate it again and replace it.")
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(folder).to(args.device)
+    given = {
+        "num_trajectories": args.num_trajectories,
+        "num_inference_steps": args.nfe,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+    }
+    statistics = estimate_ace_direction(
+        pipe, progress=not args.no_progress, **{key: value for key, value in given.items() if value is not None}
+    )
+    written = save_ace_statistics(statistics.to("cpu"), folder)
+    config = statistics.config
+    print(
+        f"Wrote ACE's repetition direction ({config.num_trajectories} trajectories of {config.num_inference_steps} "
+        f"NFE, seed {config.seed}; Rep-4 of the contrasted thirds {config.top_repetition:.3f} vs "
+        f"{config.bottom_repetition:.3f}) to {written}"
+    )
+
+
 def _migrate(args: argparse.Namespace) -> None:
     from .calibration.migrate import migrate_folder
 
@@ -391,6 +426,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
     tune.set_defaults(handler=_tune)
+
+    ace = commands.add_parser(
+        "ace",
+        help="Estimate ACE's repetition direction for a pipeline: the ace_statistics component its ACE samplers need.",
+    )
+    ace.add_argument("pipeline", help="Local pipeline folder; the component is written into it.")
+    ace.add_argument(
+        "--num-trajectories", type=int, help="Official trajectories contrasted (default: ACE's recipe, 400)."
+    )
+    ace.add_argument("--nfe", type=int, help="NFE of each trajectory (default: ACE's recipe, 64).")
+    ace.add_argument("--batch-size", type=int, help="Trajectories per pipeline call (default 16).")
+    ace.add_argument(
+        "--seed",
+        type=int,
+        help="Benchmark-style seed of the batches (default: ACE's own, 3000); the benchmark refuses its batches.",
+    )
+    ace.add_argument("--device", default="cpu", help="Where the pipeline runs: cpu, cuda, cuda:N.")
+    ace.add_argument("--overwrite", action="store_true", help="Replace an existing ace_statistics component.")
+    ace.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    ace.set_defaults(handler=_ace)
 
     migrate = commands.add_parser(
         "migrate", help="Rewrite a pipeline saved with the old sampler-statistics layout (coefficients inside)."

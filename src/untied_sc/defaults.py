@@ -23,7 +23,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_NUM_SAMPLES = 256
 DEFAULT_BATCH_SIZE = 32
 # The benchmark's sampler sets (`untied-sc benchmark --experiment`).
-EXPERIMENTS = ("main", "placement", "components", "sensitivity", "directions")
+EXPERIMENTS = ("main", "placement", "components", "sensitivity", "directions", "baselines")
 # Paired bootstrap resamples of the LLM-judge statistics (`untied-sc judge score --num-resamples`).
 JUDGE_NUM_RESAMPLES = 10_000
 # Evaluator dtypes by name (`--dtype`).

@@ -21,6 +21,7 @@ from ..defaults import (
     DTYPE_NAMES,
     EXPERIMENTS,
     SMOLLM2_NAME,
+    TUNE_SEED,
 )
 
 
@@ -176,8 +177,12 @@ SWEEP_DEFAULTS = {
 }
 
 
-# Options of the scoring half alone: a --generate-only command line leaves them out.
+# Options of the scoring half alone: a --generate-only command line leaves them out (except for `--experiment
+# baselines`, whose knob tuning scores on the tuning bank before sampling).
 SCORING_OPTIONS = ("evaluator", "protocol", "eval_batch_size", "max_length", "num_resamples", "dtype", "cache_dir")
+
+# The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
+TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "max_entropy_drop": 0.05, "confidence": 0.95}
 
 
 def add_benchmark_arguments(parser):
@@ -207,8 +212,34 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "--experiment",
         choices=EXPERIMENTS,
-        help="Sampler set: official vs untied (main, the default), or one of the paper's controlled experiments: "
-        "placement, components, sensitivity, directions (the solver correction's direction controls).",
+        help="Sampler set: official vs untied (main, the default), one of the paper's controlled experiments "
+        "(placement, components, sensitivity, directions: the solver correction's direction controls), or "
+        "baselines: official, untied, Momentum, ACE, HiGS, HiGS + ACE and DPM-Solver++(2M), each comparison "
+        "sampler's knob first chosen per NFE on the tuning bank (needs the evaluator, and ACE's direction: "
+        "`untied-sc ace`).",
+    )
+    tuning = parser.add_argument_group("knob tuning of --experiment baselines (as `untied-sc tune`)")
+    tuning.add_argument(
+        "--tune-seed",
+        type=int,
+        help=f"Benchmark-style seed of the tuning bank, never an evaluation seed (default {TUNE_SEED}).",
+    )
+    tuning.add_argument(
+        "--tune-num-samples",
+        type=int,
+        help=f"Samples in the tuning bank (default {TUNING_DEFAULTS['tune_num_samples']}).",
+    )
+    tuning.add_argument(
+        "--max-entropy-drop",
+        type=float,
+        help="Entropy (nats) a knob value may lose against official on the bank and stay admissible (default "
+        f"{TUNING_DEFAULTS['max_entropy_drop']}).",
+    )
+    tuning.add_argument(
+        "--confidence",
+        type=float,
+        help="Level of the paired ΔNLL interval vs official that must lie below 0 for a knob value to be kept "
+        f"(default {TUNING_DEFAULTS['confidence']}).",
     )
     parser.add_argument(
         "--coefficients",
@@ -270,7 +301,8 @@ def register_benchmark_command(commands):
 def benchmark_command_line(args) -> str:
     """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
     words = ["untied-sc", "benchmark"] + ([args.pipeline] if args.pipeline else [])
-    skipped = ("pipeline", "command", "handler", "overwrite") + (SCORING_OPTIONS if args.generate_only else ())
+    scoring_apart = args.generate_only and getattr(args, "experiment", None) != "baselines"
+    skipped = ("pipeline", "command", "handler", "overwrite") + (SCORING_OPTIONS if scoring_apart else ())
     for name, value in vars(args).items():
         if name in skipped or value is None or value is False:
             continue
@@ -308,7 +340,7 @@ def _score_generation_file(args, scoring: dict) -> dict:
     """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
     from .sweep import read_generation, score_sweep
 
-    given = [f"--{k.replace('_', '-')}" for k in SWEEP_DEFAULTS if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in (*SWEEP_DEFAULTS, *TUNING_DEFAULTS) if getattr(args, k) is not None]
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
         raise SystemExit(
@@ -332,6 +364,50 @@ def _score_generation_file(args, scoring: dict) -> dict:
         progress=not args.no_progress,
         main_only=args.main_only,
     )
+
+
+def _tune_baselines(args, sweep: dict, state):
+    """`--experiment baselines`: loads the pipeline and the evaluator, checks the sweep, chooses the comparison
+    samplers' knobs on the tuning bank ([`tune_baselines`]), puts the tuned sampler specs and the record into `sweep`
+    and returns the loaded pipeline (the sweep samples it; scoring loads the evaluator again by name, so the report
+    names it as any other)."""
+    from ..distributed import process_device, process_rank
+    from ..pipelines import load_pipeline
+    from .baselines import tune_baselines
+    from .evaluator import load_evaluator
+
+    if process_rank(state)[1] > 1:
+        raise SystemExit(
+            "--experiment baselines tunes its knobs in one process: run it without `accelerate launch` (one GPU)."
+        )
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    evaluator = load_evaluator(
+        args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
+    )
+    samplers, record = tune_baselines(
+        pipe,
+        sweep["samplers"],
+        nfe=args.nfe,
+        seeds=args.seeds,
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+        evaluator=evaluator,
+        tune_seed=args.tune_seed,
+        tune_num_samples=args.tune_num_samples,
+        max_entropy_drop=args.max_entropy_drop,
+        confidence=args.confidence,
+        eval_batch_size=args.eval_batch_size,
+        protocol=args.protocol,
+        progress=not args.no_progress,
+        source=args.pipeline,
+    )
+    record["evaluator"] = args.evaluator
+    sweep.update(samplers=samplers, knob_tuning=record)
+    return pipe
 
 
 def benchmark_command(args) -> dict | None:
@@ -374,6 +450,15 @@ def benchmark_command(args) -> dict | None:
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
+    baselines = args.experiment == "baselines"
+    given = [f"--{key.replace('_', '-')}" for key in TUNING_DEFAULTS if getattr(args, key) is not None]
+    if given and not baselines:
+        raise SystemExit(
+            f"{' '.join(given)} tune the comparison samplers' knobs: use them with --experiment baselines."
+        )
+    for key, default in TUNING_DEFAULTS.items():
+        if baselines and getattr(args, key) is None:
+            setattr(args, key, default)
     name = (
         args.name or experiment_name(args.pipeline, args.experiment, args.coefficients) or default_name(args.pipeline)
     )
@@ -392,8 +477,10 @@ def benchmark_command(args) -> dict | None:
         "device": args.device,
         "state": state,
     }
+    # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
+    pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
     if args.generate_only:
-        generation = generate_sweep(args.pipeline, **sweep)
+        generation = generate_sweep(pipeline, **sweep)
         if not is_main_process(state):
             return None
         paths = write_generation(generation, args.output_dir)
@@ -403,7 +490,7 @@ def benchmark_command(args) -> dict | None:
             f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
         )
         return generation
-    results = run_sweep(args.pipeline, **sweep, **scoring)
+    results = run_sweep(pipeline, **sweep, **scoring)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))

@@ -11,7 +11,11 @@ baseline of every paired comparison. The experiments (`--experiment`):
 - `sensitivity` (Appendix "parameter sensitivity"): one coefficient at a time at ×½..×2 of its resolved value;
 - `directions` (Table "Controls for the solver correction"): the full untied sampler with the history direction and
   with each control of it (`correction_direction`): the batch's common component, another sample's direction, a random
-  direction with equal RMS.
+  direction with equal RMS;
+- `baselines` (Table "matched sampler comparison", issue 17): official, untied and the comparison samplers (Momentum,
+  ACE, HiGS, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9), each a spec naming its scheduler (`"scheduler":
+  "momentum"`, ...). Their strength knobs are chosen per NFE on the tuning bank before sampling
+  (`evaluation/baselines.py`) and carried in the spec's `knobs_by_steps`.
 """
 
 from collections.abc import Mapping
@@ -24,11 +28,19 @@ from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 BASELINE = "official"
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
 SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
+# The `baselines` experiment: report name → comparison method (a `scheduler` of `build_scheduler`).
+BASELINE_METHODS = {
+    "Momentum": "momentum",
+    "ACE": "ace",
+    "HiGS": "higs",
+    "HiGS + ACE": "higs_ace",
+    "DPM-Solver++(2M)": "multistep",
+}
 
 
 def experiment_samplers(name: str) -> dict[str, dict]:
-    """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity` or `directions` (official always
-    first)."""
+    """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity`, `directions` or `baselines`
+    (official always first; the comparison samplers of `baselines` at their defaults until their knobs are tuned)."""
     if name == "main":
         return dict(DEFAULT_SAMPLERS)
     if name == "placement":
@@ -60,16 +72,25 @@ def experiment_samplers(name: str) -> dict[str, dict]:
             "untied (permuted)": {"correction_direction": "permuted"},
             "untied (random)": {"correction_direction": "random"},
         }
+    if name == "baselines":
+        return {**DEFAULT_SAMPLERS, **{label: {"scheduler": method} for label, method in BASELINE_METHODS.items()}}
     raise ValueError(f"Unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
 
 
 def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
-    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`)."""
+    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`); the
+    official and comparison samplers have no coefficients."""
     if preset is None:
         return dict(samplers)
     return {
-        name: dict(spec) if name == BASELINE else {"coefficients": preset, **spec} for name, spec in samplers.items()
+        name: {"coefficients": preset, **spec} if is_untied(name, spec) else dict(spec)
+        for name, spec in samplers.items()
     }
+
+
+def is_untied(name: str, spec: Mapping) -> bool:
+    """Whether a sampler spec runs the untied scheduler (its `scheduler`, else every sampler but `official`)."""
+    return spec.get("scheduler", "official" if name == BASELINE else "untied") == "untied"
 
 
 def normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:

@@ -155,6 +155,61 @@ def _coefficient_lines(results: dict) -> list[str]:
     return lines
 
 
+def _knob_value(knobs: dict) -> str:
+    return ", ".join(f"{key} {value:g}" for key, value in knobs.items())
+
+
+def _knob_lines(results: dict) -> list[str]:
+    """How each sampler's strength was chosen on the tuning bank (`--experiment baselines`): the grid, the choice, its
+    bank scores and the entropy guard's and keep rule's outcome."""
+    tuning = results.get("knob_tuning")
+    if not tuning:
+        return []
+    lines = [
+        "",
+        "## Knobs chosen on the tuning bank",
+        "",
+        f"Per NFE, each comparison sampler's grid was scored on the tuning bank (seed {tuning['seed']}, "
+        f"{tuning['num_samples']} samples in batches of {tuning['batch_size']}, matched with the official sampler; "
+        f"evaluator {tuning['evaluator']}, protocol {tuning['protocol']}). A value is admissible when its entropy is "
+        f"within {tuning['max_entropy_drop']:g} nats of the official sampler's; the admissible value with the lowest "
+        f"GenPPL is kept only if its paired mean ΔNLL vs official has a {tuning['confidence']:.0%} interval below 0, "
+        "otherwise the sampler runs at its neutral value (the official sampler bit for bit). Bank GenPPL and entropy "
+        "are the chosen value's.",
+        "",
+        "| sampler | NFE | grid | chosen | bank GenPPL | bank entropy | official on bank | outcome |",
+        "|---|---:|---|---|---:|---:|---:|---|",
+    ]
+    for sampler, by_nfe in tuning.get("untied", {}).items():
+        for nfe, record in by_nfe.items():
+            if record is None:
+                lines.append(
+                    f"| {sampler} | {nfe} | not tuned | its coefficients (table above) | | | | "
+                    "calibrated or preset (`untied-sc tune` was not run) |"
+                )
+                continue
+            scores = record["chosen_scores"]
+            lines.append(
+                f"| {sampler} | {nfe} | coordinate search (`untied-sc tune`, seed {record['seed']}, "
+                f"{record['num_samples']} samples) | {_knob_value(record['chosen'])} | {scores['gen_ppl']:.2f} | "
+                f"{scores['entropy']:.3f} | | {record['outcome']} |"
+            )
+    for sampler, entry in tuning["samplers"].items():
+        for nfe, record in entry["by_steps"].items():
+            grid = "; ".join(_knob_value(knobs) for knobs in record["grid"])
+            scores, official = record["chosen_scores"], record["official"]
+            outcome = record["outcome"]
+            comparison = record.get("best_vs_official")
+            if comparison is not None:
+                low, high = comparison["mean_delta_nll_ci"]
+                outcome += f" (best ΔNLL {comparison['mean_delta_nll']:+.4f} [{low:+.4f}, {high:+.4f}])"
+            lines.append(
+                f"| {sampler} | {nfe} | {grid} | {_knob_value(record['chosen'])} | {scores['gen_ppl']:.2f} | "
+                f"{scores['entropy']:.3f} | {official['gen_ppl']:.2f} / {official['entropy']:.3f} | {outcome} |"
+            )
+    return lines
+
+
 def _curve_lines(results: dict) -> list[str]:
     """The GenPPL–entropy curves of the diversity sweep, point by point."""
     if not results["diversity_curves"]:
@@ -236,7 +291,7 @@ def _provenance_lines(results: dict) -> list[str]:
 
 def format_markdown(results: dict) -> str:
     """The results as Markdown: NFE × sampler table (GenPPL and entropy side by side), paired comparison, repetition,
-    throughput, coefficients, curves, the equal-entropy control and how it ran (sections without data are left out)."""
+    throughput, coefficients, the knobs chosen on the tuning bank, curves, the equal-entropy control and how it ran (sections without data are left out)."""
     samplers = list(results["samplers"])
     sections = (
         _main_table_lines(results, samplers),
@@ -244,6 +299,7 @@ def format_markdown(results: dict) -> str:
         _repetition_lines(results, samplers),
         _throughput_lines(results, samplers),
         _coefficient_lines(results),
+        _knob_lines(results),
         _curve_lines(results),
         _equal_entropy_lines(results),
         _provenance_lines(results),

@@ -21,6 +21,8 @@ from ..seeds import LEGACY_SPACE, generator_seed
 
 # Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
 CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
+# A spec key holding config overrides by NFE (`{"8": {"momentum_beta": 0.8}}`): knobs tuned per NFE.
+KNOBS_KEY = "knobs_by_steps"
 
 RESAMPLING_UNITS = {
     "elf": ("batch", "ELF draws one time grid per batch, shared by the batch's samples"),
@@ -89,24 +91,40 @@ def diversity_knob(family: str) -> str:
 def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
     """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
 
-    `spec["scheduler"]` is `"official"` (the family's official scheduler) or `"untied"`
-    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides).
+    `spec["scheduler"]` is `"official"` (the family's official scheduler), `"untied"`
+    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides) or a
+    comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the family's class from
+    [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`, with the spec's
+    other keys, e.g. `momentum_beta`, as overrides).
     A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
-    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1].
+    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1]. A key `knobs_by_steps` (`{"8":
+    {"momentum_beta": 0.8}, ...}`, the benchmark's tuned knobs) adds the overrides of `num_inference_steps`.
     """
     from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+    from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 
-    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler")}
+    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler", KNOBS_KEY)}
+    if KNOBS_KEY in spec:
+        overrides.update(knobs_at(spec, num_inference_steps))
     scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
     config = dict(pipe.scheduler.config if config is None else config)
-    if spec["scheduler"] == "official":
+    if spec["scheduler"] == "official" or spec["scheduler"] in COMPARISON_METHODS:
         if scales:
             raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
-        cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+        if spec["scheduler"] == "official":
+            cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+        else:
+            cls = comparison_scheduler_class(spec["scheduler"], family_of(pipe))
         accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
+        unknown = sorted(set(overrides) - set(accepted))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no config keys {unknown} (sampler spec {dict(spec)}).")
         return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
     if spec["scheduler"] != "untied":
-        raise ValueError(f"A sampler's 'scheduler' must be 'official' or 'untied', got {spec['scheduler']!r}.")
+        raise ValueError(
+            f"A sampler's 'scheduler' must be 'official', 'untied' or one of {COMPARISON_METHODS}, got "
+            f"{spec['scheduler']!r}."
+        )
     scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
     if not scales:
         return scheduler
@@ -117,6 +135,17 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     if "alpha" in scaled:
         scaled["alpha"] = min(scaled["alpha"], 1.0)
     return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
+
+
+def knobs_at(spec: Mapping, num_inference_steps: int | None) -> dict:
+    """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps` (an error where it has none)."""
+    by_steps = spec[KNOBS_KEY]
+    if num_inference_steps is None or str(num_inference_steps) not in by_steps:
+        raise ValueError(
+            f"The sampler spec has knobs for NFE {sorted(by_steps, key=int)} only, not {num_inference_steps}: tune "
+            "its knobs at that NFE (`untied-sc benchmark --experiment baselines` tunes every --nfe)."
+        )
+    return dict(by_steps[str(num_inference_steps)])
 
 
 def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:

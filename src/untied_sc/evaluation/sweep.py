@@ -41,6 +41,7 @@ from .metrics import samples_per_second
 from .report import write_results
 from .sampling import (
     CALL_KEYS,
+    batch_seed,
     build_scheduler,
     diversity_knob,
     family_of,
@@ -49,6 +50,10 @@ from .sampling import (
     tokenizer_description,
     tuning_seeds,
 )
+
+
+# Comparison methods that steer with ACE's direction (`pipe.ace_statistics`).
+ACE_METHODS = ("ace", "higs_ace")
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"
@@ -117,6 +122,39 @@ def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> 
             raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other {option}{remedy}.")
 
 
+def refuse_ace_batches(seeds: Sequence[int], num_samples: int, batch_size: int, pipe, option: str = "--seeds") -> None:
+    """Raises when a batch of an evaluation seed is drawn from a generator seed that estimated the pipeline's ACE
+    direction (`ACEStatistics.batch_seeds`): ACE would be scored on its own estimation trajectories. The batches are
+    compared by their generator seeds ([`batch_seed`]), whatever benchmark seed drew them."""
+    ace_statistics = getattr(pipe, "ace_statistics", None)
+    if ace_statistics is None:
+        return
+    used = ace_statistics.batch_seeds
+    num_batches = -(-num_samples // batch_size)
+    leaked = sorted({seed for seed in seeds for b in range(num_batches) if batch_seed(seed, b) in used})
+    if leaked:
+        raise ValueError(
+            f"Seeds {leaked} draw batches that estimated ACE's repetition direction (`untied-sc ace`, seed "
+            f"{ace_statistics.config.seed}); evaluating on them would leak. Choose other {option}."
+        )
+
+
+def check_ace_statistics(pipe, samplers: Mapping[str, Mapping], source: str = "PIPELINE_DIR") -> None:
+    """Before any sampling: the ACE samplers need the pipeline's `ace_statistics` (ACE's repetition direction, for
+    this model); one error naming them and the `untied-sc ace` command that estimates it."""
+    needing = [name for name, spec in samplers.items() if spec.get("scheduler") in ACE_METHODS]
+    if not needing:
+        return
+    ace_statistics = getattr(pipe, "ace_statistics", None)
+    if ace_statistics is None:
+        raise ValueError(
+            f"Samplers {', '.join(map(repr, needing))} need ACE's repetition direction, and the pipeline has no "
+            f"`ace_statistics` component. Nothing was sampled. Estimate it first with `untied-sc ace "
+            f"{shlex.quote(source)}` (400 official trajectories of 64 NFE: minutes on a GPU, hours on a CPU)."
+        )
+    ace_statistics.check_model(pipe.transformer)
+
+
 def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPELINE_DIR") -> None:
     """Before any sampling: every untied sampler's coefficients resolve at each of its NFEs, and the sampler statistics
     are calibrated at every NFE an untied sampler needs them at (one error naming all the missing NFEs and the
@@ -174,6 +212,7 @@ def generate_sweep(
     progress: bool = True,
     device: str | torch.device | None = None,
     state=None,
+    knob_tuning: dict | None = None,
 ) -> dict:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
@@ -212,6 +251,7 @@ def generate_sweep(
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
     refuse_leaked_seeds(seeds, pipe)
+    refuse_ace_batches(seeds, num_samples, batch_size, pipe)
     knob = diversity_knob(family)
     samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
     unknown = [s for s in diversity_samplers if s not in samplers]
@@ -221,6 +261,7 @@ def generate_sweep(
         raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
     plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
     source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
+    check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
 
     original_scheduler = pipe.scheduler
@@ -270,6 +311,7 @@ def generate_sweep(
         "torch": torch.__version__,
         "command": command,
         "seconds": time.perf_counter() - began,
+        **({"knob_tuning": knob_tuning} if knob_tuning is not None else {}),
         "runs": runs,
     }
 
@@ -392,6 +434,7 @@ def score_sweep(
         "diversity_default": knob_default,
         "command": generation["command"],
         "main_only": main_only,
+        **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
@@ -428,6 +471,7 @@ def run_sweep(
     progress: bool = True,
     device: str | torch.device | None = None,
     state=None,
+    knob_tuning: dict | None = None,
     **evaluator_kwargs,
 ) -> dict | None:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
@@ -465,6 +509,8 @@ def run_sweep(
         state: the [`untied_sc.distributed.process_state`] of several processes (`accelerate launch`): sampling is
             split across them by batch ([`generate_sweep`]); the main process alone scores and writes, the others
             return `None`. Scoring is not split: it runs once, on the main process.
+        knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
+            ([`untied_sc.evaluation.baselines.tune_baselines`]), kept in the results and the report.
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -490,6 +536,7 @@ def run_sweep(
         progress=progress,
         device=device,
         state=state,
+        knob_tuning=knob_tuning,
     )
     if not is_main_process(state):
         return None

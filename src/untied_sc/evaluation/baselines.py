@@ -1,0 +1,139 @@
+"""The `baselines` experiment of `untied-sc benchmark` (issue 17): before sampling, every check the sweep would make,
+then each comparison sampler's knob chosen per NFE on the tuning bank (`calibration/baseline_knobs.py`), written
+into its spec (`knobs_by_steps`) and recorded for the report.
+
+The untied sampler runs its own coefficients (searched by `untied-sc tune` on the same kind of bank, with the same
+entropy guard and keep rule; the record says whether it was); the comparison samplers are tuned here, in the same run,
+so that one command reproduces the whole comparison.
+"""
+
+from collections.abc import Mapping, Sequence
+
+from ..defaults import TUNE_SEED
+from ..schedulers.comparison_names import COMPARISON_METHODS
+from .experiments import normalise_samplers
+from .sampling import KNOBS_KEY
+from .sweep import check_ace_statistics, check_runs, refuse_ace_batches, refuse_leaked_seeds
+
+
+def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
+    """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
+    (its bank and outcome), or `None` where they were not tuned (calibrated or preset coefficients)."""
+    tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
+    by_steps = {}
+    for n in nfe:
+        record = tuning.get(str(n))
+        if not record:
+            by_steps[str(n)] = None
+            continue
+        comparison = record.get("best_vs_official")
+        if comparison is None:
+            outcome = "no admissible candidate"
+        else:
+            outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
+        by_steps[str(n)] = {
+            "seed": record["seed"],
+            "num_samples": record["num_samples"],
+            "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
+            "chosen_scores": {"gen_ppl": record["chosen"]["gen_ppl"], "entropy": record["chosen"]["entropy"]},
+            "max_entropy_drop": record.get("max_entropy_drop"),
+            "outcome": outcome,
+        }
+    return by_steps
+
+
+def tune_baselines(
+    pipe,
+    samplers: Mapping[str, Mapping],
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    num_samples: int,
+    batch_size: int,
+    evaluator,
+    tune_seed: int = TUNE_SEED,
+    tune_num_samples: int = 64,
+    max_entropy_drop: float = 0.05,
+    confidence: float = 0.95,
+    eval_batch_size: int = 8,
+    protocol: str | None = None,
+    progress: bool = True,
+    source: str = "PIPELINE_DIR",
+) -> tuple[dict[str, dict], dict]:
+    """
+    Checks the sweep up front, then chooses every comparison sampler's knob at every NFE on the tuning bank.
+
+    Nothing is sampled when a check fails: an evaluation seed the pipeline was tuned or calibrated on, or whose
+    batches estimated ACE's direction; a tuning bank that is an evaluation seed or ACE's; an ACE sampler without the
+    pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied sampler at an uncalibrated NFE.
+
+    Args:
+        pipe: the loaded pipeline.
+        samplers (`Mapping[str, Mapping]`): the sampler set ([`experiment_samplers`]`("baselines")`).
+        nfe, seeds, num_samples, batch_size: the benchmark sweep's (the bank uses `batch_size` too: an ELF batch
+            shares one time grid).
+        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
+        tune_seed (`int`, defaults to `TUNE_SEED`): benchmark-style seed of the tuning bank; never an evaluation
+            seed.
+        tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
+        max_entropy_drop, confidence, eval_batch_size, protocol: as in [`tune_coefficients`].
+        progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
+        source (`str`): the pipeline as the user named it (for the commands the errors suggest).
+
+    Returns:
+        `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
+        tuning record ([`knob_record`] per sampler and NFE, the bank, the guard, and the untied sampler's own).
+    """
+    from ..calibration.baseline_knobs import KNOB_GRIDS, knob_record, tune_knobs
+    from ..calibration.tune import scoring_evaluator
+
+    samplers = normalise_samplers(samplers)
+    refuse_leaked_seeds(seeds, pipe)
+    refuse_ace_batches(seeds, num_samples, batch_size, pipe)
+    if tune_seed in seeds:
+        raise ValueError(
+            f"The tuning bank's seed {tune_seed} is also an evaluation seed ({list(seeds)}): the knobs would be "
+            "chosen on the samples they are judged on. Choose another --tune-seed or other --seeds."
+        )
+    refuse_ace_batches([tune_seed], tune_num_samples, batch_size, pipe, option="--tune-seed")
+    check_ace_statistics(pipe, samplers, source)
+    check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
+
+    methods = {name: spec["scheduler"] for name, spec in samplers.items() if spec["scheduler"] in COMPARISON_METHODS}
+    evaluator, evaluator_name = scoring_evaluator(evaluator)
+    choices = tune_knobs(
+        pipe,
+        list(dict.fromkeys(methods.values())),
+        nfe,
+        num_samples=tune_num_samples,
+        seed=tune_seed,
+        batch_size=batch_size,
+        evaluator=evaluator,
+        protocol=protocol,
+        max_entropy_drop=max_entropy_drop,
+        confidence=confidence,
+        eval_batch_size=eval_batch_size,
+        progress=progress,
+    )
+    by_method = {(choice.method, choice.num_inference_steps): choice for choice in choices}
+    tuned = dict(samplers)
+    per_sampler = {}
+    for name, method in methods.items():
+        tuned[name] = {**samplers[name], KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
+        per_sampler[name] = {
+            "method": method,
+            "by_steps": {str(n): knob_record(by_method[method, n], KNOB_GRIDS[method]) for n in nfe},
+        }
+    record = {
+        "seed": tune_seed,
+        "num_samples": tune_num_samples,
+        "batch_size": batch_size,
+        "evaluator": evaluator_name,
+        "protocol": protocol or pipe.family,
+        "max_entropy_drop": max_entropy_drop,
+        "confidence": confidence,
+        "samplers": per_sampler,
+        "untied": {
+            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+        },
+    }
+    return tuned, record

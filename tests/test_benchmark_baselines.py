@@ -1,0 +1,212 @@
+"""`untied-sc benchmark --experiment baselines` (issue 17): the comparison samplers in the matched sweep, their knobs
+chosen on the tuning bank, ACE's direction as a pipeline component; tiny golden pipelines under a tiny evaluator."""
+
+import json
+import math
+
+import pytest
+
+from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc.calibration.ace import estimate_ace_direction
+from untied_sc.calibration.baseline_knobs import KNOB_GRIDS, KnobGrid, choose_knob
+from untied_sc.calibration.tune import Candidate
+from untied_sc.cli import main
+from untied_sc.evaluation import run_sweep
+from untied_sc.evaluation.baselines import tune_baselines
+from untied_sc.evaluation.experiments import BASELINE_METHODS, experiment_samplers, with_preset
+from untied_sc.evaluation.sampling import build_scheduler
+from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers.comparison_names import comparison_scheduler_class
+
+from .conftest import elf_from_golden, langflow_from_golden
+from .test_tune import per_sample
+from .tiny import tiny_evaluator, tiny_tokenizer
+
+
+TUNING = {"tune_num_samples": 4, "progress": False}
+SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    return tiny_evaluator()
+
+
+def _pipe(family, golden, ace: bool = True):
+    if family == "elf":
+        pipe = ELFPipeline(elf_from_golden(golden), ELFScheduler(), tiny_tokenizer())
+    else:
+        pipe = LangFlowPipeline(langflow_from_golden(golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    if ace:  # a real (tiny) estimation: 6 official trajectories of 4 NFE
+        statistics = estimate_ace_direction(
+            pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
+        )
+        pipe.register_modules(ace_statistics=statistics)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipes(elf_golden, langflow_golden):
+    return {"elf": _pipe("elf", elf_golden), "langflow": _pipe("langflow", langflow_golden)}
+
+
+def test_the_baselines_set_names_every_method_and_builds_it_from_the_official_config(pipes):
+    samplers = experiment_samplers("baselines")
+    assert list(samplers)[:2] == ["official", "untied"]
+    assert {spec["scheduler"] for name, spec in samplers.items() if name in BASELINE_METHODS} == set(KNOB_GRIDS)
+    assert with_preset(samplers, "langflow-lm1b")["Momentum"] == {"scheduler": "momentum"}  # no coefficients
+    for family, pipe in pipes.items():
+        for name, method in BASELINE_METHODS.items():
+            grid = KNOB_GRIDS[method]
+            spec = {"scheduler": method, "knobs_by_steps": {"8": grid.candidates()[0]}}
+            scheduler = build_scheduler(pipe, spec, None, 8)
+            assert type(scheduler) is comparison_scheduler_class(method, family), name
+            assert {key: scheduler.config[key] for key in grid.knobs} == grid.candidates()[0]
+            with pytest.raises(ValueError, match="knobs for NFE \\['8'\\] only, not 16"):
+                build_scheduler(pipe, spec, None, 16)
+    with pytest.raises(ValueError, match="has no config keys \\['eta_r'\\]"):
+        build_scheduler(pipes["elf"], {"scheduler": "momentum", "eta_r": 1.0}, None, 8)
+
+
+GRID = KnobGrid(("momentum_beta",), (1.0,), ((0.9,), (0.8,)), "test")
+OFFICIAL = Candidate({}, 100.0, 5.0, True, per_sample(100.0))
+
+
+def _scores(by_beta):
+    """`score(knobs)` from `{β: (gen_ppl, entropy)}`, consistent per-sample NLLs (no noise)."""
+    return lambda knobs: (*by_beta[knobs["momentum_beta"]], per_sample(by_beta[knobs["momentum_beta"]][0]))
+
+
+def test_knob_tuning_keeps_the_neutral_value_when_the_entropy_guard_rejects_every_candidate():
+    # both values lower GenPPL by losing 0.1 nats of entropy (the guard allows 0.05): the official sampler runs
+    choice = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (90.0, 4.9), 0.8: (80.0, 4.9)}))
+    assert choice.outcome == "no admissible candidate" and choice.best_vs_official is None
+    assert choice.chosen == {"momentum_beta": 1.0}
+    assert choice.chosen_scores == {"gen_ppl": 100.0, "entropy": 5.0}
+    assert [c.admissible for c in choice.candidates] == [False, False]
+    # a looser guard admits them: the lowest GenPPL wins
+    loose = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (90.0, 4.9), 0.8: (80.0, 4.9)}), 0.2)
+    assert loose.outcome == "accepted" and loose.chosen == {"momentum_beta": 0.8}
+    assert loose.best_vs_official.mean_delta == pytest.approx(math.log(80.0 / 100.0))
+
+
+def test_knob_tuning_keeps_the_lowest_admissible_genppl_only_when_it_beats_official_beyond_noise():
+    # 0.8 is lower but inadmissible; 0.9 admissible and better on every pair: kept
+    choice = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (95.0, 5.0), 0.8: (80.0, 4.0)}))
+    assert choice.outcome == "accepted" and choice.chosen == {"momentum_beta": 0.9}
+    # admissible but worse than official: neutral
+    worse = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (105.0, 5.0), 0.8: (110.0, 5.0)}))
+    assert worse.outcome == "no win beyond noise" and worse.chosen == {"momentum_beta": 1.0}
+    assert worse.best_vs_official.mean_delta > 0
+
+
+def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_them(langflow_golden, evaluator):
+    bare = _pipe("langflow", langflow_golden, ace=False)
+    calls = []
+    bare.transformer.register_forward_hook(lambda *args: calls.append(1))
+    samplers = experiment_samplers("baselines")
+    with pytest.raises(ValueError, match=r"'ACE', 'HiGS \+ ACE' need ACE's .*`untied-sc ace my-pipe`"):
+        tune_baselines(bare, samplers, evaluator=evaluator, source="my-pipe", **SWEEP, **TUNING)
+    with pytest.raises(ValueError, match="untied-sc ace PIPELINE_DIR"):
+        run_sweep(bare, samplers={"official": {}, "ACE": {"scheduler": "ace"}}, evaluator=evaluator, **SWEEP)
+    assert not calls  # nothing was sampled
+
+
+def test_ace_batches_and_the_tuning_bank_are_refused_as_evaluation_seeds(pipes, evaluator):
+    pipe = pipes["langflow"]
+    ace_seed = pipe.ace_statistics.config.seed
+    with pytest.raises(ValueError, match=rf"Seeds \[{ace_seed}\] draw batches that estimated ACE's"):
+        run_sweep(pipe, nfe=[8], seeds=[0, ace_seed], num_samples=2, batch_size=2, evaluator=evaluator)
+    samplers = experiment_samplers("baselines")
+    with pytest.raises(ValueError, match=r"Seeds \[3000\] draw batches"):
+        tune_baselines(pipe, samplers, evaluator=evaluator, **{**SWEEP, "seeds": [3000]}, **TUNING)
+    with pytest.raises(ValueError, match="tuning bank's seed 1 is also an evaluation seed"):
+        tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=1, **SWEEP, **TUNING)
+    with pytest.raises(ValueError, match="--tune-seed"):
+        tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=ace_seed, **SWEEP, **TUNING)
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_baselines_run_end_to_end_with_every_method_and_its_chosen_knob_in_the_report(
+    family, pipes, evaluator, tmp_path
+):
+    pipe = pipes[family]
+    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    results = run_sweep(
+        pipe,
+        samplers=samplers,
+        evaluator=evaluator,
+        knob_tuning=record,
+        num_resamples=50,
+        progress=False,
+        name="tiny",
+        command="pytest",
+        output_dir=tmp_path,
+        **SWEEP,
+    )
+    saved = json.loads((tmp_path / "tiny.json").read_text())
+    assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
+    assert set(saved["aggregates"]["paired"]) == set(experiment_samplers("baselines")) - {"official"}
+    tuning = saved["knob_tuning"]
+    assert tuning["seed"] == 10_000 and tuning["num_samples"] == 4 and set(tuning["samplers"]) == set(BASELINE_METHODS)
+    assert tuning["untied"] == {"untied": {"8": None}}  # calibrated coefficients, not tuned
+    markdown = (tmp_path / "tiny.md").read_text()
+    assert "## Knobs chosen on the tuning bank" in markdown
+    by_run = {(run["sampler"], run["seed"]): run for run in results["runs"]}
+    for name, method in BASELINE_METHODS.items():
+        entry = tuning["samplers"][name]["by_steps"]["8"]
+        grid = KNOB_GRIDS[method]
+        assert entry["grid"] == grid.candidates() and len(entry["candidates"]) == len(grid.values)
+        assert entry["outcome"] in ("accepted", "no admissible candidate", "no win beyond noise")
+        # the knob chosen on the bank is the knob the benchmark ran
+        assert saved["samplers"][name]["knobs_by_steps"]["8"] == entry["chosen"]
+        assert f"| {name} | 8 |" in markdown
+        if entry["outcome"] != "accepted":  # the neutral value: the official sampler's samples, bit for bit
+            assert entry["chosen"] == grid.neutral_knobs()
+            for seed in SWEEP["seeds"]:
+                assert by_run[name, seed]["per_sample"] == by_run["official", seed]["per_sample"]
+        else:
+            admissible = [c["gen_ppl"] for c in entry["candidates"] if c["admissible"]]
+            assert entry["chosen_scores"]["gen_ppl"] == min(admissible)
+            assert entry["best_vs_official"]["mean_delta_nll_ci"][1] < 0
+
+
+def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluator, tmp_path, capsys):
+    pipes["elf"].save_pretrained(tmp_path / "tiny-elf")
+    assert load_pipeline(tmp_path / "tiny-elf").ace_statistics is not None  # the component round-trips
+    evaluator[0].save_pretrained(tmp_path / "evaluator")
+    evaluator[1].save_pretrained(tmp_path / "evaluator")
+    argv = ["benchmark", str(tmp_path / "tiny-elf"), "--experiment", "baselines", "--nfe", "8", "--seeds", "0"]
+    argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--no-progress"]
+    argv += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "gen"), "--generate-only"]
+    assert main(argv) == 0
+    generation = json.loads((tmp_path / "gen" / "tiny-elf-baselines.generation.json").read_text())
+    assert set(generation["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
+    assert "--evaluator" in generation["command"] and "--tune-num-samples 2" in generation["command"]
+    with pytest.raises(SystemExit, match="drop --tune-seed"):
+        main(["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json"), "--tune-seed", "5"])
+    score = ["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json")]
+    score += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "results")]
+    assert main([*score, "--num-resamples", "20", "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "results" / "tiny-elf-baselines.json").read_text())
+    assert saved["knob_tuning"] == generation["knob_tuning"]
+    assert "## Knobs chosen on the tuning bank" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--tune-seed tune the comparison samplers' knobs"):
+        main(["benchmark", str(tmp_path / "tiny-elf"), "--tune-seed", "5", "--generate-only"])
+
+
+def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_golden, tmp_path, capsys):
+    _pipe("langflow", langflow_golden, ace=False).save_pretrained(tmp_path / "pipe")
+    argv = ["ace", str(tmp_path / "pipe"), "--num-trajectories", "3", "--nfe", "3", "--batch-size", "3"]
+    assert main([*argv, "--no-progress"]) == 0
+    loaded = load_pipeline(tmp_path / "pipe")
+    assert loaded.ace_statistics.config.num_trajectories == 3 and loaded.ace_statistics.config.seed == 3000
+    loaded.ace_statistics.check_model(loaded.transformer)
+    assert main([*argv, "--no-progress"]) == 2
+    assert main([*argv, "--no-progress", "--overwrite", "--seed", "3100"]) == 0
+    assert load_pipeline(tmp_path / "pipe").ace_statistics.config.seed == 3100
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert main(["ace", str(tmp_path / "nowhere")]) == 2
+    assert "not a local pipeline folder" in capsys.readouterr().err
