@@ -210,3 +210,23 @@ def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_g
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert main(["ace", str(tmp_path / "nowhere")]) == 2
     assert "not a local pipeline folder" in capsys.readouterr().err
+
+
+def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden, evaluator):
+    from untied_sc.calibration.tune import tune_coefficients
+    from untied_sc.evaluation.baselines import untied_tuning_record
+
+    pipe = _pipe("langflow", langflow_golden, ace=False)
+    assert untied_tuning_record(pipe, [8]) == {"8": None}
+    result = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False)[0]
+    record = untied_tuning_record(pipe, [8, 16])
+    assert record["16"] is None and record["8"]["seed"] == 10_000 and record["8"]["num_samples"] == 4
+    assert record["8"]["chosen"] == result.best.coefficients
+    assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
+    comparison = result.best_vs_official
+    expected = (
+        "no admissible candidate"
+        if comparison is None
+        else ("accepted" if comparison.mean_delta_ci[1] < 0 else "no win beyond noise")
+    )
+    assert record["8"]["outcome"] == expected

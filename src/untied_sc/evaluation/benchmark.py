@@ -1,7 +1,7 @@
 """Compatibility shim: the matched benchmark (`untied-sc benchmark`) now lives in one module per job.
 
-- `experiments.py`: the sampler sets (`--experiment` main, placement, components, sensitivity; `--coefficients`
-  presets): `experiment_samplers`, `with_preset`, `normalise_samplers`, `experiment_name`, `BASELINE`;
+- `experiments.py`: the sampler sets (`--experiment` main, placement, components, sensitivity, baselines;
+  `--coefficients` presets): `experiment_samplers`, `with_preset`, `normalise_samplers`, `experiment_name`, `BASELINE`;
 - `sweep.py`: the matched generation sweep over NFE × seeds × samplers and its scoring: `run_sweep`,
   `generate_sweep`, `score_sweep`, `write_generation`, `read_generation`, `DEFAULT_NFE`, `DEFAULT_SEEDS`;
 - `aggregation.py`: the statistics of a scored sweep: `analyse`, `aggregate`, `genppl_ratio_ci`, `run_clusters`,
@@ -9,7 +9,8 @@
 - `report.py`: the report files: `write_results`, `format_markdown`, `entropy_label`, `interval_label`;
 - `cli.py`: the `benchmark` command beside `evaluate`: `register_benchmark_command`, `add_benchmark_arguments`,
   `benchmark_command`, `benchmark_command_line`;
-- `sampling.py`: seeding and schedulers by sampler spec, shared with `untied-sc tune` (`tuning_seeds` among them).
+- `sampling.py`: seeding and schedulers by sampler spec, shared with `untied-sc tune` (`tuning_seeds` among them);
+- `baselines.py`: `--experiment baselines`' checks and knob tuning before the sweep (`tune_baselines`).
 
 Import from those modules; the names below are re-exported so that `from untied_sc.evaluation.benchmark import …`
 keeps working.

@@ -55,7 +55,8 @@ class ACEMixin:
             raise ValueError(
                 f"ACE with ace_strength={self.config.ace_strength} needs the model's repetition direction: pass "
                 "`ace_statistics=` to `set_timesteps` (pipelines pass their `ace_statistics` component) or set "
-                "`scheduler.ace_statistics`; estimate it with `untied_sc.calibration.ace.estimate_ace_direction`."
+                "`scheduler.ace_statistics`; estimate it with `untied-sc ace PIPELINE_DIR` (or "
+                "`untied_sc.calibration.ace.estimate_ace_direction`)."
             )
         if self.ace_statistics is not None:
             self._check_ace_statistics(self.ace_statistics)
