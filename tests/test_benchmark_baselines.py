@@ -1,6 +1,7 @@
 """`untied-sc benchmark --experiment baselines` (issue 17): the comparison samplers in the matched sweep, their knobs
 chosen on the tuning bank, ACE's direction as a pipeline component; tiny golden pipelines under a tiny evaluator."""
 
+import copy
 import json
 import math
 
@@ -114,18 +115,25 @@ def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_th
     assert not calls  # nothing was sampled
 
 
-def test_ace_batches_and_the_tuning_bank_are_refused_as_evaluation_seeds(pipes, evaluator):
+def test_seeds_are_checked_before_tuning(pipes, evaluator):
     pipe = pipes["langflow"]
-    ace_seed = pipe.ace_statistics.config.seed
-    with pytest.raises(ValueError, match=rf"Seeds \[{ace_seed}\] draw batches that estimated ACE's"):
-        run_sweep(pipe, nfe=[8], seeds=[0, ace_seed], num_samples=2, batch_size=2, evaluator=evaluator)
+    calls = []
+    hook = pipe.transformer.register_forward_hook(lambda *args: calls.append(1))
     samplers = experiment_samplers("baselines")
-    with pytest.raises(ValueError, match=r"Seeds \[3000\] draw batches"):
-        tune_baselines(pipe, samplers, evaluator=evaluator, **{**SWEEP, "seeds": [3000]}, **TUNING)
-    with pytest.raises(ValueError, match="tuning bank's seed 1 is also an evaluation seed"):
-        tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=1, **SWEEP, **TUNING)
-    with pytest.raises(ValueError, match="--tune-seed"):
-        tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=ace_seed, **SWEEP, **TUNING)
+    original = pipe.ace_statistics
+    try:
+        # a direction estimated before ACE had its own seed space drew benchmark seed 3000's batches
+        legacy = copy.deepcopy(pipe.ace_statistics)
+        legacy.register_to_config(seed_space="benchmark", seed=3000)
+        pipe.register_modules(ace_statistics=legacy)
+        with pytest.raises(ValueError, match=r"Seeds \[3000\] drew the trajectories ACE's direction"):
+            tune_baselines(pipe, samplers, evaluator=evaluator, **{**SWEEP, "seeds": [0, 3000]}, **TUNING)
+        with pytest.raises(ValueError, match="--tune-seed must lie in"):
+            tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=-1, **SWEEP, **TUNING)
+    finally:
+        pipe.register_modules(ace_statistics=original)
+        hook.remove()
+    assert not calls  # refused before any sampling
 
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])
@@ -150,7 +158,12 @@ def test_baselines_run_end_to_end_with_every_method_and_its_chosen_knob_in_the_r
     assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
     assert set(saved["aggregates"]["paired"]) == set(experiment_samplers("baselines")) - {"official"}
     tuning = saved["knob_tuning"]
-    assert tuning["seed"] == 10_000 and tuning["num_samples"] == 4 and set(tuning["samplers"]) == set(BASELINE_METHODS)
+    assert (
+        tuning["seed"] == 10_000
+        and tuning["seed_space"] == "tuning"
+        and tuning["num_samples"] == 4
+        and set(tuning["samplers"]) == set(BASELINE_METHODS)
+    )
     assert tuning["untied"] == {"untied": {"8": None}}  # calibrated coefficients, not tuned
     markdown = (tmp_path / "tiny.md").read_text()
     assert "## Knobs chosen on the tuning bank" in markdown
@@ -202,7 +215,8 @@ def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_g
     argv = ["ace", str(tmp_path / "pipe"), "--num-trajectories", "3", "--nfe", "3", "--batch-size", "3"]
     assert main([*argv, "--no-progress"]) == 0
     loaded = load_pipeline(tmp_path / "pipe")
-    assert loaded.ace_statistics.config.num_trajectories == 3 and loaded.ace_statistics.config.seed == 3000
+    config = loaded.ace_statistics.config
+    assert config.num_trajectories == 3 and config.seed == 3000 and config.seed_space == "ace"
     loaded.ace_statistics.check_model(loaded.transformer)
     assert main([*argv, "--no-progress"]) == 2
     assert main([*argv, "--no-progress", "--overwrite", "--seed", "3100"]) == 0
@@ -221,6 +235,7 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
     result = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False)[0]
     record = untied_tuning_record(pipe, [8, 16])
     assert record["16"] is None and record["8"]["seed"] == 10_000 and record["8"]["num_samples"] == 4
+    assert record["8"]["seed_space"] == "tuning"
     assert record["8"]["chosen"] == result.best.coefficients
     assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
     comparison = result.best_vs_official

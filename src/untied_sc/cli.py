@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     ace.add_argument(
         "--seed",
         type=int,
-        help="Benchmark-style seed of the batches (default: ACE's own, 3000); the benchmark refuses its batches.",
+        help="Seed of the batches in ACE's seed space, which no benchmark batch reaches (default: ACE_SEED, 3000).",
     )
     ace.add_argument("--device", default="cpu", help="Where the pipeline runs: cpu, cuda, cuda:N.")
     ace.add_argument("--overwrite", action="store_true", help="Replace an existing ace_statistics component.")

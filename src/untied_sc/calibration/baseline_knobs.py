@@ -4,9 +4,9 @@ baselines`, issue 17).
 A fair comparison gives every method the same chance the untied sampler gets from `untied-sc tune`
 (`calibration/tune.py`, whose machinery this reuses): per NFE N and method,
 
-1. the tuning bank is `num_samples` samples drawn like benchmark seed `seed` (default: `tune`'s bank, 10000), every
-   candidate and the official sampler on the same latents and random streams (matched pairs); the benchmark refuses
-   `seed` as an evaluation seed;
+1. the tuning bank is `num_samples` samples of seed `seed` in the tuning seed space (default: `tune`'s bank, 10000;
+   no benchmark batch lies there), every candidate and the official sampler on the same latents and random streams
+   (matched pairs);
 2. the official sampler is scored once per NFE; a candidate whose entropy falls more than `max_entropy_drop` below
    it is inadmissible (`tune`'s entropy guard, [`is_admissible`]);
 3. every value of the method's grid ([`KNOB_GRIDS`], small and fixed: the paper gives no value for any baseline) is

@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 
 from ..defaults import TUNE_SEED
 from ..schedulers.comparison_names import COMPARISON_METHODS
+from ..seeds import check_seed
 from .experiments import normalise_samplers
 from .sampling import KNOBS_KEY
-from .sweep import check_ace_statistics, check_runs, refuse_ace_batches, refuse_leaked_seeds
+from .sweep import check_ace_statistics, check_runs, refuse_leaked_seeds
 
 
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
@@ -33,6 +34,7 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
             outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
         by_steps[str(n)] = {
             "seed": record["seed"],
+            "seed_space": record.get("seed_space", "benchmark"),  # records before the seed spaces: benchmark seeds
             "num_samples": record["num_samples"],
             "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
             "chosen_scores": {"gen_ppl": record["chosen"]["gen_ppl"], "entropy": record["chosen"]["entropy"]},
@@ -62,9 +64,11 @@ def tune_baselines(
     """
     Checks the sweep up front, then chooses every comparison sampler's knob at every NFE on the tuning bank.
 
-    Nothing is sampled when a check fails: an evaluation seed the pipeline was tuned or calibrated on, or whose
-    batches estimated ACE's direction; a tuning bank that is an evaluation seed or ACE's; an ACE sampler without the
-    pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied sampler at an uncalibrated NFE.
+    Nothing is sampled when a check fails: an evaluation seed out of range or one the pipeline was tuned, calibrated
+    or ACE-estimated on (records written before the seed spaces, [`refuse_leaked_seeds`]); a tuning seed out of
+    range; an ACE sampler without the pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied
+    sampler at an uncalibrated NFE. The tuning bank is drawn in the tuning seed space (`untied_sc.seeds`), which no
+    benchmark, calibration or ACE batch reaches.
 
     Args:
         pipe: the loaded pipeline.
@@ -72,8 +76,8 @@ def tune_baselines(
         nfe, seeds, num_samples, batch_size: the benchmark sweep's (the bank uses `batch_size` too: an ELF batch
             shares one time grid).
         evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
-        tune_seed (`int`, defaults to `TUNE_SEED`): benchmark-style seed of the tuning bank; never an evaluation
-            seed.
+        tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
+            tune`'s default bank).
         tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
         max_entropy_drop, confidence, eval_batch_size, protocol: as in [`tune_coefficients`].
         progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
@@ -88,13 +92,7 @@ def tune_baselines(
 
     samplers = normalise_samplers(samplers)
     refuse_leaked_seeds(seeds, pipe)
-    refuse_ace_batches(seeds, num_samples, batch_size, pipe)
-    if tune_seed in seeds:
-        raise ValueError(
-            f"The tuning bank's seed {tune_seed} is also an evaluation seed ({list(seeds)}): the knobs would be "
-            "chosen on the samples they are judged on. Choose another --tune-seed or other --seeds."
-        )
-    refuse_ace_batches([tune_seed], tune_num_samples, batch_size, pipe, option="--tune-seed")
+    tune_seed = check_seed(tune_seed, "--tune-seed")  # its bank lies in the tuning seed space: never a benchmark batch
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
 
@@ -125,6 +123,7 @@ def tune_baselines(
         }
     record = {
         "seed": tune_seed,
+        "seed_space": "tuning",
         "num_samples": tune_num_samples,
         "batch_size": batch_size,
         "evaluator": evaluator_name,

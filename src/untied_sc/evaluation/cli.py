@@ -222,7 +222,7 @@ def add_benchmark_arguments(parser):
     tuning.add_argument(
         "--tune-seed",
         type=int,
-        help=f"Benchmark-style seed of the tuning bank, never an evaluation seed (default {TUNE_SEED}).",
+        help=f"Seed of the tuning bank, in the tuning seed space (default {TUNE_SEED}, `untied-sc tune`'s).",
     )
     tuning.add_argument(
         "--tune-num-samples",

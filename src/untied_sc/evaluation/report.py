@@ -169,7 +169,8 @@ def _knob_lines(results: dict) -> list[str]:
         "",
         "## Knobs chosen on the tuning bank",
         "",
-        f"Per NFE, each comparison sampler's grid was scored on the tuning bank (seed {tuning['seed']}, "
+        f"Per NFE, each comparison sampler's grid was scored on the tuning bank (seed {tuning['seed']} in the "
+        f"{tuning.get('seed_space', 'benchmark')} seed space, "
         f"{tuning['num_samples']} samples in batches of {tuning['batch_size']}, matched with the official sampler; "
         f"evaluator {tuning['evaluator']}, protocol {tuning['protocol']}). A value is admissible when its entropy is "
         f"within {tuning['max_entropy_drop']:g} nats of the official sampler's; the admissible value with the lowest "
@@ -190,7 +191,8 @@ def _knob_lines(results: dict) -> list[str]:
                 continue
             scores = record["chosen_scores"]
             lines.append(
-                f"| {sampler} | {nfe} | coordinate search (`untied-sc tune`, seed {record['seed']}, "
+                f"| {sampler} | {nfe} | coordinate search (`untied-sc tune`, {record.get('seed_space', 'benchmark')} "
+                f"seed {record['seed']}, "
                 f"{record['num_samples']} samples) | {_knob_value(record['chosen'])} | {scores['gen_ppl']:.2f} | "
                 f"{scores['entropy']:.3f} | | {record['outcome']} |"
             )

@@ -41,7 +41,6 @@ from .metrics import samples_per_second
 from .report import write_results
 from .sampling import (
     CALL_KEYS,
-    batch_seed,
     build_scheduler,
     diversity_knob,
     family_of,
@@ -120,23 +119,6 @@ def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> 
         leaked = sorted(set(seeds) & used)
         if leaked:
             raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other {option}{remedy}.")
-
-
-def refuse_ace_batches(seeds: Sequence[int], num_samples: int, batch_size: int, pipe, option: str = "--seeds") -> None:
-    """Raises when a batch of an evaluation seed is drawn from a generator seed that estimated the pipeline's ACE
-    direction (`ACEStatistics.batch_seeds`): ACE would be scored on its own estimation trajectories. The batches are
-    compared by their generator seeds ([`batch_seed`]), whatever benchmark seed drew them."""
-    ace_statistics = getattr(pipe, "ace_statistics", None)
-    if ace_statistics is None:
-        return
-    used = ace_statistics.batch_seeds
-    num_batches = -(-num_samples // batch_size)
-    leaked = sorted({seed for seed in seeds for b in range(num_batches) if batch_seed(seed, b) in used})
-    if leaked:
-        raise ValueError(
-            f"Seeds {leaked} draw batches that estimated ACE's repetition direction (`untied-sc ace`, seed "
-            f"{ace_statistics.config.seed}); evaluating on them would leak. Choose other {option}."
-        )
 
 
 def check_ace_statistics(pipe, samplers: Mapping[str, Mapping], source: str = "PIPELINE_DIR") -> None:
@@ -251,7 +233,6 @@ def generate_sweep(
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
     refuse_leaked_seeds(seeds, pipe)
-    refuse_ace_batches(seeds, num_samples, batch_size, pipe)
     knob = diversity_knob(family)
     samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
     unknown = [s for s in diversity_samplers if s not in samplers]
