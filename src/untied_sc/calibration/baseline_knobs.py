@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
@@ -37,6 +38,10 @@ from .tune import (
     is_admissible,
     scoring_evaluator,
 )
+
+
+if TYPE_CHECKING:
+    from ..evaluation.statistics import PairedComparison
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class KnobGrid:
         return [dict(zip(self.knobs, values, strict=True)) for values in self.values]
 
     def neutral_knobs(self) -> dict[str, float]:
+        """The neutral values as config overrides: the method is then the official sampler bit for bit."""
         return dict(zip(self.knobs, self.neutral, strict=True))
 
 
@@ -104,7 +110,7 @@ class KnobChoice:
     candidates: list[Candidate]
     chosen: dict[str, float]
     outcome: str
-    best_vs_official: object | None = None
+    best_vs_official: PairedComparison | None = None
     seconds: float = 0.0
     chosen_scores: dict = field(default_factory=dict)
 
