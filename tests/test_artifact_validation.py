@@ -234,3 +234,10 @@ def test_diffusion_pipeline_loads_the_bundled_pipelines_as_the_package_class(nam
     first = generic(generator=torch.Generator().manual_seed(5), **kwargs).sequences
     second = package(generator=torch.Generator().manual_seed(5), **kwargs).sequences
     assert torch.equal(first, second)
+
+
+def test_a_repo_id_that_cannot_be_fetched_names_itself_and_the_way_out():
+    from untied_sc.hub import resolve_local
+
+    with pytest.raises(OSError, match=r"Could not fetch 'someone/not-here' from the Hugging Face Hub .* local file"):
+        resolve_local("someone/not-here", local_files_only=True)  # no network needed: the cache has no snapshot

@@ -28,4 +28,11 @@ def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = 
     if str(source).startswith(("/", ".", "~")) or str(source).count("/") != 1:
         raise FileNotFoundError(f"{source!r} is neither an existing path nor a Hub repo id of the form 'owner/name'.")
     hub_kwargs["local_files_only"] = hub_kwargs.get("local_files_only", False) or hub_offline()
-    return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
+    try:
+        return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
+    except (OSError, ValueError) as error:  # no network, an unknown repo, a gated one: say what was being fetched
+        raise OSError(
+            f"Could not fetch {source!r} from the Hugging Face Hub ({type(error).__name__}: {error}). It is not a "
+            "path on this machine either: pass a local file or folder, or check the repo id, the network and "
+            "`huggingface-cli login` for gated repos."
+        ) from error
