@@ -31,7 +31,7 @@ def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = 
     try:
         return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
     except (OSError, ValueError) as error:  # no network, an unknown repo, a gated one: say what was being fetched
-        raise OSError(
+        raise FileNotFoundError(
             f"Could not fetch {source!r} from the Hugging Face Hub ({type(error).__name__}: {error}). It is not a "
             "path on this machine either: pass a local file or folder, or check the repo id, the network and "
             "`huggingface-cli login` for gated repos."
