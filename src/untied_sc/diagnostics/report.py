@@ -76,10 +76,11 @@ def coupling_markdown(result: CouplingResult, model: str, command: str) -> str:
 def plot_coupling(result: CouplingResult, model: str, path: Path) -> None:
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for n in result.nfe:
-        left.plot(result.rhos, result.alpha_star[str(n)], "o-", label=f"{n} NFE")
-        right.plot(result.rhos, result.risk_ratio[str(n)], "o-", label=f"{n} NFE")
-        right.plot(result.rhos, result.control_risk_ratio[str(n)], "x:", label=f"{n} NFE, control")
+    for i, n in enumerate(result.nfe):
+        color = f"C{i}"
+        left.plot(result.rhos, result.alpha_star[str(n)], "o-", color=color, label=f"{n} NFE")
+        right.plot(result.rhos, result.risk_ratio[str(n)], "o-", color=color, label=f"{n} NFE")
+        right.plot(result.rhos, result.control_risk_ratio[str(n)], "x:", color=color, label=f"{n} NFE, control")
     left.set(xlabel="correlation ρ", ylabel="α* (MSE-optimal coefficient)", title=f"{model}: optimal coefficient")
     right.axhline(1.0, color="grey", lw=0.8)
     right.set(xlabel="correlation ρ", ylabel="risk ratio, coefficient 1 vs 0", title="fixed coefficient one")
