@@ -28,9 +28,11 @@ from untied_sc.diagnostics.innovation import (
 from untied_sc.diagnostics.step_scaling import (
     fitted_exponent,
     latent_contribution,
+    nested_prefixes,
     step_average_correction,
     step_average_weights,
     step_scaling_experiment,
+    within_step_exponent,
 )
 from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
 
@@ -78,36 +80,52 @@ def test_optimal_coefficient_and_risk_ratio_by_hand():
     assert risk_ratio(ee, ed, dd) == pytest.approx(risk(1.0) / risk(0.0), rel=1e-6)
 
 
+def a1(h):
+    return (h - 1 + math.exp(-h)) / (1 - math.exp(-h))
+
+
 def test_step_average_weights_by_hand():
     h = 0.8
-    weights = step_average_weights(torch.tensor([h / 2, h / 2]))
-    r = math.exp(-h / 2)
-    # w_0 = e^{−h/2}(1 − e^{−h/2})/(1 − e^{−h}) = r/(1 + r), w_1 = 1/(1 + r)
-    assert weights.tolist() == pytest.approx([r / (1 + r), 1 / (1 + r)])
-    assert step_average_weights(torch.rand(7) + 0.1).sum().item() == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="positive"):
-        step_average_weights(torch.tensor([0.1, 0.0]))
+    e = math.exp(-h)
+    # one interval: to p_0 (1 − e^{−h})/h − e^{−h}, to p_1 1 − (1 − e^{−h})/h, both over 1 − e^{−h}
+    weights = step_average_weights(torch.tensor([0.0, h]))
+    assert weights.tolist() == pytest.approx([((1 - e) / h - e) / (1 - e), (1 - (1 - e) / h) / (1 - e)])
+    nodes = torch.cat([torch.zeros(1), (torch.rand(6) + 0.1).cumsum(0)])
+    assert step_average_weights(nodes).sum().item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="Nodes must be"):
+        step_average_weights(torch.tensor([0.0, 0.3, 0.3]))
+    with pytest.raises(ValueError, match="Nodes must be"):
+        step_average_weights(torch.tensor([0.1, 0.3]))
 
 
 def test_step_average_correction_matches_the_paper_expansion():
-    # p(u_k + s) = p_k + s·v: C*(h) = a_1(h)·v with a_1(h) = (h − 1 + e^{−h})/(1 − e^{−h}) (eq.
-    # second_order_interval_expansion), reached as the substeps shrink
-    h, substeps, v = 0.6, 4000, torch.tensor([1.0, -2.0])
-    starts = torch.arange(substeps, dtype=torch.float64) * h / substeps
-    predictions = [s * v for s in starts]
-    correction = step_average_correction(predictions, step_average_weights(torch.full((substeps,), h / substeps)))
-    a1 = (h - 1 + math.exp(-h)) / (1 - math.exp(-h))
-    assert torch.allclose(correction, a1 * v.double(), rtol=1e-3)
-    constant = step_average_correction([v, v, v], step_average_weights(torch.ones(3)))
+    v, h = torch.tensor([1.0, -2.0], dtype=torch.float64), 0.6
+    # a linear prediction p(u_k + s) = p_k + s·v: C*(h) = a_1(h)·v (eq. second_order_interval_expansion), exactly
+    for nodes in ([0.0, h], [0.0, 0.1, 0.25, h]):
+        nodes = torch.tensor(nodes, dtype=torch.float64)
+        correction = step_average_correction([s * v for s in nodes], step_average_weights(nodes))
+        assert torch.allclose(correction, a1(h) * v, rtol=1e-10)
+    # a quadratic one: C*(h) = a_1(h)·ṗ + a_2(h)/2·p̈ (here exactly), reached as the nodes get denser
+    a2 = (h * h - 2 * h + 2 - 2 * math.exp(-h)) / (1 - math.exp(-h))
+    nodes = torch.linspace(0, h, 401, dtype=torch.float64)
+    correction = step_average_correction([s * v + s * s * v for s in nodes], step_average_weights(nodes))
+    assert torch.allclose(correction, (a1(h) + a2) * v, rtol=1e-5)
+    constant = step_average_correction([v, v, v], step_average_weights(torch.tensor([0.0, 1.0, 2.0])))
     assert torch.allclose(constant, torch.zeros(2, dtype=torch.float64))  # a constant prediction needs no correction
     assert torch.allclose(latent_contribution(torch.tensor([2.0]), h), torch.tensor([2 * (1 - math.exp(-h))]))
 
 
-def test_fitted_exponent_recovers_a_power_law():
+def test_fitted_exponents_recover_a_power_law():
     widths = torch.tensor([0.1, 0.2, 0.4, 0.8])
     assert fitted_exponent(widths, 3 * widths**1.5) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="two different step widths"):
         fitted_exponent(torch.tensor([0.2, 0.2]), torch.tensor([1.0, 2.0]))
+    # within steps: each step its own constant, one shared order; a pooled fit would mix the constants
+    groups = [torch.tensor([0.4, 0.2, 0.1]), torch.tensor([0.05, 0.025])]
+    values = [7 * groups[0] ** 2, 0.01 * groups[1] ** 2]
+    assert within_step_exponent(groups, values) == pytest.approx(2.0)
+    assert fitted_exponent(torch.cat(groups), torch.cat(values)) != pytest.approx(2.0, abs=0.1)
+    assert nested_prefixes(32) == [32, 16, 8, 4, 2] and nested_prefixes(6) == [6, 3]
 
 
 def test_overlap_energy_by_hand():
@@ -215,32 +233,38 @@ def test_coupling_is_reproducible_and_consistent(family, pipes):
 def test_step_scaling_end_to_end(family, pipes):
     pipe = pipes[family]
     result = step_scaling_experiment(
-        pipe, [4, 6], num_trajectories=3, substeps=3, batch_size=2, bootstrap=20, progress=False
+        pipe, [4, 6], num_trajectories=3, substeps=4, batch_size=2, bootstrap=20, progress=False
     )
-    updates = {"elf": {4: 3, 6: 5}, "langflow": {4: 3, 6: 5}}[family]  # ELF: its final step to t = 1 is left out
-    for n, count in updates.items():
-        calls = {row["call"] for row in result.steps if row["nfe"] == n}
-        assert calls == {0, 1}
-        assert len([row for row in result.steps if row["nfe"] == n]) <= count * 2
-    assert all(row["correction_rms"] > 0 and row["width"] > 0 for row in result.steps)
-    for row in result.steps:  # the latent contribution is (1 − e^{−h})·C*, step by step
-        factor = -math.expm1(-row["width"])
-        assert row["latent_contribution_rms"] == pytest.approx(factor * row["correction_rms"], rel=1e-6)
+    assert result.prefixes == [4, 2]
+    for n in (4, 6):  # ELF: its final step to t = 1 is left out; LangFlow's final evaluation updates nothing
+        rows = [row for row in result.steps if row["nfe"] == n]
+        assert {row["call"] for row in rows} == {0, 1} and len(rows) <= 2 * (n - 1)
+    for row in result.steps:
+        assert row["widths"][1] == pytest.approx(row["width"] / 2)  # m = 2 of 4 equal substeps
+        assert all(v > 0 for v in row["correction_rms"])
+        for width, correction, contribution in zip(
+            row["widths"], row["correction_rms"], row["latent_contribution_rms"], strict=True
+        ):  # the latent contribution is (1 − e^{−h})·C*, width by width
+            assert contribution == pytest.approx(-math.expm1(-width) * correction, rel=1e-6)
     if family == "elf":
         assert {(e["nfe"], e["step"]) for e in result.excluded} >= {(4, 3), (6, 5)}
     else:
-        assert max(row["step"] for row in result.steps if row["nfe"] == 4) == 2  # the final evaluation: no update
-    for key in ("correction", "latent_contribution"):
-        exponent = result.exponents[key]
-        assert math.isfinite(exponent["exponent"]) and exponent["ci"][0] <= exponent["ci"][1]
+        assert max(row["step"] for row in result.steps if row["nfe"] == 4) == 2
+    for exponents in (result.exponents, result.pooled_exponents):
+        for key in ("correction", "latent_contribution"):
+            assert math.isfinite(exponents[key]["exponent"]) and exponents[key]["ci"][0] <= exponents[key]["ci"][1]
+    # the latent contribution's extra factor 1 − e^{−h} adds between 0 and 1 to the order (≈ 1 for small h)
+    assert 0 < result.exponents["latent_contribution"]["exponent"] - result.exponents["correction"]["exponent"] < 1
     with pytest.raises(ValueError, match="substeps"):
-        step_scaling_experiment(pipe, [4], substeps=1, progress=False)
+        step_scaling_experiment(pipe, [4], substeps=3, progress=False)
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])
 def test_innovation_end_to_end(family, pipes):
     pipe = pipes[family]
     result = innovation_experiment(pipe, [4, 6], num_trajectories=3, batch_size=2, progress=False)
+    rho_sq = pipe.sampler_statistics.rho_sq
+    assert result.rho_sq_range == [float(rho_sq.min()), float(rho_sq.max())]
     for n in ("4", "6"):
         rows = {row["configuration"]: row for row in result.rows[n]}
         assert list(rows) == ["official", "overlap", "reversed", "random"]
@@ -284,7 +308,7 @@ def saved(pipes, tmp_path):
     "diagnostic, options",
     [
         ("coupling", ["--num-examples", "3", "--rhos", "0", "1", "--bootstrap", "10"]),
-        ("step-scaling", ["--num-trajectories", "2", "--substeps", "2", "--bootstrap", "10"]),
+        ("step-scaling", ["--num-trajectories", "2", "--substeps", "4", "--bootstrap", "10"]),
         ("innovation", ["--num-trajectories", "2", "--assignments", "overlap", "reversed"]),
     ],
 )

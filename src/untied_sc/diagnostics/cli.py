@@ -106,8 +106,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for name in ("num_examples", "num_trajectories"):
         if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}.")
-    if getattr(args, "substeps", 2) < 2:
-        raise ValueError(f"--substeps must be ≥ 2, got {args.substeps}.")
+    if getattr(args, "substeps", 4) < 4:
+        raise ValueError(f"--substeps must be ≥ 4 (nested widths of ≥ 2 substeps), got {args.substeps}.")
     if not 0 < getattr(args, "confidence", 0.5) < 1:
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}.")
     if any(not 0 <= rho <= 1 for rho in getattr(args, "rhos", [])):

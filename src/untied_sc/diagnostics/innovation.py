@@ -76,10 +76,13 @@ class InnovationResult:
             `normalized_decrease`, `transformed_steps` (trajectory-steps with Δ ≠ 0 that the means run over).
         by_step (`dict[str, dict[str, list[float]]]`): NFE → configuration → mean E of the network's input at
             each step k ≥ 1.
+        rho_sq_range (`list[float]`): the smallest and largest ρ_i² of the overlap basis (equal: every assignment
+            is the same transform).
     """
 
     nfe: list[int]
     num_trajectories: int
+    rho_sq_range: list[float] = field(default_factory=list)
     eta_r: dict[str, float] = field(default_factory=dict)
     rows: dict[str, list[dict]] = field(default_factory=dict)
     by_step: dict[str, dict[str, list[float]]] = field(default_factory=dict)
@@ -142,7 +145,9 @@ def innovation_experiment(
     scheduler_cls = UntiedELFScheduler if family == "elf" else UntiedLangFlowScheduler
     sizes = [min(batch_size, num_trajectories - s) for s in range(0, num_trajectories, batch_size)]
     configurations = ["official", *assignments]
-    result = InnovationResult(nfe=list(nfe), num_trajectories=num_trajectories)
+    result = InnovationResult(
+        nfe=list(nfe), num_trajectories=num_trajectories, rho_sq_range=[float(rho_sq.min()), float(rho_sq.max())]
+    )
     bar = tqdm(total=len(nfe) * len(sizes) * len(configurations), desc="innovation", disable=not progress)
     for n in nfe:
         strength = eta_r if eta_r is not None else preset_entry(FAMILY_PRESETS[family], n)[1]["eta_r"]

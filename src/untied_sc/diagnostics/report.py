@@ -96,27 +96,34 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
     lines += [
         f"{result.num_trajectories} official-sampler trajectories per NFE ({', '.join(map(str, result.nfe))}), "
         f"{result.substeps} reference substeps per solver step. C*_k = p̄_k − p_k (eq. interval_prediction), latent "
-        "contribution (1 − e^{−h_k})·C*_k (eq. exact_interval_endpoint); exponents: least-squares slopes of log RMS "
-        "against log h_k over all measured steps (paper app:reference_experiments: ELF-B, 8/16/32 NFE, 32 substeps).",
+        "contribution (1 − e^{−h})·C*_k (eq. exact_interval_endpoint). Within steps: slope of log RMS against log h "
+        f"over the nested widths of m = {', '.join(map(str, result.prefixes))} substeps, one intercept per step. "
+        "Across steps: one point per step (full width) over all steps and NFEs. Paper (app:reference_experiments): "
+        "ELF-B, 8/16/32 NFE, 32 substeps, 128 trajectories.",
         "",
-        "| quantity | fitted exponent | interval | paper | paper interval |",
-        "|---|---:|---:|---:|---:|",
+        "| quantity | fit | fitted exponent | interval | paper | paper interval |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for key, label in (("correction", "C*_k"), ("latent_contribution", "(1 − e^{−h})·C*_k")):
-        fitted, (paper, paper_ci) = result.exponents[key], PAPER_EXPONENTS[key]
-        lines.append(
-            f"| {label} | {_number(fitted['exponent'])} | {_interval(fitted['ci'])} | {paper:.2f} | "
-            f"{_interval(paper_ci)} |"
-        )
+        paper, paper_ci = PAPER_EXPONENTS[key]
+        for fit, exponents in (("within steps", result.exponents), ("across steps", result.pooled_exponents)):
+            fitted = exponents[key]
+            lines.append(
+                f"| {label} | {fit} | {_number(fitted['exponent'])} | {_interval(fitted['ci'])} | {paper:.2f} | "
+                f"{_interval(paper_ci)} |"
+            )
     lines += [
         "",
-        "| NFE | call | step | h_k | RMS C*_k | RMS latent contribution |",
+        "| NFE | call | step | h_k | RMS C*_k (m = "
+        + ", ".join(map(str, result.prefixes))
+        + ") | RMS latent contribution |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result.steps:
+        corrections = ", ".join(f"{v:.3g}" for v in row["correction_rms"])
+        contributions = ", ".join(f"{v:.3g}" for v in row["latent_contribution_rms"])
         lines.append(
-            f"| {row['nfe']} | {row['call']} | {row['step']} | {row['width']:.4f} | {row['correction_rms']:.4g} | "
-            f"{row['latent_contribution_rms']:.4g} |"
+            f"| {row['nfe']} | {row['call']} | {row['step']} | {row['width']:.4f} | {corrections} | {contributions} |"
         )
     if result.excluded:
         lines += [
@@ -129,24 +136,23 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
 
 def plot_step_scaling(result: StepScalingResult, model: str, path: Path) -> None:
     plt = pyplot()
-    figure, axis = plt.subplots(figsize=(6, 4.5))
-    for key, label, marker in (
-        ("correction_rms", "C*_k", "o"),
-        ("latent_contribution_rms", "(1 − e^{−h})·C*_k", "s"),
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for axis, key, label, exponent in (
+        (left, "correction_rms", "C*_k", "correction"),
+        (right, "latent_contribution_rms", "(1 − e^{−h})·C*_k", "latent_contribution"),
     ):
-        for n in result.nfe:
+        for i, n in enumerate(result.nfe):
             rows = [row for row in result.steps if row["nfe"] == n]
-            axis.loglog(
-                [r["width"] for r in rows], [r[key] for r in rows], marker, alpha=0.6, label=f"{label}, {n} NFE"
-            )
-    exponents = result.exponents
-    axis.set(
-        xlabel="step width h_k (solver coordinate u)",
-        ylabel="RMS",
-        title=f"{model}: slopes {exponents['correction']['exponent']:.2f} (C*) and "
-        f"{exponents['latent_contribution']['exponent']:.2f} (latent)",
-    )
-    axis.legend(fontsize=7)
+            for j, row in enumerate(rows):  # one line per step: its nested widths
+                axis.loglog(row["widths"], row[key], "-", color=f"C{i}", alpha=0.35, lw=0.8)
+                axis.loglog(row["widths"][:1], row[key][:1], "o", color=f"C{i}", label=f"{n} NFE" if j == 0 else None)
+        within, pooled = result.exponents[exponent]["exponent"], result.pooled_exponents[exponent]["exponent"]
+        axis.set(
+            xlabel="width h (solver coordinate u)",
+            ylabel=f"RMS {label}",
+            title=f"{model}: {label}, slope {within:.2f} within steps, {pooled:.2f} across",
+        )
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -161,6 +167,14 @@ def innovation_markdown(result: InnovationResult, model: str, command: str) -> s
         "(paper Table tab:spectrum_pairing: ELF-B, 8 NFE).",
         "",
     ]
+    low, high = result.rho_sq_range
+    lines += [f"Overlap spectrum: ρ_i² from {low:.3g} to {high:.3g}."]
+    if high - low < 1e-6:
+        lines[-1] += (
+            " Every ρ_i² is the same, so the assignments permute equal numbers: they are one transform, and Δ is "
+            "parallel to ∇E (alignment 1)."
+        )
+    lines.append("")
     for n in result.nfe:
         key = str(n)
         lines += [
