@@ -150,9 +150,10 @@ def plot_step_scaling(result: StepScalingResult, model: str, path: Path) -> None
         axis.set(
             xlabel="width h (solver coordinate u)",
             ylabel=f"RMS {label}",
-            title=f"{model}: {label}, slope {within:.2f} within steps, {pooled:.2f} across",
         )
+        axis.set_title(f"{label}: slope {within:.2f} within steps, {pooled:.2f} across steps", fontsize=10)
         axis.legend(fontsize=8)
+    figure.suptitle(f"{model}: step-average correction against step width (lines: nested widths of one step)")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
