@@ -345,3 +345,44 @@ def test_diagnose_coupling_says_what_is_wrong(saved, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main([*base, "--text-file", str(text), "--rhos", "0", "1.2"]) == 2
     assert "--rhos must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_clean_latents_from_text(pipes, tmp_path, monkeypatch):
+    from transformers import BertConfig, BertModel
+
+    from untied_sc.diagnostics import data
+    from untied_sc.training.encoder import FrozenTextEncoder, LatentNormalization, paragraph_windows
+
+    text = tmp_path / "text.txt"
+    text.write_text("w3 w4 w5 w6 w7\n\nw8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19\nw20 w21\n", encoding="utf-8")
+    # LangFlow: windows of the packed stream (the text's 19 words and 3 newlines), embedded
+    langflow = pipes["langflow"]
+    clean = data.clean_latents_from_text(langflow, text, 4, torch.Generator().manual_seed(0))
+    assert clean.shape == (4, 12, 32)
+    rows = (clean[:, :, None, :] - langflow.transformer.embedding_matrix()[None, None]).abs().sum(-1).min(-1).values
+    assert rows.max() < 1e-5  # every position is a token's E_norm row
+    # ELF: [CLS] … [SEP] windows through a (tiny, real) frozen encoder, normalised by the folder's statistics
+    elf = pipes["elf"]
+    elf.tokenizer.add_special_tokens({"cls_token": "w3", "sep_token": "</s>"})
+    torch.manual_seed(0)
+    bert = BertModel(
+        BertConfig(
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+        )
+    )
+    monkeypatch.setattr(data, "load_minilm_encoder", lambda: FrozenTextEncoder(bert))
+    with pytest.raises(FileNotFoundError, match="latent_normalization.json"):
+        data.clean_latents_from_text(elf, text, 3, torch.Generator().manual_seed(1), tmp_path)
+    LatentNormalization(mean=0.5, std=2.0).save(tmp_path)
+    clean = data.clean_latents_from_text(elf, text, 3, torch.Generator().manual_seed(1), tmp_path)
+    ids, mask = paragraph_windows(data.read_paragraphs(text), elf.tokenizer, 12)
+    picked = torch.randint(len(ids), (3,), generator=torch.Generator().manual_seed(1))
+    expected = (FrozenTextEncoder(bert).encode(ids[picked], mask[picked]) - 0.5) / 2.0
+    assert torch.allclose(clean, expected, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.clean_latents_from_text(elf, tmp_path / "missing.txt", 3, torch.Generator(), tmp_path)
