@@ -1,5 +1,5 @@
 """The `untied-sc` command line: convert official checkpoints, calibrate pipelines, generate samples, evaluate and
-benchmark samplers.
+benchmark samplers, and run the paper's diagnostics (`diagnose`).
 
 `generate` and the sampling of `benchmark` split their batches across processes started by `accelerate launch -m
 untied_sc.cli ...` (or `torchrun`), one per GPU, with the samples of one process (see `untied_sc.distributed`)."""
@@ -9,6 +9,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from .defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS, DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
+from .diagnostics.cli import register_diagnose_command
 from .evaluation.cli import register_benchmark_command, register_evaluate_command
 from .evaluation.generate import register_generate_command
 from .judge.cli import register_judge_command
@@ -459,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_evaluate_command(commands)
     register_benchmark_command(commands)
     register_judge_command(commands)
+    register_diagnose_command(commands)
 
     data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
     data_commands = data.add_subparsers(dest="data_command", required=True, help="What to build.")
