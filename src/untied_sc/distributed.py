@@ -9,6 +9,7 @@ samples, in the same order, with 1, 2 or N processes (bit for bit on one device 
 A command started without a launcher is one process: everything here then reduces to the plain loop.
 """
 
+import atexit
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -35,7 +36,22 @@ def process_state(device: str | torch.device | None = None):
     """
     from accelerate import PartialState
 
-    return PartialState(cpu=_wants_cpu(device))
+    global _closing_registered
+    state = PartialState(cpu=_wants_cpu(device))
+    if state.num_processes > 1 and not _closing_registered:
+        atexit.register(_close_process_group)
+        _closing_registered = True
+    return state
+
+
+_closing_registered = False
+
+
+def _close_process_group() -> None:
+    """Destroys the process group before the interpreter exits: left to static destruction, gloo's worker threads
+    can abort both processes at exit ("terminate called without an active exception") after all work is done."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def process_device(state, device: str | torch.device | None = None) -> torch.device:
