@@ -10,18 +10,10 @@ from .step_scaling import PAPER_EXPONENTS, StepScalingResult
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend, or a clear error saying how to install it."""
-    try:
-        import matplotlib
+    """matplotlib's pyplot, or a clear error saying how to install it (`evaluation.plots.pyplot`)."""
+    from ..evaluation.plots import pyplot as shared_pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError(
-            'The diagnostics draw their figures with matplotlib, which is not installed: `pip install -e ".[eval]"` '
-            "(or `pip install matplotlib`)."
-        ) from error
-    return plt
+    return shared_pyplot("Drawing the diagnostics' figures")
 
 
 def _number(value, digits: int = 3) -> str:

@@ -7,7 +7,9 @@ from pathlib import Path
 MATPLOTLIB_INSTALL = 'pip install -e ".[eval]"'
 
 
-def _pyplot():
+def pyplot(purpose: str = "Plotting benchmark results"):
+    """matplotlib's pyplot on the Agg backend, or an `ImportError` saying that `purpose` needs it and how to install
+    it (the package's figures: benchmarks, model cards, diagnostics)."""
     try:
         import matplotlib
 
@@ -15,7 +17,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError(
-            f"Plotting benchmark results needs matplotlib, which is not installed. Install the eval extra: "
+            f"{purpose} needs matplotlib, which is not installed. Install the eval extra: "
             f"`{MATPLOTLIB_INSTALL}` (or `pip install matplotlib`)."
         ) from error
     return plt
@@ -28,7 +30,7 @@ def plot_benchmark(results: dict, path: str | os.PathLike) -> Path:
     Right (when a diversity sweep ran): GenPPL vs entropy, one curve per (sampler, NFE) over the knob values, and the
     main runs of every sampler as markers, so samplers can be compared at equal entropy.
     """
-    plt = _pyplot()
+    plt = pyplot()
     curves = results.get("diversity_curves") or {}
     knob = results["diversity_knob"]
     figure, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.5, 4.5), squeeze=False)

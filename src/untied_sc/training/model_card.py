@@ -40,9 +40,9 @@ def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
     LangFlow logs one cross-entropy (`loss_sc`, `loss_no_sc`, `val_loss_*`); ELF logs the velocity L2 of the
     denoiser rows (`l2_sc`, `l2_no_sc`, `val_vloss_*`) and the decoder CE (`ce`, `val_decode_ce`), drawn side by side.
     """
-    from ..evaluation.plots import _pyplot
+    from ..evaluation.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot("Drawing the training curves")
     rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
     train = [r for r in rows if "loss" in r]
     elf = any("l2_sc" in r for r in train)
