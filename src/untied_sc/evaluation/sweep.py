@@ -32,6 +32,7 @@ import torch
 
 from ..calibration.calibrate import calibration_seeds
 from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS
+from ..schedulers.comparison_names import ACE_METHODS
 from ..seeds import check_seed
 from .aggregation import AGGREGATED_METRICS, analyse
 from .evaluator import describe_evaluator
@@ -49,10 +50,6 @@ from .sampling import (
     tokenizer_description,
     tuning_seeds,
 )
-
-
-# Comparison methods that steer with ACE's direction (`pipe.ace_statistics`).
-ACE_METHODS = ("ace", "higs_ace")
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"

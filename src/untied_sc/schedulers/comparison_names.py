@@ -6,6 +6,8 @@ import importlib
 
 
 COMPARISON_METHODS = ("momentum", "higs", "ace", "higs_ace", "multistep")
+# The methods that steer with ACE's direction (the pipeline component `ace_statistics`).
+ACE_METHODS = ("ace", "higs_ace")
 ELF_COMPARISON_SCHEDULERS = (
     "MomentumELFScheduler",
     "HiGSELFScheduler",
