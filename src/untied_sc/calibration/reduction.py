@@ -41,16 +41,14 @@ def calibration_process_state(device: str | None = None):
     """
     if launched_processes() <= 1:
         return None
-    from accelerate import PartialState
+    from ..distributed import process_state
 
     if device is not None and torch.device(device).index is not None:
         raise ValueError(
             f"--device {device} names one device, but {launched_processes()} processes were launched: each process "
             "takes its own (accelerate's `PartialState().device`); pass --device cuda (or cpu)."
         )
-    # Without a GPU, accelerate joins the launched processes only when told to use the CPU (gloo).
-    cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
-    state = PartialState(cpu=cpu)
+    state = process_state(device)  # the CPU (gloo) without a GPU; the process group closed at exit
     if device is not None and state.device.type != torch.device(device).type:
         raise ValueError(f"--device {device} was asked for, but this process got {state.device} (is CUDA there?).")
     if state.num_processes != launched_processes():
