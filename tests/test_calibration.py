@@ -259,3 +259,15 @@ def test_run_updates_through_the_pipeline_loop_equals_the_hand_written_recurrenc
     assert moments[0][1].max() > 0
     for through_pipeline, by_hand in zip(*moments, strict=True):
         assert torch.equal(through_pipeline, by_hand)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_generator_calibrates_on_the_device_stream_reproducibly(elf_pipe):
+    # The base-scale runs once drew from a CUDA generator on the CPU and failed (found on an H200, issue 16).
+    pipe = elf_pipe.to("cuda")
+    options = {"bank_size": 4, "batch_size": 2, "base_scale_bank_size": 2, "progress": False}
+    runs = [calibrate_pipeline(pipe, [8], generator_device="cuda", **options) for _ in range(2)]
+    for name, tensor in runs[0].statistics.state_dict().items():
+        assert torch.equal(tensor, runs[1].statistics.state_dict()[name]), name
+    cpu_stream = calibrate_pipeline(pipe, [8], **options)
+    assert not torch.equal(runs[0].statistics.base_scales, cpu_stream.statistics.base_scales)

@@ -98,6 +98,7 @@ def elf_response_gram_sums(
     `batch_size`: one size for every batch, or each batch's size.
     """
     from ..schedulers import ELFScheduler
+    from ..schedulers.noise import draw_normal
 
     model, device = pipe.transformer, pipe._execution_device
     basis = overlap.basis.to(device=device, dtype=torch.float32)
@@ -116,8 +117,9 @@ def elf_response_gram_sums(
         scheduler.set_timesteps(num_inference_steps, generator=generator)
         solver = scheduler.solver
         shape = (rows, *pipe.latent_shape)
-        z = torch.randn(shape, generator=generator).to(device) * solver.noise_scale
-        noises = [torch.randn(shape, generator=generator).to(device) for _ in range(solver.num_update_steps - 1)]
+        # Drawn on the generator's device (a CUDA generator: the device stream), in the official order.
+        z = draw_normal(shape, generator, device) * solver.noise_scale
+        noises = [draw_normal(shape, generator, device) for _ in range(solver.num_update_steps - 1)]
 
         m = None
         z_b = _model_input(solver, noises, 0, z)
