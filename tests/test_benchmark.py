@@ -415,6 +415,38 @@ def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipe
     assert "```\nsample\nscore\n```" in markdown and "then scored in" in markdown
 
 
+def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_path, langflow_golden, evaluator):
+    from untied_sc.evaluation import generate_sweep, read_generations, score_sweep, write_generation
+
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
+    options = {"seeds": [0, 1], "num_samples": 4, "batch_size": 2, "diversity_values": [0.5], "progress": False}
+    whole = generate_sweep(pipe, nfe=[4, 8], name="tiny", command="both", **options)
+    paths = {}
+    for n in (8, 4):  # in either order
+        part = generate_sweep(pipe, nfe=[n], name="tiny", command=f"nfe {n}", **options)
+        paths[n] = write_generation(part, tmp_path / f"nfe{n}")["generation"]
+    merged = read_generations([paths[8], paths[4]])
+    assert merged["nfe"] == [4, 8] and merged["command"] == "nfe 8 ; nfe 4"
+    key = ("sampler", "nfe", "seed", "temperature")
+    assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
+    assert [r["samples"] for r in merged["runs"]] == [r["samples"] for r in whole["runs"]]
+    assert merged["coefficients"] == whole["coefficients"]
+    scored = [score_sweep(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)]
+    untimed = [
+        {k: v for k, v in r["aggregates"]["paired"]["untied"]["8"].items() if "throughput" not in k} for r in scored
+    ]
+    assert untimed[0] == untimed[1] and scored[0]["equal_entropy"] == scored[1]["equal_entropy"]
+
+    with pytest.raises(ValueError, match="both sampled NFE 8: merge parts with disjoint --nfe"):
+        read_generations([paths[8], paths[8]])
+    other = generate_sweep(pipe, nfe=[4], name="tiny", command="seed 5", **{**options, "seeds": [5]})
+    other_path = write_generation(other, tmp_path / "seed5")["generation"]
+    with pytest.raises(ValueError, match="not parts of one sweep: they differ in seeds"):
+        read_generations([paths[8], other_path])
+
+
 def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
     import gzip
 
@@ -547,9 +579,9 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
 
 
 def test_the_benchmark_module_still_exports_what_it_did_from_the_modules_that_now_hold_it():
-    from untied_sc.evaluation import aggregation, benchmark, cli, experiments, report, sweep
+    from untied_sc.evaluation import aggregation, benchmark, cli, experiments, generation_files, report, sweep
 
-    homes = (aggregation, cli, experiments, report, sweep)
+    homes = (aggregation, cli, experiments, generation_files, report, sweep)
     renamed = {"_experiment_name": experiments.experiment_name, "command_line": cli.benchmark_command_line}
     for name in set(benchmark.__all__) - set(renamed):
         held = [module for module in homes if getattr(module, name, None) is getattr(benchmark, name)]

@@ -8,13 +8,20 @@ import math
 import pytest
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc.calibration import baseline_knobs
 from untied_sc.calibration.ace import estimate_ace_direction
 from untied_sc.calibration.baseline_knobs import KNOB_GRIDS, KnobGrid, choose_knob
 from untied_sc.calibration.tune import Candidate
 from untied_sc.cli import main
 from untied_sc.evaluation import run_sweep
+from untied_sc.evaluation.baseline_generation import (
+    CANDIDATES_KEY,
+    generate_baseline_candidates,
+    score_baseline_candidates,
+)
 from untied_sc.evaluation.baselines import tune_baselines
 from untied_sc.evaluation.experiments import BASELINE_METHODS, experiment_samplers, with_preset
+from untied_sc.evaluation.generation_files import read_generation, read_generations, write_generation
 from untied_sc.evaluation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
@@ -193,18 +200,23 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     evaluator[1].save_pretrained(tmp_path / "evaluator")
     argv = ["benchmark", str(tmp_path / "tiny-elf"), "--experiment", "baselines", "--nfe", "8", "--seeds", "0"]
     argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--no-progress"]
-    argv += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "gen"), "--generate-only"]
-    assert main(argv) == 0
+    argv += ["--output-dir", str(tmp_path / "gen"), "--generate-only"]
+    assert main(argv) == 0  # no evaluator on the sampling machine: every grid value and the tuning bank are sampled
     generation = json.loads((tmp_path / "gen" / "tiny-elf-baselines.generation.json").read_text())
-    assert set(generation["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
-    assert "--evaluator" in generation["command"] and "--tune-num-samples 2" in generation["command"]
+    assert "knob_tuning" not in generation and "--evaluator" not in generation["command"]
+    assert "--tune-num-samples 2" in generation["command"]
+    assert generation[CANDIDATES_KEY]["bank"]["num_samples"] == 2
+    grid_runs = sum(len(KNOB_GRIDS[method].values) for method in BASELINE_METHODS.values())
+    assert len(generation["runs"]) == (2 + grid_runs) + (1 + grid_runs)  # benchmark runs, then the bank's
     with pytest.raises(SystemExit, match="drop --tune-seed"):
         main(["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json"), "--tune-seed", "5"])
     score = ["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json")]
     score += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "results")]
     assert main([*score, "--num-resamples", "20", "--no-progress"]) == 0
     saved = json.loads((tmp_path / "results" / "tiny-elf-baselines.json").read_text())
-    assert saved["knob_tuning"] == generation["knob_tuning"]
+    assert set(saved["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
+    assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
+    assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
     assert "## Knobs chosen on the tuning bank" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--tune-seed tune the comparison samplers' knobs"):
         main(["benchmark", str(tmp_path / "tiny-elf"), "--tune-seed", "5", "--generate-only"])
@@ -245,3 +257,65 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
         else ("accepted" if comparison.mean_delta_ci[1] < 0 else "no win beyond noise")
     )
     assert record["8"]["outcome"] == expected
+
+
+def _without_timings(tree):
+    """Aggregates without the wall-time figures (samples per second, retained throughput): they differ run to run."""
+    if not isinstance(tree, dict):
+        return tree
+    return {k: _without_timings(v) for k, v in tree.items() if k not in ("samples_per_second", "retained_throughput")}
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+@pytest.mark.parametrize("keep", ["rule", "every best value"])
+def test_sampling_every_grid_value_then_choosing_elsewhere_gives_the_one_machine_report(
+    family, keep, pipes, evaluator, tmp_path, monkeypatch
+):
+    if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the chosen grid values run too
+        monkeypatch.setattr(baseline_knobs, "beats_official", lambda comparison: comparison is not None)
+    pipe = pipes[family]
+    options = {"num_resamples": 50, "progress": False}
+    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    one = run_sweep(pipe, samplers=samplers, evaluator=evaluator, knob_tuning=record, name="one", **SWEEP, **options)
+    generation = generate_baseline_candidates(
+        pipe, experiment_samplers("baselines"), tune_num_samples=4, progress=False, name="two", **SWEEP
+    )
+    write_generation(generation, tmp_path)  # through the files, as between two machines
+    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), evaluator=evaluator, **options)
+    assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
+    outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
+    assert "accepted" in outcomes or keep == "rule"
+    key = ("sampler", "nfe", "seed")
+    assert [tuple(run[k] for k in key) for run in two["runs"]] == [tuple(run[k] for k in key) for run in one["runs"]]
+    for mine, theirs in zip(two["runs"], one["runs"], strict=True):
+        assert mine["per_sample"] == theirs["per_sample"], (mine["sampler"], mine["seed"])
+    assert _without_timings(two["aggregates"]) == _without_timings(one["aggregates"])
+
+
+def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langflow_golden, evaluator, tmp_path):
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
+    pipe.register_modules(
+        ace_statistics=estimate_ace_direction(
+            pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
+        )
+    )
+    options = {"seeds": [0], "num_samples": 4, "batch_size": 2, "tune_num_samples": 4, "progress": False}
+    whole = generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[4, 8], name="m", **options)
+    paths = [
+        write_generation(
+            generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[n], name="m", **options),
+            tmp_path / str(n),
+        )["generation"]
+        for n in (8, 4)
+    ]
+    merged = read_generations(paths)
+    assert merged[CANDIDATES_KEY] == whole[CANDIDATES_KEY]
+    assert [(r["sampler"], r["nfe"]) for r in merged["runs"]] == [(r["sampler"], r["nfe"]) for r in whole["runs"]]
+    scored = [
+        score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)
+    ]
+    assert scored[0]["knob_tuning"] == scored[1]["knob_tuning"]
+    assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]
+    assert _without_timings(scored[0]["aggregates"]) == _without_timings(scored[1]["aggregates"])

@@ -130,20 +130,29 @@ def bank_scorer(pipe, config, seed, num_samples, batch_size, evaluator, protocol
     order (NaN where unscored). It leaves the spec's scheduler on `pipe` (the caller restores its own) and calls
     `on_scored()` after each score.
     """
-    from ..evaluation.io import Sample, evaluate_samples
+    from ..evaluation.io import Sample
     from ..evaluation.sampling import build_scheduler, generate
 
     def score(n: int, spec: dict) -> tuple[float, float, list[float]]:
         pipe.scheduler = build_scheduler(pipe, spec, config, n)
         texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size, seed_space="tuning")
         samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
-        result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
+        scores = score_bank_samples(samples, evaluator, protocol, eval_batch_size)
         if on_scored is not None:
             on_scored()
-        nlls = [math.nan if r["mean_nll"] is None else r["mean_nll"] for r in result["per_sample"]]
-        return result["gen_ppl"], result["entropy"], nlls
+        return scores
 
     return score
+
+
+def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> tuple[float, float, list[float]]:
+    """`(gen_ppl, entropy, nlls)` of a bank's samples under the `(model, tokenizer)` `evaluator`: the scores every
+    tuning decision reads (`nlls`: per-sample per-token NLLs in bank order, NaN where unscored)."""
+    from ..evaluation.io import evaluate_samples
+
+    result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
+    nlls = [math.nan if r["mean_nll"] is None else r["mean_nll"] for r in result["per_sample"]]
+    return result["gen_ppl"], result["entropy"], nlls
 
 
 def _key(coefficients: Mapping[str, float]) -> tuple:

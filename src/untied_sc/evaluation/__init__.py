@@ -45,6 +45,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "paired_comparison",
             "percentile_interval",
         ),
-        ".sweep": ("generate_sweep", "read_generation", "run_sweep", "score_sweep", "write_generation"),
+        ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
+        ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
     },
 )

@@ -87,7 +87,7 @@ def tune_baselines(
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
         tuning record ([`knob_record`] per sampler and NFE, the bank, the guard, and the untied sampler's own).
     """
-    from ..calibration.baseline_knobs import KNOB_GRIDS, knob_record, tune_knobs
+    from ..calibration.baseline_knobs import tune_knobs
     from ..calibration.tune import scoring_evaluator
 
     samplers = normalise_samplers(samplers)
@@ -112,16 +112,7 @@ def tune_baselines(
         eval_batch_size=eval_batch_size,
         progress=progress,
     )
-    by_method = {(choice.method, choice.num_inference_steps): choice for choice in choices}
-    tuned = dict(samplers)
-    per_sampler = {}
-    for name, method in methods.items():
-        tuned[name] = {**samplers[name], KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
-        per_sampler[name] = {
-            "method": method,
-            "by_steps": {str(n): knob_record(by_method[method, n], KNOB_GRIDS[method]) for n in nfe},
-        }
-    record = {
+    bank = {
         "seed": tune_seed,
         "seed_space": "tuning",
         "num_samples": tune_num_samples,
@@ -130,9 +121,39 @@ def tune_baselines(
         "protocol": protocol or pipe.family,
         "max_entropy_drop": max_entropy_drop,
         "confidence": confidence,
-        "samplers": per_sampler,
-        "untied": {
-            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
-        },
     }
-    return tuned, record
+    untied = {
+        name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+    }
+    return apply_knob_choices(samplers, choices, nfe, bank, untied)
+
+
+def apply_knob_choices(
+    samplers: Mapping[str, Mapping], choices: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
+) -> tuple[dict[str, dict], dict]:
+    """
+    The sampler specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the tuning record: the
+    `bank`'s settings, [`knob_record`] per sampler and NFE, and the untied samplers' own records (`untied`).
+
+    Args:
+        samplers (`Mapping[str, Mapping]`): the normalised sampler set.
+        choices (`Sequence[KnobChoice]`): one choice per (comparison method, NFE).
+        nfe (`Sequence[int]`): the NFEs.
+        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, guard).
+        untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
+    """
+    from ..calibration.baseline_knobs import KNOB_GRIDS, knob_record
+
+    by_method = {(choice.method, choice.num_inference_steps): choice for choice in choices}
+    tuned = dict(samplers)
+    per_sampler = {}
+    for name, spec in samplers.items():
+        method = spec["scheduler"]
+        if method not in COMPARISON_METHODS:
+            continue
+        tuned[name] = {**spec, KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
+        per_sampler[name] = {
+            "method": method,
+            "by_steps": {str(n): knob_record(by_method[method, n], KNOB_GRIDS[method]) for n in nfe},
+        }
+    return tuned, {**bank, "samplers": per_sampler, "untied": dict(untied)}

@@ -177,8 +177,8 @@ SWEEP_DEFAULTS = {
 }
 
 
-# Options of the scoring half alone: a --generate-only command line leaves them out (except for `--experiment
-# baselines`, whose knob tuning scores on the tuning bank before sampling).
+# Options of the scoring half alone: a --generate-only command line leaves them out (with `--experiment baselines`
+# the knobs are chosen in the scoring half too, from the tuning bank the generation stores).
 SCORING_OPTIONS = ("evaluator", "protocol", "eval_batch_size", "max_length", "num_resamples", "dtype", "cache_dir")
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
@@ -259,7 +259,9 @@ def add_benchmark_arguments(parser):
         "--from",
         dest="from_generation",
         metavar="GENERATION_JSON",
-        help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file).",
+        nargs="+",
+        help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file); several "
+        "files are the parts of one sweep sampled with different --nfe, merged.",
     )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
     parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
@@ -301,8 +303,7 @@ def register_benchmark_command(commands):
 def benchmark_command_line(args) -> str:
     """The fully explicit `untied-sc benchmark` command of parsed `args` (every option spelled out, defaults included)."""
     words = ["untied-sc", "benchmark"] + ([args.pipeline] if args.pipeline else [])
-    scoring_apart = args.generate_only and getattr(args, "experiment", None) != "baselines"
-    skipped = ("pipeline", "command", "handler", "overwrite") + (SCORING_OPTIONS if scoring_apart else ())
+    skipped = ("pipeline", "command", "handler", "overwrite") + (SCORING_OPTIONS if args.generate_only else ())
     for name, value in vars(args).items():
         if name in skipped or value is None or value is False:
             continue
@@ -328,8 +329,8 @@ def _refuse_existing_outputs(paths, overwrite: bool) -> None:
 
 def _benchmark_outputs(args, name: str) -> list[Path]:
     """The files this `benchmark` command writes for the model name `name`."""
+    from .generation_files import generation_paths
     from .report import report_paths
-    from .sweep import generation_paths
 
     if args.generate_only:
         return list(generation_paths(args.output_dir, name).values())
@@ -338,24 +339,37 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
 
 def _score_generation_file(args, scoring: dict) -> dict:
     """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
-    from .sweep import read_generation, score_sweep
+    from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
+    from .generation_files import read_generations
+    from .sweep import score_sweep
 
     given = [f"--{k.replace('_', '-')}" for k in (*SWEEP_DEFAULTS, *TUNING_DEFAULTS) if getattr(args, k) is not None]
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
         raise SystemExit(
-            f"--from scores the sweep stored in {args.from_generation}; drop {' '.join(extra)} (the pipeline and "
+            f"--from scores the sweep stored in {' '.join(args.from_generation)}; drop {' '.join(extra)} (the pipeline and "
             "the sweep options were fixed when it was generated)."
         )
     try:
-        model = json.loads(Path(args.from_generation).read_text()).get("model")
+        model = json.loads(Path(args.from_generation[0]).read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError):
         model = None  # read_generation says what is wrong with the file
     if args.name or model:
         _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
-    generation = read_generation(args.from_generation)
+    generation = read_generations(args.from_generation)
     if args.name:
         generation["model"] = args.name
+    if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
+        evaluator_kwargs = {key: scoring.pop(key) for key in ("cache_dir", "dtype")}
+        evaluator_kwargs["device"] = args.device or "cpu"
+        return score_baseline_candidates(
+            generation,
+            **scoring,
+            evaluator_kwargs=evaluator_kwargs,
+            command=benchmark_command_line(args),
+            progress=not args.no_progress,
+            main_only=args.main_only,
+        )
     return score_sweep(
         generation,
         **scoring,
@@ -410,6 +424,35 @@ def _tune_baselines(args, sweep: dict, state):
     return pipe
 
 
+def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
+    """`--experiment baselines --generate-only`: the benchmark runs of every grid value and the tuning bank, for a
+    machine without the evaluator ([`generate_baseline_candidates`]); `--from` chooses the knobs and scores."""
+    from ..distributed import process_device
+    from ..pipelines import load_pipeline
+    from .baseline_generation import generate_baseline_candidates
+
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
+    options = {key: sweep[key] for key in keys}
+    return generate_baseline_candidates(
+        pipe,
+        **options,
+        tune_seed=args.tune_seed,
+        tune_num_samples=args.tune_num_samples,
+        max_entropy_drop=args.max_entropy_drop,
+        confidence=args.confidence,
+        progress=sweep["progress"],
+        source=args.pipeline,
+        name=sweep["name"],
+        command=sweep["command"],
+        device=sweep["device"],
+    )
+
+
 def benchmark_command(args) -> dict | None:
     """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
 
@@ -419,8 +462,9 @@ def benchmark_command(args) -> dict | None:
     """
     from ..distributed import is_main_process, process_state, silence_other_processes
     from .experiments import experiment_name, experiment_samplers, with_preset
+    from .generation_files import write_generation
     from .report import format_markdown
-    from .sweep import default_name, generate_sweep, run_sweep, write_generation
+    from .sweep import default_name, generate_sweep, run_sweep
 
     scoring = {
         "evaluator": args.evaluator,
@@ -477,10 +521,11 @@ def benchmark_command(args) -> dict | None:
         "device": args.device,
         "state": state,
     }
-    # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
-    pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
+    if baselines and args.generate_only:  # no evaluator here: sample every grid value and the tuning bank
+        generation = _generate_baseline_candidates(args, sweep, state)
+    elif args.generate_only:
+        generation = generate_sweep(args.pipeline, **sweep)
     if args.generate_only:
-        generation = generate_sweep(pipeline, **sweep)
         if not is_main_process(state):
             return None
         paths = write_generation(generation, args.output_dir)
@@ -490,6 +535,8 @@ def benchmark_command(args) -> dict | None:
             f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
         )
         return generation
+    # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
+    pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
     results = run_sweep(pipeline, **sweep, **scoring)
     if results is None:  # not the main process
         return None

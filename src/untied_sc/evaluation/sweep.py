@@ -11,7 +11,7 @@ temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the temperature T of th
 so that samplers can be compared at equal entropy.
 
 [`run_sweep`] is [`generate_sweep`] (sampling, e.g. on a GPU) then [`score_sweep`] (scoring, where the evaluator is);
-[`write_generation`] and [`read_generation`] carry a generation between the two. The statistics are
+`generation_files.py` carries a generation between the two. The statistics are
 [`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
 
 The sweep runs pipelines (with `sampling.generate`; `generate.py`, behind `untied-sc generate`, is the only other
@@ -20,7 +20,6 @@ Under `accelerate launch` the sampling is split across the processes by batch (`
 samples as one process; scoring runs once, on the main process, which alone writes files.
 """
 
-import json
 import os
 import shlex
 import sys
@@ -37,7 +36,8 @@ from ..seeds import check_seed
 from .aggregation import AGGREGATED_METRICS, analyse
 from .evaluator import describe_evaluator
 from .experiments import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
-from .io import Sample, evaluate_samples, read_samples, write_samples
+from .generation_files import GENERATION_FORMAT
+from .io import evaluate_samples
 from .metrics import samples_per_second
 from .report import write_results
 from .sampling import (
@@ -51,8 +51,6 @@ from .sampling import (
     tuning_seeds,
 )
 
-
-GENERATION_FORMAT = "untied-sc benchmark generation"
 
 # Per-sample records a run keeps (the intervals and the equal-entropy control resample them).
 PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
@@ -294,63 +292,6 @@ def generate_sweep(
     }
 
 
-def generation_paths(output_dir: str | os.PathLike, stem: str) -> dict[str, Path]:
-    """The files [`write_generation`] writes for `stem`: `generation` and `samples`."""
-    folder = Path(output_dir)
-    return {
-        "generation": folder / f"{stem}.generation.json",
-        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
-    }
-
-
-def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
-    `<model>.generation-samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, batch, index and knob
-    value; a name apart from the report's own `<model>.samples.jsonl.gz`, which holds only the runs it scored)."""
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    paths = generation_paths(output_dir, generation["model"])
-    header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
-    header["samples_file"] = paths["samples"].name
-    paths["generation"].write_text(json.dumps(header, indent=1) + "\n")
-    write_samples(paths["samples"], (sample for run in generation["runs"] for sample in run["samples"]))
-    return paths
-
-
-def read_generation(path: str | os.PathLike) -> dict:
-    """Reads a `<model>.generation.json` written by [`write_generation`] (and its samples file beside it), checking
-    that every run holds its `num_samples` samples in order."""
-    path = Path(path)
-    try:
-        generation = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"Cannot read the generation file {path}: {error}") from error
-    if generation.get("format") != GENERATION_FORMAT:
-        raise ValueError(
-            f"{path} is not a benchmark generation file (written by `untied-sc benchmark --generate-only`)."
-        )
-    knob = generation["diversity_knob"]
-    by_run: dict[tuple, list[Sample]] = {}
-    for sample in read_samples(path.parent / generation["samples_file"]):
-        key = (sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob))
-        by_run.setdefault(key, []).append(sample)
-    for run in generation["runs"]:
-        key = (run["sampler"], run["nfe"], run["seed"], run[knob])
-        samples = by_run.pop(key, [])
-        if [s.extra.get("index") for s in samples] != list(range(generation["num_samples"])):
-            raise ValueError(
-                f"{generation['samples_file']} holds {len(samples)} samples of run {key} (sampler, NFE, seed, "
-                f"{knob}), not samples 0..{generation['num_samples'] - 1} in order: the file is incomplete or was "
-                "edited. Generate it again."
-            )
-        run["samples"] = samples
-    if by_run:
-        raise ValueError(
-            f"{generation['samples_file']} holds samples of runs {sorted(by_run, key=str)} that "
-            f"{path.name} does not list."
-        )
-    return generation
-
-
 def score_sweep(
     generation: dict,
     evaluator="smollm2-135m",
@@ -362,11 +303,13 @@ def score_sweep(
     command: str | None = None,
     progress: bool = True,
     main_only: bool = False,
+    evaluator_name: str | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
     aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
-    generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half)."""
+    generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
+    `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name)."""
     from tqdm.auto import tqdm
 
     from .evaluator import load_evaluator
@@ -386,7 +329,7 @@ def score_sweep(
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
         evaluator = load_evaluator(evaluator, **evaluator_kwargs)
-    else:
+    elif evaluator_name is None:
         evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
     runs = []
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
