@@ -4,6 +4,8 @@ chosen on the tuning bank, ACE's direction as a pipeline component; tiny golden 
 import copy
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -226,6 +228,15 @@ def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_g
     _pipe("langflow", langflow_golden, ace=False).save_pretrained(tmp_path / "pipe")
     argv = ["ace", str(tmp_path / "pipe"), "--num-trajectories", "3", "--nfe", "3", "--batch-size", "3"]
     assert main([*argv, "--no-progress"]) == 0
+    assert "ACE direction" not in capsys.readouterr().err  # no bar, not even the pipeline's own
+    # A fresh interpreter loads the component (diffusers loads only classes whose module is already imported).
+    check = (
+        "from untied_sc.pipelines import load_pipeline; import sys; print(load_pipeline(sys.argv[1]).ace_statistics)"
+    )
+    loaded_apart = subprocess.run(
+        [sys.executable, "-c", check, str(tmp_path / "pipe")], capture_output=True, text=True, timeout=300
+    )
+    assert loaded_apart.returncode == 0 and "ACEStatistics" in loaded_apart.stdout, loaded_apart.stderr
     loaded = load_pipeline(tmp_path / "pipe")
     config = loaded.ace_statistics.config
     assert config.num_trajectories == 3 and config.seed == 3000 and config.seed_space == "ace"

@@ -261,6 +261,8 @@ def estimate_ace_direction(
     if num_trajectories < 1 or batch_size < 1:
         raise ValueError(f"num_trajectories and batch_size must be ≥ 1, got {num_trajectories} and {batch_size}.")
     original = pipe.scheduler
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)  # one bar over batches, not one per pipeline call
     pipe.scheduler = build_scheduler(pipe, {"scheduler": "official", **(scheduler_overrides or {})})
     features, labels = [], []
     try:
@@ -274,6 +276,7 @@ def estimate_ace_direction(
         solver_config = {key: value for key, value in pipe.scheduler.config.items() if not key.startswith("_")}
     finally:
         pipe.scheduler = original
+        pipe.set_progress_bar_config(**progress_config)
     direction, top, bottom = contrast_direction(
         torch.cat(features), torch.tensor(labels, dtype=torch.float64), contrast_fraction
     )
