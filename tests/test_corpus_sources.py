@@ -61,7 +61,11 @@ OT = [
     '<div sID="p2" type="x-p"/><hi type="bold">Verses 3-5</hi> God said &amp; there was <hi>light</hi> upon the deep.',
     '<lg><l>Praise him, sun and moon;</l><l>praise him, all you shining stars!</l></lg><div eID="p2" type="x-p"/>',
 ]
-NT = ['<chapter sID="Matt.1"/><div sID="p3" type="x-p"/>The book of the genealogy of the Son of David.<chapter/>']
+NT = [
+    '<chapter sID="Matt.1"/><div sID="p3" type="x-p"/>The book of the genealogy of the Son of David.<chapter/>',
+    '<div sID="g1" type="glossary"/><div sID="p4" type="x-p"/>Abba Abba is a word for father, used in prayer.',
+    'Amen Amen means "so be it."<div eID="p4" type="x-p"/><div eID="g1" type="glossary"/>',
+]
 EXPECTED = [
     "In the beginning, God made the heavens. The earth was empty.",
     "God said & there was light upon the deep. Praise him, sun and moon; praise him, all you shining stars!",
@@ -184,6 +188,12 @@ def test_chunk_sentences_keeps_whole_sentences_in_order():
     assert all(len(c) >= 200 for c in chunks[:-1]) and all(c.endswith(".") for c in chunks)
     assert all(len(c) < 200 + len("Sentence number 39 says something plain.") + 1 for c in chunks)
     assert chunk_sentences('He said "Stop." Then we left.', 1) == ['He said "Stop."', "Then we left."]
+    abbreviations = "Mr. Speaker, Dr. Lee and John Q. Adams met in St. Louis. The U.S. Navy sailed. It rained."
+    assert chunk_sentences(abbreviations, 1) == [
+        "Mr. Speaker, Dr. Lee and John Q. Adams met in St. Louis.",
+        "The U.S. Navy sailed.",
+        "It rained.",
+    ]
     with pytest.raises(ValueError, match="positive"):
         chunk_sentences(text, 0)
 

@@ -55,6 +55,12 @@ SOTU_CHUNK_CHARS = 600
 _SOTU_NOTE = re.compile(r"\[(?:[^\[\]]*(?:applause|laughter|missing text|inaudible)[^\[\]]*)\]", re.I)
 # a sentence ends at . ! or ? (optionally closed by a quote or bracket) before a capital letter, digit or quote
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(]?[A-Z0-9])")
+# ... unless the period closes a title, an abbreviation or an initial ("Mr. Speaker", "St. Louis", "John Q. Adams")
+_ABBREVIATIONS = frozenset(
+    "Mr. Mrs. Ms. Messrs. Dr. St. Hon. Gen. Gov. Govs. Sen. Rep. Col. Capt. Lt. Maj. Adm. Sgt. Rev. Jr. Sr. No. "
+    "Nos. Art. Sec. Vol. Co. vs. Ft. Mt.".split()
+)
+_INITIALS = re.compile(r"(?:[A-Z]\.)+")
 _SOTU_FILE = re.compile(r"package/data/(\d{4})_[a-z0-9_]+\.txt$")
 _MOBY_CHAPTER = re.compile(r"^(CHAPTER \d+\.|Epilogue$|EPILOGUE$)")
 
@@ -79,6 +85,9 @@ def chunk_sentences(text: str, target_chars: int = SOTU_CHUNK_CHARS) -> list[str
 def _split_sentences(text: str) -> list[str]:
     pieces, start = [], 0
     for match in _SENTENCE_END.finditer(text):
+        words = text[start : match.start()].split()
+        if words and (words[-1] in _ABBREVIATIONS or _INITIALS.fullmatch(words[-1])):
+            continue
         end = match.start() + len(match.group(0).rstrip())
         pieces.append(text[start:end].strip())
         start = match.end()

@@ -61,7 +61,7 @@ def download_npm(package: str, version: str, cache: Path) -> Path:
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except FileNotFoundError as error:
-        raise RuntimeError(f"npm is needed to fetch {package}@{version} (apt-get install npm).") from error
+        raise RuntimeError(f"npm is needed to fetch {package}@{version}: apt-get install npm") from error
     if result.returncode != 0 or not path.exists():
         raise RuntimeError(f"npm pack {package}@{version} failed:\n{result.stderr.strip()}")
     return path

@@ -22,6 +22,10 @@ from pathlib import Path
 
 _BLOCK_ENTRY = struct.Struct("<III")
 _DROPPED_ELEMENTS = re.compile(r"<(note|title|table|rdg)\b[^>]*?(?<!/)>.*?</\1>", re.S)
+# a glossary (word lists, as in the World English Bible's appendix) runs between two milestones of one id
+_GLOSSARY = re.compile(
+    r"<div\b(?=[^>]*\btype=\"glossary\")(?=[^>]*\bsID=\"([^\"]+)\")[^>]*/>.*?<div\b(?=[^>]*\beID=\"\1\")[^>]*/>", re.S
+)
 # "Verses 8-15" labels of commentary paragraphs: a reference, not prose
 _VERSE_LABEL = re.compile(r"<hi type=\"bold\">\s*Verses?\s[\d\s,\-:]*</hi>")
 _PARAGRAPH_BREAK = re.compile(
@@ -90,8 +94,9 @@ def read_sword_module(module_dir: str | Path) -> list[str]:
 
 
 def osis_paragraphs(entries: Iterable[str]) -> list[str]:
-    """Plain-text paragraphs of OSIS entries: notes, titles, tables and verse labels dropped, markup removed."""
-    text = " ".join(entries)
+    """Plain-text paragraphs of OSIS entries: notes, titles, tables, glossaries and verse labels dropped, markup
+    removed."""
+    text = _GLOSSARY.sub(" ", " ".join(entries))
     text = _VERSE_LABEL.sub("", _DROPPED_ELEMENTS.sub("", text))  # a footnote sits right before its punctuation
     paragraphs = []
     for part in _PARAGRAPH_BREAK.split(text):
