@@ -1,5 +1,5 @@
 #!/bin/bash
-# The sampling half of issue 17's tables on one GPU: ACE's direction for both bundled models, then
+# The sampling half of issue 17's tables on one GPU: ACE's direction where a folder lacks one, then
 # `--experiment baselines --generate-only` (every grid value and the tuning bank; no evaluator needed) as one process
 # per (model, NFE), side by side on the one GPU (tiny networks leave it mostly idle). Score where the evaluator is:
 #   untied-sc benchmark --from $OUT/<model>/<model>-baselines-nfe*/<model>-baselines.generation.json
@@ -21,6 +21,8 @@ rm -rf "$WORK"; mkdir -p "$WORK"
 for model in $MODELS; do cp -r "hub_artifacts/$model" "$WORK/$model"; done
 echo "== ACE ($(left) s left)"
 for model in $MODELS; do
+  # The bundled folders ship the direction the committed tables used: parts sampled later must use the same one.
+  [ -d "$WORK/$model/ace_statistics" ] && { echo "$model: its own ace_statistics" > "$WORK/$model-ace.log"; continue; }
   timeout $(( $(left) - 20 )) $PYTHON -m untied_sc.cli ace "$WORK/$model" --num-trajectories "$ACE_TRAJECTORIES" \
     --device "$DEVICE" --no-progress > "$WORK/$model-ace.log" 2>&1 &
 done

@@ -23,7 +23,12 @@ from untied_sc.evaluation.baseline_generation import (
 )
 from untied_sc.evaluation.baselines import tune_baselines
 from untied_sc.evaluation.experiments import BASELINE_METHODS, experiment_samplers, with_preset
-from untied_sc.evaluation.generation_files import read_generation, read_generations, write_generation
+from untied_sc.evaluation.generation_files import (
+    merge_generations,
+    read_generation,
+    read_generations,
+    write_generation,
+)
 from untied_sc.evaluation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
@@ -330,3 +335,8 @@ def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(l
     assert scored[0]["knob_tuning"] == scored[1]["knob_tuning"]
     assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]
     assert _without_timings(scored[0]["aggregates"]) == _without_timings(scored[1]["aggregates"])
+    assert scored[1]["knob_tuning"]["ace"]["direction_sha256"] == merged[CANDIDATES_KEY]["ace"]["direction_sha256"]
+    parts = [read_generation(path) for path in paths]
+    parts[1][CANDIDATES_KEY]["ace"]["direction_sha256"] = "another direction"
+    with pytest.raises(ValueError, match="differ in baseline_candidates.ace"):
+        merge_generations(parts)

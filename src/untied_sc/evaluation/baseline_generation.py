@@ -115,7 +115,7 @@ def generate_baseline_candidates(
         untied coefficients were chosen.
     """
     from ..distributed import main_process_progress
-    from .baselines import untied_tuning_record
+    from .baselines import ace_record, untied_tuning_record
     from .sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
     from .sweep import check_ace_statistics, generate_sweep
 
@@ -181,6 +181,7 @@ def generate_baseline_candidates(
         "untied": {
             name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
         },
+        "ace": ace_record(pipe),
     }
     return generation
 
@@ -248,6 +249,7 @@ def choose_from_bank(
         protocol=protocol,
         max_entropy_drop=settings["max_entropy_drop"],
         confidence=settings["confidence"],
+        ace=candidates.get("ace"),  # absent from files written before it was recorded
     )
     return apply_knob_choices(candidates["samplers"], choices, generation["nfe"], bank, candidates["untied"])
 

@@ -7,7 +7,10 @@ entropy guard and keep rule; the record says whether it was); the comparison sam
 so that one command reproduces the whole comparison.
 """
 
+import hashlib
 from collections.abc import Mapping, Sequence
+
+import torch
 
 from ..defaults import TUNE_SEED
 from ..schedulers.comparison_names import COMPARISON_METHODS
@@ -42,6 +45,23 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
             "outcome": outcome,
         }
     return by_steps
+
+
+def ace_record(pipe) -> dict | None:
+    """Which ACE direction the ACE samplers ran with: its estimation settings and the sha256 of its values (`None`
+    without the component). Parts of one comparison must share it."""
+    statistics = getattr(pipe, "ace_statistics", None)
+    if statistics is None:
+        return None
+    config = statistics.config
+    direction = statistics.direction.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+    return {
+        **{
+            key: config[key] for key in ("seed", "seed_space", "num_trajectories", "num_inference_steps", "batch_size")
+        },
+        "model_fingerprint": config["model_fingerprint"],
+        "direction_sha256": hashlib.sha256(direction).hexdigest(),
+    }
 
 
 def tune_baselines(
@@ -125,7 +145,7 @@ def tune_baselines(
     untied = {
         name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
     }
-    return apply_knob_choices(samplers, choices, nfe, bank, untied)
+    return apply_knob_choices(samplers, choices, nfe, {**bank, "ace": ace_record(pipe)}, untied)
 
 
 def apply_knob_choices(
@@ -139,7 +159,8 @@ def apply_knob_choices(
         samplers (`Mapping[str, Mapping]`): the normalised sampler set.
         choices (`Sequence[KnobChoice]`): one choice per (comparison method, NFE).
         nfe (`Sequence[int]`): the NFEs.
-        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, guard).
+        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, guard)
+            and the ACE direction's [`ace_record`].
         untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
     """
     from ..calibration.baseline_knobs import KNOB_GRIDS, knob_record

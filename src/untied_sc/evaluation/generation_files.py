@@ -123,6 +123,8 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
                 for key in ("samplers", "variants", "bank")
                 if ours.get(key) != theirs.get(key)
             ]
+            if "ace" in ours and "ace" in theirs and ours["ace"] != theirs["ace"]:  # parts sampled with other ACE
+                differing.append(f"{CANDIDATES_KEY}.ace")
         if "knob_tuning" in part or "knob_tuning" in first:
             differing += ["knob_tuning"] if part.get("knob_tuning") != first.get("knob_tuning") else []
         if differing:
