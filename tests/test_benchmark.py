@@ -40,6 +40,26 @@ def sweep(pipe, evaluator, tmp_path=None, **kwargs):
     return run_sweep(pipe, output_dir=tmp_path, **{**options, **kwargs})
 
 
+def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity_sweep(pipes, evaluator):
+    from untied_sc.evaluation.plots import benchmark_figure, pyplot
+
+    results = sweep(pipes["langflow"], evaluator)
+    figure = benchmark_figure(results)
+    try:
+        plane = figure.axes[1]
+        assert plane.get_xlabel() == "unigram entropy (nats)" and plane.get_ylabel() == "GenPPL"
+        drawn = sorted(tuple(point) for c in plane.collections for point in c.get_offsets().tolist())
+        by_sampler = results["aggregates"]["by_sampler"]
+        expected = sorted(
+            (m["entropy"]["mean"], m["gen_ppl"]["mean"]) for by_nfe in by_sampler.values() for m in by_nfe.values()
+        )
+        assert len(drawn) == 2  # official and untied at NFE 8
+        assert [x for point in drawn for x in point] == pytest.approx([x for point in expected for x in point])
+        assert plane.get_legend_handles_labels()[1] == ["official", "untied", "NFE 8"]
+    finally:
+        pyplot().close(figure)
+
+
 @pytest.mark.parametrize("family", ["langflow", "elf"])
 def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pipes, evaluator, family):
     values = [0.5, 2.0]
@@ -438,6 +458,22 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
         {k: v for k, v in r["aggregates"]["paired"]["untied"]["8"].items() if "throughput" not in k} for r in scored
     ]
     assert untimed[0] == untimed[1] and scored[0]["equal_entropy"] == scored[1]["equal_entropy"]
+    assert merged["device"] == whole["device"] and merged["torch"] == whole["torch"]  # one machine: named once
+
+    # Parts from two machines merge (pairs stay within an NFE); the merged sweep names each machine with its NFEs.
+    from untied_sc.evaluation import merge_generations, read_generation
+
+    on_gpu = {**read_generation(paths[8]), "device": "cuda:0 (NVIDIA H200)", "torch": "2.11.0+cu130"}
+    mixed = merge_generations([on_gpu, read_generation(paths[4])])
+    assert mixed["device"] == f"{whole['device']} at NFE 4; cuda:0 (NVIDIA H200) at NFE 8"
+    assert mixed["torch"] == f"{whole['torch']} at NFE 4; 2.11.0+cu130 at NFE 8"
+    assert [(part["nfe"], part["device"]) for part in mixed["parts"]] == [
+        ([8], "cuda:0 (NVIDIA H200)"),
+        ([4], whole["device"]),
+    ]
+    report = score_sweep(mixed, evaluator=evaluator, num_resamples=50, progress=False, output_dir=tmp_path / "mixed")
+    markdown = (tmp_path / "mixed" / "tiny.md").read_text()
+    assert report["parts"] == mixed["parts"] and "NFE 8: sampled in" in markdown and "cuda:0 (NVIDIA H200)" in markdown
 
     with pytest.raises(ValueError, match="both sampled NFE 8: merge parts with disjoint --nfe"):
         read_generations([paths[8], paths[8]])

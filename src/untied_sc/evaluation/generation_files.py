@@ -14,8 +14,9 @@ from .sampling import KNOBS_KEY
 
 GENERATION_FORMAT = "untied-sc benchmark generation"
 
-# What every part of a merged sweep must share: the model, the matched-pair settings and the sampler set. (`device`
-# and `torch` too: the report's throughput compares the parts' runs.)
+# What every part of a merged sweep must share: the model, the matched-pair settings and the sampler set. `device`
+# and `torch` may differ between parts: every pair, knob choice and throughput ratio stays within one NFE, so within
+# one part, and the report names each part's machine ([`merge_generations`]).
 SHARED_SETTINGS = (
     "format",
     "model",
@@ -31,8 +32,6 @@ SHARED_SETTINGS = (
     "diversity_knob",
     "diversity_values",
     "diversity_samplers",
-    "device",
-    "torch",
 )
 
 
@@ -97,9 +96,11 @@ def read_generation(path: str | os.PathLike) -> dict:
 def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | None = None) -> dict:
     """
     One generation from parts that sampled disjoint sets of NFEs of the same sweep (the same model, seeds, batch
-    size, samplers, device and torch: [`SHARED_SETTINGS`]). The runs are put in the one-part order, so the merged
-    generation scores as if one command had sampled every NFE; `seconds` adds the parts' sampling times, and the
-    commands are kept, one per part.
+    size and samplers: [`SHARED_SETTINGS`]). The runs are put in the one-part order, so the merged generation scores
+    as if one command had sampled every NFE; `seconds` adds the parts' sampling times, and the commands are kept, one
+    per part. Parts may come from different machines (a GPU for some NFEs, a CPU for others): samples then differ
+    from what one machine would draw, but every matched pair and knob choice lies within one NFE, so within one part;
+    `device` and `torch` then name each part's, by NFE.
 
     Args:
         generations (`Sequence[Mapping]`): the parts ([`read_generation`] readings).
@@ -152,8 +153,10 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     merged["seconds"] = sum(part["seconds"] for part in generations)
     merged["command"] = " ; ".join(part["command"] for part in generations)
     merged["parts"] = [
-        {"nfe": part["nfe"], "command": part["command"], "seconds": part["seconds"]} for part in generations
+        {key: part.get(key) for key in ("nfe", "command", "seconds", "device", "torch")} for part in generations
     ]
+    for key in ("device", "torch"):
+        merged[key] = _by_part(generations, key)
     if CANDIDATES_KEY in first:
         untied: dict[str, dict] = {}
         for part in generations:
@@ -162,6 +165,20 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
         merged[CANDIDATES_KEY] = {**first[CANDIDATES_KEY], "untied": untied}
     merged["runs"] = sorted((run for part in generations for run in part["runs"]), key=_run_order(merged))
     return merged
+
+
+def _by_part(generations: Sequence[Mapping], key: str) -> str:
+    """A setting the parts may differ in, as one string: the value when all share it, else each value with its NFEs
+    ("cuda:0 (NVIDIA H200) at NFE 8, 16; cpu at NFE 64")."""
+    nfe_by_value: dict[str, list[int]] = {}
+    for part in generations:
+        nfe_by_value.setdefault(str(part.get(key)), []).extend(part["nfe"])
+    if len(nfe_by_value) == 1:
+        return next(iter(nfe_by_value))
+    return "; ".join(
+        f"{value} at NFE {', '.join(str(n) for n in sorted(nfe))}"
+        for value, nfe in sorted(nfe_by_value.items(), key=lambda item: min(item[1]))
+    )
 
 
 def _shared(generation: Mapping, key: str):

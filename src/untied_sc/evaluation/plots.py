@@ -24,16 +24,27 @@ def pyplot(purpose: str = "Plotting benchmark results"):
 
 
 def plot_benchmark(results: dict, path: str | os.PathLike) -> Path:
-    """Draws a [`run_sweep`] result to `path` (PNG): the paper's main-results figure and the GenPPL–entropy curves.
+    """Draws a [`run_sweep`] result to `path` (PNG, [`benchmark_figure`]) and returns the path."""
+    plt = pyplot()
+    figure = benchmark_figure(results)
+    path = Path(path)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def benchmark_figure(results: dict):
+    """The figure of a [`run_sweep`] result: the paper's main-results figure and the GenPPL–entropy plane.
 
     Left: GenPPL vs NFE per sampler (mean ± SE over seeds, log-2 NFE axis), each point annotated with its entropy.
-    Right (when a diversity sweep ran): GenPPL vs entropy, one curve per (sampler, NFE) over the knob values, and the
-    main runs of every sampler as markers, so samplers can be compared at equal entropy.
+    Right: GenPPL vs entropy, every sampler's main runs as markers (one colour per NFE, one shape per sampler, a
+    sampler's NFEs joined by a faint line), so a GenPPL gain bought with lost entropy shows; with a diversity sweep,
+    one curve per (sampler, NFE) over the knob values too, so samplers can be compared at equal entropy.
     """
     plt = pyplot()
     curves = results.get("diversity_curves") or {}
     knob = results["diversity_knob"]
-    figure, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.5, 4.5), squeeze=False)
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.8), squeeze=False)
     by_sampler = results["aggregates"]["by_sampler"]
     left = axes[0][0]
     for sampler, by_nfe in by_sampler.items():
@@ -52,45 +63,40 @@ def plot_benchmark(results: dict, path: str | os.PathLike) -> Path:
     left.set_xlabel("NFE")
     left.set_ylabel(f"GenPPL ({results['evaluator']}, {results['protocol']} protocol)")
     left.set_title(f"{results['model']}: GenPPL vs NFE (entropy annotated)")
-    left.legend()
+    left.legend(fontsize=7)
     left.grid(alpha=0.3)
-    if curves:
-        right = axes[0][1]
-        # One colour per NFE, one marker shape per sampler: a sampler's point sits on the curve of its own NFE.
-        nfe_order = sorted({int(n) for by_nfe in (*curves.values(), *by_sampler.values()) for n in by_nfe})
-        colour = {n: f"C{index % 10}" for index, n in enumerate(nfe_order)}
-        for sampler, by_nfe in curves.items():
-            for nfe, points in by_nfe.items():
-                swept = [p for p in points if p[knob] is not None and p["entropy"]["mean"] is not None]
-                xs = [p["entropy"]["mean"] for p in swept]
-                ys = [p["gen_ppl"]["mean"] for p in swept]
-                label = f"{sampler} NFE {nfe} ({knob} sweep)"
-                right.plot(xs, ys, marker=".", color=colour[int(nfe)], label=label)
-                for p, x, y in zip(swept, xs, ys, strict=True):
-                    right.annotate(f"{p[knob]:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-        markers = "osD^v<>"
-        for index, (sampler, by_nfe) in enumerate(by_sampler.items()):
-            marker = markers[index % len(markers)]
-            for nfe, metrics in by_nfe.items():
-                if metrics["entropy"]["mean"] is None:
-                    continue
-                right.scatter(
-                    metrics["entropy"]["mean"],
-                    metrics["gen_ppl"]["mean"],
-                    marker=marker,
-                    s=36,
-                    color=colour[int(nfe)],
-                    edgecolors="black",
-                    zorder=3,
-                )
-            right.scatter([], [], marker=marker, s=36, color="white", edgecolors="black", label=f"{sampler} (main)")
-        right.set_xlabel("unigram entropy (nats)")
-        right.set_ylabel("GenPPL")
-        right.set_title(f"GenPPL vs entropy ({knob} sweep)")
-        right.legend(fontsize=6)
-        right.grid(alpha=0.3)
+
+    right = axes[0][1]
+    # One colour per NFE, one marker shape per sampler: a sampler's point sits on the curve of its own NFE.
+    nfe_order = sorted({int(n) for by_nfe in (*curves.values(), *by_sampler.values()) for n in by_nfe})
+    colour = {n: f"C{index % 10}" for index, n in enumerate(nfe_order)}
+    for sampler, by_nfe in curves.items():
+        for nfe, points in by_nfe.items():
+            swept = [p for p in points if p[knob] is not None and p["entropy"]["mean"] is not None]
+            xs = [p["entropy"]["mean"] for p in swept]
+            ys = [p["gen_ppl"]["mean"] for p in swept]
+            label = f"{sampler} NFE {nfe} ({knob} sweep)"
+            right.plot(xs, ys, marker=".", color=colour[int(nfe)], label=label)
+            for p, x, y in zip(swept, xs, ys, strict=True):
+                right.annotate(f"{p[knob]:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+    markers = "osD^v<>P*X"
+    for index, (sampler, by_nfe) in enumerate(by_sampler.items()):
+        marker = markers[index % len(markers)]
+        drawn = [
+            (int(nfe), metrics["entropy"]["mean"], metrics["gen_ppl"]["mean"])
+            for nfe, metrics in by_nfe.items()
+            if metrics["entropy"]["mean"] is not None and metrics["gen_ppl"]["mean"] is not None
+        ]
+        right.plot([x for _, x, _ in drawn], [y for _, _, y in drawn], color="black", alpha=0.15, linewidth=0.8)
+        for nfe, x, y in drawn:
+            right.scatter(x, y, marker=marker, s=36, color=colour[nfe], edgecolors="black", zorder=3)
+        right.scatter([], [], marker=marker, s=36, color="white", edgecolors="black", label=sampler)
+    for nfe in nfe_order:  # the colour key
+        right.scatter([], [], marker="s", s=36, color=colour[nfe], label=f"NFE {nfe}")
+    right.set_xlabel("unigram entropy (nats)")
+    right.set_ylabel("GenPPL")
+    right.set_title(f"GenPPL vs entropy{f' ({knob} sweep)' if curves else ''}: lower right is better")
+    right.legend(fontsize=6)
+    right.grid(alpha=0.3)
     figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figure

@@ -133,6 +133,8 @@ def _throughput_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     """Samples/s of sampling per NFE and sampler."""
     by_sampler = results["aggregates"]["by_sampler"]
     lines = ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
+    if len({part.get("device") for part in results.get("parts") or []}) > 1:
+        lines += ["NFEs were sampled on different machines (see the end): compare samplers within a row only.", ""]
     lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
     for nfe in results["nfe"]:
         cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
@@ -278,6 +280,19 @@ def _equal_entropy_lines(results: dict) -> list[str]:
 def _provenance_lines(results: dict) -> list[str]:
     """Where and how long it ran, and the command(s) that reproduce it."""
     commands = [results["command"]]
+    parts = results.get("parts") or []
+    if len({(part.get("device"), part.get("torch")) for part in parts}) > 1:  # parts sampled on different machines
+        commands = [part["command"] for part in parts]
+        lines = ["", "Sampled in parts, on different machines (pairs and knob choices stay within one NFE):", ""]
+        lines += [
+            f"- NFE {', '.join(str(n) for n in part['nfe'])}: sampled in {part['seconds']:.1f} s on {part['device']} "
+            f"with torch {part['torch']}"
+            for part in parts
+        ]
+        if "scoring_command" in results:
+            commands.append(results["scoring_command"])
+            lines += [f"- scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}"]
+        return [*lines, "", "Commands:", "", "```", *commands, "```", ""]
     if "scoring_command" in results:  # sampled on one machine, scored on another
         commands.append(results["scoring_command"])
         where = (

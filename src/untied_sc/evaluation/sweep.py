@@ -356,6 +356,7 @@ def score_sweep(
         "command": generation["command"],
         "main_only": main_only,
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
+        **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
