@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -38,6 +39,32 @@ def sweep(pipe, evaluator, tmp_path=None, **kwargs):
     options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "evaluator": evaluator}
     options.update(num_resamples=50, progress=False, name="tiny", command="pytest")
     return run_sweep(pipe, output_dir=tmp_path, **{**options, **kwargs})
+
+
+def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pipes, evaluator):
+    from untied_sc.evaluation import generate_sweep, score_sweep
+
+    options = {"nfe": [8], "seeds": [0], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
+    generation = generate_sweep(pipes["langflow"], command="pytest", **options)
+    official = next(run for run in generation["runs"] if run["sampler"] == "official")
+    # As the baselines report holds a comparison sampler that chose its neutral knob: official's samples, own name.
+    twin = {**official, "sampler": "twin", "samples": [replace(s, sampler="twin") for s in official["samples"]]}
+    doubled = {**generation, "samplers": {**generation["samplers"], "twin": {"scheduler": "official"}}}
+    doubled["runs"] = [*generation["runs"], twin]
+    calls = []
+    hook = evaluator[0].register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        once = score_sweep(generation, evaluator=evaluator, num_resamples=20, progress=False)
+        single = len(calls)
+        both = score_sweep(doubled, evaluator=evaluator, num_resamples=20, progress=False)
+    finally:
+        hook.remove()
+    assert single > 0 and len(calls) == 2 * single  # the twin run cost no evaluator call
+    records = {run["sampler"]: run for run in both["runs"]}
+    assert {k: v for k, v in records["twin"].items() if k != "sampler"} == {
+        k: v for k, v in records["official"].items() if k != "sampler"
+    }
+    assert records["official"] == next(run for run in once["runs"] if run["sampler"] == "official")
 
 
 def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity_sweep(pipes, evaluator):

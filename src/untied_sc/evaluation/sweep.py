@@ -332,10 +332,20 @@ def score_sweep(
     elif evaluator_name is None:
         evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
     runs = []
+    # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
+    # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
+    scored: dict[tuple, dict] = {}
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
-        result = evaluate_samples(
-            run["samples"], evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
-        )
+        key = tuple((sample.text, tuple(sample.ids or ())) for sample in run["samples"])
+        if key not in scored:
+            scored[key] = evaluate_samples(
+                run["samples"],
+                evaluator=evaluator,
+                protocol=protocol,
+                batch_size=eval_batch_size,
+                max_length=max_length,
+            )
+        result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
