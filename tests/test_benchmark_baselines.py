@@ -228,6 +228,35 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     with pytest.raises(SystemExit, match="--tune-seed tune the comparison samplers' knobs"):
         main(["benchmark", str(tmp_path / "tiny-elf"), "--tune-seed", "5", "--generate-only"])
 
+    # --tune-here: the evaluator is here, so only the chosen knob values are sampled; --from scores it the same
+    here = [*argv[:-3], "--output-dir", str(tmp_path / "here"), "--generate-only", "--tune-here"]
+    assert main([*here, "--evaluator", str(tmp_path / "evaluator")]) == 0
+    tuned = json.loads((tmp_path / "here" / "tiny-elf-baselines.generation.json").read_text())
+    sampled = tuned["tuned_when_sampled"]["sampled"]["8"]
+    assert tuned["tuned_when_sampled"]["evaluator"] == str(tmp_path / "evaluator")
+    assert {run["sampler"] for run in tuned["runs"] if run["seed"] == 0} == set(sampled)
+    chosen = {name: spec.get("knobs_by_steps", {}).get("8") for name, spec in saved["samplers"].items()}
+    expected = {"official", "untied"} | {
+        variant
+        for variant, entry in tuned[CANDIDATES_KEY]["variants"].items()
+        if chosen[entry["sampler"]] == entry["knobs"]
+    }
+    assert set(sampled) == expected
+    score_here = [*score[:2], str(tmp_path / "here" / "tiny-elf-baselines.generation.json"), *score[3:-1]]
+    assert main([*score_here, str(tmp_path / "results-here"), "--num-resamples", "20", "--no-progress"]) == 0
+    again = json.loads((tmp_path / "results-here" / "tiny-elf-baselines.json").read_text())
+    assert again["knob_tuning"] == saved["knob_tuning"]
+    assert [run["per_sample"] for run in again["runs"]] == [run["per_sample"] for run in saved["runs"]]
+    part = read_generation(tmp_path / "here" / "tiny-elf-baselines.generation.json")
+    part["runs"] = [run for run in part["runs"] if run["sampler"] != "untied"]  # as if the part had not sampled it
+    part["tuned_when_sampled"]["sampled"]["8"].remove("untied")
+    with pytest.raises(ValueError, match="no benchmark run of 'untied' at NFE 8.*sampled with --tune-here, which"):
+        score_baseline_candidates(part, evaluator=evaluator, num_resamples=20, progress=False)
+    with pytest.raises(SystemExit, match="--tune-here chooses the comparison samplers' knobs before sampling"):
+        main([*argv[:-1], "--tune-here"])  # without --generate-only
+    with pytest.raises(SystemExit, match="drop --tune-here"):
+        main([*score, "--tune-here"])
+
 
 def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_golden, tmp_path, capsys):
     _pipe("langflow", langflow_golden, ace=False).save_pretrained(tmp_path / "pipe")
@@ -306,6 +335,39 @@ def test_sampling_every_grid_value_then_choosing_elsewhere_gives_the_one_machine
     for mine, theirs in zip(two["runs"], one["runs"], strict=True):
         assert mine["per_sample"] == theirs["per_sample"], (mine["sampler"], mine["seed"])
     assert _without_timings(two["aggregates"]) == _without_timings(one["aggregates"])
+
+
+@pytest.mark.parametrize("keep", ["rule", "every best value"])
+def test_tuning_here_samples_only_the_chosen_values_and_scores_as_the_whole_grid(
+    keep, pipes, evaluator, tmp_path, monkeypatch
+):
+    if keep == "every best value":  # the tiny bank wins nothing beyond noise: make chosen grid values run too
+        monkeypatch.setattr(baseline_knobs, "beats_official", lambda comparison: comparison is not None)
+    pipe, samplers = pipes["langflow"], experiment_samplers("baselines")
+    options = {**SWEEP, "tune_num_samples": 4, "progress": False, "name": "m"}
+    whole = generate_baseline_candidates(pipe, samplers, **options)
+    here = generate_baseline_candidates(pipe, samplers, evaluator=evaluator, evaluator_name="tiny", **options)
+    assert here[CANDIDATES_KEY] == whole[CANDIDATES_KEY] and here["samplers"] == whole["samplers"]
+    write_generation(here, tmp_path)
+    scored = [
+        score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False)
+        for g in (whole, read_generation(tmp_path / "m.generation.json"))
+    ]
+    assert scored[1]["knob_tuning"] == scored[0]["knob_tuning"]
+    assert [r["per_sample"] for r in scored[1]["runs"]] == [r["per_sample"] for r in scored[0]["runs"]]
+    assert _without_timings(scored[1]["aggregates"]) == _without_timings(scored[0]["aggregates"])
+    chosen = {
+        variant
+        for variant, entry in here[CANDIDATES_KEY]["variants"].items()
+        if scored[0]["samplers"][entry["sampler"]]["knobs_by_steps"]["8"] == entry["knobs"]
+    }
+    assert bool(chosen) == (keep == "every best value")
+    benchmark = {run["sampler"] for run in here["runs"] if run["seed"] in SWEEP["seeds"]}
+    assert benchmark == {"official", "untied", *chosen} == set(here["tuned_when_sampled"]["sampled"]["8"])
+    bank = [run for run in here["runs"] if run["sampler"].startswith("tuning bank: ")]
+    assert [r["samples"] for r in bank] == [
+        r["samples"] for r in whole["runs"] if r["sampler"] in {r["sampler"] for r in bank}
+    ]
 
 
 def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langflow_golden, evaluator, tmp_path):

@@ -90,6 +90,10 @@ def generate_baseline_candidates(
     progress: bool = True,
     state=None,
     source: str = "PIPELINE_DIR",
+    evaluator=None,
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    evaluator_name: str | None = None,
     **sweep_kwargs,
 ) -> dict:
     """
@@ -98,6 +102,11 @@ def generate_baseline_candidates(
     The checks of the one-machine run come first (seeds, ACE statistics, calibrated NFEs; nothing is sampled when one
     fails). With a `state` of several processes, every run's batches are split across the processes, as in
     [`generate_sweep`], with the same samples as one process.
+
+    With an `evaluator` (`--tune-here`: a machine that has it, but samples in parts that others merge), the bank is
+    sampled first and scored here, the knobs are chosen with [`choose_from_bank`], and only the benchmark runs of the
+    chosen values are sampled: the file merges and scores with `--from` as any other part (`--from` chooses again
+    from the same bank, and says so if it chose otherwise), at a fraction of the sampling.
 
     Args:
         pipe: the loaded pipeline.
@@ -108,42 +117,61 @@ def generate_baseline_candidates(
         progress (`bool`): progress bars.
         state: a [`untied_sc.distributed.process_state`] (several processes), or `None`.
         source (`str`): the pipeline as the user named it (for the commands errors suggest).
+        evaluator (*optional*): an evaluator name or a loaded `(model, tokenizer)` pair: choose here, sample the chosen.
+        protocol, eval_batch_size: the bank's scoring with `evaluator` (protocol default: the model's family).
+        evaluator_name (`str`, *optional*): how the record names a loaded `evaluator` (default: its model's name).
         **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_nfe` for [`generate_sweep`].
 
     Returns:
-        A [`generate_sweep`] result whose runs hold the benchmark runs of every grid value and the tuning bank's
-        runs, with `baseline_candidates`: the sampler set, the variants, the bank's settings and runs, and how the
-        untied coefficients were chosen.
+        A [`generate_sweep`] result whose runs hold the benchmark runs of every grid value (with an `evaluator`: of
+        the chosen values) and the tuning bank's runs, with `baseline_candidates`: the sampler set, the variants, the
+        bank's settings and runs, and how the untied coefficients were chosen; with an `evaluator`,
+        `tuned_when_sampled` too: the evaluator, the protocol and the runs sampled per NFE.
     """
-    from ..distributed import main_process_progress
+    from ..distributed import main_process_progress, process_device
     from .baselines import ace_record, untied_tuning_record
     from .sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
-    from .sweep import check_ace_statistics, generate_sweep
+    from .sweep import check_ace_statistics, check_runs, generate_sweep, refuse_leaked_seeds
 
     samplers = normalise_samplers(samplers)
     tune_seed = check_seed(tune_seed, "--tune-seed")
     if tune_num_samples < 2:
         raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
     check_ace_statistics(pipe, samplers, source)
+    refuse_leaked_seeds(seeds, pipe)
     expanded, variants = candidate_samplers(samplers, nfe)
-    generation = generate_sweep(
-        pipe,
-        nfe=nfe,
-        seeds=seeds,
-        num_samples=num_samples,
-        batch_size=batch_size,
-        samplers=expanded,
-        progress=progress,
-        state=state,
-        **sweep_kwargs,
-    )
+    # before the bank: the diversity runs are official's, so the main runs hold every statistics need
+    check_runs(pipe, expanded, [(name, n, seed, None) for n in nfe for seed in seeds for name in expanded], source)
+    candidates = {
+        "samplers": samplers,
+        "variants": variants,
+        "bank": {
+            "seed": tune_seed,
+            "seed_space": "tuning",
+            "num_samples": tune_num_samples,
+            "batch_size": batch_size,
+            "max_entropy_drop": max_entropy_drop,
+            "confidence": confidence,
+            "runs": bank_runs(samplers),
+        },
+        "untied": {
+            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+        },
+        "ace": ace_record(pipe),
+    }
+    device = sweep_kwargs.get("device")  # placed as generate_sweep places it: the bank is sampled first
+    if state is not None:
+        device = process_device(state, device)
+    if device is not None:
+        pipe.to(device)
     knob = diversity_knob(family_of(pipe))
-    bank = bank_runs(samplers)
+    bank = candidates["bank"]["runs"]
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     plan = [(name, n) for n in nfe for name in bank]
     began = time.perf_counter()
+    bank_records = []
     try:
         for name, n in main_process_progress(plan, state, progress, desc="sampling the tuning bank"):
             spec = {"scheduler": bank[name]["method"], **bank[name]["knobs"]}
@@ -152,7 +180,7 @@ def generate_baseline_candidates(
                 pipe, n, tune_seed, tune_num_samples, batch_size, state=state, seed_space="tuning"
             )
             samples = run_samples(texts, ids, tune_seed, batch_size, name, n, **{knob: None})
-            generation["runs"].append(
+            bank_records.append(
                 {
                     "sampler": name,
                     "nfe": n,
@@ -166,25 +194,53 @@ def generate_baseline_candidates(
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
-    generation["seconds"] += time.perf_counter() - began
-    generation[CANDIDATES_KEY] = {
-        "samplers": samplers,
-        "variants": variants,
-        "bank": {
-            "seed": tune_seed,
-            "seed_space": "tuning",
-            "num_samples": tune_num_samples,
-            "batch_size": batch_size,
-            "max_entropy_drop": max_entropy_drop,
-            "confidence": confidence,
-            "runs": bank,
-        },
-        "untied": {
-            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
-        },
-        "ace": ace_record(pipe),
-    }
+    bank_seconds = time.perf_counter() - began
+    only, tuned_here = None, None
+    if evaluator is not None:
+        from ..calibration.tune import scoring_evaluator
+
+        loaded, name = scoring_evaluator(evaluator)
+        evaluator_name = evaluator_name or name
+        bank_only = {"family": family_of(pipe), "nfe": list(nfe), "runs": bank_records, CANDIDATES_KEY: candidates}
+        tuned, _ = choose_from_bank(bank_only, loaded, protocol, eval_batch_size, progress)
+        only = {n: {BASELINE, *(_chosen_source(name, spec, n, variants) for name, spec in tuned.items())} for n in nfe}
+        tuned_here = {
+            "evaluator": evaluator_name,
+            "protocol": protocol or family_of(pipe),
+            "sampled": {str(n): [name for name in expanded if name in only[n]] for n in nfe},
+        }
+    generation = generate_sweep(
+        pipe,
+        nfe=nfe,
+        seeds=seeds,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        samplers=expanded,
+        progress=progress,
+        state=state,
+        only=only,
+        **sweep_kwargs,
+    )
+    generation["runs"] += bank_records
+    generation["seconds"] += bank_seconds
+    generation[CANDIDATES_KEY] = candidates
+    if tuned_here is not None:
+        generation["tuned_when_sampled"] = tuned_here
     return generation
+
+
+def _chosen_source(name: str, spec: Mapping, n: int, variants: Mapping[str, Mapping]) -> str:
+    """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: a comparison sampler's
+    chosen grid value, or official where it chose its neutral value (bit for bit the official sampler); itself for
+    official and untied."""
+    from ..calibration.baseline_knobs import KNOB_GRIDS
+
+    if spec["scheduler"] not in COMPARISON_METHODS:
+        return name
+    chosen = _knob_key(spec[KNOBS_KEY][str(n)])
+    if chosen == _knob_key(KNOB_GRIDS[spec["scheduler"]].neutral_knobs()):
+        return BASELINE
+    return next(v for v, entry in variants.items() if entry["sampler"] == name and _knob_key(entry["knobs"]) == chosen)
 
 
 def choose_from_bank(
@@ -271,26 +327,17 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], rec
     chosen knob (the official runs where it chose the neutral value), under its own name; the untried grid values
     and the bank left out; the tuned `samplers` and the tuning `record` in place of the candidates.
     """
-    from ..calibration.baseline_knobs import KNOB_GRIDS
-
     candidates = generation[CANDIDATES_KEY]
     knob = generation["diversity_knob"]
-    variant_of = {
-        (entry["sampler"], _knob_key(entry["knobs"])): variant for variant, entry in candidates["variants"].items()
-    }
     by_run = {(run["sampler"], run["nfe"], run["seed"], run[knob]): run for run in generation["runs"]}
     runs = []
     for n in generation["nfe"]:
         for seed in generation["seeds"]:
             for name, spec in samplers.items():
-                source = name
-                if spec["scheduler"] in COMPARISON_METHODS:
-                    chosen = spec[KNOBS_KEY][str(n)]
-                    neutral = KNOB_GRIDS[spec["scheduler"]].neutral_knobs()
-                    source = (
-                        BASELINE if _knob_key(chosen) == _knob_key(neutral) else variant_of[name, _knob_key(chosen)]
-                    )
-                run = by_run[source, n, seed, None]
+                source = _chosen_source(name, spec, n, candidates["variants"])
+                run = by_run.get((source, n, seed, None))
+                if run is None:
+                    raise ValueError(_missing_chosen_run(generation, source, n))
                 samples = [sample if source == name else replace(sample, sampler=name) for sample in run["samples"]]
                 runs.append({**run, "sampler": name, "samples": samples})
     runs += [run for run in generation["runs"] if run[knob] is not None]  # the official diversity curve, if any
@@ -298,6 +345,18 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], rec
     selected = {key: value for key, value in generation.items() if key != CANDIDATES_KEY}
     selected.update(samplers=dict(samplers), runs=runs, coefficients=coefficients, knob_tuning=dict(record))
     return selected
+
+
+def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
+    message = f"The generation holds no benchmark run of {source!r} at NFE {n}, which the report needs."
+    tuned = generation.get("tuned_when_sampled")
+    if tuned and source not in tuned["sampled"].get(str(n), [source]):
+        return (
+            f"{message} Its NFE {n} was sampled with --tune-here, which chose with {tuned['evaluator']} under the "
+            f"{tuned['protocol']} protocol and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
+            "evaluator and protocol, or sample that NFE again without --tune-here (every grid value)."
+        )
+    return f"{message} The file is incomplete or was edited: generate it again."
 
 
 def score_baseline_candidates(

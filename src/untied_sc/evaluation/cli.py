@@ -241,6 +241,12 @@ def add_benchmark_arguments(parser):
         help="Level of the paired ΔNLL interval vs official that must lie below 0 for a knob value to be kept "
         f"(default {TUNING_DEFAULTS['confidence']}).",
     )
+    tuning.add_argument(
+        "--tune-here",
+        action="store_true",
+        help="With --generate-only: score the tuning bank here and sample only the chosen knob values (needs the "
+        "evaluator here; for a part that others sampled without it: --from merges and scores it as any other).",
+    )
     parser.add_argument(
         "--coefficients",
         help="Paper coefficient preset for every untied sampler (e.g. langflow-lm1b) instead of the statistics' own.",
@@ -344,6 +350,7 @@ def _score_generation_file(args, scoring: dict) -> dict:
     from .sweep import score_sweep
 
     given = [f"--{k.replace('_', '-')}" for k in (*SWEEP_DEFAULTS, *TUNING_DEFAULTS) if getattr(args, k) is not None]
+    given += ["--tune-here"] if args.tune_here else []
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
         raise SystemExit(
@@ -438,6 +445,14 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
     keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
     options = {key: sweep[key] for key in keys}
+    if args.tune_here:  # choose here, sample only the chosen values
+        from .evaluator import load_evaluator
+
+        loaded = load_evaluator(
+            args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
+        )
+        options.update(evaluator=loaded, evaluator_name=args.evaluator, protocol=args.protocol)
+        options.update(eval_batch_size=args.eval_batch_size)
     return generate_baseline_candidates(
         pipe,
         **options,
@@ -499,6 +514,11 @@ def benchmark_command(args) -> dict | None:
     if given and not baselines:
         raise SystemExit(
             f"{' '.join(given)} tune the comparison samplers' knobs: use them with --experiment baselines."
+        )
+    if args.tune_here and not (baselines and args.generate_only):
+        raise SystemExit(
+            "--tune-here chooses the comparison samplers' knobs before sampling a part: use it with --experiment "
+            "baselines --generate-only (without --generate-only the run always chooses first)."
         )
     for key, default in TUNING_DEFAULTS.items():
         if baselines and getattr(args, key) is None:

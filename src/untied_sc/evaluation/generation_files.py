@@ -157,6 +157,10 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     ]
     for key in ("device", "torch"):
         merged[key] = _by_part(generations, key)
+    tuned_here = [part["tuned_when_sampled"] for part in generations if "tuned_when_sampled" in part]
+    if tuned_here:  # `--tune-here` parts: what each sampled, by NFE
+        sampled = {n: names for tuned in tuned_here for n, names in tuned["sampled"].items()}
+        merged["tuned_when_sampled"] = {**tuned_here[0], "sampled": sampled}
     if CANDIDATES_KEY in first:
         untied: dict[str, dict] = {}
         for part in generations:

@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -190,10 +190,12 @@ def generate_sweep(
     device: str | torch.device | None = None,
     state=None,
     knob_tuning: dict | None = None,
+    only: Mapping[int, Collection[str]] | None = None,
 ) -> dict:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
-    The arguments are [`run_sweep`]'s. With a `state` of several processes ([`untied_sc.distributed.process_state`],
+    The arguments are [`run_sweep`]'s, and `only`: per NFE, the samplers to sample there (the others' runs are left
+    out; `--experiment baselines --tune-here` samples only the chosen knob values). With a `state` of several processes ([`untied_sc.distributed.process_state`],
     e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
     ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
     process would. Sampling and scoring can run on different machines (sample on a GPU, score on
@@ -236,6 +238,8 @@ def generate_sweep(
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
     plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
+    if only is not None:
+        plan = [run for run in plan if run[0] in only.get(run[1], ())]
     source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
