@@ -128,10 +128,10 @@ def generate_baseline_candidates(
         bank's settings and runs, and how the untied coefficients were chosen; with an `evaluator`,
         `tuned_when_sampled` too: the evaluator, the protocol and the runs sampled per NFE.
     """
-    from ..distributed import main_process_progress, process_device
+    from ..distributed import main_process_progress
     from .baselines import ace_record, untied_tuning_record
     from .sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
-    from .sweep import check_ace_statistics, check_runs, generate_sweep, refuse_leaked_seeds
+    from .sweep import check_ace_statistics, check_runs, generate_sweep, place_pipeline, refuse_leaked_seeds
 
     samplers = normalise_samplers(samplers)
     tune_seed = check_seed(tune_seed, "--tune-seed")
@@ -159,11 +159,7 @@ def generate_baseline_candidates(
         },
         "ace": ace_record(pipe),
     }
-    device = sweep_kwargs.get("device")  # placed as generate_sweep places it: the bank is sampled first
-    if state is not None:
-        device = process_device(state, device)
-    if device is not None:
-        pipe.to(device)
+    place_pipeline(pipe, state, sweep_kwargs.get("device"))  # the bank is sampled before generate_sweep places it
     knob = diversity_knob(family_of(pipe))
     bank = candidates["bank"]["runs"]
     original_scheduler = pipe.scheduler

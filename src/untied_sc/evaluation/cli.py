@@ -387,6 +387,15 @@ def _score_generation_file(args, scoring: dict) -> dict:
     )
 
 
+def _load_evaluator(args):
+    """The benchmark's evaluator as the options name it (on --device, else the CPU) for choosing knobs on the bank."""
+    from .evaluator import load_evaluator
+
+    return load_evaluator(
+        args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
+    )
+
+
 def _tune_baselines(args, sweep: dict, state):
     """`--experiment baselines`: loads the pipeline and the evaluator, checks the sweep, chooses the comparison
     samplers' knobs on the tuning bank ([`tune_baselines`]), puts the tuned sampler specs and the record into `sweep`
@@ -395,7 +404,6 @@ def _tune_baselines(args, sweep: dict, state):
     from ..distributed import process_device, process_rank
     from ..pipelines import load_pipeline
     from .baselines import tune_baselines
-    from .evaluator import load_evaluator
 
     if process_rank(state)[1] > 1:
         raise SystemExit(
@@ -406,9 +414,7 @@ def _tune_baselines(args, sweep: dict, state):
 
         diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
-    evaluator = load_evaluator(
-        args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
-    )
+    evaluator = _load_evaluator(args)
     samplers, record = tune_baselines(
         pipe,
         sweep["samplers"],
@@ -446,12 +452,7 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
     options = {key: sweep[key] for key in keys}
     if args.tune_here:  # choose here, sample only the chosen values
-        from .evaluator import load_evaluator
-
-        loaded = load_evaluator(
-            args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
-        )
-        options.update(evaluator=loaded, evaluator_name=args.evaluator, protocol=args.protocol)
+        options.update(evaluator=_load_evaluator(args), evaluator_name=args.evaluator, protocol=args.protocol)
         options.update(eval_batch_size=args.eval_batch_size)
     return generate_baseline_candidates(
         pipe,

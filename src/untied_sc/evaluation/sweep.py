@@ -88,6 +88,17 @@ def _sweep_runs(
     return plan
 
 
+def place_pipeline(pipe, state=None, device: str | torch.device | None = None) -> None:
+    """Moves `pipe` where a sweep samples: `device`, or under several processes each process's own
+    ([`process_device`]); left where it is when neither names one."""
+    from ..distributed import process_device
+
+    if state is not None:
+        device = process_device(state, device)
+    if device is not None:
+        pipe.to(device)
+
+
 def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> None:
     """Raises when an evaluation seed is out of range or one the pipeline was tuned, calibrated or ACE-estimated on
     (the result would leak); `option` is the command-line option the error tells the user to change.
@@ -209,7 +220,7 @@ def generate_sweep(
         `runs`: one dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling (its slowest process's)
         and its `samples` ([`Sample`]s).
     """
-    from ..distributed import main_process_progress, process_device, process_rank
+    from ..distributed import main_process_progress, process_rank
     from ..schedulers import UntiedSelfConditioningScheduler
 
     began = time.perf_counter()
@@ -222,10 +233,7 @@ def generate_sweep(
     else:
         pipe = pipeline_dir_or_pipe
     name = name or default_name(pipeline_dir_or_pipe)
-    if state is not None:
-        device = process_device(state, device)
-    if device is not None:
-        pipe.to(device)
+    place_pipeline(pipe, state, device)
     num_processes = process_rank(state)[1]
     family = family_of(pipe)
     statistics = getattr(pipe, "sampler_statistics", None)
