@@ -510,6 +510,47 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
         read_generations([paths[8], other_path])
 
 
+def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
+    tmp_path, langflow_golden, evaluator, monkeypatch
+):
+    from untied_sc.cli import main
+    from untied_sc.evaluation import generate_sweep, merge_generations, score_sweep, sweep
+
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
+    options = {"seeds": [0, 1], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
+    parts = [generate_sweep(pipe, nfe=[n], command=f"nfe {n}", **options) for n in (8, 4)]
+    score = {"evaluator": evaluator, "num_resamples": 50, "progress": False}
+    score_sweep(parts[0], output_dir=tmp_path / "nfe8", **score)  # the report of the first part, samples beside it
+    merged = merge_generations(parts)
+    calls = []
+    scoring = sweep.evaluate_samples
+    monkeypatch.setattr(sweep, "evaluate_samples", lambda *args, **kwargs: calls.append(1) or scoring(*args, **kwargs))
+    fresh = score_sweep(merged, **score)
+    every = len(calls)
+    reused = score_sweep(merged, reuse_scores=tmp_path / "nfe8" / "tiny.json", output_dir=tmp_path, **score)
+    assert reused["runs"] == fresh["runs"]  # the same records, so the same tables
+    assert reused["aggregates"] == fresh["aggregates"]
+    # Of the 4 runs at NFE 8, one is scored again as the check and 3 are taken from the report.
+    assert every >= 7 and len(calls) - every == every - 3
+    assert reused["reused_scores"]["runs"] == 3 and reused["reused_scores"]["checked_difference"] == 0.0
+    assert "Scores of 3 runs were taken from" in (tmp_path / "tiny.md").read_text()
+
+    with pytest.raises(ValueError, match="differs from .*relative NLL"):  # scored with another --max-length
+        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", max_length=3, **score)
+    with pytest.raises(ValueError, match="was scored with protocol 'langflow' \\(here 'elf'\\)"):
+        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", protocol="elf", **score)
+    edited = [{**run, "samples": [replace(s, text=s.text + " x") for s in run["samples"]]} for run in parts[0]["runs"]]
+    with pytest.warns(UserWarning, match="holds none of these runs' samples"):
+        score_sweep({**parts[0], "runs": edited}, reuse_scores=tmp_path / "nfe8" / "tiny.json", **score)
+    (tmp_path / "nfe8" / "tiny.samples.jsonl.gz").unlink()
+    with pytest.raises(ValueError, match="has no samples file beside it"):
+        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", **score)
+    with pytest.raises(SystemExit, match="use it with --from"):
+        main(["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "tiny.json")])
+
+
 def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
     import gzip
 

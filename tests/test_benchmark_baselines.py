@@ -247,6 +247,15 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     again = json.loads((tmp_path / "results-here" / "tiny-elf-baselines.json").read_text())
     assert again["knob_tuning"] == saved["knob_tuning"]
     assert [run["per_sample"] for run in again["runs"]] == [run["per_sample"] for run in saved["runs"]]
+    # --reuse-scores: the runs take the first report's scores (one scored again as the check), the same report
+    reuse = [*score_here, str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
+    reuse += ["--reuse-scores", str(tmp_path / "results" / "tiny-elf-baselines.json")]
+    assert main(reuse) == 0
+    lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
+    assert lent["runs"] == again["runs"] and lent["knob_tuning"] == again["knob_tuning"]
+    assert lent["reused_scores"]["runs"] > 0 and "--reuse-scores" in lent["scoring_command"]
+    assert main([*reuse, "--overwrite", "--protocol", "langflow"]) == 2  # refused before the bank is scored
+    assert "was scored with protocol 'elf' (here 'langflow')" in capsys.readouterr().err
     part = read_generation(tmp_path / "here" / "tiny-elf-baselines.generation.json")
     part["runs"] = [run for run in part["runs"] if run["sampler"] != "untied"]  # as if the part had not sampled it
     part["tuned_when_sampled"]["sampled"]["8"].remove("untied")

@@ -376,9 +376,16 @@ def score_baseline_candidates(
         **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
     """
     from ..calibration.tune import scoring_evaluator
+    from .evaluator import describe_evaluator
+    from .score_reuse import check_reusable, read_report_scores
     from .sweep import score_sweep
 
     loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
+    if score_kwargs.get("reuse_scores") is not None:  # refused before the bank is scored, not after
+        reusable = read_report_scores(score_kwargs["reuse_scores"])
+        description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
+        check_reusable(reusable, name, description, protocol or generation["family"])
+        score_kwargs["reuse_scores"] = reusable
     samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress)
     record["evaluator"] = name
     selected = select_chosen_runs(generation, samplers, record)

@@ -179,7 +179,16 @@ SWEEP_DEFAULTS = {
 
 # Options of the scoring half alone: a --generate-only command line leaves them out (with `--experiment baselines`
 # the knobs are chosen in the scoring half too, from the tuning bank the generation stores).
-SCORING_OPTIONS = ("evaluator", "protocol", "eval_batch_size", "max_length", "num_resamples", "dtype", "cache_dir")
+SCORING_OPTIONS = (
+    "evaluator",
+    "protocol",
+    "eval_batch_size",
+    "max_length",
+    "num_resamples",
+    "dtype",
+    "cache_dir",
+    "reuse_scores",
+)
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
 TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "max_entropy_drop": 0.05, "confidence": 0.95}
@@ -260,6 +269,13 @@ def add_benchmark_arguments(parser):
     )
     parser.add_argument(
         "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
+    )
+    parser.add_argument(
+        "--reuse-scores",
+        metavar="REPORT_JSON",
+        help="With --from: take the scores of runs whose samples an earlier report (<model>.json, its samples file "
+        "beside it) already scored with this evaluator, dtype and protocol; one of them is scored again as a check. "
+        "Adding an NFE part then scores only the new runs (and the tuning bank).",
     )
     split.add_argument(
         "--from",
@@ -363,6 +379,8 @@ def _score_generation_file(args, scoring: dict) -> dict:
         model = None  # read_generation says what is wrong with the file
     if args.name or model:
         _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
+    if args.reuse_scores:
+        scoring["reuse_scores"] = args.reuse_scores
     generation = read_generations(args.from_generation)
     if args.name:
         generation["model"] = args.name
@@ -506,6 +524,10 @@ def benchmark_command(args) -> dict | None:
     if args.main_only:
         raise SystemExit(
             "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
+        )
+    if args.reuse_scores:
+        raise SystemExit(
+            "--reuse-scores lends an earlier report's scores to the runs of a generation file: use it with --from."
         )
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:

@@ -278,6 +278,20 @@ def _equal_entropy_lines(results: dict) -> list[str]:
 
 
 def _provenance_lines(results: dict) -> list[str]:
+    """Where and how long it ran, the command(s) that reproduce it, and the scores taken from an earlier report."""
+    lines = _where_lines(results)
+    reused = results.get("reused_scores")
+    if reused:
+        lines += [
+            f"Scores of {reused['runs']} runs were taken from {reused['report']} (`--reuse-scores`: the same samples "
+            f"under the same evaluator); its run {reused['checked_run']}, scored again, agreed to "
+            f"{reused['checked_difference']:.1g} (relative NLL).",
+            "",
+        ]
+    return lines
+
+
+def _where_lines(results: dict) -> list[str]:
     """Where and how long it ran, and the command(s) that reproduce it."""
     commands = [results["command"]]
     parts = results.get("parts") or []

@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -50,10 +51,7 @@ from .sampling import (
     tokenizer_description,
     tuning_seeds,
 )
-
-
-# Per-sample records a run keeps (the intervals and the equal-entropy control resample them).
-PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
+from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, check_reusable, read_report_scores, samples_key, spot_check
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -316,12 +314,15 @@ def score_sweep(
     progress: bool = True,
     main_only: bool = False,
     evaluator_name: str | None = None,
+    reuse_scores: str | os.PathLike | ReusableScores | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
     aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
     generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
-    `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name)."""
+    `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
+    `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
+    [`score_reuse`]; the first such run is scored again as a check)."""
     from tqdm.auto import tqdm
 
     from .evaluator import load_evaluator
@@ -343,13 +344,22 @@ def score_sweep(
         evaluator = load_evaluator(evaluator, **evaluator_kwargs)
     elif evaluator_name is None:
         evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
-    runs = []
+    description = describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype)
+    reusable = None
+    if reuse_scores is not None:  # read and checked before any scoring
+        reusable = reuse_scores if isinstance(reuse_scores, ReusableScores) else read_report_scores(reuse_scores)
+        check_reusable(reusable, evaluator_name, description, protocol)
+    runs, reused = [], None
     # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
     # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
     scored: dict[tuple, dict] = {}
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
-        key = tuple((sample.text, tuple(sample.ids or ())) for sample in run["samples"])
-        if key not in scored:
+        key = samples_key(run["samples"])
+        earlier = reusable.by_samples.get(key) if reusable is not None else None
+        if key not in scored and earlier is not None and reused is not None:
+            scored[key] = earlier
+            reused["runs"] += 1
+        elif key not in scored:
             scored[key] = evaluate_samples(
                 run["samples"],
                 evaluator=evaluator,
@@ -357,8 +367,17 @@ def score_sweep(
                 batch_size=eval_batch_size,
                 max_length=max_length,
             )
+            if earlier is not None:  # the first run the report holds: scored here too, and the two must agree
+                label = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
+                difference = spot_check(earlier, scored[key], reusable.path, label)
+                reused = {"report": reusable.path, "runs": 0, "checked_run": label, "checked_difference": difference}
         result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
+    if reusable is not None and reused is None:
+        warnings.warn(
+            f"--reuse-scores: {reusable.path} holds none of these runs' samples; every run was scored here.",
+            stacklevel=2,
+        )
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
@@ -366,7 +385,7 @@ def score_sweep(
         **{key: generation[key] for key in settings},
         "protocol": protocol,
         "evaluator": evaluator_name,
-        "evaluator_description": describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype),
+        "evaluator_description": description,
         "samplers": generation["samplers"],
         "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
         "generator_tokenizer": generation.get("generator_tokenizer"),
@@ -379,6 +398,7 @@ def score_sweep(
         "main_only": main_only,
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
         **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
+        **({"reused_scores": reused} if reused is not None else {}),
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command

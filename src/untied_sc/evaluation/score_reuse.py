@@ -1,0 +1,125 @@
+"""The scores of an earlier report, taken for the runs whose samples it already scored (`benchmark --reuse-scores`).
+
+Adding a part to a sweep (`--from` with one more NFE) would otherwise score every run again, and on a CPU the
+evaluator is the costly half of a benchmark. A report keeps each run's scores and, in its samples file, the samples
+themselves: a run whose samples are identical (texts and token ids) takes its record from it. The report must name the
+same evaluator, dtype and protocol; what a report does not record (`--max-length`, the evaluator's files) is
+checked by scoring one reused run again, which must agree (batch padding and another device move the numbers by
+~1e-6, well inside; another --max-length or evaluator files do not).
+"""
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .aggregation import AGGREGATED_METRICS
+from .io import Sample, read_samples
+
+
+# Relative tolerance of the spot check on each sample's NLL sum: another device or batch padding moves it by ~1e-6;
+# another --max-length, dtype or evaluator moves it by far more.
+SPOT_CHECK_TOLERANCE = 1e-4
+
+# Per-sample records a report's run keeps (the intervals and the equal-entropy control resample them).
+PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
+
+
+def samples_key(samples: Sequence[Sample]) -> tuple:
+    """What makes two runs the same for the evaluator: their texts and token ids, in order."""
+    return tuple((sample.text, tuple(sample.ids or ())) for sample in samples)
+
+
+@dataclass
+class ReusableScores:
+    """An earlier report's scores by run samples ([`samples_key`]), in the form [`evaluate_samples`] returns them."""
+
+    path: str
+    evaluator: str
+    evaluator_description: str
+    protocol: str
+    by_samples: dict[tuple, dict] = field(default_factory=dict)
+
+
+def _scoring_result(record: Mapping) -> dict:
+    """A report's run record turned back into the scoring result it was made from (what a run record needs)."""
+    per_sample = record["per_sample"]
+    count = len(per_sample["nll_sum"])
+    return {
+        "num_samples": record["num_samples"],
+        "num_scored": record["num_scored"],
+        "num_tokens": record["num_tokens"],
+        **{key: record.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        "per_sample": [{key: per_sample[key][i] for key in PER_SAMPLE_KEYS} for i in range(count)],
+    }
+
+
+def read_report_scores(path: str | os.PathLike) -> ReusableScores:
+    """
+    Reads a benchmark report (`<model>.json`) and its samples file for [`score_sweep`]'s `reuse_scores`.
+
+    Raises:
+        `ValueError`: the file is not a benchmark report, its samples file is missing (a report written without its
+        samples cannot lend scores: nothing shows which samples they belong to), or the two do not match.
+    """
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--reuse-scores: cannot read {path} as a benchmark report ({error}).") from None
+    if not isinstance(report, dict) or not {"runs", "evaluator", "protocol"} <= report.keys():
+        raise ValueError(
+            f"--reuse-scores: {path} is not a benchmark report (<model>.json with runs and an evaluator)."
+        )
+    if not report.get("samples_file") or not (path.parent / report["samples_file"]).is_file():
+        raise ValueError(
+            f"--reuse-scores: {path} has no samples file beside it ({report.get('samples_file') or 'none recorded'}), "
+            "so nothing shows which samples its scores belong to. Score without --reuse-scores."
+        )
+    samples = read_samples(path.parent / report["samples_file"])
+    knob = report.get("diversity_knob", "temperature")
+    reusable = ReusableScores(str(path), report["evaluator"], report.get("evaluator_description"), report["protocol"])
+    start = 0
+    for record in report["runs"]:
+        run = samples[start : start + record["num_samples"]]
+        start += record["num_samples"]
+        wanted = (record["sampler"], record["nfe"], record["seed"], record.get(knob))
+        if len(run) != record["num_samples"] or any(
+            (s.sampler, s.nfe, s.seed, getattr(s, knob, None)) != wanted for s in run
+        ):
+            raise ValueError(
+                f"--reuse-scores: {report['samples_file']} does not hold the samples of {path}'s run {wanted} "
+                "(sampler, NFE, seed, knob) where the report puts them: one of the two was edited or replaced."
+            )
+        reusable.by_samples[samples_key(run)] = _scoring_result(record)
+    if start != len(samples):
+        raise ValueError(f"--reuse-scores: {report['samples_file']} holds more samples than {path}'s runs.")
+    return reusable
+
+
+def check_reusable(reusable: ReusableScores, evaluator: str, evaluator_description: str, protocol: str) -> None:
+    """Refuses scores made by another evaluator, dtype or protocol than this scoring's."""
+    mine = {"evaluator": evaluator, "evaluator_description": evaluator_description, "protocol": protocol}
+    differ = [key for key, value in mine.items() if getattr(reusable, key) != value]
+    if differ:
+        theirs = ", ".join(f"{key} {getattr(reusable, key)!r} (here {mine[key]!r})" for key in differ)
+        raise ValueError(
+            f"--reuse-scores: {reusable.path} was scored with {theirs}: its scores are not this scoring's. Score "
+            "with its evaluator, --dtype and --protocol, or without --reuse-scores."
+        )
+
+
+def spot_check(reused: Mapping, fresh: Mapping, path: str, run: str) -> float:
+    """The largest relative difference between a reused run's per-sample NLL sums and the same run scored here;
+    raises when it exceeds [`SPOT_CHECK_TOLERANCE`] (the report was scored with other options)."""
+    worst = 0.0
+    for old, new in zip(reused["per_sample"], fresh["per_sample"], strict=True):
+        scale = max(abs(old["nll_sum"]), abs(new["nll_sum"]), 1e-12)
+        worst = max(worst, abs(old["nll_sum"] - new["nll_sum"]) / scale)
+    if worst > SPOT_CHECK_TOLERANCE:
+        raise ValueError(
+            f"--reuse-scores: run {run} scored here differs from {path} by {worst:.2g} (relative NLL): the report was "
+            "scored with other options (--max-length, the evaluator's files). Score without --reuse-scores."
+        )
+    return worst
