@@ -520,7 +520,7 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
     options = {"seeds": [0, 1], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
-    parts = [generate_sweep(pipe, nfe=[n], command=f"nfe {n}", **options) for n in (8, 4)]
+    parts = [generate_sweep(pipe, nfe=[n], command=f"nfe {n}", diversity_values=[0.5], **options) for n in (8, 4)]
     score = {"evaluator": evaluator, "num_resamples": 50, "progress": False}
     score_sweep(parts[0], output_dir=tmp_path / "nfe8", **score)  # the report of the first part, samples beside it
     merged = merge_generations(parts)
@@ -532,10 +532,10 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
     reused = score_sweep(merged, reuse_scores=tmp_path / "nfe8" / "tiny.json", output_dir=tmp_path, **score)
     assert reused["runs"] == fresh["runs"]  # the same records, so the same tables
     assert reused["aggregates"] == fresh["aggregates"]
-    # Of the 4 runs at NFE 8, one is scored again as the check and 3 are taken from the report.
-    assert every >= 7 and len(calls) - every == every - 3
-    assert reused["reused_scores"]["runs"] == 3 and reused["reused_scores"]["checked_difference"] == 0.0
-    assert "Scores of 3 runs were taken from" in (tmp_path / "tiny.md").read_text()
+    # Of the 6 runs at NFE 8 (4 main, 2 at temperature 0.5), one is scored again as the check and 5 are taken.
+    assert every >= 10 and len(calls) - every == every - 5
+    assert reused["reused_scores"]["runs"] == 5 and reused["reused_scores"]["checked_difference"] == 0.0
+    assert "Scores of 5 runs were taken from" in (tmp_path / "tiny.md").read_text()
 
     with pytest.raises(ValueError, match="differs from .*relative NLL"):  # scored with another --max-length
         score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", max_length=3, **score)

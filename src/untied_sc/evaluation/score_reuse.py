@@ -86,7 +86,8 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
         start += record["num_samples"]
         wanted = (record["sampler"], record["nfe"], record["seed"], record.get(knob))
         if len(run) != record["num_samples"] or any(
-            (s.sampler, s.nfe, s.seed, getattr(s, knob, None)) != wanted for s in run
+            (s.sampler, s.nfe, s.seed, s.extra.get(knob)) != wanted
+            for s in run  # the knob is an extra key
         ):
             raise ValueError(
                 f"--reuse-scores: {report['samples_file']} does not hold the samples of {path}'s run {wanted} "
