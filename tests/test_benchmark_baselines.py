@@ -254,6 +254,9 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
     assert lent["runs"] == again["runs"] and lent["knob_tuning"] == again["knob_tuning"]
     assert lent["reused_scores"]["runs"] > 0 and "--reuse-scores" in lent["scoring_command"]
+    assert lent["bank_scores"] == again["bank_scores"] == saved["bank_scores"]  # the bank lent too, one run checked
+    assert lent["bank_scores_reused"]["runs"] == len(saved["bank_scores"]) - 1
+    assert lent["bank_scores_reused"]["checked_difference"] == 0.0
     assert main([*reuse, "--overwrite", "--protocol", "langflow"]) == 2  # refused before the bank is scored
     assert "was scored with protocol 'elf' (here 'langflow')" in capsys.readouterr().err
     part = read_generation(tmp_path / "here" / "tiny-elf-baselines.generation.json")

@@ -25,6 +25,7 @@ from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
 from .experiments import BASELINE, normalise_samplers
 from .sampling import KNOBS_KEY
+from .score_reuse import samples_fingerprint, spot_check
 
 
 CANDIDATES_KEY = "baseline_candidates"
@@ -240,7 +241,12 @@ def _chosen_source(name: str, spec: Mapping, n: int, variants: Mapping[str, Mapp
 
 
 def choose_from_bank(
-    generation: Mapping, evaluator, protocol: str | None = None, eval_batch_size: int = 8, progress: bool = True
+    generation: Mapping,
+    evaluator,
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    progress: bool = True,
+    reusable=None,
 ) -> tuple[dict[str, dict], dict]:
     """
     Scores the tuning bank stored in a [`generate_baseline_candidates`] result and chooses every comparison
@@ -252,9 +258,13 @@ def choose_from_bank(
         protocol (`str`, *optional*): the scoring protocol (default: the model's family).
         eval_batch_size (`int`): the evaluator's batch size.
         progress (`bool`): a progress bar over the bank's runs.
+        reusable (`ReusableScores`, *optional*): an earlier report's scores ([`read_report_scores`]); bank runs it
+            scored take its scores, the first of them scored again as a check.
 
     Returns:
-        `(samplers, record)` as [`tune_baselines`] returns them.
+        `(samplers, record)` as [`tune_baselines`] returns them, the record with two more keys: `bank_scores`, every
+        bank run's scores under its [`samples_fingerprint`] (what a later `--reuse-scores` lends), and, when some were
+        lent, `bank_scores_reused`.
     """
     from tqdm.auto import tqdm
 
@@ -268,15 +278,25 @@ def choose_from_bank(
     family = generation["family"]
     protocol = protocol or family
     runs = {(run["sampler"], run["nfe"]): run for run in generation["runs"] if run["sampler"] in settings["runs"]}
-    scores = {}
+    scores, bank_scores, lent = {}, {}, None
     for key in tqdm(
         sorted(runs, key=lambda key: (key[1], key[0])), desc="scoring the tuning bank", disable=not progress
     ):
         name, n = key
         entry = settings["runs"][name]
-        scores[entry["method"], _knob_key(entry["knobs"]), n] = score_bank_samples(
-            runs[key]["samples"], evaluator, protocol, eval_batch_size
-        )
+        fingerprint = samples_fingerprint(runs[key]["samples"])
+        earlier = reusable.bank.get(fingerprint) if reusable is not None else None
+        if earlier is not None and lent is not None:
+            result = earlier
+            lent["runs"] += 1
+        else:
+            result = score_bank_samples(runs[key]["samples"], evaluator, protocol, eval_batch_size)
+            if earlier is not None:  # the first bank run the report holds: scored here too, and the two must agree
+                label = f"{name} at NFE {n}"
+                difference = spot_check(earlier[2], result[2], reusable.path, label)
+                lent = {"report": reusable.path, "runs": 0, "checked_run": label, "checked_difference": difference}
+        scores[entry["method"], _knob_key(entry["knobs"]), n] = result
+        bank_scores[fingerprint] = list(result)
     clusters = resampling_clusters(family, settings["num_samples"], settings["batch_size"])
     methods = dict.fromkeys(spec["scheduler"] for spec in candidates["samplers"].values())
     choices = []
@@ -304,7 +324,13 @@ def choose_from_bank(
         confidence=settings["confidence"],
         ace=candidates.get("ace"),  # absent from files written before it was recorded
     )
-    return apply_knob_choices(candidates["samplers"], choices, generation["nfe"], bank, candidates["untied"])
+    samplers, record = apply_knob_choices(
+        candidates["samplers"], choices, generation["nfe"], bank, candidates["untied"]
+    )
+    record["bank_scores"] = bank_scores
+    if lent is not None:
+        record["bank_scores_reused"] = lent
+    return samplers, record
 
 
 def _stored(scores: Mapping, method: str, knobs: Mapping, n: int):
@@ -386,9 +412,12 @@ def score_baseline_candidates(
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
         check_reusable(reusable, name, description, protocol or generation["family"])
         score_kwargs["reuse_scores"] = reusable
-    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress)
+    reusable = score_kwargs.get("reuse_scores")
+    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, reusable)
     record["evaluator"] = name
-    selected = select_chosen_runs(generation, samplers, record)
+    # The bank's scores go beside the tuning record, which stays the one-machine run's.
+    bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}
+    selected = {**select_chosen_runs(generation, samplers, record), **bank}
     return score_sweep(
         selected,
         evaluator=loaded,

@@ -288,6 +288,13 @@ def _provenance_lines(results: dict) -> list[str]:
             f"{reused['checked_difference']:.1g} (relative NLL).",
             "",
         ]
+    bank = results.get("bank_scores_reused")
+    if bank:
+        lines += [
+            f"Scores of {bank['runs']} tuning-bank runs were taken from {bank['report']}; its bank run "
+            f"{bank['checked_run']}, scored again, agreed to {bank['checked_difference']:.1g} (relative NLL).",
+            "",
+        ]
     return lines
 
 

@@ -6,9 +6,14 @@ themselves: a run whose samples are identical (texts and token ids) takes its re
 same evaluator, dtype and protocol; what a report does not record (`--max-length`, the evaluator's files) is
 checked by scoring one reused run again, which must agree (batch padding and another device move the numbers by
 ~1e-6, well inside; another --max-length or evaluator files do not).
+
+The tuning bank of `--experiment baselines` is not in a report's samples file; a report scored with `--from` keeps
+its scores under each bank run's [`samples_fingerprint`] (`bank_scores`), lent the same way (one bank run checked).
 """
 
+import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,15 +36,22 @@ def samples_key(samples: Sequence[Sample]) -> tuple:
     return tuple((sample.text, tuple(sample.ids or ())) for sample in samples)
 
 
+def samples_fingerprint(samples: Sequence[Sample]) -> str:
+    """[`samples_key`] as a short sha256 hex digest: names a tuning-bank run in a report without its samples."""
+    return hashlib.sha256(json.dumps(samples_key(samples)).encode()).hexdigest()[:32]
+
+
 @dataclass
 class ReusableScores:
-    """An earlier report's scores by run samples ([`samples_key`]), in the form [`evaluate_samples`] returns them."""
+    """An earlier report's scores: benchmark runs by [`samples_key`], as [`evaluate_samples`] returns them, and
+    tuning-bank runs by [`samples_fingerprint`], as [`score_bank_samples`] returns them."""
 
     path: str
     evaluator: str
     evaluator_description: str
     protocol: str
     by_samples: dict[tuple, dict] = field(default_factory=dict)
+    bank: dict[str, tuple] = field(default_factory=dict)
 
 
 def _scoring_result(record: Mapping) -> dict:
@@ -96,6 +108,8 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
         reusable.by_samples[samples_key(run)] = _scoring_result(record)
     if start != len(samples):
         raise ValueError(f"--reuse-scores: {report['samples_file']} holds more samples than {path}'s runs.")
+    for fingerprint, (gen_ppl, entropy, nlls) in report.get("bank_scores", {}).items():
+        reusable.bank[fingerprint] = (gen_ppl, entropy, [math.nan if v is None else v for v in nlls])
     return reusable
 
 
@@ -111,13 +125,15 @@ def check_reusable(reusable: ReusableScores, evaluator: str, evaluator_descripti
         )
 
 
-def spot_check(reused: Mapping, fresh: Mapping, path: str, run: str) -> float:
-    """The largest relative difference between a reused run's per-sample NLL sums and the same run scored here;
-    raises when it exceeds [`SPOT_CHECK_TOLERANCE`] (the report was scored with other options)."""
+def spot_check(reused: Sequence[float], fresh: Sequence[float], path: str, run: str) -> float:
+    """The largest relative difference between a reused run's per-sample NLLs and the same run's scored here (NaN
+    where both left a sample unscored); raises when it exceeds [`SPOT_CHECK_TOLERANCE`] (other scoring options)."""
     worst = 0.0
-    for old, new in zip(reused["per_sample"], fresh["per_sample"], strict=True):
-        scale = max(abs(old["nll_sum"]), abs(new["nll_sum"]), 1e-12)
-        worst = max(worst, abs(old["nll_sum"] - new["nll_sum"]) / scale)
+    for old, new in zip(reused, fresh, strict=True):
+        if math.isnan(old) and math.isnan(new):
+            continue
+        scale = max(abs(old), abs(new), 1e-12)
+        worst = max(worst, abs(old - new) / scale) if not (math.isnan(old) or math.isnan(new)) else math.inf
     if worst > SPOT_CHECK_TOLERANCE:
         raise ValueError(
             f"--reuse-scores: run {run} scored here differs from {path} by {worst:.2g} (relative NLL): the report was "

@@ -369,7 +369,8 @@ def score_sweep(
             )
             if earlier is not None:  # the first run the report holds: scored here too, and the two must agree
                 label = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
-                difference = spot_check(earlier, scored[key], reusable.path, label)
+                sums = [[r["nll_sum"] for r in result["per_sample"]] for result in (earlier, scored[key])]
+                difference = spot_check(*sums, reusable.path, label)
                 reused = {"report": reusable.path, "runs": 0, "checked_run": label, "checked_difference": difference}
         result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
@@ -399,6 +400,8 @@ def score_sweep(
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
         **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
         **({"reused_scores": reused} if reused is not None else {}),
+        # --experiment baselines scored on another machine: the tuning bank's scores, for a later --reuse-scores
+        **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
     }
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
