@@ -25,7 +25,7 @@ from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
 from .experiments import BASELINE, normalise_samplers
 from .sampling import KNOBS_KEY
-from .score_reuse import samples_fingerprint, spot_check
+from .score_reuse import lend_or_score, samples_fingerprint
 
 
 CANDIDATES_KEY = "baseline_candidates"
@@ -285,16 +285,14 @@ def choose_from_bank(
         name, n = key
         entry = settings["runs"][name]
         fingerprint = samples_fingerprint(runs[key]["samples"])
-        earlier = reusable.bank.get(fingerprint) if reusable is not None else None
-        if earlier is not None and lent is not None:
-            result = earlier
-            lent["runs"] += 1
-        else:
-            result = score_bank_samples(runs[key]["samples"], evaluator, protocol, eval_batch_size)
-            if earlier is not None:  # the first bank run the report holds: scored here too, and the two must agree
-                label = f"{name} at NFE {n}"
-                difference = spot_check(earlier[2], result[2], reusable.path, label)
-                lent = {"report": reusable.path, "runs": 0, "checked_run": label, "checked_difference": difference}
+        result, lent = lend_or_score(
+            reusable.bank.get(fingerprint) if reusable is not None else None,
+            lent,
+            lambda key=key: score_bank_samples(runs[key]["samples"], evaluator, protocol, eval_batch_size),
+            lambda scored: scored[2],  # the per-sample NLLs
+            reusable.path if reusable is not None else None,
+            f"{name} at NFE {n}",
+        )
         scores[entry["method"], _knob_key(entry["knobs"]), n] = result
         bank_scores[fingerprint] = list(result)
     clusters = resampling_clusters(family, settings["num_samples"], settings["batch_size"])
@@ -403,16 +401,15 @@ def score_baseline_candidates(
     """
     from ..calibration.tune import scoring_evaluator
     from .evaluator import describe_evaluator
-    from .score_reuse import check_reusable, read_report_scores
+    from .score_reuse import reusable_scores
     from .sweep import score_sweep
 
     loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
-    if score_kwargs.get("reuse_scores") is not None:  # refused before the bank is scored, not after
-        reusable = read_report_scores(score_kwargs["reuse_scores"])
-        description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
-        check_reusable(reusable, name, description, protocol or generation["family"])
-        score_kwargs["reuse_scores"] = reusable
     reusable = score_kwargs.get("reuse_scores")
+    if reusable is not None:  # read and refused before the bank is scored, not after
+        description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
+        reusable = reusable_scores(reusable, name, description, protocol or generation["family"])
+        score_kwargs["reuse_scores"] = reusable
     samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, reusable)
     record["evaluator"] = name
     # The bank's scores go beside the tuning record, which stays the one-machine run's.

@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +113,15 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
     return reusable
 
 
+def reusable_scores(
+    reuse_scores: str | os.PathLike | ReusableScores, evaluator: str, evaluator_description: str, protocol: str
+) -> ReusableScores:
+    """`reuse_scores` read ([`read_report_scores`]) unless it already was, and checked ([`check_reusable`])."""
+    reusable = reuse_scores if isinstance(reuse_scores, ReusableScores) else read_report_scores(reuse_scores)
+    check_reusable(reusable, evaluator, evaluator_description, protocol)
+    return reusable
+
+
 def check_reusable(reusable: ReusableScores, evaluator: str, evaluator_description: str, protocol: str) -> None:
     """Refuses scores made by another evaluator, dtype or protocol than this scoring's."""
     mine = {"evaluator": evaluator, "evaluator_description": evaluator_description, "protocol": protocol}
@@ -132,11 +141,38 @@ def spot_check(reused: Sequence[float], fresh: Sequence[float], path: str, run: 
     for old, new in zip(reused, fresh, strict=True):
         if math.isnan(old) and math.isnan(new):
             continue
-        scale = max(abs(old), abs(new), 1e-12)
-        worst = max(worst, abs(old - new) / scale) if not (math.isnan(old) or math.isnan(new)) else math.inf
+        if math.isnan(old) or math.isnan(new):  # scored on one side only
+            worst = math.inf
+            break
+        worst = max(worst, abs(old - new) / max(abs(old), abs(new), 1e-12))
     if worst > SPOT_CHECK_TOLERANCE:
         raise ValueError(
             f"--reuse-scores: run {run} scored here differs from {path} by {worst:.2g} (relative NLL): the report was "
             "scored with other options (--max-length, the evaluator's files). Score without --reuse-scores."
         )
     return worst
+
+
+def lend_or_score(
+    earlier,
+    lent: dict | None,
+    score: Callable[[], object],
+    nlls: Callable[[object], Sequence[float]],
+    path: str,
+    run: str,
+) -> tuple[object, dict | None]:
+    """
+    One run's scores under `--reuse-scores`: the `earlier` report's (`None` when it does not hold the run) once a run
+    has been checked, else `score()`; the first run the report holds is scored and [`spot_check`]ed on `nlls`.
+
+    Returns `(scores, lent)`: `lent` is `None` until the check, then the record of what was lent (`report`, `runs`
+    taken, `checked_run`, `checked_difference`), counted up here.
+    """
+    if earlier is not None and lent is not None:
+        lent["runs"] += 1
+        return earlier, lent
+    result = score()
+    if earlier is not None:
+        difference = spot_check(nlls(earlier), nlls(result), path, run)
+        lent = {"report": path, "runs": 0, "checked_run": run, "checked_difference": difference}
+    return result, lent

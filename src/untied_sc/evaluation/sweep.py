@@ -51,7 +51,7 @@ from .sampling import (
     tokenizer_description,
     tuning_seeds,
 )
-from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, check_reusable, read_report_scores, samples_key, spot_check
+from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -347,31 +347,28 @@ def score_sweep(
     description = describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype)
     reusable = None
     if reuse_scores is not None:  # read and checked before any scoring
-        reusable = reuse_scores if isinstance(reuse_scores, ReusableScores) else read_report_scores(reuse_scores)
-        check_reusable(reusable, evaluator_name, description, protocol)
+        reusable = reusable_scores(reuse_scores, evaluator_name, description, protocol)
     runs, reused = [], None
     # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
     # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
     scored: dict[tuple, dict] = {}
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
         key = samples_key(run["samples"])
-        earlier = reusable.by_samples.get(key) if reusable is not None else None
-        if key not in scored and earlier is not None and reused is not None:
-            scored[key] = earlier
-            reused["runs"] += 1
-        elif key not in scored:
-            scored[key] = evaluate_samples(
-                run["samples"],
-                evaluator=evaluator,
-                protocol=protocol,
-                batch_size=eval_batch_size,
-                max_length=max_length,
+        if key not in scored:
+            scored[key], reused = lend_or_score(
+                reusable.by_samples.get(key) if reusable is not None else None,
+                reused,
+                lambda run=run: evaluate_samples(
+                    run["samples"],
+                    evaluator=evaluator,
+                    protocol=protocol,
+                    batch_size=eval_batch_size,
+                    max_length=max_length,
+                ),
+                lambda result: [r["nll_sum"] for r in result["per_sample"]],
+                reusable.path if reusable is not None else None,
+                f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}",
             )
-            if earlier is not None:  # the first run the report holds: scored here too, and the two must agree
-                label = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
-                sums = [[r["nll_sum"] for r in result["per_sample"]] for result in (earlier, scored[key])]
-                difference = spot_check(*sums, reusable.path, label)
-                reused = {"report": reusable.path, "runs": 0, "checked_run": label, "checked_difference": difference}
         result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
     if reusable is not None and reused is None:
