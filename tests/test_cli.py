@@ -127,14 +127,14 @@ def test_train_help_lists_every_action_and_where_it_runs(capsys):
         for action in actions.choices:
             assert re.search(rf"^  {name} {action} +\S", out, re.M), (name, action)  # one line each
     line = {m[1]: m[2] for m in re.finditer(r"^  (\w+ \w+) +(.*)$", out, re.M)}
-    # where each trains, as the configs say: only LangFlow's config has a device
-    assert "device" not in {f.name for f in dataclasses.fields(elf.ELFTrainConfig)}
-    assert "CPU only" in line["elf train"] and "GPU" not in line["elf train"]
-    assert langflow.LangFlowTrainConfig.device == "cpu"
-    assert "CPU by default" in line["langflow train"] and "--device cuda" in line["langflow train"]
-    with pytest.raises(SystemExit):
-        main(["train", "langflow", "train", "--help"])
-    assert "--device DEVICE" in capsys.readouterr().out
+    # where each trains, as the configs say: both families' configs have a device, the CPU by default
+    assert "CPU only" not in out
+    for name, config_class in (("elf", elf.ELFTrainConfig), ("langflow", langflow.LangFlowTrainConfig)):
+        assert "device" in {f.name for f in dataclasses.fields(config_class)} and config_class.device == "cpu"
+        assert "CPU by default" in line[f"{name} train"] and "--device cuda" in line[f"{name} train"]
+        with pytest.raises(SystemExit):
+            main(["train", name, "train", "--help"])
+        assert "--device DEVICE" in capsys.readouterr().out
 
 
 def test_options_that_run_a_model_or_show_progress():

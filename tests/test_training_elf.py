@@ -263,6 +263,25 @@ def test_draws_fractions():
     assert abs(torch.logit(draws.t).mean() + 1.5) < 0.05 and abs(torch.logit(draws.t).std() - 0.8) < 0.05
 
 
+def test_draws_take_eps_from_a_latent_generator_when_given():
+    """A GPU run draws ε from its own generator (here a CPU one, so that this path runs without a GPU); the other
+    draws, and what they take from the noise generator, stay those of a CPU run."""
+    config = ELFTrainConfig()
+    plain_generator = torch.Generator().manual_seed(5)
+    plain = draw_training_noise(6, 4, 3, config, plain_generator)
+    generator, latent_generator = torch.Generator().manual_seed(5), torch.Generator().manual_seed(7)
+    split = draw_training_noise(6, 4, 3, config, generator, latent_generator)
+    for name in ("t", "sc_cfg_scale", "decoder_mask", "sc_mask", "decoder_lambda"):
+        assert torch.equal(getattr(split, name), getattr(plain, name)), name
+    assert torch.equal(split.noise, torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(7)))
+    assert not torch.equal(split.noise, plain.noise)
+    # ε is the last draw: without it the noise generator stops where the CPU run's stood before drawing ε.
+    rewound = torch.Generator().manual_seed(5)
+    draw_training_noise(6, 4, 0, config, rewound)  # the same draws with an empty ε
+    assert torch.equal(generator.get_state(), rewound.get_state())
+    assert all(value is getattr(split, name) for name, value in vars(split.to("cpu")).items())
+
+
 # -- training, resume, export -----------------------------------------------------------------------------------
 
 
@@ -350,3 +369,103 @@ def test_per_time_evaluation_table(tmp_path):
     decoder = evaluate_decoder(trainer.model, x0, ids, mask)
     table = format_time_table(rows, decoder, unigram=2.0)
     assert "| t | 0.2 | 0.8 |" in table and "SC gain" in table and "Decoder on the clean latents" in table
+
+
+# -- one GPU ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
+def test_cuda_device_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(RuntimeError, match="sees no GPU: train with device='cpu'"):
+        make_trainer(tmp_path, device="cuda")
+
+
+def test_resume_refuses_a_checkpoint_from_another_kind_of_device(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.train_step()
+    state = trainer.state_dict()
+    assert trainer.latent_generator is None and state["latent_generator"] is None  # ε from the noise generator
+    assert state["config"]["device"] == "cpu"
+    state["latent_generator"] = torch.Generator().get_state()  # what a GPU run's checkpoint carries
+    torch.save(state, tmp_path / "gpu.pt")
+    windows = trainer.train_windows
+    with pytest.raises(ValueError, match="another kind of device"):
+        ELFTrainer.from_checkpoint(
+            tmp_path / "gpu.pt", train_windows=windows, val_windows=windows, tokenizer=trainer.tokenizer
+        )
+
+
+def test_a_latent_generator_is_checkpointed_and_resumed(tmp_path, monkeypatch):
+    """The GPU run's path on the CPU: ε from a generator of its own (a CPU one here), saved and restored."""
+    plain = make_trainer(tmp_path / "plain")
+    plain_losses = [plain.train_step()["loss"] for _ in range(3)]
+    monkeypatch.setattr(
+        "untied_sc.training.elf.latent_noise_generator",
+        lambda device, seed: torch.Generator().manual_seed(seed * 2 + 3),
+    )
+    straight = make_trainer(tmp_path / "a", max_steps=6)
+    expected = [straight.train_step()["loss"] for _ in range(6)]
+    assert expected[0] != plain_losses[0]  # another ε
+
+    first = make_trainer(tmp_path / "b", max_steps=6)
+    got = [first.train_step()["loss"] for _ in range(2)]
+    path = first.save_checkpoint()
+    assert torch.load(path, weights_only=False)["latent_generator"] is not None
+    windows = first.train_windows
+    resumed = ELFTrainer.from_checkpoint(path, train_windows=windows, val_windows=windows, tokenizer=first.tokenizer)
+    got += [resumed.train_step()["loss"] for _ in range(4)]
+    assert got == expected
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_training_encodes_on_the_fly_resumes_bit_for_bit_and_exports(tmp_path):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def log_rows(trainer):
+        rows = (json.loads(line) for line in (trainer.run_dir / "loss_log.jsonl").read_text().splitlines())
+        return [{key: value for key, value in row.items() if key != "elapsed_s"} for row in rows]
+
+    on_cpu = make_trainer(tmp_path / "cpu")
+    options = {"device": "cuda", "max_steps": 8, "log_every": 2, "eval_every": 4, "autocast": "bf16"}
+    # The math attention kernel: the fused kernels' backward may accumulate with atomics (not bitwise reproducible).
+    with sdpa_kernel(SDPBackend.MATH):
+        straight = make_trainer(tmp_path / "a", **options)
+        # On-the-fly encoding by the encoder, moved to the GPU; the initial weights are the CPU run's.
+        assert straight.train_windows.latents is None and straight.train_windows.encoder.device.type == "cuda"
+        assert straight.train_windows.batch(torch.arange(2))[2].is_cuda
+        assert straight.normalization.std == pytest.approx(on_cpu.normalization.std, rel=1e-2)
+        for name, value in on_cpu.model.state_dict().items():
+            assert torch.equal(straight.model.state_dict()[name].cpu(), value), name
+        assert straight.latent_generator.device.type == "cuda"
+        assert straight.train()["done"]
+        assert all(value.is_cuda for value in straight.ema.shadow.values())
+
+        first = make_trainer(tmp_path / "b", **options)
+        assert first.train(stop_at_step=4)["reason"] == "stop_at_step"
+        windows = first.train_windows
+        resumed = ELFTrainer.from_checkpoint(
+            first.run_dir / "checkpoint.pt", train_windows=windows, val_windows=windows, tokenizer=first.tokenizer
+        )
+        assert resumed.step == 4 and resumed.device.type == "cuda"
+        assert torch.equal(resumed.latent_generator.get_state(), first.latent_generator.get_state())
+        assert resumed.train()["done"]
+    # Losses, validation numbers, weights and EMA: those of the uninterrupted run.
+    rows = log_rows(resumed)
+    assert [row["step"] for row in rows] == [2, 4, 6, 8] and math.isfinite(rows[-1]["val_decode_ce"])
+    assert rows == log_rows(straight)
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    for name, value in straight.ema.shadow.items():
+        assert torch.equal(value, resumed.ema.shadow[name]), name
+    assert json.loads((resumed.run_dir / "config.json").read_text())["device"] == "cuda"
+
+    # Export reads the checkpoint on the CPU: the EMA weights, sampled there.
+    out = export_pipeline(resumed.run_dir, tmp_path / "pipe", dtype="float32")
+    pipe = ELFPipeline.from_pretrained(out)
+    ema = resumed.ema_model()
+    for name, value in pipe.transformer.state_dict().items():
+        assert torch.equal(value, ema.state_dict()[name].cpu()), name
+    output = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
+    assert output.sequences.shape == (2, 16)

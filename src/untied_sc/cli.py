@@ -65,8 +65,9 @@ TRAIN_DESCRIPTION = """\
 Train, export and evaluate the bundled models: `untied-sc train FAMILY ACTION [options]` runs `python -m
 untied_sc.training.FAMILY ACTION [options]`; `untied-sc train FAMILY ACTION --help` lists an action's options.
 
-  elf train          train (or --resume) an ELF run: CPU only (bf16 CPU autocast)
-  elf encode         fill the corpus' latent cache with the frozen MiniLM (train does it too): CPU
+  elf train          train (or --resume) an ELF run: CPU by default, one GPU with --device cuda;
+                     resumes on the kind of device it ran on
+  elf encode         fill the corpus' latent cache with the frozen MiniLM (train does it too): CPU, or --device cuda
   elf export         the run's EMA model + tokenizer as an ELFPipeline folder: CPU
   elf evaluate       per-time held-out loss, with and without self-conditioning: CPU
   langflow train     train (or --resume) a LangFlow run: CPU by default, one GPU with --device cuda

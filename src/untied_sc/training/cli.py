@@ -40,8 +40,12 @@ def _add_elf_config_arguments(parser: argparse.ArgumentParser) -> None:
         if "None" in text:
             kind = _optional(kind)
         flag = "--" + field.name.replace("_", "-")
+        meaning = "cpu or cuda (one GPU); " if field.name == "device" else ""
         parser.add_argument(
-            flag, type=kind, default=argparse.SUPPRESS, help=f"ELFTrainConfig.{field.name}: default {field.default}."
+            flag,
+            type=kind,
+            default=argparse.SUPPRESS,
+            help=f"ELFTrainConfig.{field.name}: {meaning}default {field.default}.",
         )
 
 
@@ -61,14 +65,18 @@ def _add_langflow_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_elf_actions(commands) -> None:
-    train = commands.add_parser("train", help="Train (or --resume) an ELF run on the CPU (bf16 CPU autocast).")
+    train = commands.add_parser(
+        "train", help="Train (or --resume) an ELF run: on the CPU by default, on one GPU with --device cuda."
+    )
     _add_elf_config_arguments(train)
     train.add_argument("--resume", action="store_true", help="Continue <run-dir>/checkpoint.pt.")
     train.add_argument("--no-progress", action="store_true", help="No progress bar.")
     train.set_defaults(handler="_train")
 
     encode = commands.add_parser(
-        "encode", help="Fill the latent cache of the corpus splits with the frozen MiniLM (train does it too); CPU."
+        "encode",
+        help="Fill the latent cache of the corpus splits with the frozen MiniLM (train does it too); CPU, or one GPU "
+        "with --device cuda.",
     )
     _add_elf_config_arguments(encode)
     encode.add_argument("--splits", default="train,validation", help="Comma-separated corpus splits to encode.")

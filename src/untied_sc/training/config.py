@@ -89,6 +89,7 @@ class ELFTrainConfig(TrainConfig):
     encoder_autocast: str = "none"
     latent_cache_dir: str | None = "data/elf-latents"
     stats_windows: int = 2048
+    device: str = "cpu"  # "cuda": the network, the EMA, ε and the frozen encoder on one GPU
     # model
     num_layers: int = 6
     intermediate_size: int | None = None  # None: int(int(4·hidden)·2/3), as the official sizes

@@ -1,4 +1,4 @@
-"""Training a small ELF on CPU: objective, loop, checkpoints, per-time evaluation and export.
+"""Training a small ELF on CPU or one GPU: objective, loop, checkpoints, per-time evaluation and export.
 
 The latents are a frozen MiniLM-L6 encoder's last hidden state, normalised as x0 = (h − mean)/std
 (:mod:`untied_sc.training.encoder`). One optimiser step on a batch of windows (research/upstream.md §1.5), every
@@ -21,8 +21,13 @@ random draw from the trainer's `torch.Generator`s:
 
 Loss positions are all `seq_len` positions, padding included (`loss_on_padding`, the official setting when the pad
 token is not a separate "pad" class): the sampler generates every position without an attention mask, so the
-network never gets one either. AdamW, linear warm-up then cosine, gradient clipping, EMA (exported), bf16 CPU
+network never gets one either. AdamW, linear warm-up then cosine, gradient clipping, EMA (exported), bf16
 autocast for the network (`autocast="bf16"`; losses in float32; evaluation and export in float32).
+
+`device="cuda"` trains on a GPU, as LangFlow's trainer does: the network, its EMA, the frozen encoder (on-the-fly
+encoding) and ε are on the device; t, w, the masks and λ are still drawn on the CPU, and ε comes from a generator on
+the GPU, so a GPU run is reproducible on GPUs but not bit for bit against a CPU run. CPU is the default, and there
+every draw is what it always was.
 
 The loop, checkpoints, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s.
 
@@ -59,8 +64,10 @@ from .langflow import (
     LangFlowTrainer,
     _model_kwargs,
     _portable_tokenizer_files,
+    latent_noise_generator,
     lr_at,
     start_or_resume,
+    training_device,
 )
 from .langflow import load_run_model as load_langflow_run_model
 
@@ -75,7 +82,7 @@ VALIDATION_TIMES = (0.1, 0.2, 0.4)
 
 @dataclass
 class ELFDraws:
-    """The random draws of one training step (all from one generator, in this order)."""
+    """The random draws of one training step (from one generator, in this order; ε from its own off the CPU)."""
 
     t: torch.Tensor  # (B,) denoiser time
     sc_cfg_scale: torch.Tensor  # (B,) w
@@ -84,6 +91,10 @@ class ELFDraws:
     decoder_lambda: torch.Tensor  # (B, L) per-token λ (decoder rows)
     noise: torch.Tensor  # (B, L, D) ε (×noise_scale for denoiser rows, ×decoder_noise_scale for decoder rows)
 
+    def to(self, device: torch.device | str) -> "ELFDraws":
+        """The same draws on `device` (the very same tensors where they already are)."""
+        return ELFDraws(*(getattr(self, field.name).to(device) for field in dataclasses.fields(self)))
+
 
 def sample_sc_cfg_scale(n: int, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
     """w = a·(b/a)^u − 1 with u ~ U[0, 1]: w + 1 is log-uniform on [a, b] (the official `sample_cfg_scale`)."""
@@ -91,7 +102,20 @@ def sample_sc_cfg_scale(n: int, low: float, high: float, generator: torch.Genera
     return low * (high / low) ** u - 1.0
 
 
-def draw_training_noise(batch: int, length: int, dim: int, config: ELFTrainConfig, generator) -> ELFDraws:
+def draw_training_noise(
+    batch: int,
+    length: int,
+    dim: int,
+    config: ELFTrainConfig,
+    generator: torch.Generator,
+    latent_generator: torch.Generator | None = None,
+) -> ELFDraws:
+    """
+    One step's draws (module docstring), in this order from `generator`: t = sigmoid(N(p_mean, p_std)), w,
+    the decoder and SC masks, the per-token λ = sigmoid(N(decoder_p_mean, decoder_p_std)) and ε ~ N(0, I).
+
+    With `latent_generator` (a GPU run's), ε comes from it, on its device, and `generator` draws the small rest.
+    """
     t = torch.sigmoid(torch.randn(batch, generator=generator) * config.p_std + config.p_mean)
     w = sample_sc_cfg_scale(batch, config.sc_cfg_low, config.sc_cfg_high, generator)
     decoder_mask = torch.rand(batch, generator=generator) < config.decoder_prob
@@ -99,7 +123,10 @@ def draw_training_noise(batch: int, length: int, dim: int, config: ELFTrainConfi
     decoder_lambda = torch.sigmoid(
         torch.randn(batch, length, generator=generator) * config.decoder_p_std + config.decoder_p_mean
     )
-    noise = torch.randn(batch, length, dim, generator=generator)
+    if latent_generator is None:
+        noise = torch.randn(batch, length, dim, generator=generator)
+    else:
+        noise = torch.randn(batch, length, dim, generator=latent_generator, device=latent_generator.device)
     return ELFDraws(t, w, decoder_mask, sc_mask, decoder_lambda, noise)
 
 
@@ -149,7 +176,7 @@ def elf_losses(
     """
     losses = x0.new_zeros(x0.shape[0])
     w = draws.sc_cfg_scale
-    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+    with torch.autocast(x0.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         rows = (~draws.decoder_mask).nonzero().squeeze(1)
         if rows.numel():
             t, scale = draws.t[rows], w[rows]
@@ -204,7 +231,8 @@ def evaluate_per_time(
     For every t, every window gets one noise draw (the same for both variants: the comparison is paired). "no SC" is
     one pass with zero SC input; "SC" feeds that pass's x̂ into a second pass, as in training and in the sampler.
     Both at SC-CFG scale `sc_cfg_scale` (1: unguided, the estimate of x0 itself). With `decode`, x̂ goes through the
-    decode pass (t = 1, zero SC, mode tokens on) and is scored against the window's ids.
+    decode pass (t = 1, zero SC, mode tokens on) and is scored against the window's ids. It runs on the model's
+    device; the noise is drawn on the CPU, so the draws do not depend on the device.
 
     Args:
         model: the network (pass the EMA weights for the exported model's numbers).
@@ -220,16 +248,17 @@ def evaluate_per_time(
     """
     was_training = model.training
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
+    device = model.device
+    generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws whatever the model's device
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-    count = mask.sum().double()
+    count = mask.sum().double().to(device)
     rows = []
     for time_value in times:
-        totals = torch.zeros(6, dtype=torch.float64)
+        totals = torch.zeros(6, dtype=torch.float64, device=device)
         for start in range(0, x0.shape[0], batch_size):
-            clean, tokens, valid = (v[start : start + batch_size] for v in (x0, ids, mask))
-            noise = torch.randn(clean.shape, generator=generator)
-            t = torch.full((clean.shape[0],), float(time_value))
+            clean, tokens, valid = (v[start : start + batch_size].to(device) for v in (x0, ids, mask))
+            noise = torch.randn(clean.shape, generator=generator).to(device)
+            t = torch.full((clean.shape[0],), float(time_value), device=device)
             z = noisy_latents(clean, t, noise, noise_scale)
             plain = model(z, t, None, sc_cfg_scale).sample.float()
             guided = model(z, t, plain, sc_cfg_scale).sample.float()
@@ -259,13 +288,15 @@ def evaluate_per_time(
 
 @torch.no_grad()
 def evaluate_decoder(model, x0, ids, attention_mask=None, sc_cfg_scale: float = 1.0, batch_size: int = 16) -> dict:
-    """The decode pass on the clean latents (t = 1, λ = 1): token CE (nats) and accuracy over `attention_mask`."""
+    """The decode pass on the clean latents (t = 1, λ = 1): token CE (nats) and accuracy over `attention_mask`, on
+    the model's device."""
     was_training = model.training
     model.eval()
+    device = model.device
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask
     ce_total = correct = 0.0
     for start in range(0, x0.shape[0], batch_size):
-        clean, tokens, valid = (v[start : start + batch_size] for v in (x0, ids, mask))
+        clean, tokens, valid = (v[start : start + batch_size].to(device) for v in (x0, ids, mask))
         logits = model(clean, 1.0, None, sc_cfg_scale, decoder_step_active=True).logits.float()
         ce_total += (F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none") * valid).sum().item()
         correct += ((logits.argmax(-1) == tokens) * valid).sum().item()
@@ -322,7 +353,8 @@ class ELFTrainer(LangFlowTrainer):
     """
     Trains an [`ELFTransformerModel`] with the objective in the module docstring. The loop (`train`), checkpoint
     files, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s; the model, the step, the
-    validation and the state are ELF's.
+    validation and the state are ELF's. On `config.device` as LangFlow's: the model is initialised on the CPU (the
+    same weights on any device), then moved; the windows' frozen encoder is moved to the device too.
 
     Args:
         config: the run's settings.
@@ -348,15 +380,18 @@ class ELFTrainer(LangFlowTrainer):
             torch.set_num_threads(config.threads)
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = training_device(config.device)
         if tokenizer is None:
             tokenizer = load_minilm_tokenizer(config.encoder_dir)
         self.tokenizer = tokenizer
         if train_windows is None:
-            encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast)
+            encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast, self.device)
             train_windows = load_split_windows(config, "train", tokenizer, encoder)
             val_windows = load_split_windows(config, "validation", tokenizer, encoder)
         self.train_windows = train_windows
         self.val_windows = val_windows if val_windows is not None else train_windows
+        for windows in (self.train_windows, self.val_windows):
+            windows.encoder.to(self.device)  # on-the-fly encoding runs where the model trains
         if normalization is None:
             normalization = train_windows.measure_normalization(config.stats_windows)
         self.normalization = normalization
@@ -364,11 +399,13 @@ class ELFTrainer(LangFlowTrainer):
         self.vocab_size = len(tokenizer)
         self.latent_dim = train_windows.encoder.hidden_size
         self.unigram_entropy = unigram_entropy(self.train_windows.ids, self.vocab_size)
-        self._val_batch = self.val_windows.batch(evaluation_index(self.val_windows, config.eval_windows))
+        val_batch = self.val_windows.batch(evaluation_index(self.val_windows, config.eval_windows))
+        self._val_batch = tuple(value.to(self.device) for value in val_batch)
 
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
+            torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
             self.model = ELFTransformerModel(**config.model_config(self.vocab_size, self.latent_dim))
+        self.model.to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self._parameter_groups(), lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8
@@ -376,6 +413,7 @@ class ELFTrainer(LangFlowTrainer):
         self.ema = EMA(self.model, config.ema_decay)
         self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
         self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
+        self.latent_generator = latent_noise_generator(self.device, config.seed)
         self.step = 0
         self.total_steps = config.max_steps
         self.elapsed = 0.0
@@ -405,10 +443,10 @@ class ELFTrainer(LangFlowTrainer):
     # -- one step ---------------------------------------------------------------------------------------------
 
     def train_step(self) -> dict:
-        config, model = self.config, self.model
+        config, model, device = self.config, self.model, self.device
         index = torch.randint(0, len(self.train_windows), (config.batch_size,), generator=self.data_generator)
-        ids, attention_mask, x0 = self.train_windows.batch(index)
-        draws = draw_training_noise(*x0.shape, config, self.noise_generator)
+        ids, attention_mask, x0 = (value.to(device) for value in self.train_windows.batch(index))
+        draws = draw_training_noise(*x0.shape, config, self.noise_generator, self.latent_generator).to(device)
         loss_mask = torch.ones_like(attention_mask) if config.loss_on_padding else attention_mask
 
         self.step += 1
@@ -445,7 +483,7 @@ class ELFTrainer(LangFlowTrainer):
         """A model holding the current EMA weights; one instance, refreshed per call."""
         if self._eval_model is None:
             with torch.random.fork_rng(devices=[]):
-                self._eval_model = ELFTransformerModel(**_model_kwargs(self.model.config))
+                self._eval_model = ELFTransformerModel(**_model_kwargs(self.model.config)).to(self.device)
         self.ema.copy_to(self._eval_model)
         return self._eval_model.eval()
 
@@ -620,7 +658,7 @@ def _encode(args: argparse.Namespace) -> None:
     if config.latent_cache_dir is None:
         raise ValueError("`encode` fills the latent cache: give --latent-cache-dir.")
     tokenizer = load_minilm_tokenizer(config.encoder_dir)
-    encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast)
+    encoder = load_minilm_encoder(config.encoder_dir, config.encoder_autocast, training_device(config.device))
     for split in args.splits.split(","):
         windows = load_split_windows(config, split, tokenizer, encoder)
         print(f"{split}: {len(windows):,} windows in {windows.cache_path}")

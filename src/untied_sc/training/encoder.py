@@ -73,11 +73,15 @@ def load_minilm_tokenizer(path: str | os.PathLike | None = None):
     return tokenizer
 
 
-def load_minilm_encoder(path: str | os.PathLike | None = None, autocast: str = "none") -> "FrozenTextEncoder":
-    """The frozen MiniLM-L6 `BertModel` (float32, eval mode, no gradients)."""
+def load_minilm_encoder(
+    path: str | os.PathLike | None = None, autocast: str = "none", device: torch.device | str = "cpu"
+) -> "FrozenTextEncoder":
+    """The frozen MiniLM-L6 `BertModel` (float32, eval mode, no gradients), loaded on the CPU, then moved to
+    `device`."""
     from transformers import AutoModel
 
-    return FrozenTextEncoder(AutoModel.from_pretrained(path or minilm_dir(), dtype=torch.float32), autocast)
+    model = AutoModel.from_pretrained(path or minilm_dir(), dtype=torch.float32)
+    return FrozenTextEncoder(model, autocast).to(device)
 
 
 class FrozenTextEncoder:
@@ -87,8 +91,10 @@ class FrozenTextEncoder:
 
     Args:
         model: the encoder; it is put in eval mode and its parameters stop requiring gradients.
-        autocast (`str`, defaults to `"none"`): `"bf16"` runs it under CPU bfloat16 autocast (about 2× faster;
-            the official PyTorch port runs T5 in bf16), `"none"` in float32.
+        autocast (`str`, defaults to `"none"`): `"bf16"` runs it under bfloat16 autocast on its device (on the CPU
+            about 2× faster; the official PyTorch port runs T5 in bf16), `"none"` in float32.
+
+    It runs where its weights are ([`~FrozenTextEncoder.to`] moves them): the ids go there and so do the latents.
     """
 
     def __init__(self, model, autocast: str = "none"):
@@ -104,6 +110,15 @@ class FrozenTextEncoder:
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device: torch.device | str) -> "FrozenTextEncoder":
+        """Moves the weights to `device` (in place; the fingerprint, a hash of the weights, does not change)."""
+        self.model.to(device)
+        return self
+
     @torch.no_grad()
     def encode(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """
@@ -114,19 +129,23 @@ class FrozenTextEncoder:
             attention_mask (`torch.Tensor` of shape `(batch, length)`): 1 = token, 0 = padding.
 
         Returns:
-            `torch.Tensor` of shape `(batch, length, hidden_size)`.
+            `torch.Tensor` of shape `(batch, length, hidden_size)`, on the encoder's device.
         """
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
-            output = self.model(input_ids=ids.long(), attention_mask=attention_mask.long())
+        device = self.device
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast == "bf16"):
+            output = self.model(input_ids=ids.long().to(device), attention_mask=attention_mask.long().to(device))
         return output.last_hidden_state.float()
 
     def fingerprint(self) -> str:
-        """A short hash of the weights and the autocast setting (the cache key of encoded windows)."""
+        """
+        A short hash of the weights and the autocast setting (the cache key of encoded windows). Not of the device:
+        a CPU and a GPU encoding of a window differ by float rounding only, below the cache's float16 storage.
+        """
         if self._fingerprint is None:
             digest = hashlib.sha256(self.autocast.encode())
             for name, value in sorted(self.model.state_dict().items()):
                 digest.update(name.encode())
-                digest.update(value.detach().float().contiguous().numpy().tobytes())
+                digest.update(value.detach().float().cpu().contiguous().numpy().tobytes())
             self._fingerprint = digest.hexdigest()[:16]
         return self._fingerprint
 
@@ -187,7 +206,7 @@ def measure_normalization(hidden_batches, encoder: str = ENCODER_NAME) -> Latent
     count = dim = 0
     for hidden, mask in hidden_batches:
         dim = hidden.shape[-1]
-        values = hidden.double()[mask.bool()]
+        values = hidden.double()[mask.bool().to(hidden.device)]
         total += values.sum().item()
         total_sq += values.pow(2).sum().item()
         count += values.numel()
@@ -312,18 +331,22 @@ class EncodedWindows:
         for start in tqdm(range(0, len(self), batch_size), desc="encode", mininterval=10, dynamic_ncols=True):
             stop = min(start + batch_size, len(self))
             hidden = self.encoder.encode(self.ids[start:stop], self.attention_mask[start:stop])
-            array[start:stop] = hidden.numpy().astype(np.float16)
+            array[start:stop] = hidden.cpu().numpy().astype(np.float16)
         array.flush()
         del array
         os.replace(tmp, latents_path)
         seconds = time.monotonic() - start_time
         info = {"windows": shape[0], "seq_len": shape[1], "dim": shape[2], "bytes": size, "seconds": round(seconds, 1)}
-        (folder / "info.json").write_text(json.dumps({**info, "autocast": self.encoder.autocast}, indent=2) + "\n")
+        info.update(autocast=self.encoder.autocast, device=self.encoder.device.type)  # provenance, not in the key
+        (folder / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         _log(f"encoded in {seconds / 60:.1f} min")
         return np.load(latents_path, mmap_mode="r")
 
     def hidden(self, index: torch.Tensor) -> torch.Tensor:
-        """Raw (not normalised) encoder states of the windows `index`, float32 `(len(index), seq_len, dim)`."""
+        """
+        Raw (not normalised) encoder states of the windows `index`, float32 `(len(index), seq_len, dim)`: on the
+        encoder's device when encoded on the fly, on the CPU when read from the cache.
+        """
         if self.latents is None:
             return self.encoder.encode(self.ids[index], self.attention_mask[index])
         order = torch.argsort(index)
@@ -340,7 +363,10 @@ class EncodedWindows:
         return measure_normalization(batches)
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(ids, attention_mask, x0)` of the windows `index`, x0 normalised with `self.normalization`."""
+        """
+        `(ids, attention_mask, x0)` of the windows `index`, x0 normalised with `self.normalization`; ids and mask on
+        the CPU, x0 where [`~EncodedWindows.hidden`] puts it (the trainer moves all three to its device).
+        """
         if self.normalization is None:
             raise RuntimeError("Set `normalization` (e.g. from measure_normalization()) before asking for latents.")
         return self.ids[index], self.attention_mask[index], self.normalization.normalize(self.hidden(index))

@@ -211,6 +211,23 @@ def lr_at(step: int, config: LangFlowTrainConfig, total_steps: int | None) -> fl
     return config.lr * ratio
 
 
+def training_device(name: str) -> torch.device:
+    """The device a run trains on (`"cpu"` or `"cuda"`), refused with a clear error where torch sees no GPU."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name!r}, but this torch build sees no GPU: train with device='cpu'.")
+    return device
+
+
+def latent_noise_generator(device: torch.device, seed: int) -> torch.Generator | None:
+    """
+    The generator of the latent noise ε off the CPU (seed·2 + 3), `None` on the CPU, where ε keeps coming from the
+    noise generator. ε is the only large draw: on a GPU it is drawn there (a CPU draw would be slower than the step
+    itself), so a GPU run is reproducible on GPUs but not bit for bit against a CPU run.
+    """
+    return None if device.type == "cpu" else torch.Generator(device).manual_seed(seed * 2 + 3)
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
@@ -230,7 +247,7 @@ class LangFlowTrainer:
     """
 
     config_class = LangFlowTrainConfig
-    # ELF's trainer shares the loop and the checkpoint code but trains on the CPU only.
+    # Set by __init__ (ELF's trainer, which shares the loop and the checkpoint code, sets them too).
     device = torch.device("cpu")
     latent_generator: torch.Generator | None = None
 
@@ -256,9 +273,7 @@ class LangFlowTrainer:
         self.vocab_size = vocab_size or len(tokenizer)
         self.unigram_entropy = unigram_entropy(self.train_tokens, self.vocab_size)
 
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device={config.device!r}, but this torch build sees no GPU: train with device='cpu'.")
+        self.device = training_device(config.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
             self.model = LangFlowTransformerModel(**config.model_config(self.vocab_size))
@@ -274,9 +289,7 @@ class LangFlowTrainer:
         self.stats = ProposalStats()
         self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
         self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
-        # ε is the only large draw: on a GPU it is drawn there (a CPU draw would be slower than the step itself).
-        if self.device.type != "cpu":
-            self.latent_generator = torch.Generator(self.device).manual_seed(config.seed * 2 + 3)
+        self.latent_generator = latent_noise_generator(self.device, config.seed)
         self.step = 0
         self.total_steps = config.max_steps
         self.elapsed = 0.0
