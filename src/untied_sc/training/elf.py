@@ -376,11 +376,11 @@ class ELFTrainer(LangFlowTrainer):
         normalization: LatentNormalization | None = None,
     ):
         self.config = config
+        self.device = training_device(config.device)  # refused before anything is written or loaded
         if config.threads:
             torch.set_num_threads(config.threads)
         self.run_dir = Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.device = training_device(config.device)
         if tokenizer is None:
             tokenizer = load_minilm_tokenizer(config.encoder_dir)
         self.tokenizer = tokenizer
