@@ -26,9 +26,11 @@ from untied_sc.training.elf import (
     velocity,
 )
 from untied_sc.training.encoder import (
+    ENCODER_NAME,
     EncodedWindows,
     FrozenTextEncoder,
     LatentNormalization,
+    load_minilm_encoder,
     measure_normalization,
     minilm_dir,
     paragraph_windows,
@@ -164,6 +166,20 @@ def test_latent_normalization_is_scalar_and_round_trips(tmp_path):
     assert torch.allclose(norm.denormalize(x), valid, atol=1e-5)
     path = norm.save(tmp_path)
     assert LatentNormalization.load(tmp_path) == norm == LatentNormalization.load(path)
+
+
+def test_normalization_records_an_encoder_with_rounded_weights(tmp_path):
+    # gpu19_pack.py's float16 copy of MiniLM writes rounding.json; latents measured through it must say so.
+    tokenizer = toy_tokenizer()
+    toy_encoder(len(tokenizer)).model.save_pretrained(tmp_path / "wheel")
+    plain = load_minilm_encoder(tmp_path / "wheel")
+    assert plain.description == ENCODER_NAME
+    (tmp_path / "wheel" / "rounding.json").write_text(json.dumps({"rounded_to": "float16"}))
+    rounded = load_minilm_encoder(tmp_path / "wheel")
+    assert rounded.description == f"{ENCODER_NAME}, weights rounded to float16"
+    norm = toy_windows(tokenizer=tokenizer, encoder=rounded).measure_normalization(8)
+    assert norm.encoder == rounded.description
+    assert LatentNormalization.from_dict(norm.to_dict()).encoder == rounded.description
 
 
 def test_latent_cache_matches_on_the_fly_encoding(tmp_path):

