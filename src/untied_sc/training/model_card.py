@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .corpus import DEFAULT_SOURCES
+
 
 def _smooth(values: list[float], width: int = 20) -> list[float]:
     out, total = [], 0.0
@@ -121,15 +123,18 @@ def write_model_card(
     on_cpu = config.get("device", "cpu") == "cpu"
     hardware = hardware or ("2 CPU cores" if on_cpu else "one GPU")
     manifest_path = Path(corpus_manifest)
-    sources = ""
+    sources, source_names = "", []
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        sources = ", ".join(manifest.get("settings", {}).get("sources", []))
+        source_names = manifest.get("settings", {}).get("sources", [])
+        sources = ", ".join(source_names)
     transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
     family = "ELF" if "latent_dim" in transformer_config else "LangFlow"
     docs, data_target = (
         ("docs/training-elf.md", "make elf-data") if family == "ELF" else ("docs/training.md", "make data")
     )
+    if source_names and tuple(source_names) != DEFAULT_SOURCES:  # `make data` builds the default set only
+        data_target = f"untied-sc data build --sources {','.join(source_names)}"
     lines = [
         "---",
         "library_name: diffusers",
