@@ -35,6 +35,15 @@ give_back_pieces() {  # move pieces from $WORK/pieces to $OUT while they fit the
   ls -la "$OUT"
 }
 if [ "$MODE" = fetch ]; then give_back_pieces; exit 0; fi
+# xz where the machine has it (threads), else Python's lzma (the image is not ours to inspect beforehand)
+unxz_to() {
+  if command -v xz >/dev/null; then xz -dc "$1" > "$2"
+  else $PYTHON -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; fi
+}
+tar_xz() {  # tar_xz DIR NAME OUT: DIR/NAME as OUT
+  if command -v xz >/dev/null; then tar -C "$1" -cf - "$2" | xz -T0 -6 > "$3"
+  else $PYTHON -c "import sys, tarfile; t = tarfile.open(sys.argv[3], 'w:xz'); t.add(sys.argv[1] + '/' + sys.argv[2], sys.argv[2]); t.close()" "$@"; fi
+}
 
 run_all() {
 T0=$(date +%s)
@@ -46,7 +55,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
 [ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 $PYTHON -c "import torch, transformers, diffusers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'diffusers', diffusers.__version__)"
 rm -rf "$WORK/runs" "$WORK/corpus" "$WORK/pieces" "$WORK/tokens"; mkdir -p "$WORK/runs" "$WORK/corpus" "$WORK/pieces"
-for split in train validation heldout; do xz -dc "$PACK/corpus/$split.txt.xz" > "$WORK/corpus/$split.txt" || return 4; done
+for split in train validation heldout; do unxz_to "$PACK/corpus/$split.txt.xz" "$WORK/corpus/$split.txt" || return 4; done
 
 # The recipes (docs/training.md and docs/training-elf.md say why). Both fix their step count from the first timed
 # steps so that the cosine schedule ends with the budget; a retrain passes the count they settled on as --max-steps.
@@ -90,7 +99,7 @@ for model in $MODELS; do
   for file in config.json loss_log.jsonl train.log export.log latent_normalization.json; do
     [ -f "$run/$file" ] && cp "$run/$file" "$WORK/export/$model/"
   done
-  tar -C "$WORK/export" -cf - "$model" | xz -T0 -6 > "$WORK/$model.tar.xz"
+  tar_xz "$WORK/export" "$model" "$WORK/$model.tar.xz" || { echo "$model: packing failed"; continue; }
   split -b $PIECE -d -a 1 "$WORK/$model.tar.xz" "$WORK/pieces/$model.tar.xz.part"
   echo "$model: $(stat -c %s "$WORK/$model.tar.xz") bytes packed"
 done
