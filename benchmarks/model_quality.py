@@ -28,6 +28,9 @@ from untied_sc.pipelines import load_pipeline
 from untied_sc.training.data import fixed_windows, load_split_tokens
 
 
+SHOWN = 5  # samples per row kept whole in the JSON (the model card shows them)
+
+
 def without_self_conditioning(scheduler):
     """The same scheduler, except that the network never receives a self-conditioning input (SC off)."""
 
@@ -89,6 +92,7 @@ def main() -> None:
                 "rep_4": result["rep_4"],
                 "distinct_2": result["distinct_2"],
                 "example": texts[0][:300],
+                "examples": texts[:SHOWN],  # unedited, for the model card's samples
                 "sampling_seconds": seconds,
             }
         )

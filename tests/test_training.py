@@ -221,7 +221,15 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
         "num_samples": 2,
         "command": "python benchmarks/model_quality.py pipe",
         "rows": [
-            {"sampler": "official (SC on)", "nfe": 8, "gen_ppl": 123.45, "entropy_evaluator_ids": 4.2, "rep_4": 0.0}
+            {"sampler": "official (SC on)", "nfe": 8, "gen_ppl": 123.45, "entropy_evaluator_ids": 4.2, "rep_4": 0.0},
+            {
+                "sampler": "untied",
+                "nfe": 8,
+                "gen_ppl": 99.0,
+                "entropy_evaluator_ids": 4.1,
+                "rep_4": 0.0,
+                "examples": [f"sample {i}:  as  written " for i in range(5)],
+            },
         ],
     }
     (tmp_path / "quality.json").write_text(json.dumps(quality))
@@ -231,6 +239,9 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     text = card.read_text()
     assert "from untied_sc import LangFlowPipeline" in text and "| official (SC on) | 8 | 123.5 | 4.200 |" in text
     assert "Evaluator: tiny; langflow protocol, 2 samples per row" in text
+    # the kept samples, unedited, one block each; a row without them (the official one here) shows none
+    assert "**untied, 8 steps**" in text and "**official (SC on)" not in text
+    assert all(f"```text\nsample {i}:  as  written\n```" in text for i in range(5))
     assert "Steps: 3 of batch 8 × 16 tokens" in text and (out / "loss_curve.png").stat().st_size > 1000
     assert "trained on CPU" in text and "on 2 CPU cores." in text
     # The snapshot's export takes tokens and time from the log row of its step; a GPU run's card says so.

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="Samples per sampler.")
     parser.add_argument("--seed", type=int, default=0, help="Generator seed (the same for every sampler).")
     parser.add_argument("--evaluator", default="smollm2-135m", help="Evaluator name or folder.")
-    parser.add_argument("--show", type=int, default=3, help="Samples printed per sampler.")
+    parser.add_argument("--show", type=int, default=5, help="Samples printed per sampler.")
     args = parser.parse_args(argv)
 
     folders = find_pipelines(Path(args.artifacts))

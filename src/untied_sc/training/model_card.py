@@ -101,6 +101,32 @@ def quality_table(quality: dict) -> str:
     return "\n".join(lines)
 
 
+def samples_section(quality: dict) -> list[str]:
+    """
+    Markdown lines with the unedited samples that `benchmarks/model_quality.py` kept (`examples`) of the official
+    sampler at its largest NFE and the untied sampler at its smallest; none for a result without them.
+    """
+    rows = [row for row in quality["rows"] if row.get("nfe") and row.get("examples")]
+    official = [row for row in rows if row["sampler"] == "official (SC on)"]
+    untied = [row for row in rows if row["sampler"] == "untied"]
+    chosen = ([max(official, key=lambda row: row["nfe"])] if official else []) + (
+        [min(untied, key=lambda row: row["nfe"])] if untied else []
+    )
+    if not chosen:
+        return []
+    lines = [
+        "## Samples",
+        "",
+        "The first samples of the quality run above (same seeds for every sampler), unedited.",
+        "",
+    ]
+    for row in chosen:
+        lines += [f"**{row['sampler']}, {row['nfe']} steps**", ""]
+        for text in row["examples"]:
+            lines += ["```text", text.strip(), "```", ""]
+    return lines
+
+
 def write_model_card(
     pipeline_dir: str | Path,
     run_dir: str | Path,
@@ -179,6 +205,7 @@ def write_model_card(
             "",
             quality_table(data),
             "",
+            *samples_section(data),
         ]
     if notes:
         lines += [notes.strip(), ""]
