@@ -67,12 +67,12 @@ train() {
     langflow-v2)
       $PYTHON -m untied_sc.training.langflow train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --tokenizer-dir "$PACK/tokenizer-8k" --token-cache-dir "$WORK/tokens" \
-        --hidden-size 384 --num-layers 6 --num-attention-heads 6 --lr 1e-3 --snapshot-minutes 2 $LF_ARGS ;;
+        --hidden-size 384 --num-layers 6 --num-attention-heads 6 --lr 1e-3 $LF_ARGS ;;
     elf-v2)
       $PYTHON -m untied_sc.training.elf train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --encoder-dir "$PACK/minilm-fp16" --latent-cache-dir none \
         --hidden-size 256 --num-layers 7 --num-attention-heads 4 --bottleneck-dim 256 --p-mean -0.5 --p-std 1.0 \
-        --lr 1.5e-3 --snapshot-minutes 2 $ELF_ARGS ;;
+        --lr 1.5e-3 $ELF_ARGS ;;
     *) echo "unknown model $model"; return 2 ;;
   esac
 }
