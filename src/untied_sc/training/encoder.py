@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..hardware import warn_if_emulated_bfloat16
 from .data import tokenizer_fingerprint
 
 
@@ -80,6 +81,8 @@ def load_minilm_encoder(
     `device`."""
     from transformers import AutoModel
 
+    if autocast == "bf16" and torch.device(device).type == "cpu":
+        warn_if_emulated_bfloat16("The frozen encoder (autocast='bf16')", "Encode with --encoder-autocast none here.")
     folder = Path(path) if path else minilm_dir()
     model = AutoModel.from_pretrained(folder, dtype=torch.float32)
     return FrozenTextEncoder(model, autocast, describe_encoder(folder)).to(device)

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..hardware import warn_if_emulated_bfloat16
 from ..models import LangFlowTransformerModel
 from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
@@ -211,11 +212,16 @@ def lr_at(step: int, config: LangFlowTrainConfig, total_steps: int | None) -> fl
     return config.lr * ratio
 
 
-def training_device(name: str) -> torch.device:
-    """The device a run trains on (`"cpu"` or `"cuda"`), refused with a clear error where torch sees no GPU."""
+def training_device(name: str, autocast: str = "none") -> torch.device:
+    """
+    The device a run trains on (`"cpu"` or `"cuda"`), refused with a clear error where torch sees no GPU; a warning
+    where bf16 autocast would run on a CPU that emulates bfloat16 (about 50× slower, :mod:`untied_sc.hardware`).
+    """
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={name!r}, but this torch build sees no GPU: train with device='cpu'.")
+    if device.type == "cpu" and autocast == "bf16":
+        warn_if_emulated_bfloat16("Training (autocast='bf16')", "Train with --autocast none (float32) here.")
     return device
 
 
@@ -273,7 +279,7 @@ class LangFlowTrainer:
         self.vocab_size = vocab_size or len(tokenizer)
         self.unigram_entropy = unigram_entropy(self.train_tokens, self.vocab_size)
 
-        self.device = training_device(config.device)
+        self.device = training_device(config.device, config.autocast)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
             self.model = LangFlowTransformerModel(**config.model_config(self.vocab_size))
