@@ -119,8 +119,9 @@ class FrozenTextEncoder:
 
     Args:
         model: the encoder; it is put in eval mode and its parameters stop requiring gradients.
-        autocast (`str`, defaults to `"none"`): `"bf16"` runs it under bfloat16 autocast on its device (on the CPU
-            about 2× faster; the official PyTorch port runs T5 in bf16), `"none"` in float32.
+        autocast (`str`, defaults to `"none"`): `"bf16"` runs it under bfloat16 autocast on its device (about 2×
+            faster on a CPU with native bfloat16, far slower where it is emulated: :mod:`untied_sc.hardware`; the
+            official PyTorch port runs T5 in bf16), `"none"` in float32.
         description (`str`): what the encoder is, recorded with the latent normalisation measured through it.
 
     It runs where its weights are ([`~FrozenTextEncoder.to`] moves them): the ids go there and so do the latents.
