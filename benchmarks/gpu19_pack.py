@@ -14,7 +14,6 @@ tool carries (`.gpu19/`, git-ignored through `.git/info/exclude`; the device tak
 """
 
 import argparse
-import hashlib
 import json
 import lzma
 import shutil
@@ -25,18 +24,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from untied_sc.training.encoder import minilm_dir
+from untied_sc.training.packages import sha256_file
 
 
 SPLITS = ("train", "validation", "heldout")
 ENCODER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def pack_corpus(corpus: Path, out: Path) -> None:
@@ -58,7 +50,7 @@ def round_encoder(source: Path, out: Path) -> dict:
         shutil.copy(source / name, out / name)
     info = {
         "source": str(source),
-        "source_sha256": sha256(source / "model.safetensors"),
+        "source_sha256": sha256_file(source / "model.safetensors"),
         "rounded_to": "float16",
         "max_abs_rounding_error": worst,
         "why": "the float32 weights (91 MB) exceed what the device tool carries (64 MiB with the repository)",
