@@ -54,8 +54,8 @@ train-langflow-cpu: data
 		--no-progress
 
 # The bundled folder: bf16 weights (17 MB), calibrated statistics, tuned coefficients, quality numbers, model card.
-# finish-langflow is everything after the export, also for a folder exported elsewhere (issue 19's GPU job returns
-# one: make finish-langflow LF_RUN=runs/langflow-v2 CORPUS=data/corpus-v2 LF_TRAIN="bash benchmarks/gpu_train_issue19.sh"
+# finish-langflow is everything after the export, also for a folder exported elsewhere (the v2 GPU job returns
+# one: make finish-langflow LF_RUN=runs/langflow-v2 CORPUS=data/corpus-v2 LF_TRAIN="bash benchmarks/gpu_train_v2.sh"
 # after copying runs/langflow-v2/pipeline to $(LF); docs/training.md).
 LF := hub_artifacts/langflow-small
 LF_RUN ?= runs/langflow-small
@@ -87,7 +87,7 @@ train-elf: elf-data
 		--p-mean -0.5 --p-std 1.0 --bottleneck-dim 256 --no-progress
 
 # The bundled folder: bf16 weights, calibrated statistics, tuned coefficients, quality numbers, model card.
-# finish-elf as finish-langflow; an ELF trained on the float16 MiniLM copy also needs ELF_ENCODER=.gpu19/minilm-fp16.
+# finish-elf as finish-langflow; an ELF trained on the float16 MiniLM copy also needs ELF_ENCODER=.v2-inputs/minilm-fp16.
 ELF := hub_artifacts/elf-small
 ELF_RUN ?= runs/elf-small
 ELF_TRAIN ?= make train-elf

@@ -1,4 +1,4 @@
-"""Device-side randomness on a GPU (issue 16): what reproduces what, and the official ELF scheduler's share of run time.
+"""Device-side randomness on a GPU: what reproduces what, and the official ELF scheduler's share of run time.
 
     PYTHONPATH=src:. python benchmarks/gpu_randomness_check.py --output benchmarks/results/gpu-randomness-h100.json
 
@@ -35,7 +35,7 @@ from untied_sc.schedulers.noise import NoiseStream, draw_normal  # noqa: E402
 from untied_sc.schedulers.scheduling_elf import elf_time_grid  # noqa: E402
 
 
-TARGET_SHARE = 0.03  # the issue's target: ≤ 3 % of the run inside the scheduler
+TARGET_SHARE = 0.03  # the target: ≤ 3 % of the run inside the scheduler
 
 
 def clock(device: torch.device) -> float:

@@ -1,4 +1,4 @@
-"""Checks that several processes write exactly the samples of one process, on a real pipeline (issue 16).
+"""Checks that several processes write exactly the samples of one process, on a real pipeline.
 
     python benchmarks/multi_process_check.py PIPELINE_DIR [--processes 2] [--nfe 8] [--num-samples 64]
         [--batch-size 8] [--seed 0] [--work-dir DIR]

@@ -1,4 +1,4 @@
-"""Any step count samples (issue 18): a default ELF churn and a paper-preset entry for every NFE, an `untied-sc
+"""Any step count samples: a default ELF churn and a paper-preset entry for every NFE, an `untied-sc
 calibrate` that works at unlisted NFEs (with a preset or explicit coefficients), and errors whose commands work."""
 
 import math

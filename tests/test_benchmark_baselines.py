@@ -1,4 +1,4 @@
-"""`untied-sc benchmark --experiment baselines` (issue 17): the comparison samplers in the matched sweep, their knobs
+"""`untied-sc benchmark --experiment baselines`: the comparison samplers in the matched sweep, their knobs
 chosen on the tuning bank, ACE's direction as a pipeline component; tiny golden pipelines under a tiny evaluator."""
 
 import copy

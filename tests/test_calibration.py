@@ -263,7 +263,7 @@ def test_run_updates_through_the_pipeline_loop_equals_the_hand_written_recurrenc
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_generator_calibrates_on_the_device_stream_reproducibly(elf_pipe):
-    # The base-scale runs once drew from a CUDA generator on the CPU and failed (found on an H200, issue 16).
+    # The base-scale runs once drew from a CUDA generator on the CPU and failed (found on an H200).
     pipe = elf_pipe.to("cuda")
     options = {"bank_size": 4, "batch_size": 2, "base_scale_bank_size": 2, "progress": False}
     runs = [calibrate_pipeline(pipe, [8], generator_device="cuda", **options) for _ in range(2)]

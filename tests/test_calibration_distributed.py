@@ -1,4 +1,4 @@
-"""Calibration over several processes (issue 16): the same statistics from 1 or 2 processes; cost, device, dtype."""
+"""Calibration over several processes: the same statistics from 1 or 2 processes; cost, device, dtype."""
 
 import json
 import os
@@ -23,7 +23,7 @@ from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer
 
 
-TOLERANCE = 1e-6  # relative, on every statistics tensor (issue 16)
+TOLERANCE = 1e-6  # relative, on every statistics tensor
 
 
 def _child_env() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The v2 corpus sources (issue 19) on tiny packages built here: SWORD modules inside a .deb, npm tarballs of the
+"""The v2 corpus sources on tiny packages built here: SWORD modules inside a .deb, npm tarballs of the
 State of the Union addresses and Moby-Dick; the source registry and build_corpus with those fakes (no network)."""
 
 import io

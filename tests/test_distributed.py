@@ -1,4 +1,4 @@
-"""Sampling split across processes (issue 16): shards by batch index, gathered in batch order, and `untied-sc generate`
+"""Sampling split across processes: shards by batch index, gathered in batch order, and `untied-sc generate`
 / `benchmark --generate-only` under 2 CPU processes writing exactly the 1-process samples.
 
 The 2-process runs use torchrun (`python -m torch.distributed.run`), the launcher `accelerate launch` itself uses for

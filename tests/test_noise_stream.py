@@ -1,4 +1,4 @@
-"""Device-side randomness (issue 16): the noise stream's draw-ahead gives the inline numbers, and a CUDA generator
+"""Device-side randomness: the noise stream's draw-ahead gives the inline numbers, and a CUDA generator
 draws the official order on its device.
 
 Draw-ahead runs on a background thread; forced on for CPU tensors (`draw_ahead=True`) it takes the same code path

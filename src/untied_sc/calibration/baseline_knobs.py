@@ -1,5 +1,5 @@
 """Choosing each comparison sampler's strength knob per NFE on the tuning bank (`untied-sc benchmark --experiment
-baselines`, issue 17).
+baselines`).
 
 A fair comparison gives every method the same chance the untied sampler gets from `untied-sc tune`
 (`calibration/tune.py`, whose machinery this reuses): per NFE N and method,

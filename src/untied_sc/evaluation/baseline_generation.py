@@ -1,4 +1,4 @@
-"""`--experiment baselines` split across machines (issue 17): sample on a GPU without the evaluator, then choose the
+"""`--experiment baselines` split across machines: sample on a GPU without the evaluator, then choose the
 knobs and score where the evaluator is.
 
 The one-machine run chooses each comparison sampler's knob on the tuning bank, then samples the benchmark at the

@@ -1,4 +1,4 @@
-"""The `baselines` experiment of `untied-sc benchmark` (issue 17): before sampling, every check the sweep would make,
+"""The `baselines` experiment of `untied-sc benchmark`: before sampling, every check the sweep would make,
 then each comparison sampler's knob chosen per NFE on the tuning bank (`calibration/baseline_knobs.py`), written
 into its spec (`knobs_by_steps`) and recorded for the report.
 

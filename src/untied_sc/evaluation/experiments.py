@@ -12,7 +12,7 @@ baseline of every paired comparison. The experiments (`--experiment`):
 - `directions` (Table "Controls for the solver correction"): the full untied sampler with the history direction and
   with each control of it (`correction_direction`): the batch's common component, another sample's direction, a random
   direction with equal RMS;
-- `baselines` (Table "matched sampler comparison", issue 17): official, untied and the comparison samplers (Momentum,
+- `baselines` (Table "matched sampler comparison"): official, untied and the comparison samplers (Momentum,
   ACE, HiGS, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9), each a spec naming its scheduler (`"scheduler":
   "momentum"`, ...). Their strength knobs are chosen per NFE on the tuning bank before sampling
   (`evaluation/baselines.py`) and carried in the spec's `knobs_by_steps`.

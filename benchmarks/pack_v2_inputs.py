@@ -1,6 +1,6 @@
 """
-The inputs of issue 19's GPU training job (`benchmarks/gpu_train_issue19.sh`), packed into one folder that the device
-tool carries (`.gpu19/`, git-ignored through `.git/info/exclude`; the device takes at most 64 MiB in all):
+The inputs of the v2 GPU training job (`benchmarks/gpu_train_v2.sh`), packed into one folder that the device
+tool carries (`.v2-inputs/`, git-ignored through `.git/info/exclude`; the device takes at most 64 MiB in all):
 
 * `corpus/`: the v2 corpus splits, xz-compressed (25 MB of text -> about 6.5 MB), and its manifest;
 * `tokenizer-8k/`: LangFlow's byte-level BPE trained on the v2 train split;
@@ -10,7 +10,7 @@ tool carries (`.gpu19/`, git-ignored through `.git/info/exclude`; the device tak
   (`--encoder-dir`), which `--check` compares with the wheel's encoder on validation windows.
 
     .venv/bin/untied-sc data build --out data/corpus-v2 --tokenizer-out data/tokenizer-v2-8k --sources v2
-    .venv/bin/python benchmarks/gpu19_pack.py --check
+    .venv/bin/python benchmarks/pack_v2_inputs.py --check
 """
 
 import argparse
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("data/tokenizer-v2-8k"),
         help="LangFlow's BPE trained on the v2 train split",
     )
-    parser.add_argument("--out", type=Path, default=Path(".gpu19"), help="the folder the device tool will carry")
+    parser.add_argument("--out", type=Path, default=Path(".v2-inputs"), help="the folder the device tool will carry")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--check", action="store_true", help="compare the rounded encoder with the wheel's")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The issue-16 device check in one run (one GPU, ~8.5 min): overhead, device randomness, CUDA noise tests, calibration
+# The GPU overhead and randomness check in one run (one GPU, ~8.5 min): overhead, device randomness, CUDA noise tests, calibration
 # cost. On the lent device machine diffusers is missing: carry its wheel in .whl/ (see the device README); elsewhere
 # no wheels are needed. Results land in $OUT (default: runs/gpu16). BUDGET: seconds the whole run may take (default 510).
 OUT=${OUT:-runs/gpu16}; mkdir -p "$OUT"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The sampling half of issue 17's tables on one GPU: ACE's direction where a folder lacks one, then
+# The sampling half of the baselines tables on one GPU: ACE's direction where a folder lacks one, then
 # `--experiment baselines --generate-only` (every grid value and the tuning bank; no evaluator needed) as one process
 # per (model, NFE), side by side on the one GPU (tiny networks leave it mostly idle). Score where the evaluator is:
 #   untied-sc benchmark --from $OUT/<model>/<model>-baselines-nfe*/<model>-baselines.generation.json

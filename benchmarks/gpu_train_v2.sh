@@ -1,23 +1,23 @@
 #!/bin/bash
-# Issue 19 on one lent GPU: LangFlow-v2 and ELF-v2 trained side by side on the v2 corpus (the two small networks
+# On one lent GPU: LangFlow-v2 and ELF-v2 trained side by side on the v2 corpus (the two small networks
 # leave one GPU mostly idle), each exported as a bf16 pipeline folder with its run's log and config, and returned
 # as xz-compressed tar pieces of at most 15 MiB (the device returns at most 8 files, 64 MiB together).
 #
 # Here, before the call (docs/training.md, "Training the v2 models on a lent GPU"):
 #   .venv/bin/untied-sc data build --out data/corpus-v2 --tokenizer-out data/tokenizer-v2-8k --sources v2
-#   .venv/bin/python benchmarks/gpu19_pack.py --check        # .gpu19/: corpus, tokenizer, float16 MiniLM
-#   benchmarks/device_tree.sh size .gpu19 .whl && benchmarks/device_tree.sh slim
-# The device call (carry [".gpu19", ".whl"], timeout_s 600):
-#   bash benchmarks/gpu_train_issue19.sh
+#   .venv/bin/python benchmarks/pack_v2_inputs.py --check        # .v2-inputs/: corpus, tokenizer, float16 MiniLM
+#   benchmarks/device_tree.sh size .v2-inputs .whl && benchmarks/device_tree.sh slim
+# The device call (carry [".v2-inputs", ".whl"], timeout_s 600):
+#   bash benchmarks/gpu_train_v2.sh
 # and straight afterwards, here:
 #   benchmarks/device_tree.sh restore
 #   mkdir -p runs && for m in langflow-v2 elf-v2; do cat FILES_AT/$m.tar.xz.part* | tar -xJ -C runs; done
-# If the pieces did not all fit, the output names those left: `MODE=fetch bash benchmarks/gpu_train_issue19.sh`
+# If the pieces did not all fit, the output names those left: `MODE=fetch bash benchmarks/gpu_train_v2.sh`
 # returns them while the machine is still warm.
 #
-# Settings (defaults = the issue-19 recipe): DEVICE, BUDGET_MIN (training minutes per model, both at once), MODELS,
+# Settings (defaults = the v2 recipe): DEVICE, BUDGET_MIN (training minutes per model, both at once), MODELS,
 # LF_ARGS / ELF_ARGS (extra trainer arguments, appended: later ones win), PACK (the carried folder), WORK, PYTHON.
-PACK=${PACK:-.gpu19}; WORK=${WORK:-/tmp/gpu19}; PYTHON=${PYTHON:-python3}; MODE=${MODE:-train}
+PACK=${PACK:-.v2-inputs}; WORK=${WORK:-/tmp/gpu-v2}; PYTHON=${PYTHON:-python3}; MODE=${MODE:-train}
 DEVICE=${DEVICE:-cuda}; BUDGET_MIN=${BUDGET_MIN:-5.5}; MODELS=${MODELS:-langflow-v2 elf-v2}
 PIECE=$((15 * 1048576)); RETURN_MAX=$((62 * 1048576)); RETURN_FILES=7  # the script's log is the 8th file
 OUT=${OUT:-$WORK/returned}; mkdir -p "$OUT"
@@ -106,4 +106,4 @@ done
 give_back_pieces
 echo "== done after $(( $(date +%s) - T0 )) s"
 }
-run_all 2>&1 | tee "$OUT/gpu19.log"
+run_all 2>&1 | tee "$OUT/train-v2.log"
