@@ -8,9 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler, SamplerStatistics, UntiedSelfConditioningScheduler
-from untied_sc.calibration.migrate import migrate_folder, migrate_pipeline
+from untied_sc.calibration.migrate import migrate_pipeline
 from untied_sc.cli import main
 from untied_sc.pipelines import load_pipeline
+from untied_sc.pipelines.migration import migrate_folder
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES, FORMAT_VERSION, shortest_float
 
 from .conftest import langflow_from_golden

@@ -251,7 +251,7 @@ def _ace(args: argparse.Namespace) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> None:
-    from .calibration.migrate import migrate_folder
+    from .pipelines.migration import migrate_folder
 
     folder = migrate_folder(args.pipeline, args.output, overwrite=args.overwrite)
     print(f"Wrote {folder} in the current layout (coefficients in scheduler/scheduler_config.json)")
