@@ -24,11 +24,11 @@ from ..defaults import TUNE_SEED
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
 from .experiments import BASELINE, normalise_samplers
+from .generation_files import CANDIDATES_KEY
 from .sampling import KNOBS_KEY
 from .score_reuse import lend_or_score, samples_fingerprint
 
 
-CANDIDATES_KEY = "baseline_candidates"
 BANK_PREFIX = "tuning bank: "
 
 

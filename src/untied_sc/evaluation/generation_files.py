@@ -13,6 +13,7 @@ from .sampling import KNOBS_KEY
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"
+CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a generation file
 
 # What every part of a merged sweep must share: the model, the matched-pair settings and the sampler set. `device`
 # and `torch` may differ between parts: every pair, knob choice and throughput ratio stays within one NFE, so within
@@ -109,8 +110,6 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     Raises:
         ValueError: when the parts differ in a shared setting or overlap in an NFE (the error names both parts).
     """
-    from .baseline_generation import CANDIDATES_KEY
-
     if len(generations) == 1:
         return dict(generations[0])
     names = list(names) if names is not None else [f"part {i + 1}" for i in range(len(generations))]

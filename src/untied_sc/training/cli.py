@@ -8,7 +8,7 @@ import dataclasses
 import importlib
 import sys
 
-from ..cli import Parser
+from ..cli_parser import Parser
 from .config import ELFTrainConfig, LangFlowTrainConfig
 
 
