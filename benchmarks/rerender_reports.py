@@ -1,6 +1,6 @@
 """Re-analyse committed benchmark reports from their run records, and re-render them (JSON, Markdown, plot).
 
-A report's statistics are a function of its per-sample records (`untied_sc.evaluation.benchmark.analyse`): when the
+A report's statistics are a function of its per-sample records (`untied_sc.experiments.benchmark.analyse`): when the
 way intervals or the equal-entropy control are computed changes, the committed reports are brought up to date with
 
     python benchmarks/rerender_reports.py benchmarks/results/*.json --overwrite
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from untied_sc.evaluation.aggregation import analyse
 from untied_sc.evaluation.evaluator import describe_evaluator
-from untied_sc.evaluation.report import write_results
+from untied_sc.experiments.aggregation import analyse
+from untied_sc.experiments.report import write_results
 
 
 def _option(command: str | None, name: str) -> str | None:

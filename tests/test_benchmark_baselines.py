@@ -15,21 +15,21 @@ from untied_sc.calibration.ace import estimate_ace_direction
 from untied_sc.calibration.baseline_knobs import KNOB_GRIDS, KnobGrid, choose_knob
 from untied_sc.calibration.tune import Candidate
 from untied_sc.cli import main
-from untied_sc.evaluation import run_sweep
-from untied_sc.evaluation.baseline_generation import (
+from untied_sc.evaluation.sampling import build_scheduler
+from untied_sc.experiments import run_sweep
+from untied_sc.experiments.baseline_generation import (
     CANDIDATES_KEY,
     generate_baseline_candidates,
     score_baseline_candidates,
 )
-from untied_sc.evaluation.baselines import tune_baselines
-from untied_sc.evaluation.experiments import BASELINE_METHODS, experiment_samplers, with_preset
-from untied_sc.evaluation.generation_files import (
+from untied_sc.experiments.baselines import tune_baselines
+from untied_sc.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
+from untied_sc.experiments.generation_files import (
     merge_generations,
     read_generation,
     read_generations,
     write_generation,
 )
-from untied_sc.evaluation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
 
@@ -297,7 +297,7 @@ def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_g
 
 def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden, evaluator):
     from untied_sc.calibration.tune import tune_coefficients
-    from untied_sc.evaluation.baselines import untied_tuning_record
+    from untied_sc.experiments.baselines import untied_tuning_record
 
     pipe = _pipe("langflow", langflow_golden, ace=False)
     assert untied_tuning_record(pipe, [8]) == {"8": None}

@@ -41,8 +41,8 @@ from untied_sc.evaluation import (
     word_repetition,
     write_samples,
 )
-from untied_sc.evaluation.cli import add_evaluate_arguments, evaluate_command
 from untied_sc.evaluation.evaluator import describe_evaluator
+from untied_sc.experiments.cli import add_evaluate_arguments, evaluate_command
 
 from .tiny import tiny_llama
 

@@ -13,7 +13,7 @@ from untied_sc.calibration.ace import ACEStatistics
 from untied_sc.calibration.calibrate import bank_seeds, base_scale_seeds, calibration_seeds
 from untied_sc.cli import main as cli_main
 from untied_sc.evaluation.sampling import batch_seed, tuning_seeds
-from untied_sc.evaluation.sweep import generate_sweep, refuse_leaked_seeds
+from untied_sc.experiments.sweep import generate_sweep, refuse_leaked_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.seeds import (
     BATCH_STRIDE,

@@ -14,9 +14,9 @@ from untied_sc.calibration.tune import (
     tune_coefficients,
 )
 from untied_sc.cli import main
-from untied_sc.evaluation import run_sweep
 from untied_sc.evaluation.sampling import tuning_seeds
-from untied_sc.evaluation.sweep import refuse_leaked_seeds
+from untied_sc.experiments import run_sweep
+from untied_sc.experiments.sweep import refuse_leaked_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 

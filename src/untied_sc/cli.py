@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 from .cli_parser import Parser
 from .defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS, DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
 from .diagnostics.cli import register_diagnose_command
-from .evaluation.cli import register_benchmark_command, register_evaluate_command
-from .evaluation.generate import register_generate_command
+from .experiments.cli import register_benchmark_command, register_evaluate_command
+from .experiments.generate import register_generate_command
 from .judge.cli import register_judge_command
 
 
@@ -91,7 +91,7 @@ def _check_statistics_target(source: str, output: str | None) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     from .calibration import format_summary
     from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
-    from .evaluation.cli import torch_dtype
+    from .experiments.cli import torch_dtype
     from .pipelines import load_pipeline
 
     explicit = {name: getattr(args, name) for name in ("eta_r", "eta_t", "eta_o", "alpha")}
@@ -142,7 +142,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from .calibration.tune import format_tuning, tune_coefficients
-    from .evaluation.cli import torch_dtype
+    from .experiments.cli import torch_dtype
     from .pipelines import load_pipeline
 
     _check_statistics_target(args.pipeline, args.output)

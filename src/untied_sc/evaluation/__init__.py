@@ -1,5 +1,7 @@
-"""Evaluation: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy, repetition, diversity,
-throughput, and the statistics of matched comparisons (docs/algorithm.md §6). It scores texts and token ids only."""
+"""Evaluation, the metrics library: GenPPL under a causal LM evaluator (`elf` / `langflow` protocols), entropy,
+repetition, diversity, throughput, the statistics of matched comparisons and the equal-entropy curves (docs/algorithm.md
+§6), and the batched sampling they score. It scores texts and token ids only; the experiments built on it (sweeps,
+benchmarks, reports, their command line) live in `untied_sc.experiments`, one floor up."""
 
 from .._lazy import lazy_attributes
 
@@ -8,10 +10,8 @@ from .._lazy import lazy_attributes
 __getattr__, __dir__, __all__ = lazy_attributes(
     __name__,
     {
-        ".aggregation": ("aggregate",),
         ".curves": ("FIT_DESCRIPTION", "RunSamples", "equal_entropy_ratio", "gen_ppl_on_curve", "monotone_cubic"),
         ".evaluator": ("SMOLLM2_NAME", "default_cache_dir", "evaluator_context_size", "load_evaluator"),
-        ".generate": ("generate_samples",),
         ".io": ("Sample", "compare_results", "evaluate_runs", "evaluate_samples", "read_samples", "write_samples"),
         ".metrics": (
             "PROTOCOLS",
@@ -35,7 +35,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "word_repetition",
         ),
         ".plots": ("plot_benchmark",),
-        ".report": ("format_markdown", "write_results"),
         ".sampling": ("batch_seed", "generate", "resampling_clusters", "resampling_unit"),
         ".statistics": (
             "PairedComparison",
@@ -45,7 +44,5 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "paired_comparison",
             "percentile_interval",
         ),
-        ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
-        ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
     },
 )

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..defaults import TUNE_SEED
+from ..evaluation.sampling import KNOBS_KEY
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
-from .experiments import normalise_samplers
-from .sampling import KNOBS_KEY
+from .definitions import normalise_samplers
 from .sweep import check_ace_statistics, check_runs, refuse_leaked_seeds
 
 

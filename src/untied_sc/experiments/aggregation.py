@@ -16,11 +16,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
-from .experiments import BASELINE
-from .metrics import retained_throughput
-from .sampling import RESAMPLING_UNITS, resampling_clusters
-from .statistics import cluster_resample_weights, mean_and_standard_error, paired_comparison, percentile_interval
+from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
+from ..evaluation.metrics import retained_throughput
+from ..evaluation.sampling import RESAMPLING_UNITS, resampling_clusters
+from ..evaluation.statistics import (
+    cluster_resample_weights,
+    mean_and_standard_error,
+    paired_comparison,
+    percentile_interval,
+)
+from .definitions import BASELINE
 
 
 # The run-record metrics that get a mean ± SE over seeds per (sampler, NFE).

@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..defaults import TUNE_SEED
+from ..evaluation.sampling import KNOBS_KEY
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
-from .experiments import BASELINE, normalise_samplers
+from .definitions import BASELINE, normalise_samplers
 from .generation_files import CANDIDATES_KEY
-from .sampling import KNOBS_KEY
 from .score_reuse import lend_or_score, samples_fingerprint
 
 
@@ -130,8 +130,8 @@ def generate_baseline_candidates(
         `tuned_when_sampled` too: the evaluator, the protocol and the runs sampled per NFE.
     """
     from ..distributed import main_process_progress
+    from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
     from .baselines import ace_record, untied_tuning_record
-    from .sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
     from .sweep import check_ace_statistics, check_runs, generate_sweep, place_pipeline, refuse_leaked_seeds
 
     samplers = normalise_samplers(samplers)
@@ -270,8 +270,8 @@ def choose_from_bank(
 
     from ..calibration.baseline_knobs import KNOB_GRIDS, choose_knob
     from ..calibration.tune import Candidate, score_bank_samples
+    from ..evaluation.sampling import resampling_clusters
     from .baselines import apply_knob_choices
-    from .sampling import resampling_clusters
 
     candidates = generation[CANDIDATES_KEY]
     settings = candidates["bank"]
@@ -400,7 +400,7 @@ def score_baseline_candidates(
         **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
     """
     from ..calibration.tune import scoring_evaluator
-    from .evaluator import describe_evaluator
+    from ..evaluation.evaluator import describe_evaluator
     from .score_reuse import reusable_scores
     from .sweep import score_sweep
 

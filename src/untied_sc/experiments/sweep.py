@@ -32,16 +32,10 @@ import torch
 
 from ..calibration.calibrate import calibration_seeds
 from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS
-from ..schedulers.comparison_names import ACE_METHODS
-from ..seeds import check_seed
-from .aggregation import AGGREGATED_METRICS, analyse
-from .evaluator import describe_evaluator
-from .experiments import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
-from .generation_files import GENERATION_FORMAT
-from .io import evaluate_samples
-from .metrics import samples_per_second
-from .report import write_results
-from .sampling import (
+from ..evaluation.evaluator import describe_evaluator
+from ..evaluation.io import evaluate_samples
+from ..evaluation.metrics import samples_per_second
+from ..evaluation.sampling import (
     CALL_KEYS,
     build_scheduler,
     diversity_knob,
@@ -51,6 +45,12 @@ from .sampling import (
     tokenizer_description,
     tuning_seeds,
 )
+from ..schedulers.comparison_names import ACE_METHODS
+from ..seeds import check_seed
+from .aggregation import AGGREGATED_METRICS, analyse
+from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
+from .generation_files import GENERATION_FORMAT
+from .report import write_results
 from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
 
 
@@ -325,7 +325,7 @@ def score_sweep(
     [`score_reuse`]; the first such run is scored again as a check)."""
     from tqdm.auto import tqdm
 
-    from .evaluator import load_evaluator
+    from ..evaluation.evaluator import load_evaluator
 
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
@@ -474,7 +474,7 @@ def run_sweep(
             split across them by batch ([`generate_sweep`]); the main process alone scores and writes, the others
             return `None`. Scoring is not split: it runs once, on the main process.
         knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
-            ([`untied_sc.evaluation.baselines.tune_baselines`]), kept in the results and the report.
+            ([`untied_sc.experiments.baselines.tune_baselines`]), kept in the results and the report.
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:

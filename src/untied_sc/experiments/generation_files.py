@@ -8,8 +8,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .io import Sample, read_samples, write_samples
-from .sampling import KNOBS_KEY
+from ..evaluation.io import Sample, read_samples, write_samples
+from ..evaluation.sampling import KNOBS_KEY
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"

@@ -115,8 +115,8 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
     report's numbers; with it, each file is scored whole and the two are paired sample by sample.
     """
-    from .evaluator import describe_evaluator, load_evaluator
-    from .io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
+    from ..evaluation.evaluator import describe_evaluator, load_evaluator
+    from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
     dtype = torch_dtype(args.dtype)
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=dtype)
@@ -407,7 +407,7 @@ def _score_generation_file(args, scoring: dict) -> dict:
 
 def _load_evaluator(args):
     """The benchmark's evaluator as the options name it (on --device, else the CPU) for choosing knobs on the bank."""
-    from .evaluator import load_evaluator
+    from ..evaluation.evaluator import load_evaluator
 
     return load_evaluator(
         args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=torch_dtype(args.dtype)
@@ -495,7 +495,7 @@ def benchmark_command(args) -> dict | None:
     not split: it runs on the main process only.
     """
     from ..distributed import is_main_process, process_state, silence_other_processes
-    from .experiments import experiment_name, experiment_samplers, with_preset
+    from .definitions import experiment_name, experiment_samplers, with_preset
     from .generation_files import write_generation
     from .report import format_markdown
     from .sweep import default_name, generate_sweep, run_sweep

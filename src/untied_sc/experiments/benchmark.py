@@ -15,7 +15,7 @@
 - `baselines.py`: `--experiment baselines`' checks and knob tuning before the sweep (`tune_baselines`);
   `baseline_generation.py`: the same split across a sampling and a scoring machine.
 
-Import from those modules; the names below are re-exported so that `from untied_sc.evaluation.benchmark import …`
+Import from those modules; the names below are re-exported so that `from untied_sc.experiments.benchmark import …`
 keeps working.
 """
 
@@ -37,8 +37,8 @@ from .cli import (
     register_benchmark_command,
 )
 from .cli import benchmark_command_line as command_line
-from .experiments import BASELINE, DEFAULT_SAMPLERS, SENSITIVITY_FACTORS, experiment_samplers, with_preset
-from .experiments import experiment_name as _experiment_name
+from .definitions import BASELINE, DEFAULT_SAMPLERS, SENSITIVITY_FACTORS, experiment_samplers, with_preset
+from .definitions import experiment_name as _experiment_name
 from .generation_files import GENERATION_FORMAT, read_generation, write_generation
 from .report import entropy_label, format_markdown, interval_label, write_results
 from .sweep import (

@@ -97,7 +97,7 @@ def generate_samples(
         `(samples, seconds)`: [`Sample`]s in order (`extra` holds `index` and `batch_seed`), and the sampling time
         of the slowest process.
     """
-    from .sampling import build_scheduler, generate, run_samples
+    from ..evaluation.sampling import build_scheduler, generate, run_samples
     from .sweep import check_runs, refuse_leaked_seeds
 
     if nfe < 1 or num_samples < 1 or batch_size < 1:
@@ -133,8 +133,8 @@ def generate_command(args: argparse.Namespace) -> list | None:
         process_state,
         silence_other_processes,
     )
+    from ..evaluation.io import write_samples
     from ..pipelines import load_pipeline
-    from .io import write_samples
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:  # before any work, on every process

@@ -10,10 +10,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..evaluation.curves import FIT_DESCRIPTION
+from ..evaluation.evaluator import SMOLLM2_NAME
+from ..evaluation.io import Sample, write_samples
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
-from .curves import FIT_DESCRIPTION
-from .evaluator import SMOLLM2_NAME
-from .io import Sample, write_samples
 
 
 def _fmt(stat: dict | None, digits: int = 2) -> str:
@@ -360,7 +360,7 @@ def write_results(
     """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png` ([`plot_benchmark`]) and,
     given the scored `samples`, `<model>.samples.jsonl.gz` beside them (what the tables measured, re-scorable with
     `untied-sc evaluate`). `stem` replaces `<model>` in the names (a report re-rendered under its own file name)."""
-    from .plots import plot_benchmark
+    from ..evaluation.plots import plot_benchmark
 
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)

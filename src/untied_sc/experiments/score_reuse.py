@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..evaluation.io import Sample, read_samples
 from .aggregation import AGGREGATED_METRICS
-from .io import Sample, read_samples
 
 
 # Relative tolerance of the spot check on each sample's NLL sum: another device or batch padding moves it by ~1e-6;
