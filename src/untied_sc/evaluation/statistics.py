@@ -9,6 +9,7 @@ No function touches the global RNG: every random draw takes a `torch.Generator` 
 0, so results are reproducible by default).
 """
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -253,6 +254,7 @@ def _t_two_sided_mass(t: float, degrees_of_freedom: int) -> float:
     return math.sin(theta) * series
 
 
+@functools.lru_cache(maxsize=256)  # a sweep asks for the same few (probability, C - 1) again and again
 def student_t_quantile(probability: float, degrees_of_freedom: int) -> float:
     """The `probability` quantile of Student's t with integer `degrees_of_freedom` (≥ 1), by bisection on its exact
     distribution function (e.g. 0.975 with 11 degrees: 2.2010)."""
