@@ -51,8 +51,8 @@ def cluster_count_label(results: dict) -> str:
     if (results.get("resampling_unit") or {}).get("unit") == "batch":
         batches = -(-results["num_samples"] // results["batch_size"])
         return (
-            f"{seeds * batches} independent time grids per cell ({seeds} seeds × {batches} batches of "
-            f"{results['batch_size']})"
+            f"{seeds * batches} independent time grids per cell ({seeds} seed{'s' * (seeds != 1)} × {batches} "
+            f"batch{'es' * (batches != 1)} of {results['batch_size']})"
         )
     return f"{seeds * results['num_samples']} independent samples per cell"
 
