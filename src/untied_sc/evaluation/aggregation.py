@@ -63,7 +63,7 @@ INTERVAL_RULE = {
     "below": "t-interval over clusters (C - 1 degrees of freedom; GenPPL ratio on the log scale)",
     "otherwise": "cluster bootstrap (percentile)",
     "why": (
-        "with a dozen clusters a percentile bootstrap covers too rarely (about 86% for a nominal 95% with 3 seeds x "
+        "with a dozen clusters a percentile bootstrap covers too rarely (about 85% for a nominal 95% with 3 seeds x "
         "4 grids in simulation: it resamples 4 grids within each seed and uses normal quantiles), while the "
         "t-interval on the clusters' linearised log-ratios covers at the nominal rate; the studentized bootstrap, "
         "shown beside it, checks for skew"

@@ -5,6 +5,11 @@ one random time grid (an ELF batch) are not independent, and resampling them one
 interval here takes `clusters` (one label per observation; `None`: every observation is its own cluster) and `strata`
 (e.g. the seed: clusters are redrawn within each stratum, so every stratum keeps its size in expectation).
 
+With few clusters (a dozen ELF time grids) a percentile bootstrap is too narrow: [`ratio_difference_intervals`] gives
+the t-interval and the studentized bootstrap of a ratio of sums (or a difference of two: the log GenPPL ratio) over
+clusters, [`cluster_mean_intervals`] those of a pooled mean, and [`headline_interval`] picks the reported one
+(t-interval below [`SMALL_SAMPLE_CLUSTERS`] clusters).
+
 No function touches the global RNG: every random draw takes a `torch.Generator` or an integer seed (`None` means seed
 0, so results are reproducible by default).
 """
