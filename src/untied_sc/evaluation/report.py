@@ -61,8 +61,9 @@ def interval_rule_text(results: dict) -> str:
     """The headline interval's rule as a report states it (reports analysed with the small-sample intervals)."""
     rule = results["interval_rule"]
     return (
-        f"Headline intervals ([CI] below): with fewer than {rule['threshold_clusters']} clusters the {rule['below']}, "
-        f"otherwise the {rule['otherwise']}; † marks a t-interval. Why: {rule['why']}."
+        f"Headline intervals of the GenPPL ratio and the mean ΔNLL: with fewer than {rule['threshold_clusters']} "
+        f"clusters the {rule['below']}, otherwise the {rule['otherwise']}; † marks a t-interval (the fraction worse "
+        f"keeps the cluster bootstrap). Why: {rule['why']}."
     )
 
 
@@ -108,7 +109,7 @@ def _main_table_lines(results: dict, samplers: Sequence[str]) -> list[str]:
         "",
         f"Evaluator: {evaluator}; protocol `{results['protocol']}`. {len(results['seeds'])} seeds "
         f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}"
-        + (f" ({cluster_count_label(results)})" if "interval_rule" in results else "")
+        + (f"; {cluster_count_label(results)}" if "interval_rule" in results else "")
         + "; every official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds. "
         f"Entropy: {entropy_label(results)}."
         + (" The generation's diversity runs were not scored (`--main-only`)." if results.get("main_only") else ""),
@@ -184,7 +185,8 @@ def _paired_lines_with_rule(results: dict) -> list[str]:
                 f"{_interval_text(p['mean_delta_headline_ci'], '+.4f')}{mark} | {p['fraction_b_worse']:.1%} "
                 f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
             )
-            if p["num_clusters"] < threshold:
+            spread = p["gen_ppl_ratio_t_ci"] is not None and p["gen_ppl_ratio_t_ci"][0] < p["gen_ppl_ratio_t_ci"][1]
+            if p["num_clusters"] < threshold and spread:  # identical samples (a neutral knob): nothing to compare
                 few.append((sampler, nfe, p))
     if not few:
         return lines
@@ -194,7 +196,8 @@ def _paired_lines_with_rule(results: dict) -> list[str]:
         "",
         "Cluster bootstrap: percentile, clusters resampled within seeds. t: the estimate ± t(C - 1) × its "
         "linearised standard error across the C clusters (the GenPPL ratio on the log scale). Bootstrap-t: the same "
-        "standard error, with the quantiles of the studentized statistic over cluster resamples (it follows skew).",
+        "standard error, with the quantiles of the studentized statistic over cluster resamples (it follows skew). "
+        "Cells whose two samplers drew identical samples are left out.",
         "",
         "| sampler | NFE | clusters | GenPPL ratio | bootstrap | t | bootstrap-t | mean ΔNLL/token | bootstrap | t | "
         "bootstrap-t |",
