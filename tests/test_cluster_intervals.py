@@ -260,3 +260,12 @@ def test_small_elf_batches_give_more_grids_each_seeded_by_its_batch(elf_golden, 
     )
     assert "4 independent time grids per cell (1 seed × 4 batches of 2)" in (tmp_path / "tiny.md").read_text()
     assert results["batch_size"] == 2
+
+
+def test_two_clusters_give_a_t_interval_but_no_bootstrap_t():
+    # Two grids: 1 degree of freedom (t = 12.7) and a single informative resample, so no bootstrap-t.
+    result = ratio_difference_intervals([1.0, 3.0, 2.0, 6.0], [1.0, 1.0, 1.0, 1.0], clusters=[0, 0, 1, 1])
+    assert result.degrees_of_freedom == 1 and result.bootstrap_t_interval is None
+    half = student_t_quantile(0.975, 1) * result.standard_error
+    assert result.t_interval == pytest.approx((result.estimate - half, result.estimate + half))
+    assert result.exp().bootstrap_t_interval is None

@@ -165,6 +165,10 @@ def genppl_ratio_intervals(
     return log_ratio.exp()
 
 
+def _listed(interval: Sequence[float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
+
+
 def _small_sample_entry(
     ratio_ci: Sequence[float],
     ratio: ClusterIntervals | None,
@@ -188,10 +192,10 @@ def _small_sample_entry(
         "interval_method": method,
         "gen_ppl_ratio_headline_ci": list(ratio_headline),
         "gen_ppl_ratio_t_ci": list(ratio.t_interval),
-        "gen_ppl_ratio_bootstrap_t_ci": list(ratio.bootstrap_t_interval),
+        "gen_ppl_ratio_bootstrap_t_ci": _listed(ratio.bootstrap_t_interval),
         "mean_delta_headline_ci": list(delta_headline),
         "mean_delta_t_ci": list(delta.t_interval),
-        "mean_delta_bootstrap_t_ci": list(delta.bootstrap_t_interval),
+        "mean_delta_bootstrap_t_ci": _listed(delta.bootstrap_t_interval),
     }
 
 

@@ -332,8 +332,9 @@ class ClusterIntervals:
         num_clusters (`int`): C.
         degrees_of_freedom (`int`): C - 1.
         t_interval (`tuple[float, float]`): estimate ± t_{C-1, (1+c)/2} · SE.
-        bootstrap_t_interval (`tuple[float, float]`): the studentized bootstrap: (estimate - q_hi · SE, estimate -
-            q_lo · SE), q the quantiles of t* = (θ* - estimate) / SE* over cluster resamples.
+        bootstrap_t_interval (`tuple[float, float]` or `None`): the studentized bootstrap: (estimate - q_hi · SE,
+            estimate - q_lo · SE), q the quantiles of t* = (θ* - estimate) / SE* over cluster resamples; `None` with
+            fewer than 3 clusters (2 clusters have one informative resample, which reproduces the data).
     """
 
     estimate: float
@@ -341,7 +342,7 @@ class ClusterIntervals:
     num_clusters: int
     degrees_of_freedom: int
     t_interval: tuple[float, float]
-    bootstrap_t_interval: tuple[float, float]
+    bootstrap_t_interval: tuple[float, float] | None
 
     def exp(self) -> "ClusterIntervals":
         """The intervals mapped through exp (a log ratio's to the ratio's); the standard error stays on the log
@@ -351,9 +352,16 @@ class ClusterIntervals:
             standard_error=self.standard_error,
             num_clusters=self.num_clusters,
             degrees_of_freedom=self.degrees_of_freedom,
-            t_interval=(math.exp(self.t_interval[0]), math.exp(self.t_interval[1])),
-            bootstrap_t_interval=(math.exp(self.bootstrap_t_interval[0]), math.exp(self.bootstrap_t_interval[1])),
+            t_interval=_exp_interval(self.t_interval),
+            bootstrap_t_interval=_exp_interval(self.bootstrap_t_interval),
         )
+
+
+def _exp_interval(interval: tuple[float, float] | None) -> tuple[float, float] | None:
+    """exp of both ends; an end beyond float range is inf (a t-interval over 2 clusters can reach it)."""
+    if interval is None:
+        return None
+    return tuple(math.exp(end) if end < 709 else math.inf for end in interval)
 
 
 def ratio_difference_intervals(
@@ -375,8 +383,8 @@ def ratio_difference_intervals(
 
     - t-interval: θ̂ ± t_{C-1, (1+c)/2} SE: exact for normal cluster means, and what a sandwich/CR1 interval with
       C - 1 degrees of freedom gives;
-    - bootstrap-t: C clusters drawn with replacement `num_resamples` times, t*_r = (θ*_r - θ̂) / SE*_r (resamples with
-      SE* = 0, which drew one distinct cluster, are left out), interval (θ̂ - q_{(1+c)/2}(t*) SE,
+    - bootstrap-t (3 clusters or more): C clusters drawn with replacement `num_resamples` times, t*_r = (θ*_r - θ̂) /
+      SE*_r (resamples with SE* = 0, which drew one distinct cluster, are left out), interval (θ̂ - q_{(1+c)/2}(t*) SE,
       θ̂ - q_{(1-c)/2}(t*) SE): it follows skew that the t-interval ignores.
 
     Uses: the log GenPPL ratio candidate / baseline is y = NLL sums, x = token counts (b the candidate); a pooled
@@ -420,18 +428,21 @@ def ratio_difference_intervals(
     if se == 0:  # every cluster agrees: no spread to scale
         return ClusterIntervals(theta, 0.0, size, size - 1, (theta, theta), (theta, theta))
     quantile = student_t_quantile(1 - tail, size - 1)
-    counts = cluster_resample_weights(range(size), num_resamples, generator)
-    theta_star, se_star = _ratio_difference(totals, counts)
-    usable = se_star > 0
-    t_star = (theta_star[usable] - theta) / se_star[usable]
-    low_t, high_t = percentile_interval(t_star, confidence)
+    bootstrap_t = None
+    if size >= 3:
+        counts = cluster_resample_weights(range(size), num_resamples, generator)
+        theta_star, se_star = _ratio_difference(totals, counts)
+        usable = se_star > 1e-9 * se  # one distinct cluster drawn: SE* is 0 up to rounding
+        if int(usable.sum()) >= 2:
+            low_t, high_t = percentile_interval((theta_star[usable] - theta) / se_star[usable], confidence)
+            bootstrap_t = (theta - high_t * se, theta - low_t * se)
     return ClusterIntervals(
         estimate=theta,
         standard_error=se,
         num_clusters=size,
         degrees_of_freedom=size - 1,
         t_interval=(theta - quantile * se, theta + quantile * se),
-        bootstrap_t_interval=(theta - high_t * se, theta - low_t * se),
+        bootstrap_t_interval=bootstrap_t,
     )
 
 
