@@ -72,9 +72,9 @@ def warn_few_clusters(family: str, num_seeds: int, num_samples: int, batch_size:
     )
     what = "independent time grids" if resampling_unit(family) == "batch" else "independent samples"
     warnings.warn(
-        f"Each (sampler, NFE) cell pools {count} {what} ({num_seeds} seeds × {num_samples} samples, batch size "
-        f"{batch_size}), fewer than {MIN_INDEPENDENT_CLUSTERS}: its intervals rest on few clusters (the report's "
-        f"headline uses the t-interval). For {MIN_INDEPENDENT_CLUSTERS}, {remedy}.",
+        f"Each (sampler, NFE) cell pools {count} {what} ({num_seeds} seed{'s' * (num_seeds != 1)} × {num_samples} "
+        f"samples, batch size {batch_size}), fewer than {MIN_INDEPENDENT_CLUSTERS}: its intervals rest on few "
+        f"clusters (the report's headline uses the t-interval). For {MIN_INDEPENDENT_CLUSTERS}, {remedy}.",
         stacklevel=2,
     )
 
