@@ -5,6 +5,10 @@ way intervals or the equal-entropy control are computed changes, the committed r
 
     python benchmarks/rerender_reports.py benchmarks/results/*.json --overwrite
 
+Reports analysed before the few-cluster intervals existed keep their bootstrap-only tables (they re-render byte for
+byte); `--small-sample-intervals` adds the t-interval and bootstrap-t beside the cluster bootstrap and the headline
+rule (`untied_sc.experiments.aggregation.INTERVAL_RULE`), as every new report has them.
+
 Files that are not benchmark reports (quality, per-noise, overhead tables) are skipped. The scores themselves
 (per-sample NLLs, entropies, repetition) are not recomputed: that needs the samples. Reports rewritten in place need
 `--overwrite` (they are somebody's results).
@@ -41,7 +45,7 @@ def _generator_tokenizer(results: dict) -> str | None:
     return tokenizer_description(AutoTokenizer.from_pretrained(folder / "tokenizer"))
 
 
-def rerender(path: Path, overwrite: bool) -> bool:
+def rerender(path: Path, overwrite: bool, small_sample: bool = False) -> bool:
     results = json.loads(path.read_text())
     if not isinstance(results.get("runs"), list) or "aggregates" not in results:
         return False
@@ -52,7 +56,8 @@ def rerender(path: Path, overwrite: bool) -> bool:
     results["evaluator_description"] = describe_evaluator(results["evaluator"], getattr(torch, dtype))
     if results["protocol"] == "langflow" and not results.get("generator_tokenizer"):
         results["generator_tokenizer"] = _generator_tokenizer(results)
-    analyse(results, num_resamples=int(_option(scoring, "--num-resamples") or 1000))
+    resamples = int(_option(scoring, "--num-resamples") or 1000)
+    analyse(results, num_resamples=resamples, small_sample=True if small_sample else None)
     write_results(results, path.parent, stem=path.stem)  # a report's file name can differ from its model's
     return True
 
@@ -61,9 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="Report JSON files (others are skipped).")
     parser.add_argument("--overwrite", action="store_true", help="Rewrite the reports in place.")
+    parser.add_argument(
+        "--small-sample-intervals",
+        action="store_true",
+        help="Add the t-interval and bootstrap-t and the headline rule to reports analysed before they existed.",
+    )
     args = parser.parse_args()
     for path in args.reports:
-        print(f"{'re-rendered' if rerender(path, args.overwrite) else 'skipped (not a benchmark report)'}: {path}")
+        done = rerender(path, args.overwrite, args.small_sample_intervals)
+        print(f"{'re-rendered' if done else 'skipped (not a benchmark report)'}: {path}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ their grid and the unit is the batch; LangFlow's grid is fixed, so its unit is t
 
 import inspect
 import time
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -42,6 +43,40 @@ def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[
     if resampling_unit(family) == "batch":
         return [i // batch_size for i in range(num_samples)]
     return list(range(num_samples))
+
+
+# The fewest independent clusters (ELF time grids) a cell of the benchmark should pool: with fewer, intervals rest on
+# a handful of grids ([`warn_few_clusters`]; the report's headline then uses the t-interval, `statistics.py`).
+MIN_INDEPENDENT_CLUSTERS = 48
+
+
+def independent_clusters(family: str, num_seeds: int, num_samples: int, batch_size: int) -> int:
+    """The independent clusters a (sampler, NFE) cell pools: every seed's batches (ELF: one time grid each) or its
+    samples (LangFlow)."""
+    return num_seeds * len(set(resampling_clusters(family, num_samples, batch_size)))
+
+
+def warn_few_clusters(family: str, num_seeds: int, num_samples: int, batch_size: int) -> None:
+    """Warns when a cell pools fewer than [`MIN_INDEPENDENT_CLUSTERS`] independent clusters, naming the batch size
+    (part of the seeding: an explicit choice) or the sample count that reaches it."""
+    count = independent_clusters(family, num_seeds, num_samples, batch_size)
+    if count >= MIN_INDEPENDENT_CLUSTERS:
+        return
+    per_seed = -(-MIN_INDEPENDENT_CLUSTERS // num_seeds)  # grids each seed needs
+    smaller = num_samples // per_seed
+    remedy = (
+        f"pass --batch-size {smaller} ({num_seeds} seeds × {-(-num_samples // smaller)} grids; the batch size is part "
+        "of the seeding, so the samples change)"
+        if smaller >= 1
+        else f"use more seeds or at least {per_seed} samples per seed"
+    )
+    what = "independent time grids" if resampling_unit(family) == "batch" else "independent samples"
+    warnings.warn(
+        f"Each (sampler, NFE) cell pools {count} {what} ({num_seeds} seed{'s' * (num_seeds != 1)} × {num_samples} "
+        f"samples, batch size {batch_size}), fewer than {MIN_INDEPENDENT_CLUSTERS}: its intervals rest on few "
+        f"clusters (the report's headline uses the t-interval). For {MIN_INDEPENDENT_CLUSTERS}, {remedy}.",
+        stacklevel=2,
+    )
 
 
 def tokenizer_description(tokenizer) -> str:

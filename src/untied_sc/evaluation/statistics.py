@@ -5,10 +5,16 @@ one random time grid (an ELF batch) are not independent, and resampling them one
 interval here takes `clusters` (one label per observation; `None`: every observation is its own cluster) and `strata`
 (e.g. the seed: clusters are redrawn within each stratum, so every stratum keeps its size in expectation).
 
+With few clusters (a dozen ELF time grids) a percentile bootstrap is too narrow: [`ratio_difference_intervals`] gives
+the t-interval and the studentized bootstrap of a ratio of sums (or a difference of two: the log GenPPL ratio) over
+clusters, [`cluster_mean_intervals`] those of a pooled mean, and [`headline_interval`] picks the reported one
+(t-interval below [`SMALL_SAMPLE_CLUSTERS`] clusters).
+
 No function touches the global RNG: every random draw takes a `torch.Generator` or an integer seed (`None` means seed
 0, so results are reproducible by default).
 """
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -225,3 +231,251 @@ def paired_comparison(
         fraction_b_worse_ci=percentile_interval((weights @ (delta > 0).double()) / total, confidence),
         num_dropped=int((~finite).sum()),
     )
+
+
+# ---- few clusters ----------------------------------------------------------------------------------------------------
+
+# Below this many clusters a report shows the small-sample intervals beside the cluster bootstrap, and the headline
+# interval is the t-interval ([`headline_interval`]): a percentile bootstrap over a dozen clusters covers too rarely.
+SMALL_SAMPLE_CLUSTERS = 50
+
+
+def _t_two_sided_mass(t: float, degrees_of_freedom: int) -> float:
+    """P(|T| < t) for Student's T with integer `degrees_of_freedom` ν (Abramowitz & Stegun 26.7.3-4): with
+    θ = atan(t / √ν), ν odd: (2/π)(θ + sin θ cos θ (1 + 2/3 cos²θ + … )); ν even: sin θ (1 + 1/2 cos²θ + …)."""
+    nu = degrees_of_freedom
+    theta = math.atan(t / math.sqrt(nu))
+    cos2 = math.cos(theta) ** 2
+    term, series = 1.0, 1.0
+    if nu % 2 == 1:
+        for k in range(1, (nu - 1) // 2):  # terms cos^{2k}θ · (2·4···2k) / (3·5···(2k+1))
+            term *= cos2 * (2 * k) / (2 * k + 1)
+            series += term
+        inner = theta + (math.sin(theta) * math.cos(theta) * series if nu > 1 else 0.0)
+        return 2 / math.pi * inner
+    for k in range(1, nu // 2):  # terms cos^{2k}θ · (1·3···(2k-1)) / (2·4···2k)
+        term *= cos2 * (2 * k - 1) / (2 * k)
+        series += term
+    return math.sin(theta) * series
+
+
+@functools.lru_cache(maxsize=256)  # a sweep asks for the same few (probability, C - 1) again and again
+def student_t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """The `probability` quantile of Student's t with integer `degrees_of_freedom` (≥ 1), by bisection on its exact
+    distribution function (e.g. 0.975 with 11 degrees: 2.2010)."""
+    if not 0 < probability < 1:
+        raise ValueError(f"`probability` must be in (0, 1), got {probability}.")
+    if int(degrees_of_freedom) != degrees_of_freedom or degrees_of_freedom < 1:
+        raise ValueError(f"`degrees_of_freedom` must be a positive integer, got {degrees_of_freedom}.")
+    if probability < 0.5:
+        return -student_t_quantile(1 - probability, degrees_of_freedom)
+    if degrees_of_freedom > 1000:  # Cornish-Fisher in 1/ν (error far below 1e-9 here): the series grows with ν
+        z = float(torch.special.ndtri(torch.tensor(probability, dtype=torch.float64)))
+        nu = float(degrees_of_freedom)
+        return z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu**2)
+    mass = 2 * probability - 1  # P(|T| < q)
+    low, high = 0.0, 1.0
+    while _t_two_sided_mass(high, int(degrees_of_freedom)) < mass:
+        high *= 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if _t_two_sided_mass(middle, int(degrees_of_freedom)) < mass:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12 * high:
+            break
+    return (low + high) / 2
+
+
+def cluster_totals(values, clusters: Sequence) -> tuple[torch.Tensor, list]:
+    """Sums the rows of `values` (shape `(n,)` or `(n, k)`) within each cluster: `(totals of shape (C, k), labels)`,
+    clusters in order of first appearance."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    values = values[:, None] if values.ndim == 1 else values
+    labels = list(clusters)
+    if len(labels) != values.shape[0]:
+        raise ValueError(f"`clusters` labels {len(labels)} rows, `values` has {values.shape[0]}.")
+    index: dict = {}
+    rows = torch.tensor([index.setdefault(label, len(index)) for label in labels])
+    totals = torch.zeros(len(index), values.shape[1], dtype=torch.float64).index_add_(0, rows, values)
+    return totals, list(index)
+
+
+def _ratio_difference(totals: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """θ = Σ y_b / Σ x_b - Σ y_a / Σ x_a over clusters drawn `counts` times, and its linearised standard error.
+
+    `totals` (C, 4) holds each cluster's (y_a, x_a, y_b, x_b); `counts` (R, C) how often each cluster is drawn (a row
+    of ones: the data themselves). The estimator is a smooth function of cluster means, so to first order
+    θ̂ - θ = (1/C) Σ_c u_c with u_c = (y_b,c - θ_b x_b,c) / x̄_b - (y_a,c - θ_a x_a,c) / x̄_a (x̄ the mean cluster
+    denominator), and SE² = Σ_c u_c² / (C (C - 1)) over the C drawn clusters (the u_c of a sample sum to 0).
+    Returns (θ, SE), each of shape (R,).
+    """
+    size = counts.sum(dim=1, keepdim=True)  # clusters drawn: C
+    sums = counts @ totals  # (R, 4)
+    theta_a, theta_b = sums[:, 0] / sums[:, 1], sums[:, 2] / sums[:, 3]
+    mean_a, mean_b = sums[:, 1:2] / size, sums[:, 3:4] / size
+    u = (totals[:, 2] - theta_b[:, None] * totals[:, 3]) / mean_b - (
+        totals[:, 0] - theta_a[:, None] * totals[:, 1]
+    ) / mean_a
+    variance = (counts * u**2).sum(dim=1) / (size[:, 0] * (size[:, 0] - 1))
+    return theta_b - theta_a, variance.sqrt()
+
+
+@dataclass
+class ClusterIntervals:
+    """Small-sample intervals of a statistic over C independent clusters (e.g. ELF time grids).
+
+    Attributes:
+        estimate (`float`): the statistic on the data.
+        standard_error (`float`): its linearised standard error across clusters ([`ratio_difference_intervals`]).
+        num_clusters (`int`): C.
+        degrees_of_freedom (`int`): C - 1.
+        t_interval (`tuple[float, float]`): estimate ± t_{C-1, (1+c)/2} · SE.
+        bootstrap_t_interval (`tuple[float, float]` or `None`): the studentized bootstrap: (estimate - q_hi · SE,
+            estimate - q_lo · SE), q the quantiles of t* = (θ* - estimate) / SE* over cluster resamples; `None` with
+            fewer than 3 clusters (2 clusters have one informative resample, which reproduces the data).
+    """
+
+    estimate: float
+    standard_error: float
+    num_clusters: int
+    degrees_of_freedom: int
+    t_interval: tuple[float, float]
+    bootstrap_t_interval: tuple[float, float] | None
+
+    def exp(self) -> "ClusterIntervals":
+        """The intervals mapped through exp (a log ratio's to the ratio's); the standard error stays on the log
+        scale."""
+        return ClusterIntervals(
+            estimate=math.exp(self.estimate),
+            standard_error=self.standard_error,
+            num_clusters=self.num_clusters,
+            degrees_of_freedom=self.degrees_of_freedom,
+            t_interval=_exp_interval(self.t_interval),
+            bootstrap_t_interval=_exp_interval(self.bootstrap_t_interval),
+        )
+
+
+def _exp_interval(interval: tuple[float, float] | None) -> tuple[float, float] | None:
+    """exp of both ends; an end beyond float range is inf (a t-interval over 2 clusters can reach it)."""
+    if interval is None:
+        return None
+    return tuple(math.exp(end) if end < 709 else math.inf for end in interval)
+
+
+def ratio_difference_intervals(
+    numerators_b,
+    denominators_b,
+    numerators_a=None,
+    denominators_a=None,
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = None,
+) -> ClusterIntervals:
+    """t-interval and studentized bootstrap (bootstrap-t) of θ = Σ y_b / Σ x_b - Σ y_a / Σ x_a over clusters.
+
+    Observation i contributes y_b = `numerators_b[i]`, x_b = `denominators_b[i]` (and y_a, x_a; without them θ is
+    the ratio Σ y_b / Σ x_b alone). The clusters are taken as independent draws (every ELF batch has its own generator
+    seed, so the grids of all seeds are one sample of C grids: no strata, C - 1 degrees of freedom). With
+    u_c the linearisation of θ̂ at cluster c (see [`_ratio_difference`]), SE² = Σ u_c² / (C (C - 1)) and
+
+    - t-interval: θ̂ ± t_{C-1, (1+c)/2} SE: exact for normal cluster means, and what a sandwich/CR1 interval with
+      C - 1 degrees of freedom gives;
+    - bootstrap-t (3 clusters or more): C clusters drawn with replacement `num_resamples` times, t*_r = (θ*_r - θ̂) /
+      SE*_r (resamples with SE* = 0, which drew one distinct cluster, are left out), interval (θ̂ - q_{(1+c)/2}(t*) SE,
+      θ̂ - q_{(1-c)/2}(t*) SE): it follows skew that the t-interval ignores.
+
+    Uses: the log GenPPL ratio candidate / baseline is y = NLL sums, x = token counts (b the candidate); a pooled
+    mean of values v is y_b = v, x_b = 1 (see [`cluster_mean_intervals`]).
+
+    Args:
+        numerators_b, denominators_b (array-like of shape `(n,)`): y_b and x_b of each observation.
+        numerators_a, denominators_a (array-like of shape `(n,)`, *optional*): y_a and x_a (both or neither).
+        clusters (`Sequence`, *optional*): one label per observation; default every observation its own cluster.
+        num_resamples (`int`, defaults to 1000): bootstrap-t resamples.
+        confidence (`float`, defaults to 0.95): coverage of both intervals.
+        generator (`torch.Generator` or `int`, *optional*): source of the resampling; an int is a seed, `None` is 0.
+
+    Returns:
+        [`ClusterIntervals`] on the scale of θ (call `.exp()` for a ratio of GenPPLs).
+    """
+    y_b, x_b = _as_vector(numerators_b, "numerators_b"), _as_vector(denominators_b, "denominators_b")
+    if (numerators_a is None) != (denominators_a is None):
+        raise ValueError("Pass both `numerators_a` and `denominators_a`, or neither.")
+    if numerators_a is None:
+        y_a, x_a = torch.zeros_like(y_b), torch.ones_like(y_b)
+    else:
+        y_a, x_a = _as_vector(numerators_a, "numerators_a"), _as_vector(denominators_a, "denominators_a")
+    if not y_a.shape == x_a.shape == y_b.shape == x_b.shape:
+        raise ValueError(
+            f"Numerators and denominators need one value per observation, got lengths {y_a.numel()}, {x_a.numel()}, "
+            f"{y_b.numel()} and {x_b.numel()}."
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"`confidence` must be in (0, 1), got {confidence}.")
+    totals, labels = cluster_totals(
+        torch.stack([y_a, x_a, y_b, x_b], dim=1), range(y_b.numel()) if clusters is None else clusters
+    )
+    size = len(labels)
+    if size < 2:
+        raise ValueError(f"A t-interval needs at least 2 clusters, got {size}.")
+    if (totals[:, 1] == 0).all() or (totals[:, 3] == 0).all():
+        raise ValueError("Every denominator sums to 0: θ is undefined.")
+    theta, se = (float(v[0]) for v in _ratio_difference(totals, torch.ones(1, size, dtype=torch.float64)))
+    tail = (1 - confidence) / 2
+    if se == 0:  # every cluster agrees: no spread to scale
+        return ClusterIntervals(theta, 0.0, size, size - 1, (theta, theta), (theta, theta))
+    quantile = student_t_quantile(1 - tail, size - 1)
+    bootstrap_t = None
+    if size >= 3:
+        counts = cluster_resample_weights(range(size), num_resamples, generator)
+        theta_star, se_star = _ratio_difference(totals, counts)
+        usable = se_star > 1e-9 * se  # one distinct cluster drawn: SE* is 0 up to rounding
+        if int(usable.sum()) >= 2:
+            low_t, high_t = percentile_interval((theta_star[usable] - theta) / se_star[usable], confidence)
+            bootstrap_t = (theta - high_t * se, theta - low_t * se)
+    return ClusterIntervals(
+        estimate=theta,
+        standard_error=se,
+        num_clusters=size,
+        degrees_of_freedom=size - 1,
+        t_interval=(theta - quantile * se, theta + quantile * se),
+        bootstrap_t_interval=bootstrap_t,
+    )
+
+
+def cluster_mean_intervals(
+    values,
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = None,
+) -> ClusterIntervals:
+    """t-interval and bootstrap-t of the pooled mean of `values` (e.g. per-pair ΔNLL) over clusters: the mean is the
+    ratio Σ v / Σ 1, so this is [`ratio_difference_intervals`] with y_b = v, x_b = 1; NaNs are left out."""
+    values = _as_vector(values)
+    labels = list(range(values.numel())) if clusters is None else list(clusters)
+    if len(labels) != values.numel():
+        raise ValueError(f"`clusters` labels {len(labels)} values, got {values.numel()} values.")
+    finite = (~values.isnan()).tolist()
+    kept = values[~values.isnan()]
+    return ratio_difference_intervals(
+        kept,
+        torch.ones_like(kept),
+        clusters=[label for label, keep in zip(labels, finite, strict=True) if keep],
+        num_resamples=num_resamples,
+        confidence=confidence,
+        generator=generator,
+    )
+
+
+def headline_interval(
+    bootstrap: tuple[float, float], small_sample: ClusterIntervals, threshold: int = SMALL_SAMPLE_CLUSTERS
+) -> tuple[tuple[float, float], str]:
+    """The interval a report leads with, and its method: below `threshold` clusters the t-interval (`"t"`), otherwise
+    the cluster bootstrap (`"bootstrap"`). See docs/results.md for why."""
+    if small_sample.num_clusters < threshold:
+        return small_sample.t_interval, "t"
+    return tuple(bootstrap), "bootstrap"

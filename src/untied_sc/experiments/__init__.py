@@ -9,7 +9,7 @@ from .._lazy import lazy_attributes
 __getattr__, __dir__, __all__ = lazy_attributes(
     __name__,
     {
-        ".aggregation": ("aggregate",),
+        ".aggregation": ("aggregate", "genppl_ratio_intervals"),
         ".generate": ("generate_samples",),
         ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
         ".report": ("format_markdown", "write_results"),

@@ -6,6 +6,11 @@ sampler, pooling the pairs of all seeds: the GenPPL ratio candidate / baseline w
 ([`paired_comparison`]), and the retained throughput. Every interval resamples the sweep's resampling unit (an ELF
 batch, a LangFlow sample) within seeds ([`run_clusters`]).
 
+With few clusters (ELF: a dozen time grids) a percentile bootstrap covers too rarely, so a fresh analysis also gives
+the t-interval and the studentized bootstrap over the clusters ([`genppl_ratio_intervals`],
+[`cluster_mean_intervals`]) and a headline interval chosen by one rule ([`INTERVAL_RULE`], [`headline_interval`]):
+below 50 clusters the t-interval, otherwise the cluster bootstrap.
+
 The diversity sweep (the official sampler at several values of the family's diversity knob) gives GenPPL–entropy
 curves ([`diversity_curves`]); every other sampler is read against the baseline's curve at its own entropy
 ([`equal_entropy_comparison`], the control of docs/algorithm.md §6).
@@ -20,10 +25,15 @@ from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio
 from ..evaluation.metrics import retained_throughput
 from ..evaluation.sampling import RESAMPLING_UNITS, resampling_clusters
 from ..evaluation.statistics import (
+    SMALL_SAMPLE_CLUSTERS,
+    ClusterIntervals,
+    cluster_mean_intervals,
     cluster_resample_weights,
+    headline_interval,
     mean_and_standard_error,
     paired_comparison,
     percentile_interval,
+    ratio_difference_intervals,
 )
 from .definitions import BASELINE
 
@@ -45,6 +55,20 @@ AGGREGATED_METRICS = (
     "longest_repeat",
     "samples_per_second",
 )
+
+
+# The rule a report's headline intervals follow, recorded in the results (`interval_rule`) and stated in the report.
+INTERVAL_RULE = {
+    "threshold_clusters": SMALL_SAMPLE_CLUSTERS,
+    "below": "t-interval over clusters (C - 1 degrees of freedom; GenPPL ratio on the log scale)",
+    "otherwise": "cluster bootstrap (percentile)",
+    "why": (
+        "with a dozen clusters a percentile bootstrap covers too rarely (about 85% for a nominal 95% with 3 seeds x "
+        "4 grids in simulation: it resamples 4 grids within each seed and uses normal quantiles), while the "
+        "t-interval on the clusters' linearised log-ratios covers at the nominal rate; the studentized bootstrap, "
+        "shown beside it, checks for skew"
+    ),
+}
 
 
 def _mean_se(values) -> dict:
@@ -105,19 +129,93 @@ def genppl_ratio_ci(
     return float(ratios[0]), percentile_interval(ratios[1:], confidence)
 
 
+def genppl_ratio_intervals(
+    baseline_runs: Sequence[dict],
+    candidate_runs: Sequence[dict],
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = 0,
+) -> ClusterIntervals:
+    """Small-sample intervals of the pooled GenPPL ratio candidate / baseline over matched runs: the t-interval and
+    the studentized bootstrap over clusters ([`ratio_difference_intervals`], mapped through exp).
+
+    The estimator is the report's: log ratio θ = Σ nll_b / Σ tok_b - Σ nll_a / Σ tok_a pooled over all pairs. Its
+    per-cluster statistic is the linearised log GenPPL ratio u_c = tok_b,c (L_b,c - θ_b) / t̄ok_b - tok_a,c (L_a,c -
+    θ_a) / t̄ok_a, L_·,c = nll_·,c / tok_·,c the cluster's log GenPPL (when both samplers emit the same tokens per
+    cluster, the token-weighted deviation of the cluster's log ratio from θ). The clusters of all seeds (`(seed,
+    cluster)` labels, [`run_clusters`]) are one sample: every ELF batch has its own generator seed.
+    """
+    columns = []
+    for a, b in zip(baseline_runs, candidate_runs, strict=True):
+        pa, pb = a["per_sample"], b["per_sample"]
+        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+    table = torch.tensor(columns, dtype=torch.float64)
+    labels, _ = run_clusters(baseline_runs, clusters)
+    log_ratio = ratio_difference_intervals(
+        table[:, 2],
+        table[:, 3],
+        table[:, 0],
+        table[:, 1],
+        clusters=labels,
+        num_resamples=num_resamples,
+        confidence=confidence,
+        generator=generator,
+    )
+    return log_ratio.exp()
+
+
+def _listed(interval: Sequence[float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
+
+
+def _small_sample_entry(
+    ratio_ci: Sequence[float],
+    ratio: ClusterIntervals | None,
+    delta_ci: Sequence[float],
+    delta: ClusterIntervals | None,
+    num_clusters: int,
+) -> dict:
+    """A paired cell's small-sample keys: cluster count, both methods' intervals and the headline by the rule (no
+    interval, `None`, from a single cluster: nothing measures the spread between grids)."""
+    if ratio is None or delta is None:
+        keys = ("gen_ppl_ratio", "mean_delta")
+        return {
+            "num_clusters": num_clusters,
+            "interval_method": None,
+            **{f"{key}_{kind}_ci": None for key in keys for kind in ("headline", "t", "bootstrap_t")},
+        }
+    ratio_headline, method = headline_interval(tuple(ratio_ci), ratio)
+    delta_headline, _ = headline_interval(tuple(delta_ci), delta)
+    return {
+        "num_clusters": ratio.num_clusters,
+        "interval_method": method,
+        "gen_ppl_ratio_headline_ci": list(ratio_headline),
+        "gen_ppl_ratio_t_ci": list(ratio.t_interval),
+        "gen_ppl_ratio_bootstrap_t_ci": _listed(ratio.bootstrap_t_interval),
+        "mean_delta_headline_ci": list(delta_headline),
+        "mean_delta_t_ci": list(delta.t_interval),
+        "mean_delta_bootstrap_t_ci": _listed(delta.bootstrap_t_interval),
+    }
+
+
 def aggregate(
     runs: Sequence[dict],
     baseline: str = BASELINE,
     num_resamples: int = 1000,
     generator: int = 0,
     clusters: Sequence | None = None,
+    small_sample: bool = False,
 ) -> dict:
     """Aggregates the main-sweep runs (those without a diversity value).
 
     Returns `{"by_sampler": {sampler: {nfe: {metric: {mean, se, n}}}}, "paired": {candidate: {nfe: {...}}}}`, NFEs as
     strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order;
     its intervals resample `clusters` (the resampling unit of sample i of a seed, [`resampling_clusters`]; default:
-    every sample its own) within seeds.
+    every sample its own) within seeds. With `small_sample`, every paired cell also holds `num_clusters`, the
+    t-interval and the studentized bootstrap of the GenPPL ratio ([`genppl_ratio_intervals`]) and of the mean ΔNLL
+    ([`cluster_mean_intervals`]) (`*_t_ci`, `*_bootstrap_t_ci`), and the headline interval by [`INTERVAL_RULE`]
+    (`*_headline_ci`, its `interval_method` `"t"` or `"bootstrap"`).
     """
     by_sampler: dict = {}
     grouped: dict = {}
@@ -159,6 +257,20 @@ def aggregate(
                 **{key: list(v) if isinstance(v, tuple) else v for key, v in vars(comparison).items()},
                 "retained_throughput": _mean_se(retained),
             }
+            if small_sample:
+                delta = [y - x for x, y in zip(nll_a, nll_b, strict=True)]  # NaN where either side is
+                finite_clusters = {c for c, d in zip(labels, delta, strict=True) if not math.isnan(d)}
+                several = len(set(labels)) > 1 and len(finite_clusters) > 1
+                options = {"num_resamples": num_resamples, "generator": generator}
+                paired[sampler][str(nfe)].update(
+                    _small_sample_entry(
+                        ratio_ci,
+                        genppl_ratio_intervals(a, b, clusters, **options) if several else None,
+                        comparison.mean_delta_ci,
+                        cluster_mean_intervals(delta, labels, **options) if several else None,
+                        len(set(labels)),
+                    )
+                )
     return {"by_sampler": by_sampler, "paired": paired}
 
 
@@ -266,16 +378,29 @@ def equal_entropy_comparison(
     return out
 
 
-def analyse(results: dict, num_resamples: int = 1000) -> dict:
+def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None = None) -> dict:
     """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
-    `diversity_curves` and `equal_entropy` (a report is a function of its runs, so old reports can be re-analysed)."""
+    `diversity_curves` and `equal_entropy` (a report is a function of its runs, so old reports can be re-analysed).
+
+    `small_sample` adds the few-cluster intervals and the headline rule ([`aggregate`]; `interval_rule` records
+    [`INTERVAL_RULE`]). `None` (the default) keeps a report as it was first analysed: a fresh analysis (no
+    `aggregates` yet) or a report that records an `interval_rule` gets them, a report analysed before they existed
+    does not, so committed reports re-render byte for byte; pass `True` to add them to such a report.
+    """
+    if small_sample is None:
+        small_sample = "aggregates" not in results or "interval_rule" in results
     knob = results["diversity_knob"]
     unit, why = RESAMPLING_UNITS[results["family"]]
     clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
     results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
+    if small_sample:
+        results["interval_rule"] = dict(INTERVAL_RULE)
     runs = results["runs"]
     results["aggregates"] = aggregate(
-        [run for run in runs if run[knob] is None], num_resamples=num_resamples, clusters=clusters
+        [run for run in runs if run[knob] is None],
+        num_resamples=num_resamples,
+        clusters=clusters,
+        small_sample=small_sample,
     )
     results["diversity_curves"] = diversity_curves(runs, knob, results["diversity_default"])
     results["equal_entropy_fit"] = FIT_DESCRIPTION

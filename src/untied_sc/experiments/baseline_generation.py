@@ -2,7 +2,7 @@
 knobs and score where the evaluator is.
 
 The one-machine run chooses each comparison sampler's knob on the tuning bank, then samples the benchmark at the
-chosen knob (`evaluation/baselines.py`). A machine without the evaluator cannot choose, so `--generate-only` samples
+chosen knob (`experiments/baselines.py`). A machine without the evaluator cannot choose, so `--generate-only` samples
 everything a choice could need ([`generate_baseline_candidates`]):
 
 - the tuning bank of the official sampler and of every grid value of every method, at every NFE;

@@ -15,7 +15,7 @@ baseline of every paired comparison. The experiments (`--experiment`):
 - `baselines` (Table "matched sampler comparison"): official, untied and the comparison samplers (Momentum,
   ACE, HiGS, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9), each a spec naming its scheduler (`"scheduler":
   "momentum"`, ...). Their strength knobs are chosen per NFE on the tuning bank before sampling
-  (`evaluation/baselines.py`) and carried in the spec's `knobs_by_steps`.
+  (`experiments/baselines.py`) and carried in the spec's `knobs_by_steps`.
 """
 
 from collections.abc import Mapping

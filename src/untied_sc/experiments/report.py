@@ -44,6 +44,29 @@ def interval_label(results: dict) -> str:
     return f"95% paired bootstrap CIs resampling whole {plural}{why}, stratified by {unit['stratified_by']}"
 
 
+def cluster_count_label(results: dict) -> str:
+    """How many independent clusters a cell of the report pools: e.g. "48 independent time grids per cell (3 seeds ×
+    16 batches of 8)" for ELF, whose batch shares one grid; the samples themselves for LangFlow."""
+    seeds = len(results["seeds"])
+    if (results.get("resampling_unit") or {}).get("unit") == "batch":
+        batches = -(-results["num_samples"] // results["batch_size"])
+        return (
+            f"{seeds * batches} independent time grids per cell ({seeds} seed{'s' * (seeds != 1)} × {batches} "
+            f"batch{'es' * (batches != 1)} of {results['batch_size']})"
+        )
+    return f"{seeds * results['num_samples']} independent samples per cell"
+
+
+def interval_rule_text(results: dict) -> str:
+    """The headline interval's rule as a report states it (reports analysed with the small-sample intervals)."""
+    rule = results["interval_rule"]
+    return (
+        f"Headline intervals of the GenPPL ratio and the mean ΔNLL: with fewer than {rule['threshold_clusters']} "
+        f"clusters the {rule['below']}, otherwise the {rule['otherwise']}; † marks a t-interval (the fraction worse "
+        f"keeps the cluster bootstrap). Why: {rule['why']}."
+    )
+
+
 def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     """The repetition table: word Rep-4 beside its subword twins on generator ids (they see loops inside words)."""
     by_sampler = results["aggregates"]["by_sampler"]
@@ -85,8 +108,9 @@ def _main_table_lines(results: dict, samplers: Sequence[str]) -> list[str]:
         f"# Benchmark: {results['model']} ({results['pipeline_class']})",
         "",
         f"Evaluator: {evaluator}; protocol `{results['protocol']}`. {len(results['seeds'])} seeds "
-        f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}; every "
-        "official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds. "
+        f"{results['seeds']} × {results['num_samples']} samples, batch size {results['batch_size']}"
+        + (f"; {cluster_count_label(results)}" if "interval_rule" in results else "")
+        + "; every official/untied pair shares its initial latent and random stream. Mean ± standard error over seeds. "
         f"Entropy: {entropy_label(results)}."
         + (" The generation's diversity runs were not scored (`--main-only`)." if results.get("main_only") else ""),
         "",
@@ -107,6 +131,8 @@ def _paired_lines(results: dict) -> list[str]:
     paired = results["aggregates"]["paired"]
     if not paired:
         return []
+    if "interval_rule" in results:
+        return _paired_lines_with_rule(results)
     lines = [
         "",
         f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
@@ -126,6 +152,67 @@ def _paired_lines(results: dict) -> list[str]:
                 f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
                 f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
             )
+    return lines
+
+
+def _interval_text(interval: Sequence[float] | None, form: str) -> str:
+    return "n/a" if interval is None else f"[{format(interval[0], form)}, {format(interval[1], form)}]"
+
+
+def _paired_lines_with_rule(results: dict) -> list[str]:
+    """The paired comparison of a report analysed with the small-sample intervals: headline intervals by the rule,
+    the clusters of each cell, and beside the cluster bootstrap the t-interval and bootstrap-t where they are few."""
+    paired = results["aggregates"]["paired"]
+    threshold = results["interval_rule"]["threshold_clusters"]
+    lines = [
+        "",
+        f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
+        "",
+        f"{interval_label(results)}. {interval_rule_text(results)}",
+        "",
+        "| sampler | NFE | pairs | clusters | GenPPL ratio [CI] | mean ΔNLL/token [CI] | worse in [CI] | "
+        "retained throughput |",
+        "|---|---:|---:|---:|---|---|---|---:|",
+    ]
+    few = []
+    for sampler, by_nfe in paired.items():
+        for nfe, p in by_nfe.items():
+            mark = "†" if p["interval_method"] == "t" else ""
+            w_low, w_high = p["fraction_b_worse_ci"]
+            lines.append(
+                f"| {sampler} | {nfe} | {p['num_pairs']} | {p['num_clusters']} | {p['gen_ppl_ratio']:.3f} "
+                f"{_interval_text(p['gen_ppl_ratio_headline_ci'], '.3f')}{mark} | {p['mean_delta']:+.4f} "
+                f"{_interval_text(p['mean_delta_headline_ci'], '+.4f')}{mark} | {p['fraction_b_worse']:.1%} "
+                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+            )
+            spread = p["gen_ppl_ratio_t_ci"] is not None and p["gen_ppl_ratio_t_ci"][0] < p["gen_ppl_ratio_t_ci"][1]
+            if p["num_clusters"] < threshold and spread:  # identical samples (a neutral knob): nothing to compare
+                few.append((sampler, nfe, p))
+    if not few:
+        return lines
+    lines += [
+        "",
+        f"### Cells with fewer than {threshold} clusters: the three intervals side by side",
+        "",
+        "Cluster bootstrap: percentile, clusters resampled within seeds. t: the estimate ± t(C - 1) × its "
+        "linearised standard error across the C clusters (the GenPPL ratio on the log scale). Bootstrap-t: the same "
+        "standard error, with the quantiles of the studentized statistic over cluster resamples (it follows skew). "
+        "Cells whose two samplers drew identical samples are left out.",
+        "",
+        "| sampler | NFE | clusters | GenPPL ratio | bootstrap | t | bootstrap-t | mean ΔNLL/token | bootstrap | t | "
+        "bootstrap-t |",
+        "|---|---:|---:|---:|---|---|---|---:|---|---|---|",
+    ]
+    for sampler, nfe, p in few:
+        ratio = [p[f"gen_ppl_ratio{kind}"] for kind in ("_ci", "_t_ci", "_bootstrap_t_ci")]
+        delta = [p[f"mean_delta{kind}"] for kind in ("_ci", "_t_ci", "_bootstrap_t_ci")]
+        lines.append(
+            f"| {sampler} | {nfe} | {p['num_clusters']} | {p['gen_ppl_ratio']:.3f} | "
+            + " | ".join(_interval_text(ci, ".3f") for ci in ratio)
+            + f" | {p['mean_delta']:+.4f} | "
+            + " | ".join(_interval_text(ci, "+.4f") for ci in delta)
+            + " |"
+        )
     return lines
 
 

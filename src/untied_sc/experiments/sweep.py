@@ -44,6 +44,7 @@ from ..evaluation.sampling import (
     run_samples,
     tokenizer_description,
     tuning_seeds,
+    warn_few_clusters,
 )
 from ..schedulers.comparison_names import ACE_METHODS
 from ..seeds import check_seed
@@ -243,6 +244,7 @@ def generate_sweep(
         raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
+    warn_few_clusters(family, len(seeds), num_samples, batch_size)  # ELF: one time grid per batch
     plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
     if only is not None:
         plan = [run for run in plan if run[0] in only.get(run[1], ())]
