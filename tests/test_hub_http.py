@@ -214,6 +214,17 @@ def test_custom_pipeline_code_is_served_from_the_repo_and_needs_trust(hub, make_
     assert torch.equal(sample(custom), sample(pipe))
 
 
+def test_a_changed_component_module_file_is_not_trusted_silently(hub, make_pipe, tmp_path):
+    folder = saved(make_pipe("langflow"), tmp_path / "pipe")
+    index = json.loads((folder / "model_index.json").read_text())
+    module = folder / "scheduler" / f"{index['scheduler'][0]}.py"
+    assert module.is_file()  # written by save_pretrained, for diffusers' repo-id check
+    module.write_text(module.read_text() + "print('hello')\n")
+    hub.commit("org/changed-component", folder)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        LangFlowPipeline.from_pretrained("org/changed-component")
+
+
 def test_cli_convert_takes_a_hub_id(hub, tmp_path, capsys, elf_golden, langflow_golden):
     (tmp_path / "elf").mkdir()
     _write_official_elf_checkpoint(tmp_path / "elf" / "checkpoint_7", elf_golden.weights)
@@ -245,6 +256,19 @@ def test_push_to_hub_then_from_pretrained_round_trips(hub, make_pipe, family):
     loaded = type(pipe).from_pretrained(f"org/pushed-{family}")
     assert_same_statistics(loaded, pipe.sampler_statistics.state_dict())
     assert torch.equal(sample(loaded), sample(pipe))
+
+
+def test_cli_calibrate_from_the_hub_to_the_hub(hub, make_pipe, tmp_path, capsys):
+    pipe = make_pipe("langflow")
+    pipe.register_modules(sampler_statistics=None)
+    hub.commit("org/uncalibrated", saved(pipe, tmp_path / "pipe"))
+    local = tmp_path / "calibrated"
+    args = ["calibrate", "org/uncalibrated", "--output", str(local), "--nfe", str(STEPS), "--bank-size", "2"]
+    assert cli_main([*args, "--batch-size", "2", "--no-progress", "--push-to-hub", "org/calibrated"]) == 0
+    assert "Pushed to org/calibrated" in capsys.readouterr().out
+    loaded = LangFlowPipeline.from_pretrained("org/calibrated")
+    assert loaded.sampler_statistics.config.calibrated_steps == [STEPS]
+    assert_same_statistics(loaded, statistics_of(local))
 
 
 # --- no network -----------------------------------------------------------------------------------------------
