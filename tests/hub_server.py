@@ -61,10 +61,12 @@ def commit_all(folder: Path, message: str) -> str:
 
 @dataclass
 class LocalHub:
-    """The running server: `endpoint` for `HF_ENDPOINT`, `root` the git repositories it serves."""
+    """The running server: `endpoint` for `HF_ENDPOINT`, `root` the git repositories it serves; `cache` the
+    Hugging Face cache a test downloads into (set per test)."""
 
     endpoint: str
     root: Path
+    cache: Path | None = None
 
     def commit(self, repo_id: str, source: Path | dict[str, bytes | str], message: str = "upload") -> str:
         """

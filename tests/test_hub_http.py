@@ -5,6 +5,7 @@ loaded by repo id, at pinned revisions, through diffusers' remote-code path and 
 offline and unreachable cases give our messages. Any attempt to resolve a host other than loopback fails the test.
 """
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -23,7 +24,7 @@ from untied_sc import (
 )
 from untied_sc.cli import main as cli_main
 from untied_sc.pipelines import load_pipeline
-from untied_sc.pipelines.remote_code import MODULE_NAME, MODULE_TEXT
+from untied_sc.pipelines.remote_code import MODULE_NAME, MODULE_TEXT, is_package_component, package_components
 
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
 from .test_models import _write_official_elf_checkpoint, _write_official_langflow_folder
@@ -80,8 +81,7 @@ def hub(local_hub, tmp_path, monkeypatch):  # noqa: F811
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")  # never a real token, and the server ignores it
-    local_hub.cache = cache
-    return local_hub
+    return dataclasses.replace(local_hub, cache=cache)
 
 
 @pytest.fixture
@@ -223,6 +223,15 @@ def test_a_changed_component_module_file_is_not_trusted_silently(hub, make_pipe,
     hub.commit("org/changed-component", folder)
     with pytest.raises(ValueError, match="trust_remote_code"):
         LangFlowPipeline.from_pretrained("org/changed-component")
+
+
+@pytest.mark.parametrize("name", ["elf-small", "langflow-small"])
+def test_the_bundled_pipelines_carry_the_module_files_a_repo_id_load_needs(name):
+    folder = Path(__file__).parent.parent / "hub_artifacts" / name
+    components = package_components(json.loads((folder / "model_index.json").read_text()))
+    assert {"transformer", "scheduler", "sampler_statistics"} <= set(components)
+    for component, (module, class_name) in components.items():
+        assert is_package_component(folder, component, module, class_name), component
 
 
 def test_cli_convert_takes_a_hub_id(hub, tmp_path, capsys, elf_golden, langflow_golden):
