@@ -102,7 +102,7 @@ class LocalHub:
 
 def _wait_until_serving(port: int, process: subprocess.Popen, deadline: float) -> str | None:
     """None once the server answers an HTTP request; otherwise why it did not."""
-    request = b"GET /api/whoami-v2 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return f"the server exited with code {process.returncode}"
@@ -127,33 +127,24 @@ def local_hub(tmp_path_factory) -> Iterator[LocalHub]:
     except ImportError as error:
         pytest.skip(f"the local Hub needs olah (`pip install -e '.[test]'`): {error}")
     base = tmp_path_factory.mktemp("local-hub")
-    root, logs = base / "repos", base / "logs"
+    root, logs, output = base / "repos", base / "logs", base / "server-output.txt"
     root.mkdir()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))  # loopback only, port chosen by the kernel
     listener.listen(64)
     port = listener.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path])}
-    command = [
-        sys.executable,
-        "-m",
-        "tests.hub_server",
-        str(root),
-        "--fd",
-        str(listener.fileno()),
-        "--logs",
-        str(logs),
-    ]
-    command += ["--parent", str(os.getpid())]
-    process = subprocess.Popen(
-        command, pass_fds=[listener.fileno()], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    repo_root = str(Path(__file__).parent.parent)  # so that the child finds `tests.hub_server`
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "tests.hub_server", str(root), "--fd", str(listener.fileno())]
+    command += ["--logs", str(logs), "--parent", str(os.getpid())]
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, pass_fds=[listener.fileno()], env=env, stdout=sink, stderr=sink)
     listener.close()  # the child holds its own copy
     try:
         problem = _wait_until_serving(port, process, time.monotonic() + START_TIMEOUT_S)
         if problem is not None:
-            log = "".join(path.read_text(errors="replace") for path in logs.glob("*")) if logs.exists() else ""
-            pytest.skip(f"the local Hub did not start: {problem}. Log tail: {log[-1500:]}")
+            texts = [path.read_text(errors="replace") for path in (output, *sorted(logs.glob("*")))]
+            pytest.skip(f"the local Hub did not start: {problem}. Its output ends: {''.join(texts)[-1500:]}")
         yield LocalHub(endpoint=f"http://127.0.0.1:{port}", root=root)
     finally:
         process.terminate()

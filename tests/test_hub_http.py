@@ -80,6 +80,7 @@ def hub(local_hub, tmp_path, monkeypatch):  # noqa: F811
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")  # a proxy configured on the machine stays out of it
     monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")  # never a real token, and the server ignores it
     return dataclasses.replace(local_hub, cache=cache)
 
@@ -298,19 +299,18 @@ def test_offline_mode_with_an_empty_cache_says_so(hub, monkeypatch, make_pipe, t
 
 def test_a_hub_that_is_down_gives_our_message_and_the_cache_still_serves(hub, monkeypatch, make_pipe, tmp_path):
     hub.commit("org/down", saved(make_pipe("langflow"), tmp_path / "pipe"))
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    down = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: connections are refused
-    point_hub_at(monkeypatch, down)
-    with pytest.raises(
-        FileNotFoundError, match=rf"'org/down' from the Hugging Face Hub at {down}: it could not be reached"
-    ):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: connections are refused
+        point_hub_at(monkeypatch, down)
+        with pytest.raises(
+            FileNotFoundError, match=rf"'org/down' from the Hugging Face Hub at {down}: it could not be reached"
+        ):
+            LangFlowPipeline.from_pretrained("org/down")
+        point_hub_at(monkeypatch, hub.endpoint)
         LangFlowPipeline.from_pretrained("org/down")
-    point_hub_at(monkeypatch, hub.endpoint)
-    LangFlowPipeline.from_pretrained("org/down")
-    point_hub_at(monkeypatch, down)
-    assert_same_statistics(LangFlowPipeline.from_pretrained("org/down"), statistics_of(tmp_path / "pipe"))
-    closed.close()
+        point_hub_at(monkeypatch, down)
+        assert_same_statistics(LangFlowPipeline.from_pretrained("org/down"), statistics_of(tmp_path / "pipe"))
 
 
 def test_an_unknown_repo_or_revision_is_named(hub, make_pipe, tmp_path):
