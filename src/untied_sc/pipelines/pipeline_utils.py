@@ -199,8 +199,11 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """
         loaded = super().load_config(*args, **kwargs)
         config = loaded[0] if isinstance(loaded, tuple) else loaded
-        folder = Path(args[0] if args else kwargs["pretrained_model_name_or_path"])
-        folder = folder.parent if folder.name == "model_index.json" else folder
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        folder = Path(source) if isinstance(source, str | os.PathLike) else None
+        folder = folder.parent if folder is not None and folder.name == "model_index.json" else folder
+        if folder is None or not folder.is_dir():
+            return loaded
         name = config.get("_class_name")
         if isinstance(name, list | tuple) and name[0] == MODULE_NAME and is_package_module(folder):
             config["_class_name"] = name[-1]
@@ -208,7 +211,11 @@ class LanguageFlowPipeline(DiffusionPipeline):
             if is_package_component(folder, component, module, class_name):
                 from . import components  # imported here: it imports the models, schedulers and calibration
 
-                if getattr(components, class_name, None) is getattr(importlib.import_module(module), class_name):
+                try:
+                    target = getattr(importlib.import_module(module), class_name, None)
+                except ImportError:
+                    continue
+                if target is not None and getattr(components, class_name, None) is target:
                     config[component] = [components.__name__, class_name]  # no module file of that name
         return loaded
 

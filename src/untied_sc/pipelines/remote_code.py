@@ -42,7 +42,7 @@ def package_components(index: dict) -> dict[str, tuple[str, str]]:
         if not component.startswith("_")
         and isinstance(value, list)
         and len(value) == 2
-        and isinstance(value[0], str)
+        and all(isinstance(part, str) for part in value)
         and value[0].startswith("untied_sc.")
     }
 
