@@ -180,6 +180,7 @@ def _ace(args: argparse.Namespace) -> None:
 
     from .calibration.ace import estimate_ace_direction, save_ace_statistics
     from .pipelines import load_pipeline
+    from .pipelines.remote_code import write_remote_code
 
     folder = Path(args.pipeline)
     if not (folder / "model_index.json").is_file():
@@ -202,6 +203,7 @@ def _ace(args: argparse.Namespace) -> None:
         pipe, progress=not args.no_progress, **{key: value for key, value in given.items() if value is not None}
     )
     written = save_ace_statistics(statistics.to("cpu"), folder)
+    write_remote_code(folder)  # the component's module file, for loading by repo id with diffusers' generic class
     config = statistics.config
     print(
         f"Wrote ACE's repetition direction ({config.num_trajectories} trajectories of {config.num_inference_steps} "

@@ -31,8 +31,44 @@ def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = 
     try:
         return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
     except (OSError, ValueError) as error:  # no network, an unknown repo, a gated one: say what was being fetched
-        raise FileNotFoundError(
-            f"Could not fetch {source!r} from the Hugging Face Hub ({type(error).__name__}: {error}). It is not a "
-            "path on this machine either: pass a local file or folder, or check the repo id, the network and "
-            "`huggingface-cli login` for gated repos."
-        ) from error
+        raise FileNotFoundError(fetch_error_message(str(source), hub_kwargs, error)) from error
+
+
+def fetch_error_message(repo_id: str, hub_kwargs: dict, error: BaseException) -> str:
+    """
+    Why `snapshot_download(repo_id, **hub_kwargs)` failed, and the way out. huggingface_hub's own texts speak of its
+    arguments (an offline cache miss says "pass local_files_only=False" even where `HF_HUB_OFFLINE` was set) and
+    never name the endpoint, which matters where `HF_ENDPOINT` points at a mirror.
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    revision = hub_kwargs.get("revision") or "main"
+    cache = hub_kwargs.get("cache_dir") or constants.HF_HUB_CACHE
+    head = f"Could not fetch {repo_id!r} from the Hugging Face Hub at {constants.ENDPOINT}"
+    local = "or pass a local file or folder"
+    if isinstance(error, RevisionNotFoundError):
+        return f"{head}: the repo has no revision {revision!r}. Pass an existing branch, tag or commit hash, {local}."
+    if isinstance(error, GatedRepoError):
+        return f"{head}: the repo is gated. Accept its conditions on its page and log in (`hf auth login`), {local}."
+    if isinstance(error, RepositoryNotFoundError):
+        return (
+            f"{head}: no such repo (or a private one). Check the repo id (it is no path on this machine either); a "
+            f"private repo needs a login (`hf auth login` or HF_TOKEN), {local}."
+        )
+    missing = f"revision {revision!r} of it is not in the Hugging Face cache ({cache})"
+    if hub_kwargs.get("local_files_only"):
+        reason = "HF_HUB_OFFLINE is set" if hub_offline() else "local_files_only=True was passed"
+        return f"{head}: {reason}, and {missing}. Fetch it once with network access to cache it, {local}."
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if cause is not error and "LocalEntryNotFound" in type(error).__name__:  # the Hub did not answer
+        return (
+            f"{head}: it could not be reached ({type(cause).__name__}: {cause}), and {missing}. Check the network "
+            f"(and HF_ENDPOINT), {local}."
+        )
+    return (
+        f"{head} ({type(error).__name__}: {error}). It is not a path on this machine either: check the repo id, the "
+        f"network and `hf auth login` for gated repos, {local}."
+    )

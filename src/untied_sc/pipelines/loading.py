@@ -7,7 +7,7 @@ from pathlib import Path
 from ..hub import HUB_KWARGS, resolve_local
 from .pipeline_elf import ELFPipeline
 from .pipeline_langflow import LangFlowPipeline
-from .remote_code import saved_class_name
+from .remote_code import saved_class_name, write_remote_code
 
 
 PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, LangFlowPipeline)}
@@ -41,4 +41,5 @@ def save_sampler_statistics(pipe, folder: str | os.PathLike) -> Path:
     index = json.loads(index_path.read_text())
     index["sampler_statistics"] = [type(statistics).__module__, type(statistics).__name__]
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    write_remote_code(folder)  # the component's module file, for loading by repo id with diffusers' generic class
     return folder / "sampler_statistics"

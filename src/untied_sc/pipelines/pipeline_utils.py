@@ -1,6 +1,7 @@
 """What ELFPipeline and LangFlowPipeline share: Hub loading, input checks, the denoising loop and the output."""
 
 import contextlib
+import importlib
 import inspect
 import operator
 import os
@@ -20,7 +21,13 @@ from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.noise import draw_normal, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
 from .artifact_checks import check_pipeline_folder
-from .remote_code import MODULE_NAME, is_package_module, write_remote_code
+from .remote_code import (
+    MODULE_NAME,
+    is_package_component,
+    is_package_module,
+    package_components,
+    write_remote_code,
+)
 
 
 OUTPUT_TYPES = ("text", "seq", "latent")
@@ -185,18 +192,31 @@ class LanguageFlowPipeline(DiffusionPipeline):
     @classmethod
     def load_config(cls, *args, **kwargs):
         """
-        diffusers' `load_config`, reading our module file's `[module, class]` name as the plain class name: the
-        package's own class loads the folder, never through diffusers' remote-code import (which several processes
-        loading at once would race on). Any other module file is left to diffusers' rule.
+        diffusers' `load_config`, reading our module file's `[module, class]` name as the plain class name, and each
+        component whose folder holds our module file (see `remote_code.py`) as the package class: the package's own
+        classes load the folder, never through diffusers' remote-code import (which several processes loading at once
+        would race on). Any other module file is left to diffusers' rule.
         """
         loaded = super().load_config(*args, **kwargs)
         config = loaded[0] if isinstance(loaded, tuple) else loaded
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        folder = Path(source) if isinstance(source, str | os.PathLike) else None
+        folder = folder.parent if folder is not None and folder.name == "model_index.json" else folder
+        if folder is None or not folder.is_dir():
+            return loaded
         name = config.get("_class_name")
-        if isinstance(name, list | tuple) and name[0] == MODULE_NAME:
-            folder = Path(args[0] if args else kwargs["pretrained_model_name_or_path"])
-            folder = folder.parent if folder.name == "model_index.json" else folder
-            if is_package_module(folder):
-                config["_class_name"] = name[-1]
+        if isinstance(name, list | tuple) and name[0] == MODULE_NAME and is_package_module(folder):
+            config["_class_name"] = name[-1]
+        for component, (module, class_name) in package_components(config).items():
+            if is_package_component(folder, component, module, class_name):
+                from . import components  # imported here: it imports the models, schedulers and calibration
+
+                try:
+                    target = getattr(importlib.import_module(module), class_name, None)
+                except ImportError:
+                    continue
+                if target is not None and getattr(components, class_name, None) is target:
+                    config[component] = [components.__name__, class_name]  # no module file of that name
         return loaded
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
