@@ -10,6 +10,7 @@ from .comparison_mixin import (
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
@@ -74,7 +75,9 @@ class ACEMethod(ComparisonMethod):
                 f"{family!r}: it belongs to another model."
             )
 
-    def pathways(self, step, solver_input, self_conditioning):
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.strength == 0.0:
             return solver_input, self_conditioning
         direction, scale = self.statistics.direction, self.strength

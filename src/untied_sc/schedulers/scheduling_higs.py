@@ -16,6 +16,7 @@ from .comparison_mixin import (
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
@@ -93,7 +94,9 @@ class HiGSMethod(ComparisonMethod):
             self._filter_matrix = matrix
         return matrix
 
-    def pathways(self, step, solver_input, self_conditioning):
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.weight == 0.0:
             return solver_input, self_conditioning
         prediction = step.prediction

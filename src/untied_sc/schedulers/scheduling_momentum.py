@@ -10,6 +10,7 @@ from .comparison_mixin import (
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
@@ -47,7 +48,9 @@ class MomentumMethod(ComparisonMethod):
     def reset(self) -> None:
         self.velocity: torch.Tensor | None = None  # v_{k−1}
 
-    def pathways(self, step, solver_input, self_conditioning):
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.beta == 1.0:
             return solver_input, self_conditioning
         self.velocity = velocity = heavy_ball_velocity(self.velocity, step.prediction, self.beta)

@@ -10,6 +10,7 @@ from .comparison_mixin import (
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
@@ -53,7 +54,9 @@ class MultistepMethod(ComparisonMethod):
         self.previous_prediction: torch.Tensor | None = None  # p_{k−1}
         self.previous_log_snr: float | None = None  # λ(eval_{k−1})
 
-    def pathways(self, step, solver_input, self_conditioning):
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.strength == 0.0:
             return solver_input, self_conditioning
         log_snr, next_log_snr = step.log_snrs()
