@@ -9,6 +9,7 @@ calibration's coefficients on the fused and the reference step) and every compar
 """
 
 import argparse
+import inspect
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def samplers(pipe, nfe: int):
     yield "untied-calibrated-online", online
     for method in COMPARISON_METHODS:
         cls = comparison_scheduler_class(method, pipe.family)
-        accepted = set(cls.__init__.__code__.co_varnames)
+        accepted = set(inspect.signature(cls.__init__).parameters)
         yield method, cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")})
 
 

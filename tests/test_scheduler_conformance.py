@@ -558,3 +558,20 @@ def test_training_noises_with_add_noise(monkeypatch):
     assert calls == ["ELFScheduler", "LangFlowScheduler"]
     alpha, sigma = torch.sigmoid(-gamma).sqrt()[:, None, None], torch.sigmoid(gamma).sqrt()[:, None, None]
     assert torch.equal(got, alpha * x[ids] + sigma * noise)
+
+
+def test_bundled_langflow_scheduler_holds_its_model_proposal():
+    """The bundled LangFlow folder's scheduler config carries its model's proposal: a bare `set_timesteps(N)` samples
+    on the grid the pipeline uses (which passes the model's own proposal)."""
+    from pathlib import Path
+
+    from untied_sc.models import LangFlowTransformerModel
+
+    folder = Path(__file__).resolve().parents[1] / "hub_artifacts" / "langflow-small"
+    scheduler = LangFlowScheduler.from_pretrained(folder / "scheduler")
+    transformer = LangFlowTransformerModel.from_pretrained(folder / "transformer")
+    assert tuple(scheduler.config.proposal) == transformer.gumbel_parameters()
+    scheduler.set_timesteps(8)
+    bare = scheduler.timesteps
+    scheduler.set_timesteps(8, proposal=transformer.gumbel_parameters())
+    assert torch.equal(bare, scheduler.timesteps)
