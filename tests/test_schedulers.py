@@ -144,8 +144,8 @@ def test_scheduler_errors_are_clear(langflow_golden):
     elf.set_timesteps(8, generator=torch.Generator())
     with pytest.raises(RuntimeError, match="scale_model_input"):
         elf.step(torch.zeros(1, 2, 3), elf.timesteps[0], torch.zeros(1, 2, 3))
-    with pytest.raises(ValueError, match=r"got timestep 0.0, but the current step \(0\) is at timesteps\[0\]"):
-        elf.step(torch.zeros(1, 2, 3), 0.0, torch.zeros(1, 2, 3))
+    with pytest.raises(ValueError, match=r"got timestep 0.5, but the current step \(0\) is at timesteps\[0\] = 0"):
+        elf.step(torch.zeros(1, 2, 3), 0.5, torch.zeros(1, 2, 3))
     ELFScheduler.from_config(elf.config, sde_gamma=0.5).set_timesteps(12, generator=torch.Generator())
     with pytest.raises(ValueError, match="proposal"):
         LangFlowScheduler().set_timesteps(8)
