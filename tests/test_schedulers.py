@@ -104,10 +104,33 @@ def test_from_config_to_a_stock_diffusers_scheduler_and_back(scheduler_cls):
 
 
 def test_stock_scheduler_runs_in_the_pipelines_without_self_conditioning(elf_golden, langflow_golden):
+    """
+    A stock diffusers scheduler (no `self_conditioning`, no `scale_model_input`) drives the loop: the network gets
+    no self-conditioning input, is called once per stock timestep in order, and the latents are the stock
+    scheduler's steps on the network's predictions, written out here by hand.
+    """
     for pipe in (_elf_pipe(elf_golden), _langflow_pipe(langflow_golden)):
         pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+        calls = []
+        predict = pipe._predict
+
+        def recording(model_input, timestep, self_conditioning, *args, predict=predict, calls=calls, **kwargs):
+            calls.append((timestep, self_conditioning))
+            return predict(model_input, timestep, self_conditioning, *args, **kwargs)
+
+        pipe._predict = recording
         output = _sample(pipe, steps=3)
-        assert output.sequences.shape == (2, 12) and torch.isfinite(output.latents).all()
+        assert [sc for _, sc in calls] == [None] * 3
+        stock = FlowMatchEulerDiscreteScheduler()
+        stock.set_timesteps(3)
+        assert torch.equal(torch.stack([t for t, _ in calls]), stock.timesteps)
+        generator = torch.Generator().manual_seed(0)
+        latents = torch.randn((2, *pipe.latent_shape), generator=generator)  # init_noise_sigma = 1
+        for t in stock.timesteps:
+            prediction, _ = predict(latents, t, None)
+            latents = stock.step(prediction, t, latents, generator=generator).prev_sample
+        assert torch.equal(output.latents, latents)
+        assert output.sequences.shape == (2, 12)
 
 
 def test_scheduler_errors_are_clear(langflow_golden):
@@ -117,16 +140,18 @@ def test_scheduler_errors_are_clear(langflow_golden):
     with pytest.raises(ValueError, match="single torch.Generator"):
         elf.set_timesteps(8, generator=[torch.Generator(), torch.Generator()])
     with pytest.raises(RuntimeError, match="set_timesteps"):
-        ELFScheduler().scale_model_input(torch.zeros(1, 2, 3))
+        ELFScheduler().step(torch.zeros(1, 2, 3), 0.0, torch.zeros(1, 2, 3))
     elf.set_timesteps(8, generator=torch.Generator())
     with pytest.raises(RuntimeError, match="scale_model_input"):
         elf.step(torch.zeros(1, 2, 3), elf.timesteps[0], torch.zeros(1, 2, 3))
+    with pytest.raises(ValueError, match=r"got timestep 0.5, but the current step \(0\) is at timesteps\[0\] = 0"):
+        elf.step(torch.zeros(1, 2, 3), 0.5, torch.zeros(1, 2, 3))
     ELFScheduler.from_config(elf.config, sde_gamma=0.5).set_timesteps(12, generator=torch.Generator())
     with pytest.raises(ValueError, match="proposal"):
         LangFlowScheduler().set_timesteps(8)
     langflow = LangFlowScheduler()
     langflow.set_timesteps(2, proposal=langflow_from_golden(langflow_golden).gumbel_parameters())
-    for _ in range(2):
-        langflow.step(torch.zeros(1, 2, 3), 0.0, torch.zeros(1, 2, 3))
+    for t in langflow.timesteps:
+        langflow.step(torch.zeros(1, 2, 3), t, torch.zeros(1, 2, 3))
     with pytest.raises(RuntimeError, match="All 2 evaluations are done"):
-        langflow.step(torch.zeros(1, 2, 3), 0.0, torch.zeros(1, 2, 3))
+        langflow.step(torch.zeros(1, 2, 3), langflow.timesteps[-1], torch.zeros(1, 2, 3))

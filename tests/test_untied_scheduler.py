@@ -16,6 +16,14 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.schedulers.untied_functions import (
+    history_direction,
+    masked_token_mean,
+    overlap_transform,
+    retention,
+    solver_history_direction,
+    token_cosine_distance,
+)
 
 from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
 from .tiny import random_statistics, tiny_tokenizer
@@ -218,12 +226,52 @@ def test_invalid_coefficients_and_options_are_refused(scheduler_cls):
         {"cosine_distance": "online"},
     ],
 )
-def test_ablation_switches_change_the_self_conditioning_input(options):
+def test_ablation_switches_do_to_the_self_conditioning_input_what_they_name(options):
+    """
+    With η_T = 0 the next self-conditioning input is m̃_{k+1} = F m_{k+1}, m_{k+1} = p_k, F = I − Q(I − diag ℓ)Qᵀ
+    with ℓ = retention(ρ², â, λ_R, ε_fp, g), â = κ_k(1 − δ̄_k). Each switch changes one input of it, by its
+    definition: `reversed` pairs the directions with ρ² reversed, `random` with ρ² permuted by `transform_seed`,
+    `global_scaling=False` drops g_k, `online` uses this trajectory's δ̄_k (per sample) for the statistics' one.
+    """
+    pipe, _ = _pipeline("elf", 8)
+    statistics = pipe.sampler_statistics
     base = {"eta_r": 3.0, "eta_t": 0.0, "eta_o": 1.0, "alpha": 0.8}
-    default, _ = _pipeline("elf", 8, **base)
-    ablated, _ = _pipeline("elf", 8, **base, **options)
-    a, b = _run(default, 8)[1], _run(ablated, 8)[1]
-    assert torch.isfinite(b).all() and not torch.equal(a, b)
+    schedulers = {"ablated": UntiedELFScheduler(**base, **options), "default": UntiedELFScheduler(**base)}
+    for scheduler in schedulers.values():
+        scheduler.set_timesteps(8, generator=torch.Generator().manual_seed(0), statistics=statistics)
+    rho_sq = statistics.rho_sq.double()
+    if options.get("transform_assignment") == "reversed":
+        rho_sq = rho_sq.flip(0)
+    elif options.get("transform_assignment") == "random":
+        permutation = torch.randperm(len(rho_sq), generator=torch.Generator().manual_seed(options["transform_seed"]))
+        assert not torch.equal(permutation, torch.arange(len(rho_sq)))
+        rho_sq = rho_sq[permutation]
+    strength = statistics.base_transform_exponent * base["eta_r"]
+    step_statistics = statistics.for_steps(8)
+    scheduler, generator = schedulers["ablated"], torch.Generator().manual_seed(1)
+    latents = torch.randn((3, *pipe.latent_shape), generator=generator)
+    differs = []
+    for k, t in enumerate(scheduler.timesteps):
+        prediction = torch.randn(latents.shape, generator=generator)
+        ema = torch.zeros_like(prediction) if scheduler.ema is None else scheduler.ema  # E_k, O_k before the step
+        average = torch.zeros_like(prediction) if scheduler.solver_average is None else scheduler.solver_average
+        outputs = {}
+        for name, each in schedulers.items():
+            each.scale_model_input(latents, t)
+            outputs[name] = each.step(prediction, t, latents)
+        distance = step_statistics.cosine_distance[k].item()
+        if options.get("cosine_distance") == "online":  # mean over positions of min(1, 1 − cos(H_k, G_k)), per sample
+            history = history_direction(prediction, ema, active=step_statistics.rms[k].item() > 0)
+            solver_direction = solver_history_direction(prediction, history, average, None, 1e-12)
+            distance = masked_token_mean(token_cosine_distance(history, solver_direction, None), None)
+            assert distance.shape == (3,)
+        a_hat = scheduler.solver.kappa(k) * (1 - distance)
+        ell = retention(rho_sq, a_hat, strength, 0.01, options.get("global_scaling", True))
+        expected = overlap_transform(prediction, statistics.basis, ell.to(prediction.dtype))
+        torch.testing.assert_close(outputs["ablated"].self_conditioning, expected, rtol=1e-5, atol=1e-6)
+        differs.append(not torch.allclose(outputs["default"].self_conditioning, expected, rtol=1e-5, atol=1e-6))
+        latents = outputs["ablated"].prev_sample
+    assert any(differs)  # the switch matters (on the steps whose retention it changes)
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])

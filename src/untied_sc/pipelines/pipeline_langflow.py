@@ -121,4 +121,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         transformer = load_official_langflow(source, **kwargs)
-        return cls(transformer=transformer, scheduler=LangFlowScheduler(), tokenizer=tokenizer)
+        scheduler = LangFlowScheduler(
+            proposal=list(transformer.gumbel_parameters())
+        )  # a bare `set_timesteps(N)` works
+        return cls(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)

@@ -6,12 +6,16 @@ the official scheduler's own), one network evaluation per step. It changes only 
 the prediction handed to the solver, the next self-conditioning input, or both (its routing key).
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .baseline_functions import elf_log_snr, langflow_log_snr
 from .comparison_names import ELF_COMPARISON_SCHEDULERS, LANGFLOW_COMPARISON_SCHEDULERS
+from .contract import OfficialBaseMixin
 from .outputs import LanguageFlowSchedulerOutput
-from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, ELFScheduler
+from .scheduling_elf import ELF_CONFIG_RANGES, ELFScheduler
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, LangFlowScheduler
 
 
@@ -37,7 +41,44 @@ def check_routing(name: str, value: str) -> None:
         raise ValueError(f"{name} must be one of {ROUTINGS}, got {value!r}.")
 
 
-class ComparisonSamplerMixin:
+@dataclass(frozen=True)
+class MethodStep:
+    """
+    What a comparison method sees of update step k: k, the raw clean prediction p_k, and the family's log-SNRs
+    (read only by the methods that need them).
+    """
+
+    index: int
+    prediction: torch.Tensor
+    family_log_snrs: Callable[[int], tuple[float, float]]
+
+    def log_snrs(self) -> tuple[float, float]:
+        """(λ at the time step k's network saw, λ at its target)."""
+        return self.family_log_snrs(self.index)
+
+
+class ComparisonMethod:
+    r"""
+    One comparison method (Momentum, HiGS, ACE, DPM-Solver++(2M)) as an object. Built from its scheduler's config by
+    `from_config` (its constructor checks its settings), it holds its own trajectory state (`reset` clears it for a
+    new run) and changes the pathways of each update step: `pathways(step, q, m)` returns the prediction handed to
+    the solver and the next self-conditioning input. At zero strength it returns `(q, m)` themselves.
+    """
+
+    @classmethod
+    def from_config(cls, config) -> "ComparisonMethod":
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forgets the trajectory (a new run); methods without trajectory state keep nothing."""
+
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class ComparisonSamplerMixin(OfficialBaseMixin):
     r"""
     A comparison sampler on an official solver. At update step k, with the raw clean prediction p_k:
 
@@ -47,57 +88,34 @@ class ComparisonSamplerMixin:
     and the network's next self-conditioning input is m_{k+1}. LangFlow's final evaluation only reads out tokens:
     nothing is modified there.
 
-    A concrete scheduler mixes in, in this order: its method mixins (each with `_init_<method>` (checks its config
-    keys), `_<method>_pathways` and, where it has trajectory state, `_reset_<method>`; `methods` names them in the
-    order they apply), a family mixin
-    ([`ELFComparisonMixin`] or [`LangFlowComparisonMixin`]), this mixin, then `CompatibleSchedulerMixin,
-    SchedulerMixin, ConfigMixin`. Its `__init__` declares the family's official keys and the method keys and calls
-    `_init_comparison()`.
+    A concrete scheduler lists its methods' classes in `method_classes` (each a [`ComparisonMethod`], in the order
+    they apply) and mixes in a family mixin ([`ELFComparisonMixin`] or [`LangFlowComparisonMixin`]), this mixin, then
+    `CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin`. Its `__init__` declares the family's official keys and
+    the method keys and calls `_init_comparison()`, which builds the methods from the config (`self.methods`).
     """
 
     family: str
     base_scheduler_class: type
-    methods: tuple[str, ...] = ()
+    method_classes: tuple[type[ComparisonMethod], ...] = ()
     order = 1
 
     def _init_comparison(self) -> None:
-        """Checks the method keys, builds the official base scheduler from the config, and creates all state."""
-        for method in self.methods:
-            getattr(self, f"_init_{method}")()
-        base_cls = self.base_scheduler_class
-        base_keys = base_cls._get_init_keys(base_cls) - {"self"}
-        self.base = base_cls(**{key: value for key, value in self.config.items() if key in base_keys})
-        self.init_noise_sigma = self.base.init_noise_sigma
-        self.timesteps: torch.Tensor | None = None
-        self.num_inference_steps: int | None = None
+        """Builds the methods (checking their keys) and the official base scheduler from the config."""
+        self.methods = tuple(method.from_config(self.config) for method in self.method_classes)
+        self._build_base()
         self._reset_state()
 
     def _reset_state(self) -> None:
         self._step_index = 0
         self.self_conditioning: torch.Tensor | None = None
         for method in self.methods:
-            reset = getattr(self, f"_reset_{method}", None)
-            if reset is not None:
-                reset()
-
-    @property
-    def step_index(self) -> int:
-        return self._step_index
-
-    @property
-    def solver(self):
-        """The base solver of the current run (grid, κ_k, Δu_k, S_k)."""
-        return self.base.solver
+            method.reset()
 
     def _set_timesteps(self, num_inference_steps: int, device, **base_kwargs) -> None:
         """The official grid (`base_kwargs` go to the official `set_timesteps`) and a fresh trajectory state."""
         self.base.set_timesteps(num_inference_steps, device=device, **base_kwargs)
         self.timesteps, self.num_inference_steps = self.base.timesteps, num_inference_steps
         self._reset_state()
-
-    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
-        """The official network input (ELF re-noises here, drawing the official noise; LangFlow passes through)."""
-        return self.base.scale_model_input(sample, timestep)
 
     def step(
         self,
@@ -111,31 +129,26 @@ class ComparisonSamplerMixin:
 
         Args:
             model_output (`torch.Tensor`): p_k (ELF: x̂; LangFlow: softmax(logits)·E_norm).
-            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`.
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`, `timesteps[step_index]` (checked).
             sample (`torch.Tensor`): the current latent z_k.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
 
         The output's `pred_original_sample` is the prediction handed to the solver, q_k, and `self_conditioning`
         is m_{k+1}, the next network's self-conditioning input.
         """
-        if self.num_inference_steps is None:
-            raise RuntimeError("Call `set_timesteps` before sampling.")
+        self._check_step(timestep)
         k, prediction = self._step_index, model_output
         solver_input = next_self_conditioning = prediction
         if k < self.solver.num_update_steps:  # not LangFlow's final evaluation, which updates nothing
+            step = MethodStep(k, prediction, self.log_snrs)
             for method in self.methods:
-                solver_input, next_self_conditioning = getattr(self, f"_{method}_pathways")(
-                    k, prediction, solver_input, next_self_conditioning
-                )
+                solver_input, next_self_conditioning = method.pathways(step, solver_input, next_self_conditioning)
         prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
         self.self_conditioning = next_self_conditioning
         self._step_index += 1
         if not return_dict:
             return (prev_sample, solver_input, next_self_conditioning)
         return LanguageFlowSchedulerOutput(prev_sample, solver_input, next_self_conditioning)
-
-    def __len__(self) -> int:
-        return self.num_inference_steps or 0
 
 
 class ELFComparisonMixin:
@@ -146,11 +159,6 @@ class ELFComparisonMixin:
     _compatibles = ["ELFScheduler", "UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _legacy_config_keys = ("sc_cfg_scale",)
     _config_ranges = ELF_CONFIG_RANGES
-
-    def _init_comparison(self) -> None:
-        if self.config.sde_gamma_by_steps is None:
-            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
-        super()._init_comparison()
 
     def log_snrs(self, k: int) -> tuple[float, float]:
         """(λ at the evaluation of step k, λ at its target): λ(s_k) and λ(t_{k+1}) of ELF's interpolant."""
@@ -199,6 +207,7 @@ class LangFlowComparisonMixin:
         Args:
             num_inference_steps (`int`): the NFE (≥ 2).
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
-            proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
+            proposal (`tuple`, *optional*): the model's (loc, scale, cutoff); `None` uses the config's `proposal`
+                (see [`LangFlowScheduler.set_timesteps`]).
         """
         self._set_timesteps(num_inference_steps, device, proposal=proposal)

@@ -12,6 +12,7 @@ import warnings
 import diffusers
 
 from .config_checks import Range, check_config_ranges, unknown_key_message
+from .contract import init_keys
 
 
 class CompatibleSchedulerMixin:
@@ -25,6 +26,8 @@ class CompatibleSchedulerMixin:
       `sc_cfg_scale`, now the pipeline's): they load silently and stay in the config, for whoever still reads them.
     - The config carries `_class_name` from the start (diffusers adds it only when saving), so that
       `UntiedSelfConditioningScheduler.from_config(scheduler.config)` can tell the family of a config in memory.
+    - `_use_default_values` is kept sorted, so that two configs of equal values compare equal (diffusers lists the
+      keys in set order, which differs between instances).
     - A key set with `register_to_config` after `__init__` (e.g. `coefficients_by_steps` written by
       `untied-sc tune`) stops counting as an `__init__` default, so that an in-memory `from_config` swap keeps it
       (diffusers drops the keys it remembers as defaults before building the new scheduler).
@@ -54,8 +57,7 @@ class CompatibleSchedulerMixin:
         init_dict, unused_kwargs, hidden_config = super().extract_init_dict(current, **kwargs)
         known = set(cls._legacy_config_keys)
         for scheduler in cls._get_compatibles():
-            known |= scheduler._get_init_keys(scheduler) | set(getattr(scheduler, "_legacy_config_keys", ()))
-        known.discard("self")
+            known |= init_keys(scheduler) | set(getattr(scheduler, "_legacy_config_keys", ()))
         for key in unused_kwargs:
             if not key.startswith("_") and key not in known and key != "dtype":
                 warnings.warn(unknown_key_message(cls.__name__, key, known), UserWarning, stacklevel=3)
@@ -65,6 +67,8 @@ class CompatibleSchedulerMixin:
         first = "_internal_dict" not in self.__dict__
         if first:
             check_config_ranges(type(self).__name__, kwargs, self._config_ranges)
+            if "_use_default_values" in kwargs:  # diffusers lists them in set order: sorted, configs compare equal
+                kwargs["_use_default_values"] = sorted(kwargs["_use_default_values"])
         super().register_to_config(**kwargs)
         if first:
             # The class name, which diffusers writes only when saving, so that a config in memory says what it is.

@@ -6,14 +6,16 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .baseline_functions import remove_repetition_direction
 from .comparison_mixin import (
+    ComparisonMethod,
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
 from .compatibility import CompatibleSchedulerMixin
-from .scheduling_elf import NOISE_SCALE, P_MEAN, P_STD, T_EPS
+from .scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS
 from .scheduling_higs import (
     HIGS_ALPHA,
     HIGS_CUTOFF,
@@ -24,7 +26,7 @@ from .scheduling_higs import (
     HIGS_T_MAX,
     HIGS_T_MIN,
     HIGS_WEIGHT,
-    HiGSMixin,
+    HiGSMethod,
 )
 from .scheduling_langflow import QUANTILE_EPS
 
@@ -33,55 +35,75 @@ ACE_SCALE = 2.0  # λ of the official code and scripts
 ACE_ROUTING = "self_conditioning"  # the official code steers the self-conditioning input only
 
 
-class ACEMixin:
+class ACEMethod(ComparisonMethod):
     r"""
-    ACE (docs/algorithm.md §9.4): the pathways `ace_routing` names (by default the next self-conditioning input
-    only, as the source) are moved against the model's repetition direction d, x ← x − λ·d at every position. In
-    HiGS + ACE it applies after HiGS, to what HiGS routed there. `ace_strength=0` is the official sampler.
+    ACE (docs/algorithm.md §9.4): the pathways `routing` names (by default the next self-conditioning input only, as
+    the source) are moved against the model's repetition direction d, x ← x − λ·d at every position. In HiGS + ACE
+    it applies after HiGS, to what HiGS routed there. `strength=0` is the official sampler.
 
-    d is the `direction` of an [`~untied_sc.calibration.ace.ACEStatistics`] (not config: a tensor), given to
-    `set_timesteps(..., ace_statistics=...)` (pipelines with an `ace_statistics` component pass it) or set as the
-    scheduler's `ace_statistics` attribute; it is kept for later runs.
+    d is the `direction` of an [`~untied_sc.calibration.ace.ACEStatistics`] (not config: a tensor), held in
+    `statistics` and kept for later runs (the scheduler's `ace_statistics`).
+
+    Args:
+        strength (`float`): λ (config `ace_strength`); 0 switches ACE off.
+        routing (`str`): `"self_conditioning"`, `"solver"` or `"both"` (config `ace_routing`).
     """
 
-    def _init_ace(self) -> None:
-        check_routing("ace_routing", self.config.ace_routing)
-        self.ace_statistics = None  # the ACEStatistics in use, kept across runs
+    def __init__(self, strength: float = ACE_SCALE, routing: str = ACE_ROUTING):
+        check_routing("ace_routing", routing)
+        self.strength, self.routing = strength, routing
+        self.statistics = None  # the ACEStatistics in use, kept across runs
 
-    def _set_ace_statistics(self, ace_statistics) -> None:
-        if ace_statistics is not None:
-            self.ace_statistics = ace_statistics
-        if self.config.ace_strength != 0.0 and self.ace_statistics is None:
+    @classmethod
+    def from_config(cls, config) -> "ACEMethod":
+        return cls(config.ace_strength, config.ace_routing)
+
+    def use(self, statistics, family: str) -> None:
+        """Takes `statistics` (`None` keeps the held ones) for a run of `family`; refuses missing or foreign ones."""
+        if statistics is not None:
+            self.statistics = statistics
+        if self.strength != 0.0 and self.statistics is None:
             raise ValueError(
-                f"ACE with ace_strength={self.config.ace_strength} needs the model's repetition direction: pass "
+                f"ACE with ace_strength={self.strength} needs the model's repetition direction: pass "
                 "`ace_statistics=` to `set_timesteps` (pipelines pass their `ace_statistics` component) or set "
                 "`scheduler.ace_statistics`; estimate it with `untied-sc ace PIPELINE_DIR` (or "
                 "`untied_sc.calibration.ace.estimate_ace_direction`)."
             )
-        if self.ace_statistics is not None:
-            self._check_ace_statistics(self.ace_statistics)
-
-    def _check_ace_statistics(self, ace_statistics) -> None:
-        if ace_statistics.config.solver != self.family:
+        if self.statistics is not None and self.statistics.config.solver != family:
             raise ValueError(
-                f"The ACE direction is for the {ace_statistics.config.solver!r} family, this scheduler samples "
-                f"{self.family!r}: it belongs to another model."
+                f"The ACE direction is for the {self.statistics.config.solver!r} family, this scheduler samples "
+                f"{family!r}: it belongs to another model."
             )
 
-    def _ace_pathways(self, k, prediction, solver_input, self_conditioning):
-        scale = self.config.ace_strength
-        if scale == 0.0:
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.strength == 0.0:
             return solver_input, self_conditioning
-        direction = self.ace_statistics.direction
+        direction, scale = self.statistics.direction, self.strength
         return route(
-            self.config.ace_routing,
-            solver_input,
-            self_conditioning,
-            lambda x: remove_repetition_direction(x, direction, scale),
+            self.routing, solver_input, self_conditioning, lambda x: remove_repetition_direction(x, direction, scale)
         )
 
 
-class _ACEELFTimesteps:
+class ACEStatisticsMixin:
+    """`ace_statistics`, the repetition direction of a scheduler whose methods include an [`ACEMethod`]."""
+
+    @property
+    def _ace(self) -> ACEMethod:
+        return next(method for method in self.methods if isinstance(method, ACEMethod))
+
+    @property
+    def ace_statistics(self):
+        """The [`ACEStatistics`] in use (`set_timesteps(..., ace_statistics=)` or set here), kept across runs."""
+        return self._ace.statistics
+
+    @ace_statistics.setter
+    def ace_statistics(self, statistics) -> None:
+        self._ace.statistics = statistics
+
+
+class _ACEELFTimesteps(ACEStatisticsMixin):
     def set_timesteps(
         self,
         num_inference_steps: int,
@@ -99,11 +121,11 @@ class _ACEELFTimesteps:
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
                 `None`. Required (given now or before) unless `ace_strength` is 0.
         """
-        self._set_ace_statistics(ace_statistics)
+        self._ace.use(ace_statistics, self.family)
         self._set_timesteps(num_inference_steps, device, generator=generator)
 
 
-class _ACELangFlowTimesteps:
+class _ACELangFlowTimesteps(ACEStatisticsMixin):
     def set_timesteps(
         self,
         num_inference_steps: int,
@@ -117,16 +139,16 @@ class _ACELangFlowTimesteps:
         Args:
             num_inference_steps (`int`): the NFE (≥ 2).
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
-            proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
+            proposal (`tuple`, *optional*): the model's (loc, scale, cutoff); `None` uses the config's `proposal`
+                (see [`LangFlowScheduler.set_timesteps`]).
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
                 `None`. Required (given now or before) unless `ace_strength` is 0.
         """
-        self._set_ace_statistics(ace_statistics)
+        self._ace.use(ace_statistics, self.family)
         self._set_timesteps(num_inference_steps, device, proposal=proposal)
 
 
 class ACEELFScheduler(
-    ACEMixin,
     _ACEELFTimesteps,
     ELFComparisonMixin,
     ComparisonSamplerMixin,
@@ -135,7 +157,7 @@ class ACEELFScheduler(
     ConfigMixin,
 ):
     r"""
-    ACE ([`ACEMixin`]) on the official ELF sampler ([`ELFScheduler`], used unchanged as `self.base`: with
+    ACE ([`ACEMethod`]) on the official ELF sampler ([`ELFScheduler`], used unchanged as `self.base`: with
     `ace_strength=0` it is the official sampler bit for bit).
 
     Args:
@@ -145,7 +167,7 @@ class ACEELFScheduler(
             `"solver"` or `"both"`.
     """
 
-    methods = ("ace",)
+    method_classes = (ACEMethod,)
 
     @register_to_config
     def __init__(
@@ -154,7 +176,7 @@ class ACEELFScheduler(
         p_mean: float = P_MEAN,
         p_std: float = P_STD,
         sde_gamma: float | None = None,
-        sde_gamma_by_steps: dict[str, float] | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = DEFAULT_SDE_GAMMA,
         t_eps: float = T_EPS,
         ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
@@ -163,7 +185,6 @@ class ACEELFScheduler(
 
 
 class ACELangFlowScheduler(
-    ACEMixin,
     _ACELangFlowTimesteps,
     LangFlowComparisonMixin,
     ComparisonSamplerMixin,
@@ -172,20 +193,21 @@ class ACELangFlowScheduler(
     ConfigMixin,
 ):
     r"""
-    ACE ([`ACEMixin`]) on the official LangFlow sampler ([`LangFlowScheduler`], used unchanged as `self.base`:
+    ACE ([`ACEMethod`]) on the official LangFlow sampler ([`LangFlowScheduler`], used unchanged as `self.base`:
     with `ace_strength=0` it is the official sampler bit for bit).
 
     Args:
-        quantile_eps: [`LangFlowScheduler`]'s config.
+        quantile_eps, proposal: [`LangFlowScheduler`]'s config.
         ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
-    methods = ("ace",)
+    method_classes = (ACEMethod,)
 
     @register_to_config
     def __init__(
         self,
         quantile_eps: float = QUANTILE_EPS,
+        proposal: list[float] | None = None,
         ace_strength: float = ACE_SCALE,
         ace_routing: str = ACE_ROUTING,
     ):
@@ -193,8 +215,6 @@ class ACELangFlowScheduler(
 
 
 class HiGSACEELFScheduler(
-    HiGSMixin,
-    ACEMixin,
     _ACEELFTimesteps,
     ELFComparisonMixin,
     ComparisonSamplerMixin,
@@ -203,7 +223,7 @@ class HiGSACEELFScheduler(
     ConfigMixin,
 ):
     r"""
-    HiGS then ACE ([`HiGSMixin`], [`ACEMixin`]) on the official ELF sampler: HiGS's guided prediction goes where
+    HiGS then ACE ([`HiGSMethod`], [`ACEMethod`]) on the official ELF sampler: HiGS's guided prediction goes where
     `higs_routing` says, then ACE moves the inputs `ace_routing` names against d. With `higs_weight=0` and
     `ace_strength=0` it is the official sampler bit for bit.
 
@@ -214,7 +234,7 @@ class HiGSACEELFScheduler(
         ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
-    methods = ("higs", "ace")
+    method_classes = (HiGSMethod, ACEMethod)
 
     @register_to_config
     def __init__(
@@ -223,7 +243,7 @@ class HiGSACEELFScheduler(
         p_mean: float = P_MEAN,
         p_std: float = P_STD,
         sde_gamma: float | None = None,
-        sde_gamma_by_steps: dict[str, float] | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = DEFAULT_SDE_GAMMA,
         t_eps: float = T_EPS,
         higs_weight: float = HIGS_WEIGHT,
         higs_alpha: float = HIGS_ALPHA,
@@ -241,8 +261,6 @@ class HiGSACEELFScheduler(
 
 
 class HiGSACELangFlowScheduler(
-    HiGSMixin,
-    ACEMixin,
     _ACELangFlowTimesteps,
     LangFlowComparisonMixin,
     ComparisonSamplerMixin,
@@ -251,22 +269,23 @@ class HiGSACELangFlowScheduler(
     ConfigMixin,
 ):
     r"""
-    HiGS then ACE ([`HiGSMixin`], [`ACEMixin`]) on the official LangFlow sampler; with `higs_weight=0` and
+    HiGS then ACE ([`HiGSMethod`], [`ACEMethod`]) on the official LangFlow sampler; with `higs_weight=0` and
     `ace_strength=0` it is the official sampler bit for bit.
 
     Args:
-        quantile_eps: [`LangFlowScheduler`]'s config.
+        quantile_eps, proposal: [`LangFlowScheduler`]'s config.
         higs_weight, higs_alpha, higs_eta, higs_t_min, higs_t_max, higs_filter, higs_cutoff, higs_sharpness,
         higs_routing: as for [`HiGSELFScheduler`].
         ace_strength, ace_routing: as for [`ACEELFScheduler`].
     """
 
-    methods = ("higs", "ace")
+    method_classes = (HiGSMethod, ACEMethod)
 
     @register_to_config
     def __init__(
         self,
         quantile_eps: float = QUANTILE_EPS,
+        proposal: list[float] | None = None,
         higs_weight: float = HIGS_WEIGHT,
         higs_alpha: float = HIGS_ALPHA,
         higs_eta: float = HIGS_ETA,

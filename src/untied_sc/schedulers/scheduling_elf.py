@@ -9,6 +9,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
+from .contract import check_begin_index, check_timestep
 from .noise import NoiseStream, check_generator, settle
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
@@ -64,6 +65,21 @@ def elf_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_s
     return torch.cat([torch.zeros(1, device=device), inner, torch.ones(1, device=device)])
 
 
+def elf_add_noise(
+    original_samples: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor | float, noise_scale: float
+) -> torch.Tensor:
+    """
+    z_t = t·x_0 + (1 − t)·noise_scale·ε: ELF's interpolant (t = 0 noise, t = 1 data), the training objective's
+    noising. `timesteps` is one t for all, or one per sample (shape `(B,)`), broadcast over the other axes.
+    """
+    t = timesteps
+    if isinstance(t, torch.Tensor):
+        t = t.to(original_samples.device)
+        if t.ndim == 1:
+            t = t.reshape(-1, *(1,) * (original_samples.ndim - 1))
+    return t * original_samples + (1 - t) * noise_scale * noise
+
+
 def copy_generator(generator: torch.Generator) -> torch.Generator:
     """A generator in the same state, so that a stream can be drawn twice."""
     copy = torch.Generator(device=generator.device)
@@ -86,7 +102,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     generator is the official run on CUDA, one device stream: the grid, then z_0, then the noise, all drawn from
     `generator` on its device.
 
-    Use: `set_timesteps(N, generator=g)`; then per step `model_input = scale_model_input(z, t)` (the re-noising),
+    Use: `set_timesteps(N, generator=g)` (no generator: a freshly seeded one); then per step `model_input = scale_model_input(z, t)` (the re-noising),
     the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and `step(x_pred, t, z)`.
     The step's noise ε_k is drawn from `g` by the first `scale_model_input` of step k and cached for that step, so
     `scale_model_input` is pure (calling it again gives the same tensor and draws nothing), and `step` re-noises the
@@ -97,8 +113,9 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         p_mean (`float`, defaults to -1.5), p_std (`float`, defaults to 0.8): the logit-normal grid (the training
             values, as the official sampler uses).
         sde_gamma (`float`, *optional*): churn strength for every NFE; `None` looks it up in `sde_gamma_by_steps`.
-        sde_gamma_by_steps (`dict[str, float]`): churn strength per NFE (8 → 2.0, 16 → 2.0, 32 → 1.5, 64 → 1.0);
-            an NFE it does not list uses [`default_sde_gamma`] (log2-interpolated official values).
+        sde_gamma_by_steps (`dict[str, float]`, defaults to `DEFAULT_SDE_GAMMA`): churn strength per NFE (8 → 2.0,
+            16 → 2.0, 32 → 1.5, 64 → 1.0); an NFE it does not list (or `None`) uses [`default_sde_gamma`]
+            (log2-interpolated official values).
         t_eps (`float`, defaults to 0.05): velocity clamp, max(1 − s, t_eps).
 
     The attribute `draw_ahead` (not a config key; set it on the instance, on `scheduler.base` of a scheduler that
@@ -123,11 +140,9 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         p_mean: float = P_MEAN,
         p_std: float = P_STD,
         sde_gamma: float | None = None,
-        sde_gamma_by_steps: dict[str, float] | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = DEFAULT_SDE_GAMMA,
         t_eps: float = T_EPS,
     ):
-        if sde_gamma_by_steps is None:
-            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
         self.init_noise_sigma = noise_scale
         self.solver: ELFSolver | None = None
         self.timesteps: torch.Tensor | None = None
@@ -139,6 +154,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             self._noise_stream.close()  # a run left unfinished gives its drawn-ahead noise back to its generator
         self._noise_stream = noise  # ε_0..ε_{N−2} of this run, in the official order
         self._step_index = 0
+        self._begin_index = 0
         # ε_k of the current SDE step and its k: only one step's noise is ever needed, so only one is kept.
         self._noise: torch.Tensor | None = None
         self._noise_step_index: int | None = None
@@ -147,6 +163,11 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     @property
     def step_index(self) -> int:
         return self._step_index
+
+    @property
+    def begin_index(self) -> int:
+        """The step the run began at (0 unless `set_begin_index` said otherwise)."""
+        return self._begin_index
 
     def sde_gamma_for(self, num_inference_steps: int) -> float:
         """γ_sde for N steps: `sde_gamma` if set, else `sde_gamma_by_steps[str(N)]`, else `default_sde_gamma(N)`."""
@@ -188,8 +209,26 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         )
         self.num_inference_steps = num_inference_steps
         self.timesteps = torch.tensor(self.solver.eval_times, dtype=torch.float32, device=device)
-        num_draws = sum(self.solver.renoises(k) for k in range(self.solver.num_update_steps))
-        self._reset_state(NoiseStream(generator, num_draws, draw_ahead=self.draw_ahead))
+        self._reset_state(self._noise_from(0, generator))
+
+    def _noise_from(self, begin_index: int, generator: torch.Generator) -> NoiseStream:
+        """The noise stream of a run from step `begin_index`: one draw per SDE step it takes, in order."""
+        num_draws = sum(self.solver.renoises(k) for k in range(begin_index, self.solver.num_update_steps))
+        return NoiseStream(generator, num_draws, draw_ahead=self.draw_ahead)
+
+    def set_begin_index(self, begin_index: int = 0) -> None:
+        """
+        Starts the run at step `begin_index` (diffusers' image-to-image use): call it after `set_timesteps` and
+        before the first `scale_model_input`, then run the loop over `timesteps[begin_index:]` from a latent at
+        t_{begin_index}. The run's noise stream then holds one draw per SDE step from there, drawn from the
+        generator in order as the steps take them.
+        """
+        check_begin_index(begin_index, self.num_inference_steps, self._run_started())
+        self._reset_state(self._noise_from(begin_index, self._noise_stream.generator))
+        self._step_index = self._begin_index = begin_index
+
+    def _run_started(self) -> bool:
+        return self._step_index != self._begin_index or self._noise_step_index is not None
 
     def _draw_grid(self, num_inference_steps: int, generator: torch.Generator) -> list[float]:
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
@@ -229,12 +268,15 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         The network input of the current step: z_b = a·z + (1 − a)·noise_scale·ε_k on SDE steps, z on the last.
 
         Pure: ε_k is drawn once per step (on the first call) and cached, so calling it again with the same `sample`
-        returns the same tensor and leaves the generator untouched.
+        returns the same tensor and leaves the generator untouched. Before `set_timesteps` it returns `sample`, as
+        diffusers' schedulers do.
 
         Args:
             sample (`torch.Tensor`): the current latent z_k.
             timestep (`torch.Tensor` or `float`, *optional*): unused (steps are counted internally).
         """
+        if self.solver is None:
+            return sample
         self._check_ready()
         return self._renoised(sample)
 
@@ -251,12 +293,13 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
 
         Args:
             model_output (`torch.Tensor`): the x-prediction x̂ of this step.
-            timestep (`torch.Tensor` or `float`): the current entry of `timesteps` (steps are counted internally).
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`, `timesteps[step_index]` (checked).
             sample (`torch.Tensor`): the current latent z_k (before re-noising), as given to `scale_model_input`.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
         """
         self._check_ready()
         k = self._step_index
+        check_timestep(timestep, self.timesteps, k)
         if self.solver.renoises(k) and self._noise_step_index != k:
             # Drawing ε_k here would leave the network evaluated on an input other than the one S_k starts from.
             raise RuntimeError("Call `scale_model_input` before `step`: ELF re-noises the latent before the network.")
@@ -269,6 +312,20 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         if not return_dict:
             return (prev_sample, model_output, model_output)
         return LanguageFlowSchedulerOutput(prev_sample, model_output, model_output)
+
+    def add_noise(
+        self, original_samples: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor | float
+    ) -> torch.Tensor:
+        """
+        z_t = t·x_0 + (1 − t)·noise_scale·ε ([`elf_add_noise`]): the latent at time t of clean latents x_0 and unit
+        Gaussian noise ε, as the training objective forms it.
+
+        Args:
+            original_samples (`torch.Tensor` of shape `(B, L, D)`): x_0.
+            noise (`torch.Tensor` of shape `(B, L, D)`): ε ~ N(0, I) (scaled here by `noise_scale`).
+            timesteps (`torch.Tensor` of shape `(B,)` or `()`, or `float`): t ∈ [0, 1] (0 noise, 1 data).
+        """
+        return elf_add_noise(original_samples, noise, timesteps, self.config.noise_scale)
 
     def __len__(self) -> int:
         return self.num_inference_steps or 0

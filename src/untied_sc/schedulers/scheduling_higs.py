@@ -12,14 +12,16 @@ from .baseline_functions import (
     history_guidance,
 )
 from .comparison_mixin import (
+    ComparisonMethod,
     ComparisonSamplerMixin,
     ELFComparisonMixin,
     LangFlowComparisonMixin,
+    MethodStep,
     check_routing,
     route,
 )
 from .compatibility import CompatibleSchedulerMixin
-from .scheduling_elf import NOISE_SCALE, P_MEAN, P_STD, T_EPS
+from .scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS
 from .scheduling_langflow import QUANTILE_EPS
 
 
@@ -31,67 +33,86 @@ HIGS_ROUTING = "both"  # the literal plug-in: HiGS replaces the model output, wh
 HIGS_FILTERS = ("dct", "none")
 
 
-class HiGSMixin:
+class HiGSMethod(ComparisonMethod):
     r"""
     History-guided sampling (docs/algorithm.md §9.3). At update step k, with the noise level t_k = sigmoid(−λ_k) of
     the time the network saw:
 
         D̃_k = p_k + w(t_k)·F(ΔD(η)),   ΔD = p_k − g_{k−1},   g_k = α·p_k + (1 − α)·g_{k−1},   g_{−1} = 0,
 
-    and D̃_k replaces p_k on the pathways `higs_routing` names. The history g tracks the raw predictions; the first
-    step only seeds it. `higs_weight=0` is the official sampler.
+    and D̃_k replaces p_k on the pathways `routing` names. The history g tracks the raw predictions; the first step
+    only seeds it. `weight=0` is the official sampler.
+
+    Args: the config keys without their `higs_` prefix: `weight` (w ≥ 0), `alpha` (α ∈ (0, 1]), `eta` (η),
+    `t_min`, `t_max` (the window, 0 ≤ t_min < t_max ≤ 1), `filter` (`"dct"` or `"none"`), `cutoff`, `sharpness`
+    (the DCT high-pass) and `routing`.
     """
 
-    def _init_higs(self) -> None:
-        config = self.config
-        if config.higs_weight < 0:
-            raise ValueError(f"higs_weight (w) must be ≥ 0, got {config.higs_weight}.")
-        if not 0.0 < config.higs_alpha <= 1.0:
-            raise ValueError(f"higs_alpha (α) must lie in (0, 1], got {config.higs_alpha}.")
-        if not 0.0 <= config.higs_t_min < config.higs_t_max <= 1.0:
-            raise ValueError(
-                f"The HiGS window needs 0 ≤ higs_t_min < higs_t_max ≤ 1, got {config.higs_t_min}, {config.higs_t_max}."
-            )
-        if config.higs_filter not in HIGS_FILTERS:
-            raise ValueError(f"higs_filter must be one of {HIGS_FILTERS}, got {config.higs_filter!r}.")
-        check_routing("higs_routing", config.higs_routing)
+    def __init__(
+        self,
+        weight: float = HIGS_WEIGHT,
+        alpha: float = HIGS_ALPHA,
+        eta: float = HIGS_ETA,
+        t_min: float = HIGS_T_MIN,
+        t_max: float = HIGS_T_MAX,
+        filter: str = HIGS_FILTER,
+        cutoff: float = HIGS_CUTOFF,
+        sharpness: float = HIGS_SHARPNESS,
+        routing: str = HIGS_ROUTING,
+    ):
+        if weight < 0:
+            raise ValueError(f"higs_weight (w) must be ≥ 0, got {weight}.")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"higs_alpha (α) must lie in (0, 1], got {alpha}.")
+        if not 0.0 <= t_min < t_max <= 1.0:
+            raise ValueError(f"The HiGS window needs 0 ≤ higs_t_min < higs_t_max ≤ 1, got {t_min}, {t_max}.")
+        if filter not in HIGS_FILTERS:
+            raise ValueError(f"higs_filter must be one of {HIGS_FILTERS}, got {filter!r}.")
+        check_routing("higs_routing", routing)
+        self.weight, self.alpha, self.eta, self.t_min, self.t_max = weight, alpha, eta, t_min, t_max
+        self.filter, self.cutoff, self.sharpness, self.routing = filter, cutoff, sharpness, routing
         self._filter_matrix: torch.Tensor | None = None  # depends on length, device and dtype only: kept across runs
+        self.reset()
 
-    def _reset_higs(self) -> None:
+    @classmethod
+    def from_config(cls, config) -> "HiGSMethod":
+        keys = ("weight", "alpha", "eta", "t_min", "t_max", "filter", "cutoff", "sharpness", "routing")
+        return cls(**{key: config[f"higs_{key}"] for key in keys})
+
+    def reset(self) -> None:
         self.history: torch.Tensor | None = None  # g_{k−1}
-
-    def noise_level(self, k: int) -> float:
-        """t_k = sigmoid(−λ_k): the flow-matching noise level with the SNR of the time step k's network saw."""
-        return flow_matching_time(self.log_snrs(k)[0])
 
     def _filter(self, prediction: torch.Tensor) -> torch.Tensor | None:
         """The (L, L) high-pass matrix for `prediction`'s length, device and dtype; `None` without a filter."""
-        if self.config.higs_filter == "none":
+        if self.filter == "none":
             return None
-        config, matrix = self.config, self._filter_matrix
+        matrix = self._filter_matrix
         wanted = (prediction.shape[1], prediction.device, prediction.dtype)
         if matrix is None or (matrix.shape[0], matrix.device, matrix.dtype) != wanted:
             length, device, dtype = wanted
-            matrix = dct_high_pass_matrix(length, config.higs_cutoff, config.higs_sharpness, dtype, device)
+            matrix = dct_high_pass_matrix(length, self.cutoff, self.sharpness, dtype, device)
             self._filter_matrix = matrix
         return matrix
 
-    def _higs_pathways(self, k, prediction, solver_input, self_conditioning):
-        config = self.config
-        if config.higs_weight == 0.0:
+    def pathways(
+        self, step: MethodStep, solver_input: torch.Tensor, self_conditioning: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.weight == 0.0:
             return solver_input, self_conditioning
-        weight = higs_weight(self.noise_level(k), config.higs_weight, config.higs_t_min, config.higs_t_max)
+        prediction = step.prediction
+        noise_level = flow_matching_time(step.log_snrs()[0])  # t_k = sigmoid(−λ_k) of the time the network saw
+        weight = higs_weight(noise_level, self.weight, self.t_min, self.t_max)
         filter_matrix = self._filter(prediction) if weight > 0 and self.history is not None else None
-        guided = history_guidance(prediction, self.history, weight, config.higs_eta, filter_matrix)
-        self.history = history_average(self.history, prediction, config.higs_alpha)
-        return route(config.higs_routing, solver_input, self_conditioning, lambda _: guided)
+        guided = history_guidance(prediction, self.history, weight, self.eta, filter_matrix)
+        self.history = history_average(self.history, prediction, self.alpha)
+        return route(self.routing, solver_input, self_conditioning, lambda _: guided)
 
 
 class HiGSELFScheduler(
-    HiGSMixin, ELFComparisonMixin, ComparisonSamplerMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin
+    ELFComparisonMixin, ComparisonSamplerMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin
 ):
     r"""
-    HiGS ([`HiGSMixin`]) on the official ELF sampler ([`ELFScheduler`], used unchanged as `self.base`: with
+    HiGS ([`HiGSMethod`]) on the official ELF sampler ([`ELFScheduler`], used unchanged as `self.base`: with
     `higs_weight=0` it is the official sampler bit for bit). Swap it in with
     `HiGSELFScheduler.from_config(pipe.scheduler.config)`.
 
@@ -106,7 +127,7 @@ class HiGSELFScheduler(
         higs_routing (`str`, defaults to `"both"`): where D̃_k goes: `"solver"`, `"self_conditioning"` or `"both"`.
     """
 
-    methods = ("higs",)
+    method_classes = (HiGSMethod,)
 
     @register_to_config
     def __init__(
@@ -115,7 +136,7 @@ class HiGSELFScheduler(
         p_mean: float = P_MEAN,
         p_std: float = P_STD,
         sde_gamma: float | None = None,
-        sde_gamma_by_steps: dict[str, float] | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = DEFAULT_SDE_GAMMA,
         t_eps: float = T_EPS,
         higs_weight: float = HIGS_WEIGHT,
         higs_alpha: float = HIGS_ALPHA,
@@ -131,24 +152,25 @@ class HiGSELFScheduler(
 
 
 class HiGSLangFlowScheduler(
-    HiGSMixin, LangFlowComparisonMixin, ComparisonSamplerMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin
+    LangFlowComparisonMixin, ComparisonSamplerMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin
 ):
     r"""
-    HiGS ([`HiGSMixin`]) on the official LangFlow sampler ([`LangFlowScheduler`], used unchanged as `self.base`:
+    HiGS ([`HiGSMethod`]) on the official LangFlow sampler ([`LangFlowScheduler`], used unchanged as `self.base`:
     with `higs_weight=0` it is the official sampler bit for bit).
 
     Args:
-        quantile_eps: [`LangFlowScheduler`]'s config.
+        quantile_eps, proposal: [`LangFlowScheduler`]'s config.
         higs_weight, higs_alpha, higs_eta, higs_t_min, higs_t_max, higs_filter, higs_cutoff, higs_sharpness,
         higs_routing: as for [`HiGSELFScheduler`].
     """
 
-    methods = ("higs",)
+    method_classes = (HiGSMethod,)
 
     @register_to_config
     def __init__(
         self,
         quantile_eps: float = QUANTILE_EPS,
+        proposal: list[float] | None = None,
         higs_weight: float = HIGS_WEIGHT,
         higs_alpha: float = HIGS_ALPHA,
         higs_eta: float = HIGS_ETA,

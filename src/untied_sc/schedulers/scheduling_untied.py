@@ -12,6 +12,7 @@ from diffusers.configuration_utils import ConfigMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .coefficients import paper_coefficients  # noqa: F401  (its former home; still imported from here)
+from .contract import init_keys
 from .scheduling_untied_elf import UntiedELFScheduler
 from .scheduling_untied_langflow import UntiedLangFlowScheduler
 from .untied_mixin import UntiedSelfConditioningMixin
@@ -89,7 +90,7 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin, metaclass=ABC
         config = dict(config or {})
         target = untied_scheduler_class(cls.family_of(config, kwargs.pop("solver", None)))
         if config.get("solver") is not None:  # the single scheduler of earlier versions held both families' keys
-            known = {c: c._get_init_keys(c) | set(c._legacy_config_keys) for c in UNTIED_SCHEDULERS.values()}
+            known = {c: init_keys(c) | set(c._legacy_config_keys) for c in UNTIED_SCHEDULERS.values()}
             foreign = {"solver"}.union(*known.values()) - known[target]
             config = {key: value for key, value in config.items() if key not in foreign}
         return target.from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)

@@ -72,7 +72,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         p_mean: float = P_MEAN,
         p_std: float = P_STD,
         sde_gamma: float | None = None,
-        sde_gamma_by_steps: dict[str, float] | None = None,
+        sde_gamma_by_steps: dict[str, float] | None = DEFAULT_SDE_GAMMA,
         t_eps: float = T_EPS,
         eta_r: float | None = None,
         eta_t: float | None = None,
@@ -91,8 +91,6 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         correction_direction: str = CORRECTION_DIRECTION,
         direction_seed: int = 0,
     ):
-        if sde_gamma_by_steps is None:
-            self.register_to_config(sde_gamma_by_steps=dict(DEFAULT_SDE_GAMMA))
         self._init_untied()
 
     def set_timesteps(

@@ -34,7 +34,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     with the sampler statistics (with a `FutureWarning`); else an error naming these options.
 
     Args:
-        quantile_eps: [`LangFlowScheduler`]'s config.
+        quantile_eps, proposal: [`LangFlowScheduler`]'s config.
         eta_r, eta_t, eta_o, alpha, coefficients, coefficients_by_steps, tuning_by_steps, eps_fp, degeneracy_eps,
         correction_routing, transform_assignment, transform_seed, global_scaling, cosine_distance,
         correction_direction, direction_seed: the untied keys, as for [`UntiedELFScheduler`] (presets
@@ -50,6 +50,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     def __init__(
         self,
         quantile_eps: float = QUANTILE_EPS,
+        proposal: list[float] | None = None,
         eta_r: float | None = None,
         eta_t: float | None = None,
         eta_o: float | None = None,
@@ -84,7 +85,8 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         Args:
             num_inference_steps (`int`): the NFE (≥ 2).
             device (`str` or `torch.device`, *optional*): where `timesteps` and the statistics live.
-            proposal (`tuple`): the model's (loc, scale, cutoff) (see [`LangFlowScheduler.set_timesteps`]).
+            proposal (`tuple`, *optional*): the model's (loc, scale, cutoff); `None` uses the config's `proposal`
+                (see [`LangFlowScheduler.set_timesteps`]).
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
             generator (`torch.Generator`, *optional*): the sampling generator; nothing is drawn from it (LangFlow's

@@ -4,6 +4,7 @@ import torch
 
 from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
 from .config_checks import POSITIVE
+from .contract import OfficialBaseMixin
 from .direction_controls import (
     CORRECTION_DIRECTIONS,
     common_direction,
@@ -24,7 +25,15 @@ from .untied_functions import (
     solver_history_direction,
     token_cosine_distance,
 )
-from .untied_step import FusedStepPlan, choose_transform_kind, fused_untied_step, indexed_untied_step
+from .untied_step import (
+    FusedStepPlan,
+    StepOptions,
+    StepScalars,
+    UntiedState,
+    choose_transform_kind,
+    fused_untied_step,
+    indexed_untied_step,
+)
 
 
 CORRECTION_ROUTINGS = ("solver", "self_conditioning", "both")
@@ -38,7 +47,7 @@ CORRECTION_ROUTING, TRANSFORM_ASSIGNMENT, COSINE_DISTANCE = "solver", "overlap",
 CORRECTION_DIRECTION = "history"  # the paper's U_k; the others are the controls of Table 12 (`direction_controls`)
 
 
-class UntiedSelfConditioningMixin:
+class UntiedSelfConditioningMixin(OfficialBaseMixin):
     r"""
     Untied self-conditioning (paper Algorithm 1; docs/algorithm.md §3): one network evaluation per step, with
 
@@ -88,12 +97,7 @@ class UntiedSelfConditioningMixin:
         if config.tuning_by_steps is not None:
             tuning = {str(n): dict(record) for n, record in config.tuning_by_steps.items()}
             self.register_to_config(tuning_by_steps=tuning)
-        base_cls = self.base_scheduler_class
-        base_keys = base_cls._get_init_keys(base_cls) - {"self"}
-        self.base = base_cls(**{key: value for key, value in self.config.items() if key in base_keys})
-        self.init_noise_sigma = self.base.init_noise_sigma
-        self.timesteps: torch.Tensor | None = None
-        self.num_inference_steps: int | None = None
+        self._build_base()
         self.coefficients: dict[str, float] | None = None  # (η_R, η_T, η_O, α) of this run
         self.step_statistics = None  # μ_k, σ_k, δ̄_k of this NFE (when η_R > 0 or η_T > 0)
         self.rms: list[float] = []  # σ_k as floats, read once per run
@@ -120,15 +124,6 @@ class UntiedSelfConditioningMixin:
         self._buffers: dict[str, torch.Tensor] | None = None  # the eager fused step's (B, L, D) buffers, per run
         self._direction_permutation: torch.Tensor | None = None  # π of the `permuted` control, drawn at its first use
         self._direction_generator: torch.Generator | None = None  # ξ of the `random` control, on the run's device
-
-    @property
-    def step_index(self) -> int:
-        return self._step_index
-
-    @property
-    def solver(self):
-        """The base solver of the current run (grid, κ_k, Δu_k, S_k)."""
-        return self.base.solver
 
     def resolve_coefficients(
         self, num_inference_steps: int, statistics: SamplerStatistics | None = None
@@ -189,8 +184,17 @@ class UntiedSelfConditioningMixin:
         rows = []
         for k in range(steps):
             c = eta_o * solver.delta_u(k) if correct else 0.0
-            rows.append([1.0 + c, c, self._kappas[k], eta_t * sigmas[k], alpha, float(sigmas[k] > 0)])
-        scalars = torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=table_dtype)
+            rows.append(
+                StepScalars(
+                    one_plus_c=1.0 + c,
+                    c=c,
+                    kappa=self._kappas[k],
+                    eta_sigma=eta_t * sigmas[k],
+                    alpha=alpha,
+                    gate=float(sigmas[k] > 0),
+                )
+            )
+        scalars = FusedStepPlan.scalar_table(rows).to(device=device, dtype=table_dtype)
         mean = None
         if correct:
             mean = self.step_statistics.mean.detach().to(device=device, dtype=table_dtype)
@@ -214,26 +218,29 @@ class UntiedSelfConditioningMixin:
         rho_sq = None
         if kind == "online":  # ρ² in float64 on the device (the CPU for MPS, which has no float64)
             rho_sq = self.rho_sq if table_dtype == torch.float32 else self.rho_sq.to(device)
-        return FusedStepPlan(
-            scalars=scalars,
-            eta_t=eta_t,
-            mean=mean,
-            active=[sigma > 0 for sigma in sigmas],
-            transform_kind=kind,
-            retention=ell,
-            identity=identity,
-            basis=self.basis if rank > 0 else None,
-            rho_sq=rho_sq,
-            strength=self.transform_strength,
-            eps_fp=self.config.eps_fp,
-            global_scaling=self.config.global_scaling,
+        options = StepOptions(
             correct=correct,
             online=online,
             solver_direction=solver_direction,
             track_ema=correct or online,
             track_solver_average=(correct or online) and solver_direction,
             routing=self.config.correction_routing,
+            transform_kind=kind,
             eps=self.config.degeneracy_eps,
+            strength=self.transform_strength,
+            eps_fp=self.config.eps_fp,
+            global_scaling=self.config.global_scaling,
+        )
+        return FusedStepPlan(
+            scalars=scalars,
+            eta_t=eta_t,
+            mean=mean,
+            active=[sigma > 0 for sigma in sigmas],
+            options=options,
+            retention=ell,
+            identity=identity,
+            basis=self.basis if rank > 0 else None,
+            rho_sq=rho_sq,
             mask=self.mask.to(device=device, dtype=torch.bool) if self.mask is not None else None,
         )
 
@@ -276,10 +283,6 @@ class UntiedSelfConditioningMixin:
         a_hat = self.previous_kappa * (1 - self.previous_cosine_distance)
         ell = retention(self.rho_sq, a_hat, self.transform_strength, self.config.eps_fp, self.config.global_scaling)
         return overlap_transform(raw, self.basis, ell.to(raw.dtype))
-
-    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | float | None = None) -> torch.Tensor:
-        """The base solver's network input (ELF re-noises here; LangFlow passes the latent through)."""
-        return self.base.scale_model_input(sample, timestep)
 
     def _correction(self, k: int, prediction: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """
@@ -342,15 +345,14 @@ class UntiedSelfConditioningMixin:
 
         Args:
             model_output (`torch.Tensor`): p_k (ELF: x̂; LangFlow: softmax(logits)·E_norm).
-            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`.
+            timestep (`torch.Tensor` or `float`): the current entry of `timesteps`, `timesteps[step_index]` (checked).
             sample (`torch.Tensor`): the current latent z_k.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
 
         The output's `pred_original_sample` is the prediction handed to the solver (p_k + A_k under the default
         routing) and `self_conditioning` is m̃_{k+1}, the next network's self-conditioning input.
         """
-        if self.num_inference_steps is None:
-            raise RuntimeError("Call `set_timesteps` before sampling.")
+        self._check_step(timestep)
         k = self._step_index
         prediction = model_output
         if k >= self.solver.num_update_steps:
@@ -375,80 +377,74 @@ class UntiedSelfConditioningMixin:
         the prediction itself, so the official step runs on the official tensors: bit for bit the official sampler.
         """
         plan = self._fused_plan
-        kappa = self._kappas[k]
         if plan.trivial:
             prev_sample = self.base.step(prediction, timestep, sample).prev_sample
-            solver_input = next_raw = self_conditioning = prediction
-            distance = None
+            self._advance(k, prediction, prediction, UntiedState(), None)
+            return prediction, prev_sample
+        if prediction.ndim != 3:
+            raise ValueError(
+                f"Expected a (B, L, D) tensor, got shape {tuple(prediction.shape)}; add the missing batch/position axes."
+            )
+        if self.mask is not None and tuple(self.mask.shape) != tuple(prediction.shape[:2]):
+            raise ValueError(
+                f"`mask` must have shape (B, L) = {tuple(prediction.shape[:2])} to match the (B, L, D) "
+                f"input, got {tuple(self.mask.shape)}."
+            )
+        tensors, options = plan.tensors(prediction), plan.options
+        state = UntiedState(
+            self.ema if self.ema is not None or not options.track_ema else torch.zeros_like(prediction),
+            self.solver_average
+            if self.solver_average is not None or not options.track_solver_average
+            else torch.zeros_like(prediction),
+        )
+        counter = buffers = None
+        if self._compiled_step is None:
+            # Writing into buffers (`out=`) has no gradient: a prediction that needs one gets new tensors.
+            if not (torch.is_grad_enabled() and prediction.requires_grad):
+                buffers = self._step_buffers(prediction, plan)
+            output = fused_untied_step(
+                prediction,
+                state,
+                tensors["scalars"][k],
+                tensors["operators"][k],
+                options,
+                active=plan.active[k],
+                out=buffers,
+            )
         else:
-            if prediction.ndim != 3:
-                raise ValueError(
-                    f"Expected a (B, L, D) tensor, got shape {tuple(prediction.shape)}; add the missing "
-                    "batch/position axes."
-                )
-            if self.mask is not None and tuple(self.mask.shape) != tuple(prediction.shape[:2]):
-                raise ValueError(
-                    f"`mask` must have shape (B, L) = {tuple(prediction.shape[:2])} to match the (B, L, D) "
-                    f"input, got {tuple(self.mask.shape)}."
-                )
-            tensors = plan.tensors(prediction)
-            mask = tensors["mask"]
-            ema, average = self.ema, self.solver_average
-            if plan.track_ema and ema is None:
-                ema = torch.zeros_like(prediction)
-            if plan.track_solver_average and average is None:
-                average = torch.zeros_like(prediction)
-            counter = buffers = None
-            if self._compiled_step is None:
-                # Writing into buffers (`out=`) has no gradient: a prediction that needs one gets new tensors.
-                if not (torch.is_grad_enabled() and prediction.requires_grad):
-                    buffers = self._step_buffers(prediction, plan)
-                solver_input, next_raw, self_conditioning, new_ema, new_average, distance = fused_untied_step(
-                    prediction,
-                    ema,
-                    average,
-                    tensors["scalars"][k],
-                    tensors["eta_mean"][k],
-                    mask,
-                    tensors["transforms"][k],
-                    tensors["basis"],
-                    tensors["basis_t"],
-                    tensors["rho_sq"],
-                    out=buffers,
-                    **plan.options(k),
-                )
-            else:
-                if self._step_counter is None:  # made on the device: a host copy would wait for the network
-                    self._step_counter = torch.full((), k, dtype=torch.int64, device=prediction.device)
-                outputs = self._compiled_step(
-                    self._step_counter,
-                    prediction,
-                    ema,
-                    average,
-                    tensors["scalar_table"],
-                    tensors["mean_table"],
-                    mask,
-                    tensors["transform_table"],
-                    tensors["basis"],
-                    tensors["basis_t"],
-                    tensors["rho_sq"],
-                    **plan.options(0),
-                )
-                solver_input, next_raw, self_conditioning, new_ema, new_average, distance, counter = outputs
-            prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
-            if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
-                buffers["ema"], buffers["solver_average"] = ema, average
-            self.ema, self.solver_average = new_ema, new_average
-            if counter is not None:
-                self._step_counter = counter
-        self.raw_self_conditioning = next_raw
-        self.previous_kappa = kappa
-        if distance is not None:
-            self.previous_cosine_distance = distance
+            if self._step_counter is None:  # made on the device: a host copy would wait for the network
+                self._step_counter = torch.full((), k, dtype=torch.int64, device=prediction.device)
+            output, counter = self._compiled_step(
+                self._step_counter, prediction, state, tensors["tables"], tensors["run_operators"], options
+            )
+        prev_sample = self.base.step(output.solver_input, timestep, sample).prev_sample
+        if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
+            buffers["ema"], buffers["solver_average"] = state.ema, state.solver_average
+        if counter is not None:
+            self._step_counter = counter
+        self._advance(k, output.raw_self_conditioning, output.self_conditioning, output.state, output.cosine_distance)
+        return output.solver_input, prev_sample
+
+    def _advance(
+        self,
+        k: int,
+        raw_self_conditioning: torch.Tensor,
+        self_conditioning: torch.Tensor,
+        state: UntiedState,
+        cosine_distance: torch.Tensor | None,
+    ) -> None:
+        """
+        The trajectory state after update step k (both steps, once the base step has succeeded): m_{k+1}, m̃_{k+1},
+        E_{k+1}, O_{k+1} (`None` where not tracked), κ_k, and δ̄_k (this trajectory's when online, else the
+        statistics', else unchanged).
+        """
+        self.raw_self_conditioning, self.self_conditioning = raw_self_conditioning, self_conditioning
+        self.ema, self.solver_average = state
+        self.previous_kappa = self._kappas[k]
+        if cosine_distance is not None:
+            self.previous_cosine_distance = cosine_distance
         elif self.cosine_distances:
             self.previous_cosine_distance = self.cosine_distances[k]
-        self.self_conditioning = self_conditioning
-        return solver_input, prev_sample
 
     def _step_buffers(self, prediction: torch.Tensor, plan: FusedStepPlan) -> dict[str, torch.Tensor]:
         """
@@ -463,13 +459,13 @@ class UntiedSelfConditioningMixin:
                 return buffers
         compute = torch.float32 if torch.finfo(prediction.dtype).bits < 32 else prediction.dtype
         buffers = {}
-        if plan.correct or plan.online:
+        if plan.options.correct or plan.options.online:
             buffers["history"] = torch.empty_like(prediction)
-        if plan.solver_direction:
+        if plan.options.solver_direction:
             buffers["difference"] = torch.empty_like(prediction, dtype=compute)
-        if plan.track_ema:
+        if plan.options.track_ema:
             buffers["ema"] = torch.empty_like(prediction)
-        if plan.track_solver_average:
+        if plan.options.track_solver_average:
             buffers["solver_average"] = torch.empty_like(prediction)
         self._buffers = buffers
         return buffers
@@ -488,16 +484,11 @@ class UntiedSelfConditioningMixin:
         next_raw = prediction if routing == "solver" else corrected
         prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
         kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
-        self.solver_average = (1 - kappa) * self.solver_average + kappa * solver_input
-        self.ema = (1 - alpha) * self.ema + alpha * prediction
-        self.raw_self_conditioning = next_raw
-        self.previous_kappa = kappa
-        if distance is not None:
-            self.previous_cosine_distance = distance
-        elif self.cosine_distances:
-            self.previous_cosine_distance = self.cosine_distances[k]
+        state = UntiedState(
+            ema=(1 - alpha) * self.ema + alpha * prediction,
+            solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,
+        )
+        # m̃_{k+1} = F m_{k+1} with â = κ_k(1 − δ̄_k): the transform reads the state after step k.
+        self._advance(k, next_raw, None, state, distance)
         self.self_conditioning = self._transform(next_raw)
         return solver_input, prev_sample
-
-    def __len__(self) -> int:
-        return self.num_inference_steps or 0

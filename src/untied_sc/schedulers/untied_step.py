@@ -26,14 +26,117 @@ exceptions, neither of which occurs in sampling (predictions are O(1) and vary a
 
 `fused_untied_step` is the eager form (per-step values as 0-dim tensors, optional preallocated buffers);
 `indexed_untied_step` is the form `torch.compile` gets (whole per-run tables indexed by a step counter on the
-device, one graph for every step).
+device, one graph for every step). Both take their inputs by name: the trajectory state E_k, O_k
+([`UntiedState`]), the step's numbers ([`StepScalars`]), its tensors ([`StepOperators`]) and the run's switches
+([`StepOptions`]); [`FusedStepPlan`] prepares all of them once per run.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from .untied_functions import _compute_dtype, overlap_transform, retention
+
+
+class StepScalars(NamedTuple):
+    r"""
+    The numbers of update step k, by name: in [`FusedStepPlan`] as floats (one row of its float64 table, whose
+    columns are these fields in this order), in the step as 0-dim tensors in the compute dtype.
+
+    Attributes:
+        one_plus_c: 1 + c_k, with c_k = η_O Δu_k (0 when η_T = 0).
+        c: c_k.
+        kappa: κ_k, the solver's update share (O's averaging weight and â's factor).
+        eta_sigma: η_T σ_k, the RMS of the correction.
+        alpha: α, E's averaging weight.
+        gate: 1[σ_k > 0] (the compiled step gates H_k with it; the eager step is told `active` instead).
+    """
+
+    one_plus_c: torch.Tensor | float
+    c: torch.Tensor | float
+    kappa: torch.Tensor | float
+    eta_sigma: torch.Tensor | float
+    alpha: torch.Tensor | float
+    gate: torch.Tensor | float
+
+
+class UntiedState(NamedTuple):
+    """The averages the untied step carries from step to step: E_k and O_k, (B, L, D) (`None` when not tracked)."""
+
+    ema: torch.Tensor | None = None
+    solver_average: torch.Tensor | None = None
+
+
+class StepOperators(NamedTuple):
+    r"""
+    The tensors of update step k, in the prediction's device (and dtype, or the compute dtype where noted).
+
+    Attributes:
+        eta_mean (`torch.Tensor` of shape `(D,)`, *optional*): η_T μ_k in the compute dtype (`None` when η_T = 0).
+        transform (`torch.Tensor`, *optional*): F_{k+1} (D, D) or Q(I − diag ℓ) (D, r), per the options'
+            `transform_kind`; `None` with `"matrix"`/`"low_rank"` means ℓ is all ones (m̃ = m).
+        mask (`torch.Tensor` of shape `(B, L)`, *optional*): active positions (bool).
+        basis, basis_t (`torch.Tensor`, *optional*): Q (D, r) and Qᵀ (r, D).
+        rho_sq (`torch.Tensor`, *optional*): ρ² (r,), float64 (the online δ̄'s retention).
+    """
+
+    eta_mean: torch.Tensor | None = None
+    transform: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    basis: torch.Tensor | None = None
+    basis_t: torch.Tensor | None = None
+    rho_sq: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    r"""
+    The switches of a run's untied step (Python values: `torch.compile` specialises on them, once per run).
+
+    Attributes:
+        correct (`bool`): η_T > 0. online (`bool`): this trajectory's δ̄_k (H_k and G_k are formed even when η_T = 0).
+        solver_direction (`bool`): G_k is formed (η_O > 0, or the online δ̄).
+        track_ema, track_solver_average (`bool`): E_{k+1}, O_{k+1} are formed (a later step reads them).
+        routing (`str`): `"solver"`, `"self_conditioning"` or `"both"`.
+        transform_kind (`str`, *optional*): `None` (η_R = 0), `"matrix"` (F_k, D × D, when 2r ≥ D), `"low_rank"`
+            (Q(I − diag ℓ_k), D × r) or `"online"` (ℓ per sample, computed in the step).
+        eps (`float`): the relative degeneracy threshold ε of G_k.
+        strength, eps_fp, global_scaling: λ_R, ε_fp and the g_k switch of the online retention.
+    """
+
+    correct: bool
+    online: bool
+    solver_direction: bool
+    track_ema: bool
+    track_solver_average: bool
+    routing: str
+    transform_kind: str | None
+    eps: float
+    strength: float = 0.0
+    eps_fp: float = 0.01
+    global_scaling: bool = True
+
+
+class FusedStepOutput(NamedTuple):
+    """
+    What one untied step gives: q_k (the solver's input), m_{k+1} and m̃_{k+1} (the raw and the transformed
+    self-conditioning input), the next state (E_{k+1}, O_{k+1}) and this trajectory's δ̄_k (B,) (online; else `None`).
+    """
+
+    solver_input: torch.Tensor
+    raw_self_conditioning: torch.Tensor
+    self_conditioning: torch.Tensor
+    state: UntiedState
+    cosine_distance: torch.Tensor | None
+
+
+class StepTables(NamedTuple):
+    """A run's per-step values stacked for the compiled step: rows of [`StepScalars`], η_T μ_k and F_k (or None)."""
+
+    scalars: torch.Tensor
+    eta_mean: torch.Tensor | None
+    transform: torch.Tensor | None
 
 
 @dataclass
@@ -42,21 +145,15 @@ class FusedStepPlan:
     What `set_timesteps` prepares for the fused step of one run: every per-step value of the K_u update steps.
 
     Attributes:
-        scalars (`torch.Tensor` of shape `(K_u, 6)`, float64): per step 1 + c_k, c_k, κ_k, η_T σ_k, α and
-            1[σ_k > 0], with c_k = η_O Δu_k.
+        scalars (`torch.Tensor` of shape `(K_u, 6)`, float64): row k is step k's [`StepScalars`] (1 + c_k, c_k, κ_k,
+            η_T σ_k, α, 1[σ_k > 0]), built from them by name.
         eta_t (`float`): η_T. mean (`torch.Tensor` of shape `(K_u, D)`, *optional*): μ_k (`None` when η_T = 0).
         active (`list[bool]`): σ_k > 0 (H_k = 0 on the other steps).
-        transform_kind (`str`, *optional*): `None` (no transform: η_R = 0), `"matrix"` (F_k, D × D, when 2r ≥ D),
-            `"low_rank"` (Q(I − diag ℓ_k), D × r) or `"online"` (ℓ per sample, computed in the step).
+        options ([`StepOptions`]): the run's switches.
         retention (`torch.Tensor` of shape `(K_u, r)`, float64, *optional*): ℓ of the transform that ends step k
             (â = κ_k(1 − δ̄_k)), for `"matrix"` and `"low_rank"`.
         identity (`list[bool]`): ℓ of step k is all ones: m̃ = m exactly, as [`overlap_transform`] returns it.
         basis (`torch.Tensor`, *optional*): Q (D, r). rho_sq (`torch.Tensor`, *optional*): ρ² (r,), float64.
-        strength, eps_fp, global_scaling: λ_R, ε_fp and the g_k switch of the retention (`"online"`).
-        correct (`bool`): η_T > 0. online (`bool`): the online δ̄ (H_k and G_k are formed even when η_T = 0).
-        solver_direction (`bool`): G_k is formed (η_O > 0, or the online δ̄).
-        track_ema, track_solver_average (`bool`): E and O are read by a later step (else they are not kept).
-        routing (`str`), eps (`float`): the correction routing and the degeneracy threshold ε.
         mask (`torch.Tensor`, *optional*): the (B, L) active positions.
 
     All tensors are put on the run's device by `set_timesteps`: the step itself never copies from the host.
@@ -66,57 +163,36 @@ class FusedStepPlan:
     eta_t: float
     mean: torch.Tensor | None
     active: list[bool]
-    transform_kind: str | None
+    options: StepOptions
     retention: torch.Tensor | None
     identity: list[bool]
     basis: torch.Tensor | None
     rho_sq: torch.Tensor | None
-    strength: float
-    eps_fp: float
-    global_scaling: bool
-    correct: bool
-    online: bool
-    solver_direction: bool
-    track_ema: bool
-    track_solver_average: bool
-    routing: str
-    eps: float
     mask: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
-    _options: dict = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def scalar_table(rows: list[StepScalars]) -> torch.Tensor:
+        """The (K_u, 6) float64 table of the steps' [`StepScalars`], columns in field order."""
+        return torch.tensor([list(row) for row in rows], dtype=torch.float64)
+
+    @property
+    def transform_kind(self) -> str | None:
+        return self.options.transform_kind
 
     @property
     def trivial(self) -> bool:
         """No correction, no transform, no online δ̄: the official step (the η_R = η_T = 0 sampler)."""
-        return not self.correct and not self.online and self.transform_kind is None
-
-    def options(self, k: int) -> dict:
-        """The static (Python) arguments of [`fused_untied_step`] at update step k."""
-        if k not in self._options:
-            self._options[k] = self._make_options(k)
-        return self._options[k]
-
-    def _make_options(self, k: int) -> dict:
-        return {
-            "active": self.active[k],
-            "correct": self.correct,
-            "online": self.online,
-            "solver_direction": self.solver_direction,
-            "track_ema": self.track_ema,
-            "track_solver_average": self.track_solver_average,
-            "routing": self.routing,
-            "transform_kind": self.transform_kind,
-            "eps": self.eps,
-            "strength": self.strength,
-            "eps_fp": self.eps_fp,
-            "global_scaling": self.global_scaling,
-        }
+        return not self.options.correct and not self.options.online and self.transform_kind is None
 
     def tensors(self, prediction: torch.Tensor) -> dict:
         """
         The plan's tensors for `prediction`: on its device, scalars and η_T μ in its compute dtype (float32 for
         16-bit predictions), Q and the transform operators in its dtype. Made at the first step of a run (one
-        batched product builds every F_k), then reused.
+        batched product builds every F_k), then reused. Keys: `"scalars"` and `"operators"` (per step: the eager
+        step's [`StepScalars`] and [`StepOperators`]), `"tables"` and `"run_operators"` (the compiled step's
+        [`StepTables`] and the [`StepOperators`] shared by all steps), and the tables' parts by name
+        (`"scalar_table"`, `"transforms"`, …).
         """
         key = (prediction.device, prediction.dtype)
         if key not in self._cast:
@@ -129,7 +205,7 @@ class FusedStepPlan:
         # Nothing here copies from the host: a copy would wait for the queued network call (the first step's).
         scalar_table = self.scalars.to(device=device, dtype=compute)
         # The eager step takes each step's numbers as 0-dim tensors: no indexing left for the step.
-        scalars = [tuple(row.unbind(0))[:5] for row in scalar_table]
+        scalars = [StepScalars(*row.unbind(0)) for row in scalar_table]
         mean_table = None
         eta_mean = [None] * steps
         if self.mean is not None:  # η_T·μ_k rounded as the pure functions round it: μ_k in the compute dtype, ×η_T
@@ -152,17 +228,20 @@ class FusedStepPlan:
             # Where ℓ = 1 the operator is exactly I (or 0): the compiled step applies it, the eager one skips it.
             transform_table = scaled
             transforms = [None if same else op for same, op in zip(self.identity, scaled.unbind(0), strict=True)]
+        run_operators = StepOperators(mask=mask, basis=basis, basis_t=basis_t, rho_sq=rho_sq)
+        operators = [
+            run_operators._replace(eta_mean=mean, transform=transform)
+            for mean, transform in zip(eta_mean, transforms, strict=True)
+        ]
         return {
+            "scalars": scalars,
+            "operators": operators,
+            "tables": StepTables(scalar_table, mean_table, transform_table),
+            "run_operators": run_operators,
             "scalar_table": scalar_table,
             "mean_table": mean_table,
             "transform_table": transform_table,
-            "scalars": scalars,
-            "eta_mean": eta_mean,
             "transforms": transforms,
-            "basis": basis,
-            "basis_t": basis_t,
-            "rho_sq": rho_sq,
-            "mask": mask,
         }
 
 
@@ -178,31 +257,15 @@ def choose_transform_kind(rank: int, width: int) -> str:
 
 def fused_untied_step(
     prediction: torch.Tensor,
-    ema: torch.Tensor | None,
-    solver_average: torch.Tensor | None,
-    scalars: tuple[torch.Tensor, ...],
-    eta_mean: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    transform: torch.Tensor | None,
-    basis: torch.Tensor | None,
-    basis_t: torch.Tensor | None,
-    rho_sq: torch.Tensor | None,
+    state: UntiedState,
+    scalars: StepScalars,
+    operators: StepOperators,
+    options: StepOptions,
     *,
-    active: bool,
-    correct: bool,
-    online: bool,
-    solver_direction: bool,
-    track_ema: bool,
-    track_solver_average: bool,
-    routing: str,
-    transform_kind: str | None,
-    eps: float,
-    strength: float = 0.0,
-    eps_fp: float = 0.01,
-    global_scaling: bool = True,
-    history_gate: torch.Tensor | None = None,
+    active: bool = True,
+    gated: bool = False,
     out: dict[str, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+) -> FusedStepOutput:
     r"""
     One update step of Algorithm 1 after the network call (docs/algorithm.md §3.4), without the solver update:
     the correction A_k, the routing, E_{k+1}, O_{k+1}, the online δ̄_k and m̃_{k+1} = F_{k+1} m_{k+1}.
@@ -211,43 +274,41 @@ def fused_untied_step(
     `out`, (B, L, D) buffers of the caller's that no input aliases, it writes H_k (then C U_k), p_k − O_k, E_{k+1}
     and O_{k+1} into them instead of allocating (on a CPU, a fresh 8 MB tensor costs several times the arithmetic
     written into it); q_k and m̃_{k+1}, handed out to the caller, are always new tensors. Equal, within float
-    rounding, to [`history_direction`],
-    [`solver_history_direction`], [`combined_direction`], [`moment_projection`], [`token_cosine_distance`],
-    [`masked_token_mean`], [`retention`] and [`overlap_transform`] chained as the scheduler's reference step does.
+    rounding, to [`history_direction`], [`solver_history_direction`], [`combined_direction`], [`moment_projection`],
+    [`token_cosine_distance`], [`masked_token_mean`], [`retention`] and [`overlap_transform`] chained as the
+    scheduler's reference step does.
 
     Args:
         prediction (`torch.Tensor`): p_k, (B, L, D).
-        ema, solver_average (`torch.Tensor`, *optional*): E_k and O_k, (B, L, D) in p_k's dtype (`None` when not
-            tracked).
-        scalars (`tuple` of five 0-dim `torch.Tensor`): 1 + c_k, c_k, κ_k, η_T σ_k, α in the compute dtype.
-        eta_mean (`torch.Tensor` of shape `(D,)`, *optional*): η_T μ_k in the compute dtype.
-        mask (`torch.Tensor` of shape `(B, L)`, *optional*): active positions (bool).
-        transform (`torch.Tensor`, *optional*): F (D, D) or Q(I − diag ℓ) (D, r) in p_k's dtype, per
-            `transform_kind`; `None` with a kind of `"matrix"`/`"low_rank"` means ℓ is all ones (m̃ = m).
-        basis, basis_t (`torch.Tensor`, *optional*): Q (D, r) and Qᵀ (r, D) in p_k's dtype.
-        rho_sq (`torch.Tensor`, *optional*): ρ² (r,) float64 (the online δ̄).
-        active (`bool`): σ_k > 0. correct (`bool`): η_T > 0. online (`bool`): this trajectory's δ̄_k.
-        solver_direction (`bool`): form G_k (η_O > 0 or online). track_ema, track_solver_average (`bool`): return
-            E_{k+1}, O_{k+1}.
-        routing (`str`): `"solver"`, `"self_conditioning"` or `"both"`.
-        transform_kind (`str`, *optional*): `None`, `"matrix"`, `"low_rank"` or `"online"`.
-        eps (`float`): the relative degeneracy threshold ε of G_k.
-        strength, eps_fp, global_scaling: λ_R, ε_fp and the g_k switch of the online retention.
-        history_gate (`torch.Tensor`, *optional*): a 0-dim 1[σ_k > 0] in the compute dtype, with `active=True`:
-            H_k = gate·(p_k − E_k), so that one traced graph serves every step. H_k = 0 then gives exactly what
-            `active=False` gives (G_k = 0, C U_k = 0, Π_k = μ_k, δ̃_k = 0).
+        state ([`UntiedState`]): E_k and O_k in p_k's dtype (`None` where not tracked).
+        scalars ([`StepScalars`]): step k's numbers, 0-dim tensors in the compute dtype.
+        operators ([`StepOperators`]): step k's tensors (η_T μ_k, the transform) and the run's (mask, Q, Qᵀ, ρ²).
+        options ([`StepOptions`]): the run's switches.
+        active (`bool`): σ_k > 0 (else H_k = 0: G_k = 0, C U_k = 0, Π_k = μ_k, δ̃_k = 0).
+        gated (`bool`): H_k = `scalars.gate`·(p_k − E_k) with `active=True`, so that one traced graph serves every
+            step; H_k = 0 then gives exactly what `active=False` gives.
         out (`dict`, *optional*): buffers `"history"` (p_k's dtype), `"difference"` (compute dtype), `"ema"` and
             `"solver_average"` (p_k's dtype), each (B, L, D); any may be missing. E_{k+1} and O_{k+1} are returned
-            in theirs, so they must not be `ema` or `solver_average` themselves.
+            in theirs, so they must not be E_k or O_k themselves.
 
     Returns:
-        (q_k, m_{k+1}, m̃_{k+1}, E_{k+1}, O_{k+1}, δ̄_k): the solver's input, the raw and the transformed
-        self-conditioning input, the new E and O (`None` when not tracked) and the online δ̄_k (B,) (else `None`).
+        [`FusedStepOutput`]: q_k, m_{k+1}, m̃_{k+1}, the next [`UntiedState`] and the online δ̄_k.
     """
     p = prediction
     dtype = p.dtype
     compute = _compute_dtype(dtype)
-    one_plus_c, c, kappa, eta_sigma, alpha = scalars
+    one_plus_c, c, kappa, eta_sigma, alpha = (
+        scalars.one_plus_c,
+        scalars.c,
+        scalars.kappa,
+        scalars.eta_sigma,
+        scalars.alpha,
+    )
+    history_gate = scalars.gate if gated else None
+    eta_mean, mask, transform = operators.eta_mean, operators.mask, operators.transform
+    ema, solver_average = state.ema, state.solver_average
+    correct, online, solver_direction, eps = options.correct, options.online, options.solver_direction, options.eps
+    transform_kind = options.transform_kind
     length, width = p.shape[1], p.shape[2]
     buffers = out or {}
 
@@ -321,44 +382,38 @@ def fused_untied_step(
             else:
                 corrected = torch.where(mask3, torch.addcmul(eta_mean, centred, scale), 0.0).add_(pc)
             corrected = _cast(corrected, dtype)
-    solver_input = p if routing == "self_conditioning" else corrected
-    next_raw = p if routing == "solver" else corrected
+    solver_input = p if options.routing == "self_conditioning" else corrected
+    next_raw = p if options.routing == "solver" else corrected
     new_ema = new_average = None
-    if track_ema:  # E_{k+1} = (1 − α)E_k + α p_k
+    if options.track_ema:  # E_{k+1} = (1 − α)E_k + α p_k
         new_ema = torch.lerp(ema, p, _cast(alpha, dtype), out=into("ema", dtype))
-    if track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k
+    if options.track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k
         new_average = torch.lerp(solver_average, solver_input, _cast(kappa, dtype), out=into("solver_average", dtype))
     if transform_kind == "online":
         a_hat = _cast(kappa, dtype) * (1 - distance)  # â_{k+1} = κ_k(1 − δ̄_k), one per sample
-        ell = retention(rho_sq, a_hat, strength, eps_fp, global_scaling)
-        self_conditioning = overlap_transform(next_raw, basis, ell.to(dtype))
+        ell = retention(operators.rho_sq, a_hat, options.strength, options.eps_fp, options.global_scaling)
+        self_conditioning = overlap_transform(next_raw, operators.basis, ell.to(dtype))
     elif transform is None:
         self_conditioning = next_raw
     elif transform_kind == "matrix":
         self_conditioning = next_raw @ transform
     else:  # low rank: m − (m Q(I − diag ℓ)) Qᵀ, the subtraction inside the second product
         flat = next_raw.reshape(-1, width)
-        self_conditioning = torch.addmm(flat, flat @ transform, basis_t, alpha=-1.0).view(next_raw.shape)
-    return solver_input, next_raw, self_conditioning, new_ema, new_average, distance
+        self_conditioning = torch.addmm(flat, flat @ transform, operators.basis_t, alpha=-1.0).view(next_raw.shape)
+    return FusedStepOutput(solver_input, next_raw, self_conditioning, UntiedState(new_ema, new_average), distance)
 
 
 def indexed_untied_step(
     step: torch.Tensor,
     prediction: torch.Tensor,
-    ema: torch.Tensor | None,
-    solver_average: torch.Tensor | None,
-    scalar_table: torch.Tensor,
-    mean_table: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    transform_table: torch.Tensor | None,
-    basis: torch.Tensor | None,
-    basis_t: torch.Tensor | None,
-    rho_sq: torch.Tensor | None,
-    **options,
-) -> tuple:
+    state: UntiedState,
+    tables: StepTables,
+    operators: StepOperators,
+    options: StepOptions,
+) -> tuple[FusedStepOutput, torch.Tensor]:
     r"""
     [`fused_untied_step`] at update step `step` (a 0-dim int64 tensor on the prediction's device), reading that
-    step's row of the per-run tables in the step itself; returns its outputs and `step + 1`.
+    step's row of the per-run tables in the step itself; returns its output and `step + 1`.
 
     The form `torch.compile` gets (`UntiedSelfConditioningMixin.compile_step`): every input is the same tensor at
     every step (no per-step view whose storage offset or value a graph would specialise on), and the σ_k = 0 steps
@@ -366,31 +421,15 @@ def indexed_untied_step(
 
     Args:
         step (`torch.Tensor`): k, 0-dim int64.
-        scalar_table (`torch.Tensor` of shape `(K_u, 6)`): per step 1 + c_k, c_k, κ_k, η_T σ_k, α, 1[σ_k > 0].
-        mean_table (`torch.Tensor` of shape `(K_u, D)`, *optional*): η_T μ_k.
-        transform_table (`torch.Tensor`, *optional*): F_k (K_u, D, D) or Q(I − diag ℓ_k) (K_u, D, r) (exactly I or 0
-            where ℓ_k = 1).
-        prediction, ema, solver_average, mask, basis, basis_t, rho_sq, options: as for [`fused_untied_step`]
-            (`active` is ignored: the gate decides).
+        tables ([`StepTables`]): the rows of [`StepScalars`] (K_u, 6), η_T μ_k (K_u, D) and F_k (K_u, D, D) or
+            Q(I − diag ℓ_k) (K_u, D, r) (exactly I or 0 where ℓ_k = 1); the last two may be `None`.
+        prediction, state, operators, options: as for [`fused_untied_step`] (`operators` without the per-step
+            `eta_mean` and `transform`, which come from `tables`).
     """
     index = step.reshape(1)  # index_select, not [step]: indexing with a tensor would read it back (`.item()`)
-    row = scalar_table.index_select(0, index)[0]
-    scalars, gate = tuple(row[:5].unbind(0)), row[5]
-    eta_mean = mean_table.index_select(0, index)[0] if mean_table is not None else None
-    transform = transform_table.index_select(0, index)[0] if transform_table is not None else None
-    options = {**options, "active": True}
-    outputs = fused_untied_step(
-        prediction,
-        ema,
-        solver_average,
-        scalars,
-        eta_mean,
-        mask,
-        transform,
-        basis,
-        basis_t,
-        rho_sq,
-        history_gate=gate,
-        **options,
+    scalars = StepScalars(*tables.scalars.index_select(0, index)[0].unbind(0))
+    operators = operators._replace(
+        eta_mean=tables.eta_mean.index_select(0, index)[0] if tables.eta_mean is not None else None,
+        transform=tables.transform.index_select(0, index)[0] if tables.transform is not None else None,
     )
-    return (*outputs, step + 1)
+    return fused_untied_step(prediction, state, scalars, operators, options, gated=True), step + 1

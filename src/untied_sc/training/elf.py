@@ -36,6 +36,7 @@ Run `python -m untied_sc.training.elf train --help`.
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -46,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import ELFTransformerModel
+from ..schedulers.scheduling_elf import ELFScheduler
 from .config import ELFTrainConfig
 from .data import unigram_entropy
 from .ema import EMA
@@ -131,10 +133,15 @@ def draw_training_noise(
     return ELFDraws(t, w, decoder_mask, sc_mask, decoder_lambda, noise)
 
 
+@functools.cache
+def _noising(noise_scale: float) -> ELFScheduler:
+    """The sampler whose `add_noise` is the objective's noising (one copy of it), for `noise_scale`."""
+    return ELFScheduler(noise_scale=noise_scale)
+
+
 def noisy_latents(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, noise_scale: float = 2.0) -> torch.Tensor:
-    """z_t = t·x0 + (1 − t)·s·ε (t = 0 noise, t = 1 data)."""
-    t = t[:, None, None]
-    return t * x0 + (1 - t) * noise_scale * noise
+    """z_t = t·x0 + (1 − t)·s·ε (t = 0 noise, t = 1 data): `ELFScheduler.add_noise`."""
+    return _noising(noise_scale).add_noise(x0, noise, t)
 
 
 def velocity(x_hat: torch.Tensor, z: torch.Tensor, t: torch.Tensor, t_eps: float = 0.05) -> torch.Tensor:
@@ -589,7 +596,6 @@ def export_pipeline(
     from transformers import AutoTokenizer
 
     from ..pipelines import ELFPipeline
-    from ..schedulers import ELFScheduler
 
     run = Path(run_dir)
     model, state = load_run_model(run, checkpoint)

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from ..hardware import warn_if_emulated_bfloat16
 from ..models import LangFlowTransformerModel
+from ..schedulers.scheduling_langflow import LangFlowScheduler
 from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
 from .ema import EMA
@@ -61,11 +62,13 @@ def _model_kwargs(config) -> dict:
     return {key: value for key, value in dict(config).items() if not key.startswith("_")}
 
 
+# The sampler's noising is the objective's: one copy, `LangFlowScheduler.add_noise` (it holds no state).
+NOISING = LangFlowScheduler()
+
+
 def noisy_latents(model: LangFlowTransformerModel, ids: torch.Tensor, gamma: torch.Tensor, noise: torch.Tensor):
-    """z = α·E_norm[x] + σ·ε with α² = sigmoid(−γ), σ² = sigmoid(γ)."""
-    alpha = torch.sigmoid(-gamma).sqrt()[:, None, None]
-    sigma = torch.sigmoid(gamma).sqrt()[:, None, None]
-    return alpha * model.embed(ids) + sigma * noise
+    """z = α·E_norm[x] + σ·ε with α² = sigmoid(−γ), σ² = sigmoid(γ) (`LangFlowScheduler.add_noise`)."""
+    return NOISING.add_noise(model.embed(ids), noise, gamma)
 
 
 def forward_logits(
@@ -723,13 +726,12 @@ def export_pipeline(
     tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
     """
-    Writes `LangFlowPipeline(EMA transformer, LangFlowScheduler(), tokenizer).save_pretrained(out_dir)` plus
-    `training_info.json` (config, steps, tokens, proposal, last logged losses).
+    Writes `LangFlowPipeline(EMA transformer, LangFlowScheduler(proposal=its proposal), tokenizer)
+    .save_pretrained(out_dir)` plus `training_info.json` (config, steps, tokens, proposal, last logged losses).
     """
     from transformers import AutoTokenizer
 
     from ..pipelines import LangFlowPipeline
-    from ..schedulers import LangFlowScheduler
 
     run = Path(run_dir)
     model, state = load_run_model(run, checkpoint)
@@ -738,7 +740,8 @@ def export_pipeline(
     tokenizer_path = Path(tokenizer_dir) if tokenizer_dir else run / "tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     out = Path(out_dir)
-    pipeline = LangFlowPipeline(transformer=model, scheduler=LangFlowScheduler(), tokenizer=tokenizer)
+    scheduler = LangFlowScheduler(proposal=list(model.gumbel_parameters()))  # a bare `set_timesteps(N)` works
+    pipeline = LangFlowPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer)
     pipeline.save_pretrained(out)
     _portable_tokenizer_files(out / "tokenizer")
     index_path = out / "model_index.json"
