@@ -34,9 +34,12 @@ Variants, timed end to end, from the seed to the token ids (no text decoding on 
   overlap basis.
 
 Same NFE, batch, seed per repeat, device and dtype on all sides. On the GPU (`--device cuda`) the official code
-autocasts to bfloat16 itself (ELF: `use_bf16`, the port's default; LangFlow: hard-coded in its backbone); our
-pipelines run under `torch.autocast("cuda", torch.bfloat16)` (`--autocast bf16`, the default on cuda). On the CPU
-both run float32 (the official autocast is CUDA-only). SDPA attention on both sides.
+autocasts to bfloat16 itself (ELF: `use_bf16`, the port's default; LangFlow: hard-coded around its blocks and output
+layer); our networks' forward runs under `torch.autocast("cuda", torch.bfloat16)` (`--autocast bf16`, the default on
+cuda), the schedulers outside it. `--autocast none` runs ELF in float32 on both sides; LangFlow's official blocks stay
+bf16 there (hard-coded), so compare LangFlow on the GPU with bf16 only. On the CPU both run float32 (the official
+autocast is CUDA-only). SDPA attention on both sides; a CUDA generator (`--generator-device cuda`) draws our noise on
+the GPU, as the official code does there.
 
 After `--warmup` untimed runs of every variant, `--repeats` rounds, each running every variant once in rotating
 order (round r starts at variant r mod 3), so drifts in machine load hit every variant alike. Per round: seconds,
@@ -64,7 +67,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -322,8 +324,12 @@ def random_statistics(model, solver: str, nfe: int, seed: int = 0):
     return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), {nfe: step})
 
 
-def build_pipelines(family: str, model, nfe: int, device: torch.device):
-    """Our pipeline with the official scheduler and with the untied one (paper coefficients, random statistics)."""
+def build_pipelines(family: str, model, nfe: int, device: torch.device, autocast: str):
+    """
+    Our pipeline with the official scheduler and with the untied one (paper coefficients, random statistics). With
+    `autocast="bf16"` on a GPU, the network's forward runs under bf16 autocast; the schedulers (and LangFlow's
+    softmax·E_norm) stay float32/float64, as the official samplers keep their updates out of the autocast matmuls.
+    """
     from untied_sc import (
         ELFPipeline,
         ELFScheduler,
@@ -333,6 +339,8 @@ def build_pipelines(family: str, model, nfe: int, device: torch.device):
     )
 
     model = model.to(device)
+    if device.type == "cuda" and autocast == "bf16":
+        model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)
     if family == "elf":
         official = ELFScheduler()
         tokenizer, pipeline_cls, coefficients = Tokenizer(model.config.vocab_size), ELFPipeline, "elf-b"
@@ -375,7 +383,7 @@ def elf_workload(args, device: torch.device, tmp: Path) -> dict:
     ours = load_official_elf(checkpoint, max_length=args.length)
     checkpoint.unlink()
     theirs = theirs.to(device)
-    pipes, coefficients = build_pipelines("elf", ours, args.nfe, device)
+    pipes, coefficients = build_pipelines("elf", ours, args.nfe, device, args.autocast)
 
     config = Config()
     for key, value in {**ELF_RUN, "max_length": args.length, "use_bf16": args.autocast == "bf16"}.items():
@@ -461,7 +469,7 @@ def langflow_workload(args, device: torch.device, tmp: Path) -> dict:
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(folder / "model.safetensors"))
     ours = load_official_langflow(folder)
     theirs = theirs.to(device)
-    pipes, coefficients = build_pipelines("langflow", ours, args.nfe, device)
+    pipes, coefficients = build_pipelines("langflow", ours, args.nfe, device, args.autocast)
 
     def run_theirs(seed: int, batch: int) -> torch.Tensor:
         torch.manual_seed(seed)  # as gen_ppl.py
@@ -485,21 +493,13 @@ def langflow_workload(args, device: torch.device, tmp: Path) -> dict:
 
 
 def variant_runs(w: dict, batch: int, args, device: torch.device) -> dict[str, Callable[[int], torch.Tensor]]:
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and args.autocast == "bf16" else None
-    )
-
     def ours(pipe):
         def run(seed: int) -> torch.Tensor:
             generator = torch.Generator(args.generator_device).manual_seed(seed)
-            with autocast if autocast is not None else nullcontext():
-                out = pipe(
-                    batch_size=batch,
-                    num_inference_steps=args.nfe,
-                    generator=generator,
-                    output_type="seq",
-                    **w["pipeline_kwargs"],
-                )
+            kwargs = w["pipeline_kwargs"]
+            out = pipe(
+                batch_size=batch, num_inference_steps=args.nfe, generator=generator, output_type="seq", **kwargs
+            )
             return out.sequences
 
         return run
