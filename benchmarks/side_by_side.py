@@ -584,12 +584,12 @@ def _ratio(s: dict) -> str:
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    hardware = m.get("gpu") or f"{m['cpu']} ({m['torch_threads']} torch threads; ISA: {', '.join(m['cpu_isa_flags'])})"
+    cpu = f"{m['cpu']} ({m['torch_threads']} torch thread(s); ISA flags: {', '.join(m['cpu_isa_flags'])})"
     lines = [
         "# Side by side: our pipelines vs the official ELF and LangFlow code",
         "",
         f"- Date: {report['date']}; our commit: {report['git_commit']}",
-        f"- Hardware: {report['device'].upper()}: {hardware}; CPU: {m['cpu']}",
+        f"- Hardware: GPU: {m['gpu'] if 'gpu' in m else 'none'}; CPU: {cpu}",
         f"- torch {m['torch']}, Python {m['python']}; dtype: {report['dtype']}",
         f"- Official code: ELF `{report['official']['elf']['commit']}` ({report['official']['elf']['branch']}), "
         f"LangFlow `{report['official']['langflow']['commit']}` ({report['official']['langflow']['branch']}); "
