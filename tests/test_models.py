@@ -137,6 +137,8 @@ def test_langflow_reuses_its_normalised_embedding_only_within_the_block_and_whil
         fresh = (model(z, 5.0).logits, model.clean_prediction(logits))
         with model.reuse_embedding_matrix():
             first = model.embedding_matrix()
+            with model.reuse_embedding_matrix():  # nested: the same table
+                assert model.embedding_matrix() is first
             assert model.embedding_matrix() is first  # normalised once
             reused = (model(z, 5.0).logits, model.clean_prediction(logits))
             model.backbone.vocab_embed.embedding.mul_(2.0)  # in place: the table must be normalised again

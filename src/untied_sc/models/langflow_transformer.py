@@ -241,12 +241,16 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         step): with a 50k vocabulary that is two passes over a 154 MB table per step, a third of the CPU time of a
         2-block OWT-shaped step at L = 128. Same values bit for bit; the table is held until the block ends.
         """
-        outer = getattr(self, "_embedding_reuse", None)
-        self._embedding_reuse = outer if outer is not None else {}
+        # counted, so that nested or concurrent blocks (two pipelines sharing the network) release it only at the end
+        self._embedding_reuse_depth = getattr(self, "_embedding_reuse_depth", 0) + 1
+        if getattr(self, "_embedding_reuse", None) is None:
+            self._embedding_reuse = {}
         try:
             yield
         finally:
-            self._embedding_reuse = outer
+            self._embedding_reuse_depth -= 1
+            if self._embedding_reuse_depth == 0:
+                self._embedding_reuse = None
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Clean latents E_norm[x] of token ids."""
