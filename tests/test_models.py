@@ -130,6 +130,27 @@ def test_langflow_rejects_wrong_latent_width(tiny_langflow):
         tiny_langflow(torch.randn(2, 12, 31), 5.0)
 
 
+def test_langflow_reuses_its_normalised_embedding_only_within_the_block_and_while_unchanged(tiny_langflow):
+    model = tiny_langflow
+    z, logits = torch.randn(2, 12, 32), torch.randn(2, 12, 40)
+    with torch.no_grad():
+        fresh = (model(z, 5.0).logits, model.clean_prediction(logits))
+        with model.reuse_embedding_matrix():
+            first = model.embedding_matrix()
+            with model.reuse_embedding_matrix():  # nested: the same table
+                assert model.embedding_matrix() is first
+            assert model.embedding_matrix() is first  # normalised once
+            reused = (model(z, 5.0).logits, model.clean_prediction(logits))
+            model.backbone.vocab_embed.embedding.mul_(2.0)  # in place: the table must be normalised again
+            assert model.embedding_matrix() is not first
+        assert model.embedding_matrix() is not model.embedding_matrix()  # outside the block: every call
+    assert all(torch.equal(a, b) for a, b in zip(fresh, reused, strict=True))
+    with model.reuse_embedding_matrix():
+        with torch.no_grad():
+            stored = model.embedding_matrix()
+        assert model.embedding_matrix().requires_grad and not stored.requires_grad  # with grad: in the graph
+
+
 # --- converters -------------------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ load without renaming. The network works in γ = −log SNR (VP: α² = sigmoid(
 token logits, and its clean prediction is the expected normalised embedding softmax(logits)·E_norm.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -219,8 +220,37 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
                 nn.init.zeros_(module.bias)
 
     def embedding_matrix(self) -> torch.Tensor:
-        """E_norm: the row-normalised embedding table `(vocab_size, hidden_size)`."""
-        return normalized_embedding(self.backbone.vocab_embed.embedding)
+        """
+        E_norm: the row-normalised embedding table `(vocab_size, hidden_size)`. Inside
+        [`~LangFlowTransformerModel.reuse_embedding_matrix`] and without grad, the table normalised on first use is
+        returned again while the weights are unchanged.
+        """
+        weight = self.backbone.vocab_embed.embedding
+        reuse = getattr(self, "_embedding_reuse", None)
+        if reuse is None or torch.is_grad_enabled():
+            return normalized_embedding(weight)
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)  # any change of the weights misses
+        if reuse.get("key") != key:
+            reuse.update(key=key, matrix=normalized_embedding(weight))
+        return reuse["matrix"]
+
+    @contextlib.contextmanager
+    def reuse_embedding_matrix(self):
+        """
+        Normalises E_norm once for a sampling loop instead of in every network call and clean prediction (twice per
+        step): with a 50k vocabulary that is two passes over a 154 MB table per step, a third of the CPU time of a
+        2-block OWT-shaped step at L = 128. Same values bit for bit; the table is held until the block ends.
+        """
+        # counted, so that nested or concurrent blocks (two pipelines sharing the network) release it only at the end
+        self._embedding_reuse_depth = getattr(self, "_embedding_reuse_depth", 0) + 1
+        if getattr(self, "_embedding_reuse", None) is None:
+            self._embedding_reuse = {}
+        try:
+            yield
+        finally:
+            self._embedding_reuse_depth -= 1
+            if self._embedding_reuse_depth == 0:
+                self._embedding_reuse = None
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Clean latents E_norm[x] of token ids."""

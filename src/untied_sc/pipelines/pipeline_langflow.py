@@ -95,6 +95,11 @@ class LangFlowPipeline(LanguageFlowPipeline):
     def _set_timesteps_kwargs(self, generator):
         return {**super()._set_timesteps_kwargs(generator), "proposal": self.transformer.gumbel_parameters()}
 
+    def _network_session(self):
+        # E_norm once per loop, not twice per step (see `reuse_embedding_matrix`); a transformer without it runs as is
+        reuse = getattr(self.transformer, "reuse_embedding_matrix", None)
+        return reuse() if reuse is not None else super()._network_session()
+
     def _predict(self, model_input, timestep, self_conditioning, temperature: float = 1.0):
         logits = self.transformer(model_input, timestep, self_conditioning).logits
         tempered = logits if temperature == 1.0 else logits.float() / temperature

@@ -253,6 +253,10 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """Extra arguments for the scheduler's `set_timesteps` (passed only where it accepts them)."""
         return {"generator": generator}
 
+    def _network_session(self) -> contextlib.AbstractContextManager:
+        """The context the denoising loop's network calls run in (LangFlow: E_norm normalised once); none here."""
+        return contextlib.nullcontext()
+
     def _network_knobs(self) -> list[str]:
         """The per-call network knobs: the keyword arguments of this family's `_predict`."""
         parameters = list(inspect.signature(type(self)._predict).parameters.values())[4:]  # past self, z, t, m
@@ -409,7 +413,11 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self._num_timesteps = len(timesteps)
 
         logits = None
-        with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
+        with (
+            self._progress_bar(len(timesteps), progress) as progress_bar,
+            _settled(generator),
+            self._network_session(),
+        ):
             for i, t in enumerate(timesteps):
                 # Stock flow-matching schedulers have no `scale_model_input`; ELF's re-noises here.
                 scale = getattr(scheduler, "scale_model_input", None)
