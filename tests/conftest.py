@@ -17,6 +17,7 @@ class Golden:
     """A fixture file written by `tests/fixtures/make_*_fixtures.py`: official weights, inputs and outputs."""
 
     def __init__(self, name: str):
+        self.name = name.removesuffix(".safetensors")
         with safe_open(FIXTURES / name, "pt") as handle:
             self.metadata = handle.metadata()
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
@@ -61,14 +62,19 @@ def golden_call(golden: Golden) -> dict:
     return call
 
 
-# What x86 CPUs (AVX2, AVX-512, with or without AVX512-BF16) round differently, and the bound the golden tests allow
-# for it. Everything else is compared bit for bit: the samplers given the same grid and network outputs above all.
-# A time grid: torch's vectorised transcendentals (ELF's sigmoid, LangFlow's Gumbel icdf logs) differ across CPUs by
-# 1 ulp in a few entries (ELF: 1 of 31, AVX2 vs AVX-512; LangFlow: entry 25 of 64, 5.1138935 vs 5.1138940).
-GRID_ULPS = 2
-# One network call on the official inputs: float32 matmuls and reductions sum in an order of their own on each CPU,
-# and ours in another order than the official code's (largest seen: 1.9e-6 on an AVX2 EPYC, 6e-6 on an AVX-512 Xeon;
-# test_models_official.py's forward fixtures use the same bound).
+# What x86 CPUs round differently, and the bound the golden tests allow for it; everything else is compared bit for
+# bit, the samplers given the same draws, grid and network outputs above all. torch picks its kernels by the CPU's
+# capability: AVX2 and AVX-512 CPUs run the same vectorised code where it matters here, CPUs without AVX2 (and
+# ATEN_CPU_CAPABILITY=default) scalar code. The fixtures were recorded with the vectorised kernels.
+VECTORISED = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+# Normal draws (z_0, ELF's grid normals and noise): torch's Box-Muller over 16 numbers or more is the same AVX2 code in
+# the AVX2 and AVX-512 builds, so equal to the bit; the scalar build rounds log/sin/cos otherwise (2M draws: at most
+# 2.1e-6 apart).
+DRAW_TOLERANCE = 0.0 if VECTORISED else 1e-5
+# A time grid: vectorised transcendentals (ELF's sigmoid, LangFlow's Gumbel icdf logs) differ by 1 ulp in a few
+# entries between AVX2 and AVX-512 (ELF: 1 of 31; LangFlow: entry 25 of 64, 5.1138935 vs 5.1138940); the scalar
+# build by up to 19 ulp (sigmoid, 200k values) and 10 (the icdf, 100k values).
+GRID_ULPS = 2 if VECTORISED else 32
 NETWORK_TOLERANCE = 1e-5
 # A whole float32 trajectory run with our network, max |Δ| of every latent, per family. LangFlow's update is a convex
 # combination in z/α coordinates: the drift stays below one call's error (seen: 5e-7; a relative 1e-6 error put on
@@ -98,6 +104,42 @@ def assert_official_grid(grid: torch.Tensor, official: torch.Tensor, what: str) 
     )
 
 
+DRAWS = FIXTURES / "sampler_draws.safetensors"  # written by tests/fixtures/make_draw_fixtures.py
+
+
+def replay_official_draws(golden: Golden, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """
+    Makes the sampler's normal draws the official run's recorded ones (`DRAWS`). Each draw is still made, so the
+    generator advances as in the run, and checked against the recorded one (shape, order, `DRAW_TOLERANCE`) before the
+    recorded one is used: on a CPU without AVX2 the draws round otherwise, and the sampler is still compared bit for
+    bit. Returns the list of replayed draw indices.
+    """
+    from untied_sc.schedulers import noise
+
+    with safe_open(DRAWS, "pt") as handle:
+        recorded = [handle.get_tensor(f"{golden.name}.{i}") for i in range(int(handle.metadata()[golden.name]))]
+    draws = []
+
+    def replayed(drawn: torch.Tensor) -> torch.Tensor:
+        i = len(draws)
+        assert i < len(recorded), f"draw {i + 1}: the official run made {len(recorded)}"
+        assert drawn.shape == recorded[i].shape, f"draw {i}: shape {tuple(drawn.shape)} ≠ {tuple(recorded[i].shape)}"
+        error = (drawn - recorded[i]).abs().max().item()
+        assert error <= DRAW_TOLERANCE, f"draw {i} is {error:.1e} from the official one (at most {DRAW_TOLERANCE})"
+        draws.append(i)
+        return recorded[i].clone()
+
+    randn, draw_on_cpu = torch.randn, noise._draw_on_cpu
+
+    def replayed_randn(*args, generator=None, **kwargs):
+        drawn = randn(*args, generator=generator, **kwargs)
+        return replayed(drawn) if generator is not None and generator.device.type == "cpu" else drawn
+
+    monkeypatch.setattr(torch, "randn", replayed_randn)
+    monkeypatch.setattr(noise, "_draw_on_cpu", lambda *args, **kwargs: replayed(draw_on_cpu(*args, **kwargs)))
+    return draws
+
+
 def replay_official_network(
     pipe, golden: Golden, monkeypatch: pytest.MonkeyPatch, network_errors: list[float] | None = None
 ) -> list[int]:
@@ -106,19 +148,21 @@ def replay_official_network(
 
     Comparing two samplers bit for bit only makes sense given bitwise-equal network outputs, and float32 matmuls are
     not bitwise-equal across CPUs (AVX2 and AVX-512 kernels sum in different orders: ~1e-6 apart). Replaying the
-    recorded outputs tests the sampler alone (random draws, updates, self-conditioning routing, decode) bit for bit on
-    any machine. Each replayed call first checks what the sampler hands the network (its time and self-conditioning
-    input) against the official run. Returns the list of replayed evaluation indices.
+    recorded outputs tests the sampler alone (updates, self-conditioning routing, decode) bit for bit on any machine.
+    Each replayed call first checks what the sampler hands the network (its time and self-conditioning input)
+    against the official run. Returns the list of replayed evaluation indices.
 
-    The time grid too comes from a vectorised transcendental (ELF: sigmoid of normals; LangFlow: the logs of the
-    Gumbel icdf), which rounds differently across CPUs (`GRID_ULPS`). The grid is still computed as the scheduler
-    computes it and checked to `GRID_ULPS`; the sampler then runs on the fixture's rounding of it.
+    The sampler's other CPU-dependent inputs are replayed likewise, each computed as the sampler computes it and
+    checked first: the normal draws (`replay_official_draws`), and the time grid, a vectorised transcendental (ELF:
+    sigmoid of normals; LangFlow: the logs of the Gumbel icdf) checked to `GRID_ULPS`; the sampler then runs on the
+    fixture's rounding of it.
 
     With `network_errors` (a list), each replayed call also runs our network on the very inputs the official
     network got and appends max |ours − official| of its output: one network call, apart from any drift.
     """
     sampler = json.loads(golden.metadata["sampler"])
     outputs, calls = golden.outputs, []
+    replay_official_draws(golden, monkeypatch)
     if "eval_times" in outputs:
         from untied_sc.schedulers import scheduling_elf as module
 
