@@ -17,6 +17,7 @@ class Golden:
     """A fixture file written by `tests/fixtures/make_*_fixtures.py`: official weights, inputs and outputs."""
 
     def __init__(self, name: str):
+        self.name = name.removesuffix(".safetensors")
         with safe_open(FIXTURES / name, "pt") as handle:
             self.metadata = handle.metadata()
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
@@ -61,33 +62,126 @@ def golden_call(golden: Golden) -> dict:
     return call
 
 
-def replay_official_network(pipe, golden: Golden, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+# What x86 CPUs round differently, and the bound the golden tests allow for it; everything else is compared bit for
+# bit, the samplers given the same draws, grid and network outputs above all. torch picks its kernels by the CPU's
+# capability: AVX2 and AVX-512 CPUs run the same vectorised code where it matters here, CPUs without AVX2 (and
+# ATEN_CPU_CAPABILITY=default) scalar code. The fixtures were recorded with the vectorised kernels.
+VECTORISED = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+# Normal draws (z_0, ELF's grid normals and noise): torch's Box-Muller over 16 numbers or more is the same AVX2 code in
+# the AVX2 and AVX-512 builds, so equal to the bit; the scalar build rounds log/sin/cos otherwise (2M draws: at most
+# 2.1e-6 apart).
+DRAW_TOLERANCE = 0.0 if VECTORISED else 1e-5
+# A time grid: vectorised transcendentals (ELF's sigmoid, LangFlow's Gumbel icdf logs) differ by 1 ulp in a few
+# entries between AVX2 and AVX-512 (ELF: 1 of 31; LangFlow: entry 25 of 64, 5.1138935 vs 5.1138940); the scalar
+# build by up to 19 ulp (sigmoid, 200k values) and 10 (the icdf, 100k values).
+GRID_ULPS = 2 if VECTORISED else 32
+# One network call on the official inputs: float32 matmuls and reductions sum in an order of their own on each CPU,
+# and ours in another order than the official code's (largest seen: 1.9e-6 on an AVX2 EPYC, 2.9e-6 with its scalar
+# build, 6e-6 on an AVX-512 Xeon; test_models_official.py's forward fixtures use the same bound).
+NETWORK_TOLERANCE = 1e-5
+# A whole float32 trajectory with our network (on the official draws), max |Δ| of every latent, per family.
+# LangFlow's update is a convex combination in z/α coordinates, so the drift stays below one call's error (seen:
+# 5e-7 with either build; ±1e-5 added to every prediction moves its trajectories by 9e-6 at most): one call's bound.
+# ELF's SDE steps with SC-CFG (scale 3) carry and amplify each call's error. Seen on the AVX2 EPYC: 6.2e-6 after 8
+# steps, 3.0e-5 to 4.2e-5 after 32 (from run to run); the AVX-512 Xeon: at most 3e-5; the scalar build: 3.9e-6 and
+# 1.7e-4. The bounds leave 2.4x and 3x to the largest.
+TRAJECTORY_TOLERANCE = {"elf": 1e-4 if VECTORISED else 5e-4, "langflow": NETWORK_TOLERANCE}
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise, how many float32 steps apart `a` and `b` are (0: equal, 1: neighbours; ±0 count as equal)."""
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the value, across the sign too
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_official_grid(grid: torch.Tensor, official: torch.Tensor, what: str) -> None:
+    """`grid` is the official one up to the documented rounding of the CPU's vectorised transcendentals."""
+    assert grid.shape == official.shape, f"{what}: {len(grid)} entries, the official run has {len(official)}"
+    ulps = ulp_distance(grid, official)
+    assert ulps.max() <= GRID_ULPS, (
+        f"{what} differs from the official one by {ulps.max().item()} ulp at entry {ulps.argmax().item()} "
+        f"({grid[ulps.argmax()].item()!r} vs {official[ulps.argmax()].item()!r}); CPUs differ by at most {GRID_ULPS}"
+    )
+
+
+DRAWS = FIXTURES / "sampler_draws.safetensors"  # written by tests/fixtures/make_draw_fixtures.py
+
+
+def replay_official_draws(golden: Golden, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """
+    Makes the sampler's normal draws the official run's recorded ones (`DRAWS`). Each draw is still made, so the
+    generator advances as in the run, and checked against the recorded one (shape, order, `DRAW_TOLERANCE`) before the
+    recorded one is used: on a CPU without AVX2 the draws round otherwise, and the sampler is still compared bit for
+    bit. Returns the list of replayed draw indices.
+    """
+    from untied_sc.schedulers import noise
+
+    with safe_open(DRAWS, "pt") as handle:
+        recorded = [handle.get_tensor(f"{golden.name}.{i}") for i in range(int(handle.metadata()[golden.name]))]
+    draws = []
+
+    def replayed(drawn: torch.Tensor) -> torch.Tensor:
+        i = len(draws)
+        assert i < len(recorded), f"draw {i + 1}: the official run made {len(recorded)}"
+        assert drawn.shape == recorded[i].shape, f"draw {i}: shape {tuple(drawn.shape)} ≠ {tuple(recorded[i].shape)}"
+        error = (drawn - recorded[i]).abs().max().item()
+        assert error <= DRAW_TOLERANCE, f"draw {i} is {error:.1e} from the official one (at most {DRAW_TOLERANCE})"
+        draws.append(i)
+        return recorded[i].clone()
+
+    randn, draw_on_cpu = torch.randn, noise._draw_on_cpu
+
+    def replayed_randn(*args, generator=None, **kwargs):
+        drawn = randn(*args, generator=generator, **kwargs)
+        return replayed(drawn) if generator is not None and generator.device.type == "cpu" else drawn
+
+    monkeypatch.setattr(torch, "randn", replayed_randn)
+    monkeypatch.setattr(noise, "_draw_on_cpu", lambda *args, **kwargs: replayed(draw_on_cpu(*args, **kwargs)))
+    return draws
+
+
+def replay_official_network(
+    pipe, golden: Golden, monkeypatch: pytest.MonkeyPatch, network_errors: list[float] | None = None
+) -> list[int]:
     """
     Makes `pipe` take the official run's recorded network outputs instead of calling its network.
 
     Comparing two samplers bit for bit only makes sense given bitwise-equal network outputs, and float32 matmuls are
     not bitwise-equal across CPUs (AVX2 and AVX-512 kernels sum in different orders: ~1e-6 apart). Replaying the
-    recorded outputs tests the sampler alone (random draws, updates, self-conditioning routing, decode) bit for bit on
-    any machine. Each replayed call first checks what the sampler hands the network (its time and self-conditioning
-    input) against the official run. Returns the list of replayed evaluation indices.
+    recorded outputs tests the sampler alone (updates, self-conditioning routing, decode) bit for bit on any machine.
+    Each replayed call first checks what the sampler hands the network (its time and self-conditioning input)
+    against the official run. Returns the list of replayed evaluation indices.
 
-    ELF's time grid is sigmoid(normals), and torch's vectorised sigmoid too rounds differently across CPUs (1 ulp
-    in one of 31 entries, AVX2 vs AVX-512). The grid is still drawn as the scheduler draws it and checked to 2 ulp;
-    the sampler then runs on the fixture's rounding of it.
+    The sampler's other CPU-dependent inputs are replayed likewise, each computed as the sampler computes it and
+    checked first: the normal draws (`replay_official_draws`), and the time grid, a vectorised transcendental (ELF:
+    sigmoid of normals; LangFlow: the logs of the Gumbel icdf) checked to `GRID_ULPS`; the sampler then runs on the
+    fixture's rounding of it.
+
+    With `network_errors` (a list), each replayed call also runs our network on the very inputs the official
+    network got and appends max |ours − official| of its output: one network call, apart from any drift.
     """
     sampler = json.loads(golden.metadata["sampler"])
     outputs, calls = golden.outputs, []
+    replay_official_draws(golden, monkeypatch)
     if "eval_times" in outputs:
-        from untied_sc.schedulers import scheduling_elf
+        from untied_sc.schedulers import scheduling_elf as module
 
-        draw = scheduling_elf.elf_time_grid
+        name = "elf_time_grid"
+    else:
+        from untied_sc.schedulers import scheduling_langflow as module
 
-        def official_rounding(*args, **kwargs):
-            grid = draw(*args, **kwargs)
-            assert ((grid - outputs["grid"]).abs() <= grid * 2**-22).all(), "the time grid is not the official one"
-            return outputs["grid"].clone()
+        name = "gumbel_gamma_grid"
+    draw = getattr(module, name)
 
-        monkeypatch.setattr(scheduling_elf, "elf_time_grid", official_rounding)
+    def official_rounding(*args, **kwargs):
+        assert_official_grid(draw(*args, **kwargs), outputs["grid"], "the time grid")
+        return outputs["grid"].clone()
+
+    monkeypatch.setattr(module, name, official_rounding)
 
     def check(timestep, times, self_conditioning):
         k = len(calls)
@@ -102,26 +196,42 @@ def replay_official_network(pipe, golden: Golden, monkeypatch: pytest.MonkeyPatc
         calls.append(k)
         return k
 
+    def compare(ours: torch.Tensor, official: torch.Tensor) -> None:
+        if network_errors is not None:
+            network_errors.append((ours.float() - official).abs().max().item())
+
     if "eval_times" in outputs:  # ELF: the network output is the prediction; the decode pass gives the logits
         from untied_sc.models.elf_transformer import ELFTransformerOutput
+
+        network = pipe.transformer.forward
 
         def forward(sample, timestep, self_conditioning=None, sc_cfg_scale=None, decoder_step_active=None, **_):
             assert sc_cfg_scale == sampler["sc_cfg_scale"]
             if decoder_step_active:
+                if network_errors is not None:
+                    ours = network(sample, timestep, self_conditioning, sc_cfg_scale, decoder_step_active=True)
+                    compare(ours.logits, outputs["decode_logits"])
                 return ELFTransformerOutput(sample=sample, logits=outputs["decode_logits"])
             k = check(timestep, outputs["eval_times"], self_conditioning)
+            if network_errors is not None:
+                compare(network(sample, timestep, self_conditioning, sc_cfg_scale).sample, outputs["predictions"][k])
             return ELFTransformerOutput(sample=outputs["predictions"][k])
 
         pipe.transformer.forward = forward
     else:  # LangFlow: the recorded prediction is x̂ = softmax(logits)·E_norm, past the network and the softmax
+        network = pipe._predict
+        rows = outputs["trajectory_rows"]
 
         def predict(model_input, timestep, self_conditioning):
             k = check(timestep, outputs["grid"], self_conditioning)
+            ours = network(model_input, timestep, self_conditioning) if network_errors is not None else None
             if k < len(outputs["predictions"]):
+                if ours is not None:
+                    compare(ours[0], outputs["predictions"][k])
                 return outputs["predictions"][k], None
-            logits = outputs["final_logits"][
-                outputs["trajectory_rows"]
-            ]  # the final evaluation: its argmax, the tokens
+            logits = outputs["final_logits"][rows]  # the final evaluation: its argmax, the tokens
+            if ours is not None:
+                compare(ours[1], logits)
             return pipe.transformer.clean_prediction(logits), logits
 
         pipe._predict = predict

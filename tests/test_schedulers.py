@@ -7,7 +7,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.schedulers.scheduling_langflow import gumbel_gamma_grid, gumbel_gamma_range
 
-from .conftest import elf_from_golden, langflow_from_golden
+from .conftest import assert_official_grid, elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer
 
 
@@ -37,7 +37,9 @@ def test_langflow_grid_equals_the_official_proposal_quantiles(langflow_golden):
     loc, scale, cutoff = langflow_from_golden(langflow_golden).gumbel_parameters()
     for n in (8, 64):
         grid = gumbel_gamma_grid(n, loc, scale, cutoff, quantile_eps=1e-5)
-        assert torch.equal(grid, langflow_golden.outputs[f"gamma_grid_{n}"])
+        # the logs of the icdf round differently across CPUs (conftest.GRID_ULPS)
+        assert_official_grid(grid, langflow_golden.outputs[f"gamma_grid_{n}"], f"the {n}-step grid")
+    # γ_min and γ_max are float32 products and differences, correctly rounded on every CPU: bit for bit
     gamma_min, gamma_max = gumbel_gamma_range(loc, scale, cutoff)
     assert gamma_min == langflow_golden.outputs["gamma_min"].item()
     assert gamma_max == langflow_golden.outputs["gamma_max"].item()

@@ -181,9 +181,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
         `revision`, `token`) and then loaded locally: stock diffusers cannot load third-party components by repo
         id. Other keyword arguments (`torch_dtype`, `device_map`, component overrides) go to diffusers.
         """
-        # diffusers loads a component only from a module already imported: the optional `ace_statistics` one's too
-        from ..calibration import ace  # noqa: F401
-
         hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
         folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
         check_pipeline_folder(folder, cls, passed=set(kwargs))
