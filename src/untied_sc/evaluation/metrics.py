@@ -44,8 +44,11 @@ Shared conventions and deviations (both protocols):
 - NLLs are `logsumexp(logits) - logit[target]` in float32 and accumulated in float64. The `"langflow"` total equals the
   official "batch mean loss × token count" up to rounding; the per-sample values come from the batched forward pass
   rather than the official separate unpadded re-scoring (identical up to rounding).
+- For speed (none of it changes a score beyond rounding): the texts are tokenised once, sorted by length and batched
+  by a token budget ([`length_batches`]); a pass runs only the rows and columns that carry a weight, and only the
+  weighted positions are projected onto the vocabulary ([`weighted_nll_sums`]).
 - The official scorers ran GPT-2-large in bfloat16 (ELF) or float16 (LangFlow on CUDA); here the dtype is whatever the
-  evaluator was loaded with (float32 by default).
+  evaluator was loaded with (`"auto"` by default: bfloat16 where the device computes it natively, else float32).
 """
 
 import math
