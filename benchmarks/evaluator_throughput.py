@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,39 +79,29 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(result))
 
 
-def run_config(name: str, src: Path, dtype: str, batch: str, num_samples: int, args) -> dict:
-    """Runs one configuration in a subprocess with `src` first on the path; returns its result dict."""
-    with tempfile.TemporaryDirectory() as folder:
-        result = Path(folder) / "result.json"
-        command = [
-            sys.executable,
-            __file__,
-            str(args.samples),
-            "--worker",
-            "--result",
-            str(result),
-            "--evaluator",
-            args.evaluator,
-            "--protocol",
-            args.protocol,
-            "--threads",
-            str(args.threads),
-            "--num-samples",
-            str(num_samples),
-            "--dtype",
-            dtype,
-            "--batch",
-            batch,
-        ]
-        env = {**os.environ, "PYTHONPATH": str(src)}
-        began = os.getloadavg()[0]
-        subprocess.run(command, env=env, check=True)
-        record = json.loads(result.read_text())
-    record.update(name=name, src=str(src), load_average=[began, os.getloadavg()[0]])
+def start_config(name: str, src: Path, dtype: str, batch: str, num_samples: int, args) -> dict:
+    """Starts one configuration in a subprocess with `src` first on the path; [`finish_config`] collects it."""
+    folder = tempfile.mkdtemp(prefix="evaluator-throughput-")
+    result = Path(folder) / "result.json"
+    command = [sys.executable, __file__, str(args.samples), "--worker", "--result", str(result)]
+    command += ["--evaluator", args.evaluator, "--protocol", args.protocol, "--threads", str(args.threads)]
+    command += ["--num-samples", str(num_samples), "--dtype", dtype, "--batch", batch]
+    began = os.getloadavg()[0]
+    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(src)})
+    return {"name": name, "src": str(src), "batch": batch, "process": process, "result": result, "load": began}
+
+
+def finish_config(started: dict) -> dict:
+    """Waits for a [`start_config`] subprocess and returns its result dict."""
+    if started["process"].wait() != 0:
+        raise SystemExit(f"Configuration {started['name']} failed.")
+    record = json.loads(started["result"].read_text())
+    shutil.rmtree(started["result"].parent)
+    record.update(name=started["name"], src=started["src"], load_average=[started["load"], os.getloadavg()[0]])
     print(
-        f"{name}: {record['num_samples']} samples in {record['wall_seconds']:.1f} s wall, {record['cpu_seconds']:.1f} "
-        f"s CPU ({record['samples_per_second_cpu']:.3f} samples/CPU-s), {record['dtype']}, batch {batch}, load "
-        f"{began:.1f}",
+        f"{record['name']}: {record['num_samples']} samples in {record['wall_seconds']:.1f} s wall, "
+        f"{record['cpu_seconds']:.1f} s CPU ({record['samples_per_second_cpu']:.3f} samples/CPU-s), {record['dtype']}, "
+        f"batch {started['batch']}, load {started['load']:.1f}",
         flush=True,
     )
     return record
@@ -146,6 +137,11 @@ def main(argv=None) -> int:
         help="Also time the older tree in bfloat16 on this many samples (emulated bf16 is ~50x slower).",
     )
     parser.add_argument("--config", action="append", default=[], help="NAME=SRC:DTYPE:BATCH, repeatable.")
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="Run the configurations side by side (on a shared machine: compare their CPU times, not wall times).",
+    )
     parser.add_argument("--output", type=Path, help="JSON file to write.")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -165,12 +161,15 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    runs = []
+    runs, started = [], []
     for name, src, dtype, batch in configs:
         if sources.get(src) is None:
             raise SystemExit(f"Configuration {name}: source {src!r} needs --before-src.")
         count = args.before_bf16_samples if name == "before-bfloat16" else args.num_samples
-        runs.append(run_config(name, sources[src], dtype, batch, count, args))
+        started.append(start_config(name, sources[src], dtype, batch, count, args))
+        if not args.parallel:
+            runs.append(finish_config(started.pop()))
+    runs += [finish_config(one) for one in started]
     float32 = [run for run in runs if run["dtype"] == "float32" and run["num_samples"] == args.num_samples]
     comparisons = []
     for other in float32[1:]:
@@ -196,6 +195,7 @@ def main(argv=None) -> int:
         "protocol": args.protocol,
         "evaluator": args.evaluator,
         "threads": args.threads,
+        "parallel": args.parallel,
         "cpu": cpu_description(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
