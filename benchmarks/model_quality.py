@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="Evaluator dtype.")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="Evaluator dtype (auto: by the CPU)."
+    )
     parser.add_argument("--output-dir", default="benchmarks/results")
     args = parser.parse_args()
 
@@ -74,7 +76,8 @@ def main() -> None:
     pipe = load_pipeline(args.pipeline)
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
-    evaluator = load_evaluator(dtype=getattr(torch, args.dtype))
+    evaluator = load_evaluator(dtype=args.dtype)
+    dtype = str(evaluator[0].dtype).removeprefix("torch.")  # the one "auto" chose
     name = Path(args.pipeline.rstrip("/")).name
     corpus = Path(args.corpus_dir)
     rows = []
@@ -124,7 +127,7 @@ def main() -> None:
     results = {
         "model": name,
         "family": family,
-        "evaluator": describe_evaluator("smollm2-135m", args.dtype),
+        "evaluator": describe_evaluator("smollm2-135m", dtype),
         "num_samples": args.num_samples,
         "seed": args.seed,
         "rows": rows,
@@ -139,7 +142,7 @@ def main() -> None:
         f"# {name}: sample quality against held-out text and a unigram baseline",
         "",
         f"`{results['command']}` ({results['wall_seconds'] / 60:.1f} min on 2 CPU cores). Evaluator SmolLM2-135M "
-        f"({args.dtype}), "
+        f"({dtype}), "
         f"{family} protocol, {args.num_samples} samples each; entropy = mean per-sample unigram entropy of the "
         "evaluator's ids (nats).",
         "",

@@ -52,7 +52,8 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
     doubled = {**generation, "samplers": {**generation["samplers"], "twin": {"scheduler": "official"}}}
     doubled["runs"] = [*generation["runs"], twin]
     calls = []
-    hook = evaluator[0].register_forward_hook(lambda module, args, output: calls.append(1))
+    # the scorer runs the model's body and projects only the scored positions onto the vocabulary
+    hook = evaluator[0].model.register_forward_hook(lambda module, args, output: calls.append(1))
     try:
         once = score_sweep(generation, evaluator=evaluator, num_resamples=20, progress=False)
         single = len(calls)

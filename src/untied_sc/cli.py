@@ -9,9 +9,22 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from .cli_parser import Parser
-from .defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS, DTYPE_NAMES, SMOLLM2_NAME, TUNE_SEED
+from .defaults import (
+    BASE_SCALE_BANK_SIZE,
+    BASE_SCALE_STEPS,
+    DTYPE_NAMES,
+    EVALUATOR_DTYPE_NAMES,
+    SMOLLM2_NAME,
+    TUNE_SEED,
+)
 from .diagnostics.cli import register_diagnose_command
-from .experiments.cli import register_benchmark_command, register_evaluate_command
+from .experiments.cli import (
+    EVAL_BATCH_HELP,
+    EVALUATOR_DTYPE_HELP,
+    EVALUATOR_HELP,
+    register_benchmark_command,
+    register_evaluate_command,
+)
 from .experiments.generate import register_generate_command
 from .judge.cli import register_judge_command
 
@@ -142,7 +155,6 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from .calibration.tune import format_tuning, tune_coefficients
-    from .experiments.cli import torch_dtype
     from .pipelines import load_pipeline
 
     _check_statistics_target(args.pipeline, args.output)
@@ -164,7 +176,7 @@ def _tune(args: argparse.Namespace) -> None:
         eval_batch_size=args.eval_batch_size,
         progress=not args.no_progress,
         cache_dir=args.cache_dir,
-        dtype=torch_dtype(args.dtype),
+        dtype=args.dtype,
         device=args.device,
     )
     if args.device != "cpu":
@@ -362,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seed of the bank, in the tuning seed space (no benchmark seed draws it).",
     )
     tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
-    tune.add_argument("--evaluator", default=SMOLLM2_NAME, help="Evaluator name, Hub id or folder.")
+    tune.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
     tune.add_argument("--rounds", type=int, default=1, help="Passes of the coordinate search.")
     tune.add_argument(
         "--max-entropy-drop", type=float, default=0.05, help="Entropy (nats) a candidate may lose against official."
@@ -373,13 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.95,
         help="Level of the paired ΔNLL interval vs official that must lie below 0 for the untied sampler to be kept.",
     )
-    tune.add_argument("--eval-batch-size", type=int, default=8, help="Samples per evaluator forward pass.")
-    tune.add_argument(
-        "--dtype",
-        choices=DTYPE_NAMES,
-        default="float32",
-        help="The evaluator's dtype (the pipeline runs as stored; calibrate's --dtype is the network's).",
-    )
+    tune.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
+    tune.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)
     tune.add_argument("--cache-dir", help="Evaluator cache folder.")
     tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     tune.add_argument(

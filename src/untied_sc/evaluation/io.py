@@ -113,7 +113,7 @@ def evaluate_samples(
     samples: str | os.PathLike | Sequence[Sample],
     evaluator="smollm2-135m",
     protocol: str = "elf",
-    batch_size: int = 8,
+    batch_size: int | None = None,
     max_length: int | None = None,
     context_size: int | None = None,
     repetition_n: int = 4,
@@ -126,7 +126,7 @@ def evaluate_samples(
         samples: a JSONL path (see the module docstring) or a list of [`Sample`].
         evaluator: an evaluator name for [`load_evaluator`] (default `"smollm2-135m"`), or a `(model, tokenizer)` pair.
         protocol (`str`, defaults to `"elf"`): `"elf"` or `"langflow"` (see [`sample_nlls`]).
-        batch_size, max_length, context_size: passed to [`sample_nlls`].
+        batch_size, max_length, context_size: passed to [`sample_nlls`] (`batch_size=None`: by length, see there).
         repetition_n (`int`, defaults to 4): n of the word and token Rep-n.
         distinct (`Sequence[int]`, defaults to `(1, 2, 3, 4)`): the n of each distinct-n (words and token ids).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
