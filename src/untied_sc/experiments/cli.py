@@ -460,7 +460,7 @@ def _tune_baselines(args, sweep: dict, state):
 
 def _default_frontier(sweep: dict, pipe) -> None:
     """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `FRONTIER_VALUES`."""
-    from .experiments import FRONTIER_VALUES
+    from .definitions import FRONTIER_VALUES
 
     if sweep["diversity_values"] is None:
         sweep["diversity_values"] = list(FRONTIER_VALUES[pipe.family])
