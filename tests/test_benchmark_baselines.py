@@ -230,7 +230,9 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
     assert lent["runs"] == saved["runs"] and lent["knob_tuning"] == saved["knob_tuning"]
     assert lent["bank_scores"] == saved["bank_scores"]  # the bank lent too, one run checked
-    assert lent["bank_scores_reused"]["runs"] == len(saved["bank_scores"]) - 1
+    # every bank run the search asked for is lent but the one scored again (runs with the very same samples, such as
+    # a neutral candidate's and official's, share one fingerprint in bank_scores)
+    assert lent["bank_scores_reused"]["runs"] == len(bank) - 1 >= len(saved["bank_scores"]) - 1
     assert lent["bank_scores_reused"]["checked_difference"] == 0.0
     assert main([*reuse, "--overwrite", "--protocol", "langflow"]) == 2  # refused before the bank is scored
     assert "was scored with protocol 'elf' (here 'langflow')" in capsys.readouterr().err
