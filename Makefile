@@ -73,7 +73,7 @@ finish-langflow: $(STAMP)
 	$(BIN)/untied-sc train langflow evaluate --pipeline $(LF) --split heldout --windows 256 --corpus-dir $(CORPUS) \
 		--json benchmarks/results/langflow-small-per-gamma.json > benchmarks/results/langflow-small-per-gamma.md
 	$(BIN)/python benchmarks/model_quality.py $(LF) --nfe 8 64 --num-samples 128 --corpus-dir $(CORPUS)
-	$(BIN)/untied-sc tune $(LF) --nfe 8 16 32 64 --num-samples 32 --dtype bfloat16
+	$(BIN)/untied-sc tune $(LF) --nfe 8 16 32 64 --num-samples 64 --dtype bfloat16
 	$(BIN)/python -m untied_sc.training.model_card $(LF) --run-dir $(LF_RUN) --title "LangFlow-small" \
 		--train-command "$(LF_TRAIN)" --quality benchmarks/results/langflow-small-quality.json \
 		--per-gamma benchmarks/results/langflow-small-per-gamma.md --hardware "$(LF_HARDWARE)" \

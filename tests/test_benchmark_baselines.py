@@ -1,19 +1,19 @@
-"""`untied-sc benchmark --experiment baselines`: the comparison samplers in the matched sweep, their knobs
-chosen on the tuning bank, ACE's direction as a pipeline component; tiny golden pipelines under a tiny evaluator."""
+"""`untied-sc benchmark --experiment baselines`: the comparison samplers in the matched sweep, tuned on the tuning bank
+by the one rule (`calibration/search.py`), each read on its own frontier at official's entropy, ACE's direction as a
+pipeline component; tiny golden pipelines under a tiny evaluator."""
 
 import copy
 import json
-import math
 import subprocess
 import sys
 
 import pytest
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
-from untied_sc.calibration import baseline_knobs
+from untied_sc.calibration import search
 from untied_sc.calibration.ace import estimate_ace_direction
-from untied_sc.calibration.baseline_knobs import KNOB_GRIDS, KnobGrid, choose_knob
-from untied_sc.calibration.tune import Candidate
+from untied_sc.calibration.baseline_knobs import is_neutral, neutral_knobs
+from untied_sc.calibration.search import METHOD_KNOBS, RULE, START
 from untied_sc.cli import main
 from untied_sc.evaluation.sampling import build_scheduler
 from untied_sc.experiments import run_sweep
@@ -34,11 +34,10 @@ from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
 
 from .conftest import elf_from_golden, langflow_from_golden
-from .test_tune import per_sample
 from .tiny import tiny_evaluator, tiny_tokenizer
 
 
-TUNING = {"tune_num_samples": 4, "progress": False}
+TUNING = {"tune_num_samples": 4, "budget": 2, "progress": False}
 SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
 
 
@@ -70,51 +69,20 @@ def pipes(elf_golden, langflow_golden):
 def test_the_baselines_set_names_every_method_and_builds_it_from_the_official_config(pipes):
     samplers = experiment_samplers("baselines")
     assert list(samplers)[:2] == ["official", "untied"]
-    assert {spec["scheduler"] for name, spec in samplers.items() if name in BASELINE_METHODS} == set(KNOB_GRIDS)
+    assert {spec["scheduler"] for name, spec in samplers.items() if name in BASELINE_METHODS} == set(START)
+    assert set(METHOD_KNOBS) == {*START, "untied"}
     assert with_preset(samplers, "langflow-lm1b")["Momentum"] == {"scheduler": "momentum"}  # no coefficients
     for family, pipe in pipes.items():
         for name, method in BASELINE_METHODS.items():
-            grid = KNOB_GRIDS[method]
-            spec = {"scheduler": method, "knobs_by_steps": {"8": grid.candidates()[0]}}
+            spec = {"scheduler": method, "knobs_by_steps": {"8": START[method]}}
             scheduler = build_scheduler(pipe, spec, None, 8)
             assert type(scheduler) is comparison_scheduler_class(method, family), name
-            assert {key: scheduler.config[key] for key in grid.knobs} == grid.candidates()[0]
+            assert {knob.name: scheduler.config[knob.name] for knob in METHOD_KNOBS[method]} == START[method]
+            assert is_neutral(method, neutral_knobs(method)) and not is_neutral(method, START[method])
             with pytest.raises(ValueError, match="knobs for NFE \\['8'\\] only, not 16"):
                 build_scheduler(pipe, spec, None, 16)
     with pytest.raises(ValueError, match="has no config keys \\['eta_r'\\]"):
         build_scheduler(pipes["elf"], {"scheduler": "momentum", "eta_r": 1.0}, None, 8)
-
-
-GRID = KnobGrid(("momentum_beta",), (1.0,), ((0.9,), (0.8,)), "test")
-OFFICIAL = Candidate({}, 100.0, 5.0, True, per_sample(100.0))
-
-
-def _scores(by_beta):
-    """`score(knobs)` from `{β: (gen_ppl, entropy)}`, consistent per-sample NLLs (no noise)."""
-    return lambda knobs: (*by_beta[knobs["momentum_beta"]], per_sample(by_beta[knobs["momentum_beta"]][0]))
-
-
-def test_knob_tuning_keeps_the_neutral_value_when_the_entropy_guard_rejects_every_candidate():
-    # both values lower GenPPL by losing 0.1 nats of entropy (the guard allows 0.05): the official sampler runs
-    choice = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (90.0, 4.9), 0.8: (80.0, 4.9)}))
-    assert choice.outcome == "no admissible candidate" and choice.best_vs_official is None
-    assert choice.chosen == {"momentum_beta": 1.0}
-    assert choice.chosen_scores == {"gen_ppl": 100.0, "entropy": 5.0}
-    assert [c.admissible for c in choice.candidates] == [False, False]
-    # a looser guard admits them: the lowest GenPPL wins
-    loose = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (90.0, 4.9), 0.8: (80.0, 4.9)}), 0.2)
-    assert loose.outcome == "accepted" and loose.chosen == {"momentum_beta": 0.8}
-    assert loose.best_vs_official.mean_delta == pytest.approx(math.log(80.0 / 100.0))
-
-
-def test_knob_tuning_keeps_the_lowest_admissible_genppl_only_when_it_beats_official_beyond_noise():
-    # 0.8 is lower but inadmissible; 0.9 admissible and better on every pair: kept
-    choice = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (95.0, 5.0), 0.8: (80.0, 4.0)}))
-    assert choice.outcome == "accepted" and choice.chosen == {"momentum_beta": 0.9}
-    # admissible but worse than official: neutral
-    worse = choose_knob("momentum", 8, GRID, OFFICIAL, _scores({0.9: (105.0, 5.0), 0.8: (110.0, 5.0)}))
-    assert worse.outcome == "no win beyond noise" and worse.chosen == {"momentum_beta": 1.0}
-    assert worse.best_vs_official.mean_delta > 0
 
 
 def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_them(langflow_golden, evaluator):
@@ -150,8 +118,11 @@ def test_seeds_are_checked_before_tuning(pipes, evaluator):
     assert not calls  # refused before any sampling
 
 
+FRONTIER = {"langflow": [0.8, 1.2], "elf": [0.5, 1.0]}
+
+
 @pytest.mark.parametrize("family", ["langflow", "elf"])
-def test_baselines_run_end_to_end_with_every_method_and_its_chosen_knob_in_the_report(
+def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_read_on_its_frontier(
     family, pipes, evaluator, tmp_path
 ):
     pipe = pipes[family]
@@ -166,38 +137,53 @@ def test_baselines_run_end_to_end_with_every_method_and_its_chosen_knob_in_the_r
         name="tiny",
         command="pytest",
         output_dir=tmp_path,
+        diversity_values=FRONTIER[family],
+        diversity_samplers=list(samplers),
         **SWEEP,
     )
     saved = json.loads((tmp_path / "tiny.json").read_text())
     assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
     assert set(saved["aggregates"]["paired"]) == set(experiment_samplers("baselines")) - {"official"}
     tuning = saved["knob_tuning"]
-    assert (
-        tuning["seed"] == 10_000
-        and tuning["seed_space"] == "tuning"
-        and tuning["num_samples"] == 4
-        and set(tuning["samplers"]) == set(BASELINE_METHODS)
-    )
+    assert tuning["seed"] == 10_000 and tuning["seed_space"] == "tuning" and tuning["num_samples"] == 4
+    assert set(tuning["samplers"]) == set(BASELINE_METHODS) and tuning["budget"] == 2
     assert tuning["untied"] == {"untied": {"8": None}}  # calibrated coefficients, not tuned
     markdown = (tmp_path / "tiny.md").read_text()
-    assert "## Knobs chosen on the tuning bank" in markdown
-    by_run = {(run["sampler"], run["seed"]): run for run in results["runs"]}
+    assert "## Samplers tuned on the tuning bank" in markdown
+    by_run = {(run["sampler"], run["seed"]): run for run in results["runs"] if run[results["diversity_knob"]] is None}
+    curves = set()
     for name, method in BASELINE_METHODS.items():
         entry = tuning["samplers"][name]["by_steps"]["8"]
-        grid = KNOB_GRIDS[method]
-        assert entry["grid"] == grid.candidates() and len(entry["candidates"]) == len(grid.values)
-        assert entry["outcome"] in ("accepted", "no admissible candidate", "no win beyond noise")
+        assert entry["rule"] == RULE and entry["budget"] == 2
+        assert 1 <= entry["candidates_tried"] == len(entry["candidates"]) <= 2
+        assert entry["candidates"][0] == {**entry["candidates"][0], **START[method], "phase": "start"}
+        curves.add(json.dumps(entry["official_curve"]))
         # the knob chosen on the bank is the knob the benchmark ran
         assert saved["samplers"][name]["knobs_by_steps"]["8"] == entry["chosen"]
-        assert f"| {name} | 8 |" in markdown
+        assert f"| {name} | 8 | the same |" in markdown
         if entry["outcome"] != "accepted":  # the neutral value: the official sampler's samples, bit for bit
-            assert entry["chosen"] == grid.neutral_knobs()
+            assert entry["chosen"] == neutral_knobs(method)
             for seed in SWEEP["seeds"]:
                 assert by_run[name, seed]["per_sample"] == by_run["official", seed]["per_sample"]
         else:
-            admissible = [c["gen_ppl"] for c in entry["candidates"] if c["admissible"]]
-            assert entry["chosen_scores"]["gen_ppl"] == min(admissible)
-            assert entry["best_vs_official"]["mean_delta_nll_ci"][1] < 0
+            assert entry["best_vs_official"]["ratio_ci"][1] < 1 and entry["chosen"] == {
+                k: v for k, v in entry["best"].items() if k in START[method]
+            }
+    assert len(curves) == 1  # one official curve on the bank, shared by every method
+    # the headline: every sampler on its own frontier at official's entropy, the raw ratio beside it
+    frontiers = saved["frontiers"]["by_sampler"]
+    assert set(frontiers) == set(experiment_samplers("baselines")) - {"official"}
+    for name, by_nfe in frontiers.items():
+        row = by_nfe["8"]
+        assert row["points"] == 1 + len(FRONTIER[family])
+        assert row["raw_ratio"] == saved["aggregates"]["paired"][name]["8"]["gen_ppl_ratio"]
+        if row["ratio"] is not None:
+            assert row["reference_gen_ppl"] == pytest.approx(
+                saved["aggregates"]["by_sampler"]["official"]["8"]["gen_ppl"]["mean"]
+            )
+    assert "## At official's entropy, each sampler on its own frontier" in markdown
+    heads = saved["frontiers"]["head_to_head"].get("8", [])
+    assert all(row["sampler"] == "untied" and row["against"] in BASELINE_METHODS for row in heads)
 
 
 def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluator, tmp_path, capsys):
@@ -206,68 +192,56 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     evaluator[0].save_pretrained(tmp_path / "evaluator")
     evaluator[1].save_pretrained(tmp_path / "evaluator")
     argv = ["benchmark", str(tmp_path / "tiny-elf"), "--experiment", "baselines", "--nfe", "8", "--seeds", "0"]
-    argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--no-progress"]
-    argv += ["--output-dir", str(tmp_path / "gen"), "--generate-only"]
-    assert main(argv) == 0  # no evaluator on the sampling machine: every grid value and the tuning bank are sampled
-    generation = json.loads((tmp_path / "gen" / "tiny-elf-baselines.generation.json").read_text())
-    assert "knob_tuning" not in generation and "--evaluator" not in generation["command"]
-    assert "--tune-num-samples 2" in generation["command"]
+    argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--tune-budget", "2"]
+    argv += ["--no-progress", "--evaluator", str(tmp_path / "evaluator")]
+    # one machine: tuned, sampled and scored in one command
+    assert main([*argv, "--output-dir", str(tmp_path / "one"), "--num-resamples", "20"]) == 0
+    one = json.loads((tmp_path / "one" / "tiny-elf-baselines.json").read_text())
+    assert set(one["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
+    assert "## Samplers tuned on the tuning bank" in capsys.readouterr().out
+    # no evaluator where the bank is sampled: refused (the search needs the scores as it goes)
+    with pytest.raises(SystemExit, match="needs --tune-here"):
+        main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only"])
+    # tuned here, sampled here, scored elsewhere: the same report
+    here = [*argv, "--output-dir", str(tmp_path / "here"), "--generate-only", "--tune-here"]
+    assert main(here) == 0
+    generation = json.loads((tmp_path / "here" / "tiny-elf-baselines.generation.json").read_text())
+    assert "--tune-budget 2" in generation["command"]
     assert generation[CANDIDATES_KEY]["bank"]["num_samples"] == 2
-    grid_runs = sum(len(KNOB_GRIDS[method].values) for method in BASELINE_METHODS.values())
-    assert len(generation["runs"]) == (2 + grid_runs) + (1 + grid_runs)  # benchmark runs, then the bank's
+    bank = [run for run in generation["runs"] if "bank_key" in run]
+    assert bank and all(run["sampler"].startswith("tuning bank: ") for run in bank)
     with pytest.raises(SystemExit, match="drop --tune-seed"):
-        main(["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json"), "--tune-seed", "5"])
-    score = ["benchmark", "--from", str(tmp_path / "gen" / "tiny-elf-baselines.generation.json")]
+        main(
+            ["benchmark", "--from", str(tmp_path / "here" / "tiny-elf-baselines.generation.json"), "--tune-seed", "5"]
+        )
+    score = ["benchmark", "--from", str(tmp_path / "here" / "tiny-elf-baselines.generation.json")]
     score += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "results")]
     assert main([*score, "--num-resamples", "20", "--no-progress"]) == 0
     saved = json.loads((tmp_path / "results" / "tiny-elf-baselines.json").read_text())
-    assert set(saved["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
-    assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
-    assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
-    assert "## Knobs chosen on the tuning bank" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--tune-seed tune the comparison samplers' knobs"):
-        main(["benchmark", str(tmp_path / "tiny-elf"), "--tune-seed", "5", "--generate-only"])
-
-    # --tune-here: the evaluator is here, so only the chosen knob values are sampled; --from scores it the same
-    here = [*argv[:-3], "--output-dir", str(tmp_path / "here"), "--generate-only", "--tune-here"]
-    assert main([*here, "--evaluator", str(tmp_path / "evaluator")]) == 0
-    tuned = json.loads((tmp_path / "here" / "tiny-elf-baselines.generation.json").read_text())
-    sampled = tuned["tuned_when_sampled"]["sampled"]["8"]
-    assert tuned["tuned_when_sampled"]["evaluator"] == str(tmp_path / "evaluator")
-    assert {run["sampler"] for run in tuned["runs"] if run["seed"] == 0} == set(sampled)
-    chosen = {name: spec.get("knobs_by_steps", {}).get("8") for name, spec in saved["samplers"].items()}
-    expected = {"official", "untied"} | {
-        variant
-        for variant, entry in tuned[CANDIDATES_KEY]["variants"].items()
-        if chosen[entry["sampler"]] == entry["knobs"]
+    assert {key: value for key, value in saved["knob_tuning"].items() if key != "evaluator"} == {
+        key: value for key, value in one["knob_tuning"].items() if key != "evaluator"
     }
-    assert set(sampled) == expected
-    score_here = [*score[:2], str(tmp_path / "here" / "tiny-elf-baselines.generation.json"), *score[3:-1]]
-    assert main([*score_here, str(tmp_path / "results-here"), "--num-resamples", "20", "--no-progress"]) == 0
-    again = json.loads((tmp_path / "results-here" / "tiny-elf-baselines.json").read_text())
-    assert again["knob_tuning"] == saved["knob_tuning"]
-    assert [run["per_sample"] for run in again["runs"]] == [run["per_sample"] for run in saved["runs"]]
+    assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
+    assert [run["per_sample"] for run in saved["runs"]] == [run["per_sample"] for run in one["runs"]]
     # --reuse-scores: the runs take the first report's scores (one scored again as the check), the same report
-    reuse = [*score_here, str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
+    reuse = [*score[:-1], str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
     reuse += ["--reuse-scores", str(tmp_path / "results" / "tiny-elf-baselines.json")]
     assert main(reuse) == 0
     lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
-    assert lent["runs"] == again["runs"] and lent["knob_tuning"] == again["knob_tuning"]
-    assert lent["reused_scores"]["runs"] > 0 and "--reuse-scores" in lent["scoring_command"]
-    assert lent["bank_scores"] == again["bank_scores"] == saved["bank_scores"]  # the bank lent too, one run checked
-    assert lent["bank_scores_reused"]["runs"] == len(saved["bank_scores"]) - 1
+    assert lent["runs"] == saved["runs"] and lent["knob_tuning"] == saved["knob_tuning"]
+    assert lent["bank_scores"] == saved["bank_scores"]  # the bank lent too, one run checked
+    # every bank run the search asked for is lent but the one scored again (runs with the very same samples, such as
+    # a neutral candidate's and official's, share one fingerprint in bank_scores)
+    assert lent["bank_scores_reused"]["runs"] == len(bank) - 1 >= len(saved["bank_scores"]) - 1
     assert lent["bank_scores_reused"]["checked_difference"] == 0.0
     assert main([*reuse, "--overwrite", "--protocol", "langflow"]) == 2  # refused before the bank is scored
     assert "was scored with protocol 'elf' (here 'langflow')" in capsys.readouterr().err
-    part = read_generation(tmp_path / "here" / "tiny-elf-baselines.generation.json")
-    part["runs"] = [run for run in part["runs"] if run["sampler"] != "untied"]  # as if the part had not sampled it
-    part["tuned_when_sampled"]["sampled"]["8"].remove("untied")
-    with pytest.raises(ValueError, match="no benchmark run of 'untied' at NFE 8.*sampled with --tune-here, which"):
-        score_baseline_candidates(part, evaluator=evaluator, num_resamples=20, progress=False)
     with pytest.raises(SystemExit, match="--tune-here chooses the comparison samplers' knobs before sampling"):
-        main([*argv[:-1], "--tune-here"])  # without --generate-only
+        main([*argv, "--tune-here"])  # without --generate-only
     with pytest.raises(SystemExit, match="drop --tune-here"):
         main([*score, "--tune-here"])
+    with pytest.raises(SystemExit, match="--tune-seed tune the comparison samplers' knobs"):
+        main(["benchmark", str(tmp_path / "tiny-elf"), "--tune-seed", "5", "--generate-only"])
 
 
 def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_golden, tmp_path, capsys):
@@ -301,19 +275,27 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
 
     pipe = _pipe("langflow", langflow_golden, ace=False)
     assert untied_tuning_record(pipe, [8]) == {"8": None}
-    result = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, evaluator=evaluator, progress=False)[0]
+    result = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, budget=2, evaluator=evaluator, progress=False)[
+        0
+    ]
     record = untied_tuning_record(pipe, [8, 16])
     assert record["16"] is None and record["8"]["seed"] == 10_000 and record["8"]["num_samples"] == 4
-    assert record["8"]["seed_space"] == "tuning"
-    assert record["8"]["chosen"] == result.best.coefficients
-    assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(result.best.gen_ppl)
-    comparison = result.best_vs_official
-    expected = (
-        "no admissible candidate"
-        if comparison is None
-        else ("accepted" if comparison.mean_delta_ci[1] < 0 else "no win beyond noise")
-    )
-    assert record["8"]["outcome"] == expected
+    assert record["8"]["seed_space"] == "tuning" and record["8"]["rule"] == RULE and record["8"]["budget"] == 2
+    assert record["8"]["chosen"] == result.chosen and record["8"]["outcome"] == result.outcome
+    run = result.best.run if result.kept else result.curve.default
+    assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(run.gen_ppl)
+    # a record of the earlier rule (entropy guard) is still read, and says which rule it was
+    old = {
+        "seed": 10_000,
+        "num_samples": 32,
+        "max_entropy_drop": 0.05,
+        "chosen": {"eta_r": 2.5, "eta_t": 0.0, "eta_o": 1.0, "alpha": 1.0, "gen_ppl": 1324.9, "entropy": 4.44},
+        "best_vs_official": {"mean_delta_nll_ci": [-0.19, -0.015]},
+    }
+    pipe.scheduler.register_to_config(tuning_by_steps={"8": old})
+    legacy = untied_tuning_record(pipe, [8])["8"]
+    assert legacy["outcome"] == "accepted" and legacy["rule"].startswith("earlier rule: entropy guard of 0.05")
+    assert legacy["seed_space"] == "benchmark"
 
 
 def _without_timings(tree):
@@ -325,23 +307,30 @@ def _without_timings(tree):
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])
 @pytest.mark.parametrize("keep", ["rule", "every best value"])
-def test_sampling_every_grid_value_then_choosing_elsewhere_gives_the_one_machine_report(
+def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     family, keep, pipes, evaluator, tmp_path, monkeypatch
 ):
-    if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the chosen grid values run too
-        monkeypatch.setattr(baseline_knobs, "beats_official", lambda comparison: comparison is not None)
+    if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the picks run too
+        monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
     pipe = pipes[family]
     options = {"num_resamples": 50, "progress": False}
     samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
     one = run_sweep(pipe, samplers=samplers, evaluator=evaluator, knob_tuning=record, name="one", **SWEEP, **options)
     generation = generate_baseline_candidates(
-        pipe, experiment_samplers("baselines"), tune_num_samples=4, progress=False, name="two", **SWEEP
+        pipe, experiment_samplers("baselines"), evaluator=evaluator, name="two", **SWEEP, **TUNING
     )
     write_generation(generation, tmp_path)  # through the files, as between two machines
     two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), evaluator=evaluator, **options)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
     outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
     assert "accepted" in outcomes or keep == "rule"
+    sampled = set(generation["tuned_when_sampled"]["sampled"]["8"])
+    accepted = {
+        name
+        for name, entry in two["knob_tuning"]["samplers"].items()
+        if entry["by_steps"]["8"]["outcome"] == "accepted"
+    }
+    assert sampled == {"official", "untied", *accepted}  # a neutral method runs as official: not sampled again
     key = ("sampler", "nfe", "seed")
     assert [tuple(run[k] for k in key) for run in two["runs"]] == [tuple(run[k] for k in key) for run in one["runs"]]
     for mine, theirs in zip(two["runs"], one["runs"], strict=True):
@@ -349,40 +338,7 @@ def test_sampling_every_grid_value_then_choosing_elsewhere_gives_the_one_machine
     assert _without_timings(two["aggregates"]) == _without_timings(one["aggregates"])
 
 
-@pytest.mark.parametrize("keep", ["rule", "every best value"])
-def test_tuning_here_samples_only_the_chosen_values_and_scores_as_the_whole_grid(
-    keep, pipes, evaluator, tmp_path, monkeypatch
-):
-    if keep == "every best value":  # the tiny bank wins nothing beyond noise: make chosen grid values run too
-        monkeypatch.setattr(baseline_knobs, "beats_official", lambda comparison: comparison is not None)
-    pipe, samplers = pipes["langflow"], experiment_samplers("baselines")
-    options = {**SWEEP, "tune_num_samples": 4, "progress": False, "name": "m"}
-    whole = generate_baseline_candidates(pipe, samplers, **options)
-    here = generate_baseline_candidates(pipe, samplers, evaluator=evaluator, evaluator_name="tiny", **options)
-    assert here[CANDIDATES_KEY] == whole[CANDIDATES_KEY] and here["samplers"] == whole["samplers"]
-    write_generation(here, tmp_path)
-    scored = [
-        score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False)
-        for g in (whole, read_generation(tmp_path / "m.generation.json"))
-    ]
-    assert scored[1]["knob_tuning"] == scored[0]["knob_tuning"]
-    assert [r["per_sample"] for r in scored[1]["runs"]] == [r["per_sample"] for r in scored[0]["runs"]]
-    assert _without_timings(scored[1]["aggregates"]) == _without_timings(scored[0]["aggregates"])
-    chosen = {
-        variant
-        for variant, entry in here[CANDIDATES_KEY]["variants"].items()
-        if scored[0]["samplers"][entry["sampler"]]["knobs_by_steps"]["8"] == entry["knobs"]
-    }
-    assert bool(chosen) == (keep == "every best value")
-    benchmark = {run["sampler"] for run in here["runs"] if run["seed"] in SWEEP["seeds"]}
-    assert benchmark == {"official", "untied", *chosen} == set(here["tuned_when_sampled"]["sampled"]["8"])
-    bank = [run for run in here["runs"] if run["sampler"].startswith("tuning bank: ")]
-    assert [r["samples"] for r in bank] == [
-        r["samples"] for r in whole["runs"] if r["sampler"] in {r["sampler"] for r in bank}
-    ]
-
-
-def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langflow_golden, evaluator, tmp_path):
+def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langflow_golden, evaluator, tmp_path):
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
@@ -391,7 +347,7 @@ def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(l
             pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
         )
     )
-    options = {"seeds": [0], "num_samples": 4, "batch_size": 2, "tune_num_samples": 4, "progress": False}
+    options = {"seeds": [0], "num_samples": 4, "batch_size": 2, **TUNING, "evaluator": evaluator}
     whole = generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[4, 8], name="m", **options)
     paths = [
         write_generation(
@@ -402,7 +358,9 @@ def test_candidate_parts_sampled_per_nfe_merge_into_the_one_command_comparison(l
     ]
     merged = read_generations(paths)
     assert merged[CANDIDATES_KEY] == whole[CANDIDATES_KEY]
-    assert [(r["sampler"], r["nfe"]) for r in merged["runs"]] == [(r["sampler"], r["nfe"]) for r in whole["runs"]]
+    assert sorted((r["sampler"], r["nfe"]) for r in merged["runs"]) == sorted(
+        (r["sampler"], r["nfe"]) for r in whole["runs"]
+    )
     scored = [
         score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)
     ]

@@ -12,9 +12,12 @@ from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
     BASE_SCALE_STEPS,
+    CURVE_VALUES,
     DTYPE_NAMES,
     EVALUATOR_DTYPE_NAMES,
+    EXTRAPOLATE,
     SMOLLM2_NAME,
+    TUNE_BUDGET,
     TUNE_SEED,
 )
 from .diagnostics.cli import register_diagnose_command
@@ -154,7 +157,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
-    from .calibration.tune import format_tuning, tune_coefficients
+    from .calibration.tune import format_tuning, stderr_log, tune_coefficients
     from .pipelines import load_pipeline
 
     _check_statistics_target(args.pipeline, args.output)
@@ -170,11 +173,15 @@ def _tune(args: argparse.Namespace) -> None:
         seed=args.seed,
         batch_size=args.batch_size,
         evaluator=args.evaluator,
-        rounds=args.rounds,
-        max_entropy_drop=args.max_entropy_drop,
+        budget=args.budget,
+        curve_values=args.temperatures,
+        extrapolate=args.extrapolate,
         confidence=args.confidence,
         eval_batch_size=args.eval_batch_size,
+        match=not args.no_entropy_matching,
+        parts_dir=args.parts_dir,
         progress=not args.no_progress,
+        log=stderr_log if args.no_progress else None,
         cache_dir=args.cache_dir,
         dtype=args.dtype,
         device=args.device,
@@ -375,15 +382,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
     tune.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
-    tune.add_argument("--rounds", type=int, default=1, help="Passes of the coordinate search.")
     tune.add_argument(
-        "--max-entropy-drop", type=float, default=0.05, help="Entropy (nats) a candidate may lose against official."
+        "--budget", type=int, default=TUNE_BUDGET, help="Scored candidates per NFE (the same for every sampler)."
+    )
+    tune.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        help="Official's curve on the bank: LangFlow temperatures or ELF decode temperatures (default: "
+        + "; ".join(f"{family} {' '.join(f'{v:g}' for v in values)}" for family, values in CURVE_VALUES.items())
+        + ").",
+    )
+    tune.add_argument(
+        "--extrapolate",
+        type=float,
+        default=EXTRAPOLATE,
+        help="Nats beyond official's curve a candidate's entropy may lie and still be read (on the end's tangent).",
     )
     tune.add_argument(
         "--confidence",
         type=float,
         default=0.95,
-        help="Level of the paired ΔNLL interval vs official that must lie below 0 for the untied sampler to be kept.",
+        help="Level of the equal-entropy GenPPL ratio's interval vs official that must lie below 1 for the untied "
+        "sampler to be kept.",
+    )
+    tune.add_argument(
+        "--no-entropy-matching",
+        action="store_true",
+        help="Do not set and store the temperature at which the kept coefficients run at official's entropy.",
+    )
+    tune.add_argument(
+        "--parts-dir",
+        help="Folder for every scored bank run (a stopped tuning resumes from it; logs with --no-progress).",
     )
     tune.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
     tune.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)

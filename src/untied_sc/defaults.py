@@ -34,3 +34,10 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # The evaluator's `--dtype` choices: "auto" is bfloat16 where the device computes it natively, else float32
 # (`untied_sc.hardware.auto_dtype_name`).
 EVALUATOR_DTYPE_NAMES = ("auto", *DTYPE_NAMES)
+# The tuning rule shared by every sampler (`calibration/search.py`): scored candidates per NFE, how far (nats) beyond
+# the official curve's measured entropies a candidate is still read off its end tangent, and the official curve's knob
+# values on the bank per family (the default value first): LangFlow's temperature moves entropy both ways; ELF's
+# decode temperature only raises it from the argmax.
+TUNE_BUDGET = 20
+EXTRAPOLATE = 0.02
+CURVE_VALUES = {"langflow": (1.0, 0.8, 0.9, 1.1, 1.2), "elf": (0.0, 0.25, 0.5, 0.75, 1.0)}

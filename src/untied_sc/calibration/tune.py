@@ -4,112 +4,51 @@ The paper's coefficient table covers its own checkpoints; for any other model th
 written into the pipeline's scheduler config (`coefficients_by_steps`, with the search's record in `tuning_by_steps`),
 which the untied scheduler runs whenever no explicit value or preset overrides them (docs/algorithm.md §4.5).
 
-The search, per NFE N (every choice here is ours, the paper gives no procedure):
-1. the tuning bank is `num_samples` samples drawn as the benchmark draws a seed, but in the tuning seed space
-   (batch b from [`batch_seed`]`(seed, b, "tuning")`, `untied_sc.seeds`): no benchmark seed can draw a tuning batch,
-   whatever seeds either command is given. Every candidate and the official sampler see the same latents and random
-   streams, so candidates are compared on matched pairs.
-2. The official sampler is scored once: its entropy is the floor. A candidate whose entropy (the protocol's unigram
-   entropy) falls more than `max_entropy_drop` below the official one's is inadmissible: lowering GenPPL by lowering
-   diversity is not what we tune for.
-3. Coordinate search from the calibration's coefficients (the paper preset written at calibration; the tuning record
-   remembers them, so tuning again restarts there instead of from the last choice: re-running gives the same result
-   and can switch a component back on): for each coefficient in `COEFFICIENT_NAMES` order, try the current value
-   times each of `factors` (the paper's sensitivity range ×½..×2, and ×0, which switches a component off; α is kept
-   in (0, 1]), and keep the admissible candidate with the lowest pooled GenPPL; `rounds` passes.
-4. The chosen candidate must beat the official sampler on matched pairs: the bootstrap confidence interval of the
-   mean per-sample ΔNLL (candidate − official, per-token NLLs) must lie below 0. The bootstrap resamples the
-   family's unit of shared randomness ([`resampling_unit`]): whole batches for ELF, whose batch shares one time
-   grid (a 64-sample ELF bank is 2 grids, and the interval says so), single samples for LangFlow. Otherwise
-   (nothing admissible, or a win within noise) the untied components are switched off (η_R = η_T = 0: bitwise the
-   official sampler). Without this rule a small bank picks noise: on the bundled LangFlow at 8 NFE a 32-sample bank
-   chose a candidate 1.5 % better than official that lost by 5.5 % on the benchmark's 192 pairs.
+The search is the rule every sampler is tuned by (`calibration/search.py`: the same bank in the tuning seed space,
+the same budget of candidates per NFE, a coordinate search with automatic edge extension, the objective GenPPL at
+official's entropy read off official's temperature curve on the bank, and the keep-or-switch-off rule at equal
+entropy). The untied search starts from the calibration's coefficients (the paper preset written at calibration; the
+tuning record remembers them, so tuning again restarts there instead of from the last choice: re-running gives the
+same result and can switch a component back on). Where the choice is kept, the family's diversity knob (LangFlow's
+temperature, ELF's decode temperature) is set on the bank so that the untied sampler runs at official's entropy
+([`match_entropy`]), and stored beside the coefficients (`coefficients_by_steps[N]["temperature"]`): a plain
+`pipe(num_inference_steps=N)` then runs at official's entropy; an explicit call argument overrides it. Without this
+rule's keep test a small bank picks noise: on the bundled LangFlow at 8 NFE a 32-sample bank chose a candidate 1.5 %
+better than official that lost by 5.5 % on the benchmark's 192 pairs.
+
+A bank run is cached in memory, and with `parts_dir` also on disk (one JSON file per run): a stopped tuning resumes
+where it stopped, and tuning the comparison samplers on the same bank reuses official's curve.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
+import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ..defaults import TUNE_SEED  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from ..seeds import check_seed
+from .search import (
+    CURVE_VALUES,
+    EXTRAPOLATE,
+    KNOB_DEFAULTS,
+    TUNE_BUDGET,
+    BankRun,
+    OfficialCurve,
+    SearchResult,
+    curve_slope,
+    match_entropy,
+    tune_method,
+)
 
 
-if TYPE_CHECKING:  # the evaluation package imports this module (the benchmark refuses tuning seeds)
-    from ..evaluation.statistics import PairedComparison
-
-
-TUNE_FACTORS = (0.0, 0.5, 2.0)
-
-
-@dataclass
-class Candidate:
-    """One scored coefficient set; `nlls` are its per-sample per-token NLLs on the bank, in bank order."""
-
-    coefficients: dict[str, float]
-    gen_ppl: float
-    entropy: float
-    admissible: bool
-    nlls: list[float] = field(default_factory=list, repr=False)
-
-
-@dataclass
-class TuneResult:
-    """The search at one NFE: the official reference, the starting point, the chosen coefficients, every candidate.
-
-    `best_vs_official` is the paired comparison of the search's best admissible candidate with the official sampler
-    (b = candidate), or `None` when nothing was admissible; `best` is that candidate only if the comparison's ΔNLL
-    interval lies below 0, otherwise the official sampler (untied components off).
-    """
-
-    num_inference_steps: int
-    official: Candidate
-    start: Candidate
-    best: Candidate
-    candidates: list[Candidate] = field(default_factory=list)
-    best_vs_official: PairedComparison | None = None
-    seconds: float = 0.0
-
-
-def candidate_values(name: str, value: float, factors: Sequence[float]) -> list[float]:
-    """The values tried for one coefficient around `value` (α stays in (0, 1]; duplicates and `value` dropped)."""
-    values = []
-    for factor in factors:
-        candidate = value * factor
-        if name == "alpha":
-            if candidate <= 0:
-                continue
-            candidate = min(candidate, 1.0)
-        if not math.isclose(candidate, value) and all(not math.isclose(candidate, v) for v in values):
-            values.append(candidate)
-    return values
-
-
-def is_admissible(gen_ppl: float, entropy: float | None, floor: float) -> bool:
-    """The entropy guard (step 2): a finite GenPPL and an entropy no lower than `floor` (official − allowed drop)."""
-    return math.isfinite(gen_ppl) and entropy is not None and entropy >= floor
-
-
-def compare_with_official(
-    official: Candidate, candidate: Candidate, confidence: float, clusters: Sequence | None = None
-) -> PairedComparison:
-    """The paired comparison of the keep rule (step 4): b = `candidate`, a = the official sampler, on the bank's
-    matched pairs, resampling `clusters` (the family's unit of shared randomness)."""
-    from ..evaluation.statistics import paired_comparison
-
-    # A fixed bootstrap generator: the decision is a function of the scores alone.
-    return paired_comparison(official.nlls, candidate.nlls, confidence=confidence, generator=0, clusters=clusters)
-
-
-def beats_official(comparison: PairedComparison | None) -> bool:
-    """The keep rule (step 4): the interval of the mean per-sample ΔNLL (candidate − official) lies below 0."""
-    return comparison is not None and comparison.mean_delta_ci[1] < 0
+PARTS_FORMAT = 1
 
 
 def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
@@ -122,41 +61,128 @@ def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
     return evaluator, getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
 
 
-def bank_scorer(pipe, config, seed, num_samples, batch_size, evaluator, protocol, eval_batch_size, on_scored=None):
-    """
-    `score(n, spec) -> (gen_ppl, entropy, nlls)`: the sampler spec `spec` ([`build_scheduler`] from the scheduler
-    config `config`) at NFE `n` on the tuning bank (step 1: `num_samples` samples of seed `seed` in the tuning space),
-    scored by the `(model, tokenizer)` `evaluator` under `protocol`; `nlls` are the per-sample per-token NLLs in bank
-    order (NaN where unscored). It leaves the spec's scheduler on `pipe` (the caller restores its own) and calls
-    `on_scored()` after each score.
-    """
-    from ..evaluation.io import Sample
-    from ..evaluation.sampling import build_scheduler, generate
-
-    def score(n: int, spec: dict) -> tuple[float, float, list[float]]:
-        pipe.scheduler = build_scheduler(pipe, spec, config, n)
-        texts, ids, _ = generate(pipe, n, seed, num_samples, batch_size, seed_space="tuning")
-        samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
-        scores = score_bank_samples(samples, evaluator, protocol, eval_batch_size)
-        if on_scored is not None:
-            on_scored()
-        return scores
-
-    return score
-
-
-def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> tuple[float, float, list[float]]:
-    """`(gen_ppl, entropy, nlls)` of a bank's samples under the `(model, tokenizer)` `evaluator`: the scores every
-    tuning decision reads (`nlls`: per-sample per-token NLLs in bank order, NaN where unscored)."""
+def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> BankRun:
+    """A bank run's samples scored by the `(model, tokenizer)` `evaluator` under `protocol`: the scores every tuning
+    decision reads (pooled GenPPL, mean entropy, per-sample NLL sums, token counts and entropies, in bank order)."""
     from ..evaluation.io import evaluate_samples
 
     result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
-    nlls = [math.nan if r["mean_nll"] is None else r["mean_nll"] for r in result["per_sample"]]
-    return result["gen_ppl"], result["entropy"], nlls
+    return BankRun.from_evaluation(result)
 
 
-def _key(coefficients: Mapping[str, float]) -> tuple:
-    return tuple(round(float(coefficients[name]), 12) for name in COEFFICIENT_NAMES)
+def run_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+    """A bank run's key: a hash of its NFE, sampler spec and call arguments."""
+    text = json.dumps({"nfe": n, "spec": dict(spec), "call": dict(call_kwargs)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class BankScorer:
+    """
+    `scorer(n, spec, **call_kwargs) -> BankRun`: the sampler spec `spec` ([`build_scheduler`] from the scheduler
+    config `config`) at NFE `n` with the pipeline-call arguments `call_kwargs` (a diversity knob) on the tuning bank
+    (`num_samples` samples of seed `seed` in the tuning space), scored by `evaluator` under `protocol`. It leaves the
+    spec's scheduler on `pipe` (the caller restores its own). Runs are cached by their settings; with `parts_dir`
+    each one is also written there as it is scored (and read back instead of sampling again: a stopped tuning
+    resumes). `on_sampled(name, n, samples)` sees every sampled run (the benchmark keeps the bank's samples).
+    """
+
+    def __init__(
+        self,
+        pipe,
+        config,
+        seed: int,
+        num_samples: int,
+        batch_size: int,
+        evaluator,
+        protocol: str,
+        eval_batch_size: int = 8,
+        evaluator_name: str | None = None,
+        parts_dir: str | Path | None = None,
+        on_scored: Callable[[], None] | None = None,
+        on_sampled: Callable | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.pipe, self.config = pipe, config
+        self.seed, self.num_samples, self.batch_size = seed, num_samples, batch_size
+        self.evaluator, self.protocol, self.eval_batch_size = evaluator, protocol, eval_batch_size
+        self.evaluator_name = evaluator_name
+        self.on_scored, self.on_sampled, self.log = on_scored, on_sampled, log
+        self.cache: dict[str, BankRun] = {}
+        self.parts_dir = None if parts_dir is None else Path(parts_dir)
+        self.sampled = 0
+        if self.parts_dir is not None:
+            self._check_parts_dir()
+
+    def _settings(self) -> dict:
+        return {
+            "format": PARTS_FORMAT,
+            "pipeline": str(getattr(self.pipe, "name_or_path", "") or type(self.pipe).__name__),
+            "seed": self.seed,
+            "seed_space": "tuning",
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "evaluator": self.evaluator_name,
+            "protocol": self.protocol,
+        }
+
+    def _check_parts_dir(self) -> None:
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        header = self.parts_dir / "bank.json"
+        if header.exists():
+            stored = json.loads(header.read_text())
+            if stored != self._settings():
+                raise ValueError(
+                    f"{header} records another bank ({stored}); these runs are {self._settings()}. Use another "
+                    "parts folder, or remove that one to start over."
+                )
+        else:
+            header.write_text(json.dumps(self._settings(), indent=1))
+
+    def __call__(self, n: int, spec: Mapping, **call_kwargs) -> BankRun:
+        from ..evaluation.io import Sample
+        from ..evaluation.sampling import build_scheduler, generate
+
+        key = run_key(n, spec, call_kwargs)
+        if key in self.cache:
+            return self.cache[key]
+        path = None if self.parts_dir is None else self.parts_dir / f"nfe{n}-{key}.json"
+        if path is not None and path.exists():
+            run = BankRun.from_json(json.loads(path.read_text())["run"])
+        else:
+            began = time.perf_counter()
+            self.pipe.scheduler = build_scheduler(self.pipe, spec, self.config, n)
+            texts, ids, _ = generate(
+                self.pipe, n, self.seed, self.num_samples, self.batch_size, seed_space="tuning", **call_kwargs
+            )
+            samples = [Sample(text=t, ids=i) for t, i in zip(texts, ids, strict=True)]
+            if self.on_sampled is not None:
+                self.on_sampled(spec, n, call_kwargs, texts, ids)
+            run = score_bank_samples(samples, self.evaluator, self.protocol, self.eval_batch_size)
+            self.sampled += 1
+            if path is not None:  # written whole, then renamed: a stopped run leaves no half file
+                partial = path.with_suffix(".partial")
+                record = {"nfe": n, "spec": dict(spec), "call": dict(call_kwargs), "run": run.to_json()}
+                partial.write_text(json.dumps(record))
+                partial.replace(path)
+            if self.log is not None:
+                self.log(
+                    f"NFE {n} {dict(spec)} {dict(call_kwargs) or ''}: GenPPL {run.gen_ppl:.3f}, entropy "
+                    f"{run.entropy if run.entropy is None else round(run.entropy, 4)} "
+                    f"({time.perf_counter() - began:.0f} s)"
+                )
+        self.cache[key] = run
+        if self.on_scored is not None:
+            self.on_scored()
+        return run
+
+
+def official_curve(
+    scorer: BankScorer, n: int, knob: str, values: Sequence[float], extrapolate: float = EXTRAPOLATE
+) -> OfficialCurve:
+    """Official on the bank at each of the diversity knob's `values` (its default added if absent)."""
+    values = list(dict.fromkeys([KNOB_DEFAULTS[knob], *map(float, values)]))
+    runs = [scorer(n, {"scheduler": "official"}, **({} if v == KNOB_DEFAULTS[knob] else {knob: v})) for v in values]
+    return OfficialCurve(knob, values, runs, extrapolate)
 
 
 def tune_coefficients(
@@ -167,15 +193,18 @@ def tune_coefficients(
     batch_size: int = 32,
     evaluator="smollm2-135m",
     protocol: str | None = None,
-    factors: Sequence[float] = TUNE_FACTORS,
-    rounds: int = 1,
-    max_entropy_drop: float = 0.05,
+    budget: int = TUNE_BUDGET,
+    curve_values: Sequence[float] | None = None,
+    extrapolate: float = EXTRAPOLATE,
     confidence: float = 0.95,
     eval_batch_size: int = 8,
+    match: bool = True,
+    parts_dir: str | Path | None = None,
     progress: bool = True,
+    log: Callable[[str], None] | None = None,
     **evaluator_kwargs,
-) -> list[TuneResult]:
-    """Searches (η_R, η_T, η_O, α) per NFE on a held-out bank and writes them into `pipe.sampler_statistics`.
+) -> list[SearchResult]:
+    """Searches (η_R, η_T, η_O, α) per NFE on a held-out bank and writes them into the scheduler config.
 
     Args:
         pipe: an [`ELFPipeline`] or [`LangFlowPipeline`] whose `sampler_statistics` are calibrated at every NFE.
@@ -186,20 +215,24 @@ def tune_coefficients(
         batch_size (`int`, defaults to 32): samples per pipeline call.
         evaluator: an evaluator name for [`load_evaluator`] or a `(model, tokenizer)` pair.
         protocol (`str`, *optional*): `"elf"` or `"langflow"` (default: the pipeline's family).
-        factors (`Sequence[float]`, defaults to `(0, 0.5, 2)`): multiplicative steps of the coordinate search.
-        rounds (`int`, defaults to 1): passes over the four coefficients.
-        max_entropy_drop (`float`, defaults to 0.05): nats of unigram entropy a candidate may lose against the
-            official sampler at the same NFE and still be admissible.
-        confidence (`float`, defaults to 0.95): level of the paired bootstrap interval that must exclude 0 for the
-            chosen candidate to replace the official sampler.
+        budget (`int`, defaults to 16): scored candidates per NFE (the start included, official's curve not).
+        curve_values (`Sequence[float]`, *optional*): the diversity knob's values of official's curve on the bank
+            (default [`CURVE_VALUES`] of the family).
+        extrapolate (`float`, defaults to 0.02): nats beyond the curve's ends a candidate may lie and still be read.
+        confidence (`float`, defaults to 0.95): level of the equal-entropy ratio's interval that must lie below 1
+            for the choice to replace the official sampler.
         eval_batch_size (`int`, defaults to 8): samples per evaluator forward pass.
-        progress (`bool`, defaults to `True`): a progress bar over the scored candidates.
+        match (`bool`, defaults to `True`): set and store the diversity knob at which the kept choice runs at
+            official's entropy.
+        parts_dir (*optional*): a folder for each scored bank run (resumable).
+        progress (`bool`, defaults to `True`): a progress bar over the scored runs.
+        log (*optional*): called with one line per sampled run.
 
     Returns:
-        One [`TuneResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values and its
-        `tuning_by_steps` records the bank, evaluator and scores.
+        One [`SearchResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values (and the
+        entropy-matching knob) and its `tuning_by_steps` the search's record.
     """
-    from ..evaluation.sampling import build_scheduler, family_of, resampling_clusters
+    from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, resampling_clusters
     from .migrate import migrate_pipeline
 
     migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
@@ -215,117 +248,101 @@ def tune_coefficients(
             f"The sampler statistics are not calibrated at NFE {missing} (calibrated: "
             f"{statistics.config.calibrated_steps}); run `untied-sc calibrate PIPELINE_DIR --nfe {' '.join(map(str, missing))}`."
         )
-    if num_samples < 2 or batch_size < 1 or rounds < 1:
-        raise ValueError(
-            f"Need num_samples ≥ 2, batch_size ≥ 1, rounds ≥ 1; got {num_samples}, {batch_size}, {rounds}."
-        )
-    if max_entropy_drop < 0:
-        raise ValueError(f"max_entropy_drop must be ≥ 0, got {max_entropy_drop}.")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     seed = check_seed(seed, "seed")
     family = family_of(pipe)
     protocol = protocol or family
+    knob = diversity_knob(family)
+    curve_values = CURVE_VALUES[family] if curve_values is None else curve_values
     evaluator, evaluator_name = scoring_evaluator(evaluator, **evaluator_kwargs)
 
     original_scheduler = pipe.scheduler
     config = original_scheduler.config
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
-    bar = tqdm(desc="tune", disable=not progress, unit="candidate")
-    score = bank_scorer(pipe, config, seed, num_samples, batch_size, evaluator, protocol, eval_batch_size, bar.update)
-
+    bar = tqdm(desc="tune", disable=not progress, unit="run")
+    scorer = BankScorer(
+        pipe,
+        config,
+        seed,
+        num_samples,
+        batch_size,
+        evaluator,
+        protocol,
+        eval_batch_size,
+        evaluator_name,
+        parts_dir,
+        bar.update,
+        log=log,
+    )
+    clusters = resampling_clusters(family, num_samples, batch_size)
     results = []
     try:
         for n in nfe:
             start = calibrated_coefficients(config, n) or build_scheduler(
                 pipe, {"scheduler": "untied"}, config, n
             ).resolve_coefficients(n, statistics)
-            results.append(
-                coordinate_search(
-                    n,
-                    start,
-                    lambda spec, n=n: score(n, spec),
-                    factors,
-                    rounds,
-                    max_entropy_drop,
-                    confidence,
-                    clusters=resampling_clusters(family, num_samples, batch_size),
-                )
+            curve = official_curve(scorer, n, knob, curve_values, extrapolate)
+            result = tune_method(
+                "untied",
+                n,
+                start,
+                lambda knobs, n=n: scorer(n, {"scheduler": "untied", **knobs}),
+                curve,
+                budget,
+                clusters,
+                confidence,
             )
+            if match and result.kept:
+                result.extra["entropy_matching"] = entropy_matching(
+                    lambda value, n=n, chosen=result.chosen: scorer(
+                        n, {"scheduler": "untied", **chosen}, **{knob: value}
+                    ),
+                    curve,
+                    result.best.run,
+                )
+            results.append(result)
     finally:
         bar.close()
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
 
-    _write_coefficients(
-        pipe.scheduler, results, seed, num_samples, batch_size, evaluator_name, protocol, max_entropy_drop, confidence
-    )
+    bank = bank_settings(seed, num_samples, batch_size, evaluator_name, protocol, confidence)
+    _write_coefficients(pipe.scheduler, results, bank)
     return results
 
 
-def coordinate_search(
-    num_inference_steps: int,
-    start: Mapping[str, float],
-    score,
-    factors: Sequence[float] = TUNE_FACTORS,
-    rounds: int = 1,
-    max_entropy_drop: float = 0.05,
-    confidence: float = 0.95,
-    clusters: Sequence | None = None,
-) -> TuneResult:
-    """The search of one NFE (steps 2-4 of the module docstring).
-
-    Args:
-        num_inference_steps (`int`): the NFE (recorded in the result).
-        start (`Mapping[str, float]`): the starting coefficients.
-        score: `score(spec) -> (gen_ppl, entropy, nlls)` of a sampler spec (`{"scheduler": "official"}` or
-            `{"scheduler": "untied", **coefficients}`) on the tuning bank; `nlls` are the per-sample per-token NLLs
-            in bank order (NaN for a sample the evaluator could not score).
-        factors, rounds, max_entropy_drop, confidence: as in [`tune_coefficients`].
-        clusters (`Sequence`, *optional*): the resampling unit of each bank sample (e.g. its batch for ELF); by
-            default every sample is its own.
-    """
-    began = time.perf_counter()
-    official_ppl, official_entropy, official_nlls = score({"scheduler": "official"})
-    official = Candidate(
-        {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0},
-        official_ppl,
-        official_entropy,
-        True,
-        list(official_nlls),
-    )
-    floor = official_entropy - max_entropy_drop
-    scored: dict[tuple, Candidate] = {}
-
-    def evaluate(coefficients: dict[str, float]) -> Candidate:
-        key = _key(coefficients)
-        if key not in scored:
-            ppl, entropy, nlls = score({"scheduler": "untied", **coefficients})
-            scored[key] = Candidate(dict(coefficients), ppl, entropy, is_admissible(ppl, entropy, floor), list(nlls))
-        return scored[key]
-
-    first = best = evaluate(dict(start))
-    for _ in range(rounds):
-        for name in COEFFICIENT_NAMES:
-            for value in candidate_values(name, best.coefficients[name], factors):
-                candidate = evaluate({**best.coefficients, name: value})
-                if candidate.admissible and (not best.admissible or candidate.gen_ppl < best.gen_ppl):
-                    best = candidate
-    comparison = compare_with_official(official, best, confidence, clusters) if best.admissible else None
-    if not beats_official(comparison):  # no win beyond noise: bitwise the official sampler
-        best = Candidate(
-            {**first.coefficients, "eta_r": 0.0, "eta_t": 0.0}, official_ppl, official_entropy, True, official.nlls
+def check_search_options(num_samples, batch_size, budget, extrapolate, confidence) -> None:
+    if num_samples < 2 or batch_size < 1 or budget < 1:
+        raise ValueError(
+            f"Need num_samples ≥ 2, batch_size ≥ 1, budget ≥ 1; got {num_samples}, {batch_size}, {budget}."
         )
-    return TuneResult(
-        num_inference_steps,
-        official,
-        first,
-        best,
-        list(scored.values()),
-        comparison,
-        time.perf_counter() - began,
-    )
+    if extrapolate < 0:
+        raise ValueError(f"extrapolate must be ≥ 0 nats, got {extrapolate}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+
+
+def bank_settings(seed, num_samples, batch_size, evaluator_name, protocol, confidence) -> dict:
+    """The tuning bank as the records name it."""
+    return {
+        "seed": seed,
+        "seed_space": "tuning",
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "evaluator": evaluator_name,
+        "protocol": protocol,
+        "confidence": confidence,
+    }
+
+
+def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, run: BankRun) -> dict:
+    """The diversity knob's value at which the kept choice (scored at the knob's default: `run`) runs at official's
+    entropy on the bank ([`match_entropy`]); LangFlow's temperature stays > 0, ELF's decode temperature ≥ 0."""
+    default = KNOB_DEFAULTS[curve.knob]
+    lowest = 0.0 if curve.knob == "decode_temperature" else 0.05
+    match = match_entropy(score, curve.default.entropy, (default, run), curve_slope(curve), lowest)
+    return {"knob": curve.knob, **match}
 
 
 def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
@@ -338,71 +355,81 @@ def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int)
     return {name: float(source[name]) for name in COEFFICIENT_NAMES}
 
 
-def _write_coefficients(
-    scheduler, results, seed, num_samples, batch_size, evaluator, protocol, max_drop, confidence
-) -> None:
-    """The chosen coefficients and the search's record into the scheduler config (plain JSON floats)."""
+def chosen_scores(result: SearchResult) -> dict:
+    """The bank scores of what runs: the kept pick's, or official's (the neutral value is official bit for bit)."""
+    return result.best.run.scores() if result.kept else result.curve.default.scores()
+
+
+def _write_coefficients(scheduler, results: Sequence[SearchResult], bank: Mapping) -> None:
+    """The chosen coefficients (with the entropy-matching knob where set) and the search's record into the scheduler
+    config (plain JSON floats)."""
     coefficients = dict(scheduler.config.get("coefficients_by_steps") or {})
     tuning = dict(scheduler.config.get("tuning_by_steps") or {})
     for result in results:
         n = str(result.num_inference_steps)
-        calibrated = calibrated_coefficients(scheduler.config, result.num_inference_steps) or result.start.coefficients
-        coefficients[n] = {name: float(result.best.coefficients[name]) for name in COEFFICIENT_NAMES}
+        calibrated = calibrated_coefficients(scheduler.config, result.num_inference_steps) or result.start
+        entry = {name: float(result.chosen[name]) for name in COEFFICIENT_NAMES}
+        matching = result.extra.get("entropy_matching")
+        if matching and matching["value"] is not None:
+            entry[matching["knob"]] = float(matching["value"])
+        coefficients[n] = entry
         tuning[n] = {
-            "seed": seed,
-            "seed_space": "tuning",
-            "num_samples": num_samples,
-            "batch_size": batch_size,
-            "evaluator": evaluator,
-            "protocol": protocol,
-            "max_entropy_drop": max_drop,
-            "confidence": confidence,
-            "official": {"gen_ppl": result.official.gen_ppl, "entropy": result.official.entropy},
-            "calibrated": dict(calibrated),
-            "start": {**result.start.coefficients, "gen_ppl": result.start.gen_ppl, "entropy": result.start.entropy},
-            "chosen": {**result.best.coefficients, "gen_ppl": result.best.gen_ppl, "entropy": result.best.entropy},
-            "best_vs_official": _comparison_record(result.best_vs_official),
-            "candidates": len(result.candidates),
+            **bank,
+            "calibrated": {name: float(calibrated[name]) for name in COEFFICIENT_NAMES},
+            **result.record(),
+            "chosen_scores": chosen_scores(result),
         }
     scheduler.register_to_config(coefficients_by_steps=coefficients, tuning_by_steps=tuning)
 
 
-def _comparison_record(comparison: PairedComparison | None) -> dict | None:
-    if comparison is None:
-        return None
-    return {
-        "num_pairs": comparison.num_pairs,
-        "mean_delta_nll": comparison.mean_delta,
-        "mean_delta_nll_ci": list(comparison.mean_delta_ci),
-        "fraction_worse": comparison.fraction_b_worse,
-    }
-
-
-def format_tuning(results: Sequence[TuneResult]) -> str:
-    """A Markdown table of the tuning: per NFE the official, starting and chosen coefficients with GenPPL/entropy."""
+def format_tuning(results: Sequence[SearchResult]) -> str:
+    """A Markdown table of the tuning: per NFE and method official, the start, the best and what runs, with GenPPL,
+    entropy and the equal-entropy objective, then the keep test and the edges."""
     lines = [
-        "| NFE | sampler | η_R | η_T | η_O | α | GenPPL | entropy | admissible |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| NFE | method | setting | knobs | GenPPL | entropy | log-ratio at equal entropy |",
+        "|---:|---|---|---|---:|---:|---:|",
     ]
+
+    def knobs_text(knobs: Mapping) -> str:
+        return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in knobs.items())
+
     for result in results:
-        rows = [("official", result.official), ("untied (start)", result.start), ("untied (tuned)", result.best)]
+        n, curve = result.num_inference_steps, result.curve
+        official = curve.default
+        lines.append(f"| {n} | {result.method} | official | | {official.gen_ppl:.2f} | {official.entropy:.3f} | 0 |")
+        start = result.candidates[0]
+        rows = [("start", start)] + ([("best", result.best)] if result.best is not None else [])
         for label, candidate in rows:
-            c = candidate.coefficients
+            objective = "outside" if candidate.objective is None else f"{candidate.objective:+.4f}"
             lines.append(
-                f"| {result.num_inference_steps} | {label} | {c['eta_r']:.3g} | {c['eta_t']:.3g} | {c['eta_o']:.3g} "
-                f"| {c['alpha']:.3g} | {candidate.gen_ppl:.1f} | {candidate.entropy:.3f} | "
-                f"{'yes' if candidate.admissible else 'no'} |"
+                f"| {n} | {result.method} | {label} | {knobs_text(candidate.knobs)} | {candidate.run.gen_ppl:.2f} | "
+                f"{candidate.run.entropy:.3f} | {objective} |"
             )
     for result in results:
-        comparison = result.best_vs_official
-        if comparison is None:
-            lines.append(f"\nNFE {result.num_inference_steps}: no admissible candidate; the official sampler is kept.")
+        head = f"\nNFE {result.num_inference_steps}, {result.method}: {len(result.candidates)} of {result.budget} candidates"
+        comparison = result.comparison
+        if comparison is None or comparison["ratio"] is None:
+            lines.append(f"{head}; no candidate inside official's curve: {result.outcome}.")
             continue
-        low, high = comparison.mean_delta_ci
-        verdict = "accepted" if high < 0 else "within noise, the official sampler is kept"
+        interval = comparison["ratio_ci"]
+        shown = "no interval (outside the curve)" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+        edges = ", ".join(f"{name}: {state}" for name, state in result.edges.items())
         lines.append(
-            f"\nNFE {result.num_inference_steps}: best admissible candidate vs official on {comparison.num_pairs} "
-            f"matched pairs: mean ΔNLL {comparison.mean_delta:+.4f} [{low:+.4f}, {high:+.4f}], worse in "
-            f"{comparison.fraction_b_worse:.0%}: {verdict}."
+            f"{head}; best vs official at equal entropy on the bank: GenPPL ratio {comparison['ratio']:.3f} {shown}: "
+            f"{result.outcome}. Edges: {edges}."
         )
+        matching = result.extra.get("entropy_matching")
+        if matching:
+            value = matching["value"]
+            lines.append(
+                f"Entropy matching: {matching['knob']} = {value} gives entropy {matching['entropy']:.4f} (official "
+                f"{matching['target_entropy']:.4f})."
+                if value is not None
+                else f"Entropy matching: the {matching['knob']} cannot reach official's entropy; none stored."
+            )
     return "\n".join(lines)
+
+
+def stderr_log(line: str) -> None:
+    """A timestamped log line on standard error (the tuning of a long run)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)

@@ -63,25 +63,33 @@ def _pchip_slopes(x: Sequence[float], y: Sequence[float]) -> list[float]:
     return slopes
 
 
-def monotone_cubic(x: Sequence[float], y: Sequence[float], at: float) -> float | None:
+def monotone_cubic(x: Sequence[float], y: Sequence[float], at: float, extrapolate: float = 0.0) -> float | None:
     """The monotone cubic Hermite interpolant (PCHIP) of the points `(x, y)`, evaluated at `at`.
 
     Points are sorted by x; points with equal x are merged (their y averaged). Two points give the straight line
-    between them; one point gives its y at its x only. `None` outside `[min x, max x]` (no extrapolation).
-    E.g. through y = x² at x = 0, 1, 2, 3 the value at 1.5 is 2.21875 (the truth 2.25, the chord 2.5).
+    between them; one point gives its y at its x only. `None` outside `[min x − extrapolate, max x + extrapolate]`;
+    within `extrapolate` of an end the value lies on the end's tangent (the interpolant's slope there; on a convex
+    curve the tangent lies below it, so a reference read there errs against the candidate). By default nothing is
+    extrapolated. E.g. through y = x² at x = 0, 1, 2, 3 the value at 1.5 is 2.21875 (the truth 2.25, the chord 2.5).
     """
     if len(x) != len(y) or not x:
         raise ValueError(f"`x` and `y` must be non-empty and of equal length, got {len(x)} and {len(y)}.")
     merged: dict[float, list[float]] = {}
     for xi, yi in zip(x, y, strict=True):
         merged.setdefault(float(xi), []).append(float(yi))
+    if extrapolate < 0:
+        raise ValueError(f"`extrapolate` must be ≥ 0, got {extrapolate}.")
     xs = sorted(merged)
     ys = [sum(merged[v]) / len(merged[v]) for v in xs]
-    if not xs[0] <= at <= xs[-1] or any(math.isnan(v) for v in ys):
+    if not xs[0] - extrapolate <= at <= xs[-1] + extrapolate or any(math.isnan(v) for v in ys):
         return None
     if len(xs) == 1:
-        return ys[0]
+        return ys[0] if at == xs[0] else None
     slopes = _pchip_slopes(xs, ys)
+    if at < xs[0]:
+        return ys[0] + slopes[0] * (at - xs[0])
+    if at > xs[-1]:
+        return ys[-1] + slopes[-1] * (at - xs[-1])
     k = next(i for i in range(len(xs) - 1) if at <= xs[i + 1])
     h = xs[k + 1] - xs[k]
     t = (at - xs[k]) / h
@@ -90,9 +98,12 @@ def monotone_cubic(x: Sequence[float], y: Sequence[float], at: float) -> float |
     return h00 * ys[k] + h10 * h * slopes[k] + h01 * ys[k + 1] + h11 * h * slopes[k + 1]
 
 
-def gen_ppl_on_curve(entropies: Sequence[float], gen_ppls: Sequence[float], entropy: float) -> float | None:
-    """GenPPL of a curve at `entropy` ([`monotone_cubic`] in log-GenPPL); `None` outside the measured range."""
-    value = monotone_cubic(list(entropies), [math.log(p) for p in gen_ppls], entropy)
+def gen_ppl_on_curve(
+    entropies: Sequence[float], gen_ppls: Sequence[float], entropy: float, extrapolate: float = 0.0
+) -> float | None:
+    """GenPPL of a curve at `entropy` ([`monotone_cubic`] in log-GenPPL); `None` outside the measured range widened
+    by `extrapolate` nats on each side (read on the end's tangent there)."""
+    value = monotone_cubic(list(entropies), [math.log(p) for p in gen_ppls], entropy, extrapolate)
     return None if value is None else math.exp(value)
 
 
@@ -133,6 +144,7 @@ def equal_entropy_ratio(
     num_resamples: int = 1000,
     confidence: float = 0.95,
     generator: torch.Generator | int | None = 0,
+    extrapolate: float = 0.0,
 ) -> dict:
     """The candidate's GenPPL over the baseline curve's GenPPL at the candidate's entropy, with a cluster bootstrap
     interval that re-fits the curve on every resample.
@@ -144,6 +156,8 @@ def equal_entropy_ratio(
         clusters (`Sequence`, *optional*): the resampling unit of sample i (the same in every seed, e.g. its batch
             index for ELF; by default `i` itself, as for LangFlow); clusters are resampled within each seed.
         num_resamples, confidence, generator: as in [`bootstrap_ci`].
+        extrapolate (`float`, defaults to 0): nats beyond the curve's measured entropies read on its end tangent
+            ([`monotone_cubic`]); further out a ratio is `None`.
 
     Returns:
         `dict` with `entropy`, `gen_ppl`, `baseline_gen_ppl_at_entropy` and `ratio` (`None` outside the curve's
@@ -173,7 +187,7 @@ def equal_entropy_ratio(
         reference = []
         for r in range(ppl.shape[0]):
             value = gen_ppl_on_curve(
-                [float(e[r]) for _, e, _ in nodes], [float(p[r]) for p, _, _ in nodes], float(entropy[r])
+                [float(e[r]) for _, e, _ in nodes], [float(p[r]) for p, _, _ in nodes], float(entropy[r]), extrapolate
             )
             reference.append(math.nan if value is None else value)
         reference = torch.tensor(reference, dtype=torch.float64)
@@ -193,6 +207,98 @@ def equal_entropy_ratio(
         "gen_ppl": ppl,
         "baseline_gen_ppl_at_entropy": reference if inside else None,
         "ratio": ppl / reference if inside else None,
+        "ratio_ci": interval,
+        "fraction_outside": outside,
+        "entropy_resampled": resampled,
+    }
+
+
+def _check_runs(groups: Sequence[Sequence[RunSamples]], clusters: Sequence) -> None:
+    seeds = len(groups[0])
+    for group in groups:
+        if len(group) != seeds:
+            raise ValueError(f"Every series needs the reference's {seeds} seeds, got {len(group)}.")
+        for run in group:
+            if len(run.nll_sum) != len(clusters) or len(run.num_tokens) != len(run.nll_sum):
+                raise ValueError(f"Every run needs {len(clusters)} per-sample records (one per cluster label).")
+
+
+def _read_frontier(nodes, entropy: torch.Tensor, extrapolate: float) -> torch.Tensor:
+    """GenPPL of the frontier `nodes` (per point: (R,) GenPPL, (R,) entropy, flag) at `entropy` (R,), NaN outside."""
+    values = []
+    for r in range(entropy.shape[0]):
+        value = gen_ppl_on_curve(
+            [float(e[r]) for _, e, _ in nodes], [float(p[r]) for p, _, _ in nodes], float(entropy[r]), extrapolate
+        )
+        values.append(math.nan if value is None else value)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def frontier_ratio(
+    numerator: Sequence[Sequence[RunSamples]],
+    reference: Sequence[RunSamples],
+    denominator: Sequence[Sequence[RunSamples]] | None = None,
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | int | None = 0,
+    extrapolate: float = 0.0,
+) -> dict:
+    """Two samplers compared at the entropy of a reference run, each read on its own frontier: the GenPPL of the
+    `numerator` frontier at the reference's entropy over that of the `denominator` frontier there (by default the
+    reference's own GenPPL), with a cluster bootstrap interval that re-fits both frontiers on every resample.
+
+    A frontier is a sampler's runs at several values of the diversity knob (its tuned setting among them): sequences
+    over points of sequences over seeds of [`RunSamples`], the reference's seeds in the same order (sample i of every
+    run of one seed is matched, so one set of cluster weights serves every run).
+
+    Args:
+        numerator, denominator: the two frontiers (`denominator=None`: the reference run itself).
+        reference (sequence over seeds of [`RunSamples`]): the run whose entropy both are read at (the official
+            sampler's main run: "at official's entropy").
+        clusters, num_resamples, confidence, generator, extrapolate: as in [`equal_entropy_ratio`].
+
+    Returns:
+        `dict` with `entropy` (the reference's), `gen_ppl` and `reference_gen_ppl` (the two frontiers read there;
+        `None` outside a frontier's range), `ratio`, `ratio_ci` (`None` when more than (1 - c)/2 of the resamples
+        fall outside a range), `fraction_outside` and `entropy_resampled`.
+    """
+    sizes = [len(run.nll_sum) for run in reference]
+    if not numerator or (denominator is not None and not denominator):
+        raise ValueError("A frontier needs at least one point.")
+    if len(set(sizes)) != 1:
+        raise ValueError(f"Runs of different sizes {sizes}.")
+    clusters = range(sizes[0]) if clusters is None else clusters
+    _check_runs([reference, *numerator, *(denominator or [])], clusters)
+    seeds = len(reference)
+    labels = [(seed, label) for seed in range(seeds) for label in clusters]
+    strata = [seed for seed in range(seeds) for _ in clusters]
+    per_seed = list(cluster_resample_weights(labels, num_resamples, generator, strata).split(sizes, dim=1))
+    ones = [torch.ones(1, n, dtype=torch.float64) for n in sizes]
+
+    def evaluate(weights):
+        reference_ppl, entropy, resampled = _series(reference, weights)
+        top_nodes = [_series(point, weights) for point in numerator]
+        top = _read_frontier(top_nodes, entropy, extrapolate)
+        bottom_nodes = [] if denominator is None else [_series(point, weights) for point in denominator]
+        bottom = reference_ppl if denominator is None else _read_frontier(bottom_nodes, entropy, extrapolate)
+        resampled = resampled and all(flag for _, _, flag in (*top_nodes, *bottom_nodes))
+        return top, bottom, entropy, resampled
+
+    top, bottom, entropy, resampled = evaluate(ones)
+    top, bottom, entropy = float(top[0]), float(bottom[0]), float(entropy[0])
+    boot_top, boot_bottom, _, _ = evaluate(per_seed)
+    boot = boot_top / boot_bottom
+    outside = float(boot.isnan().double().mean())
+    inside = math.isfinite(top) and math.isfinite(bottom)
+    interval = None
+    if inside and outside <= (1 - confidence) / 2:
+        interval = list(percentile_interval(boot[~boot.isnan()], confidence))
+    return {
+        "entropy": entropy,
+        "gen_ppl": top if math.isfinite(top) else None,
+        "reference_gen_ppl": bottom if math.isfinite(bottom) else None,
+        "ratio": top / bottom if inside else None,
         "ratio_ci": interval,
         "fraction_outside": outside,
         "entropy_resampled": resampled,

@@ -13,7 +13,8 @@ below 50 clusters the t-interval, otherwise the cluster bootstrap.
 
 The diversity sweep (the official sampler at several values of the family's diversity knob) gives GenPPL–entropy
 curves ([`diversity_curves`]); every other sampler is read against the baseline's curve at its own entropy
-([`equal_entropy_comparison`], the control of docs/algorithm.md §6).
+([`equal_entropy_comparison`], the control of docs/algorithm.md §6). Where other samplers were swept too (`--experiment
+baselines`), each one's own frontier is read at the baseline's entropy ([`frontier_comparison`]).
 """
 
 import math
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, gen_ppl_on_curve
+from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, frontier_ratio, gen_ppl_on_curve
 from ..evaluation.metrics import retained_throughput
 from ..evaluation.sampling import RESAMPLING_UNITS, resampling_clusters
 from ..evaluation.statistics import (
@@ -378,9 +379,82 @@ def equal_entropy_comparison(
     return out
 
 
+def _frontier(runs: Sequence[dict], sampler: str, nfe: str, knob: str) -> list[list[RunSamples]]:
+    """A sampler's frontier at one NFE: its main runs and each swept value's runs (by seed), main first."""
+    values = sorted(
+        {r[knob] for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] is not None}
+    )
+    points = [_run_samples(runs, sampler, nfe, knob, value) for value in [None, *values]]
+    return [point for point in points if point]
+
+
+def frontier_comparison(
+    results: dict,
+    runs: Sequence[dict],
+    knob: str,
+    baseline: str = BASELINE,
+    clusters: Sequence | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+) -> dict:
+    """
+    Each sampler swept over the diversity knob, read on its own frontier (its main run and its swept runs) at the
+    baseline's entropy (the baseline's main run): the GenPPL ratio to the baseline at equal entropy ([`frontier_ratio`],
+    both re-fitted on every resample), beside the raw paired ratio; and each untied sampler against the best other
+    sampler (the lowest ratio at equal entropy), both read on their own frontiers at that entropy.
+
+    Returns `{"by_sampler": {sampler: {nfe: row}}, "head_to_head": {nfe: [row, ...]}}`; empty dicts when no sampler
+    but the baseline was swept.
+    """
+    samplers = results.get("samplers") or {}
+    paired = results.get("aggregates", {}).get("paired", {})
+    nfes = sorted({str(r["nfe"]) for r in runs if r["sampler"] != baseline and r[knob] is not None}, key=int)
+    by_sampler: dict = {}
+    head_to_head: dict = {}
+    options = {"clusters": clusters, "num_resamples": num_resamples, "confidence": confidence, "generator": 0}
+    for nfe in nfes:
+        reference = _run_samples(runs, baseline, nfe, knob, None)
+        if not reference:
+            continue
+        frontiers = {}
+        for sampler in samplers:
+            frontier = _frontier(runs, sampler, nfe, knob)
+            if sampler == baseline or len(frontier) < 2:
+                continue
+            frontiers[sampler] = frontier
+            row = frontier_ratio(frontier, reference, **options)
+            raw = paired.get(sampler, {}).get(nfe, {})
+            entropies = [
+                sum(run.run_entropy for run in point) / len(point)
+                for point in frontier
+                if all(run.run_entropy is not None for run in point)
+            ]
+            row.update(
+                points=len(frontier),
+                frontier_entropy_range=[min(entropies), max(entropies)] if entropies else None,
+                raw_ratio=raw.get("gen_ppl_ratio"),
+                raw_ratio_ci=raw.get("gen_ppl_ratio_ci"),
+            )
+            by_sampler.setdefault(sampler, {})[nfe] = row
+        untied = [name for name in frontiers if samplers[name].get("scheduler", "untied") == "untied"]
+        others = [
+            (row["ratio"], name)
+            for name in frontiers
+            if name not in untied and (row := by_sampler[name][nfe])["ratio"] is not None
+        ]
+        if not others:
+            continue
+        best = min(others)[1]
+        for name in untied:
+            row = frontier_ratio(frontiers[name], reference, frontiers[best], **options)
+            head_to_head.setdefault(nfe, []).append({"sampler": name, "against": best, **row})
+    return {"by_sampler": by_sampler, "head_to_head": head_to_head}
+
+
 def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None = None) -> dict:
     """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
-    `diversity_curves` and `equal_entropy` (a report is a function of its runs, so old reports can be re-analysed).
+    `diversity_curves`, `equal_entropy` and, where samplers besides the baseline were swept, `frontiers` (a report
+    is a function of its runs, so old reports can be re-analysed).
 
     `small_sample` adds the few-cluster intervals and the headline rule ([`aggregate`]; `interval_rule` records
     [`INTERVAL_RULE`]). `None` (the default) keeps a report as it was first analysed: a fresh analysis (no
@@ -412,4 +486,11 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
         clusters=clusters,
         num_resamples=num_resamples,
     )
+    frontiers = frontier_comparison(
+        results, runs, knob, results.get("baseline", BASELINE), clusters, num_resamples=num_resamples
+    )
+    if frontiers["by_sampler"]:  # only sweeps that swept more than the baseline (older reports stay as they were)
+        results["frontiers"] = frontiers
+    else:
+        results.pop("frontiers", None)
     return results

@@ -1,27 +1,24 @@
-"""`--experiment baselines` split across machines: sample on a GPU without the evaluator, then choose the
-knobs and score where the evaluator is.
+"""`--experiment baselines` split across steps: tune and sample where the evaluator is, score with `--from`.
 
-The one-machine run chooses each comparison sampler's knob on the tuning bank, then samples the benchmark at the
-chosen knob (`experiments/baselines.py`). A machine without the evaluator cannot choose, so `--generate-only` samples
-everything a choice could need ([`generate_baseline_candidates`]):
-
-- the tuning bank of the official sampler and of every grid value of every method, at every NFE;
-- the benchmark runs of every grid value (a method's neutral value is the official sampler bit for bit, so the
-  official runs serve for it).
-
-`--from` then scores the bank, chooses with the one-machine run's rule ([`choose_knob`]), keeps the benchmark runs of
-the chosen values under each method's name and scores those alone ([`select_chosen_runs`]). The report is the
-one-machine run's on the same samples (tested); the split costs the sampling of the grid values that were not chosen,
-and no extra scoring of benchmark runs. One visible difference: a method left at its neutral value reuses the
-official runs' timings too, so its retained throughput reads exactly 1.
+Every comparison sampler is tuned by the search of `calibration/search.py`, whose candidates depend on the scores of
+the ones before: the tuning bank cannot be sampled ahead of the scoring. `--generate-only --tune-here` therefore tunes
+on the sampling machine, with the evaluator ([`generate_baseline_candidates`]): it stores every bank run the search
+sampled (official's curve and each candidate, with its settings), then samples the benchmark runs of each method at
+its chosen knobs (a method left at its neutral value is the official sampler bit for bit: official's runs stand for
+it). `--from` scores the stored bank and replays the search on it ([`choose_from_bank`]: the choice is a function of
+the bank's scores, so it is the same one unless another evaluator or protocol scores it, which the record shows),
+keeps the runs of the chosen values under each method's name ([`select_chosen_runs`]) and scores those. One visible
+difference from the one-machine run: a method left at its neutral value reuses the official runs' timings too, so
+its retained throughput reads exactly 1.
 """
 
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from ..calibration.search import EXTRAPOLATE, TUNE_BUDGET
 from ..defaults import TUNE_SEED
-from ..evaluation.sampling import KNOBS_KEY
+from ..evaluation.sampling import knobs_at
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
 from .definitions import BASELINE, normalise_samplers
@@ -32,49 +29,21 @@ from .score_reuse import lend_or_score, samples_fingerprint
 BANK_PREFIX = "tuning bank: "
 
 
-def knob_label(knobs: Mapping[str, float]) -> str:
-    """`"momentum_beta=0.9"`: a grid value as it appears in run names."""
-    return ", ".join(f"{key}={float(value):g}" for key, value in knobs.items())
+def bank_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+    """The key of one bank run: its NFE, sampler spec and call arguments (as [`BankScorer`] caches it)."""
+    from ..calibration.tune import run_key
+
+    return run_key(n, spec, call_kwargs)
 
 
-def _knob_key(knobs: Mapping[str, float]) -> tuple:
-    return tuple(sorted((key, round(float(value), 12)) for key, value in knobs.items()))
-
-
-def candidate_samplers(samplers: Mapping[str, Mapping], nfe: Sequence[int]) -> tuple[dict[str, dict], dict[str, dict]]:
-    """
-    The benchmark's sampler set with each comparison sampler replaced by one sampler per grid value.
-
-    Returns:
-        `(expanded, variants)`: the specs to sample (official, untied and `"<name> (<knobs>)"` per grid value, the
-        knobs at every NFE), and per variant its `sampler` name, `method` and `knobs`.
-    """
-    from ..calibration.baseline_knobs import KNOB_GRIDS
-
-    expanded, variants = {}, {}
-    for name, spec in normalise_samplers(samplers).items():
-        method = spec["scheduler"]
-        if method not in COMPARISON_METHODS:
-            expanded[name] = dict(spec)
-            continue
-        for knobs in KNOB_GRIDS[method].candidates():
-            variant = f"{name} ({knob_label(knobs)})"
-            expanded[variant] = {**spec, KNOBS_KEY: {str(n): dict(knobs) for n in nfe}}
-            variants[variant] = {"sampler": name, "method": method, "knobs": dict(knobs)}
-    return expanded, variants
-
-
-def bank_runs(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
-    """The tuning bank's runs per NFE: the official sampler and every grid value of every comparison method, by run
-    name (`"tuning bank: official"`, `"tuning bank: <method> (<knobs>)"`), each with its `method` and `knobs`."""
-    from ..calibration.baseline_knobs import KNOB_GRIDS
-
-    methods = dict.fromkeys(spec["scheduler"] for spec in normalise_samplers(samplers).values())
-    runs = {BANK_PREFIX + BASELINE: {"method": BASELINE, "knobs": {}}}
-    for method in (m for m in methods if m in COMPARISON_METHODS):
-        for knobs in KNOB_GRIDS[method].candidates():
-            runs[f"{BANK_PREFIX}{method} ({knob_label(knobs)})"] = {"method": method, "knobs": dict(knobs)}
-    return runs
+def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
+    """`"tuning bank: higs (higs_weight=1.75, higs_routing=both)"`: a bank run as it appears in run names."""
+    knobs = {key: value for key, value in spec.items() if key != "scheduler"}
+    inside = ", ".join(
+        f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in {**knobs, **call_kwargs}.items()
+    )
+    return f"{BANK_PREFIX}{spec['scheduler']}" + (f" ({inside})" if inside else "")
 
 
 def generate_baseline_candidates(
@@ -86,7 +55,7 @@ def generate_baseline_candidates(
     batch_size: int,
     tune_seed: int = TUNE_SEED,
     tune_num_samples: int = 64,
-    max_entropy_drop: float = 0.05,
+    budget: int = TUNE_BUDGET,
     confidence: float = 0.95,
     progress: bool = True,
     state=None,
@@ -95,124 +64,124 @@ def generate_baseline_candidates(
     protocol: str | None = None,
     eval_batch_size: int = 8,
     evaluator_name: str | None = None,
+    curve_values: Sequence[float] | None = None,
+    extrapolate: float = EXTRAPOLATE,
     **sweep_kwargs,
 ) -> dict:
     """
-    `--experiment baselines --generate-only`: every run a knob choice could need, unscored (module docstring).
+    `--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
+    benchmark runs of the chosen values, unscored (module docstring).
 
     The checks of the one-machine run come first (seeds, ACE statistics, calibrated NFEs; nothing is sampled when one
-    fails). With a `state` of several processes, every run's batches are split across the processes, as in
+    fails). With a `state` of several processes every process tunes on the whole bank (the same choice: it is a
+    function of the scores; the tuning is not split), then the benchmark runs' batches are split across them, as in
     [`generate_sweep`], with the same samples as one process.
-
-    With an `evaluator` (`--tune-here`: a machine that has it, but samples in parts that others merge), the bank is
-    sampled first and scored here, the knobs are chosen with [`choose_from_bank`], and only the benchmark runs of the
-    chosen values are sampled: the file merges and scores with `--from` as any other part (`--from` chooses again
-    from the same bank, and says so if it chose otherwise), at a fraction of the sampling.
 
     Args:
         pipe: the loaded pipeline.
         samplers (`Mapping[str, Mapping]`): the `baselines` sampler set.
         nfe, seeds, num_samples, batch_size: the benchmark sweep's.
-        tune_seed, tune_num_samples: the tuning bank (seed in the tuning seed space, size).
-        max_entropy_drop, confidence: the choice's guard and keep rule, recorded for the scoring half.
+        tune_seed, tune_num_samples, budget, confidence, curve_values, extrapolate: the tuning's (as
+            [`tune_baselines`]).
         progress (`bool`): progress bars.
         state: a [`untied_sc.distributed.process_state`] (several processes), or `None`.
         source (`str`): the pipeline as the user named it (for the commands errors suggest).
-        evaluator (*optional*): an evaluator name or a loaded `(model, tokenizer)` pair: choose here, sample the chosen.
-        protocol, eval_batch_size: the bank's scoring with `evaluator` (protocol default: the model's family).
+        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair (required: the search needs scores).
+        protocol, eval_batch_size: the bank's scoring (protocol default: the model's family).
         evaluator_name (`str`, *optional*): how the record names a loaded `evaluator` (default: its model's name).
-        **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_nfe` for [`generate_sweep`].
+        **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_samplers`, `diversity_nfe` for
+            [`generate_sweep`].
 
     Returns:
-        A [`generate_sweep`] result whose runs hold the benchmark runs of every grid value (with an `evaluator`: of
-        the chosen values) and the tuning bank's runs, with `baseline_candidates`: the sampler set, the variants, the
-        bank's settings and runs, and how the untied coefficients were chosen; with an `evaluator`,
-        `tuned_when_sampled` too: the evaluator, the protocol and the runs sampled per NFE.
+        A [`generate_sweep`] result of the tuned samplers (each method sampled only where its choice is not neutral),
+        with the bank's runs, `baseline_candidates` (the sampler set, the bank's settings and how the untied
+        coefficients were chosen) and `tuned_when_sampled` (the evaluator, the protocol and the runs sampled per NFE).
     """
-    from ..distributed import main_process_progress
-    from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, generate, run_samples
-    from .baselines import ace_record, untied_tuning_record
-    from .sweep import check_ace_statistics, check_runs, generate_sweep, place_pipeline, refuse_leaked_seeds
+    from ..calibration.tune import scoring_evaluator
+    from ..evaluation.sampling import diversity_knob, family_of, run_samples
+    from .baselines import ace_record, tune_baselines, untied_tuning_record
+    from .sweep import generate_sweep, place_pipeline
 
+    if evaluator is None:
+        raise ValueError(
+            "The comparison samplers are tuned by a search whose every candidate depends on the scores before it, "
+            "so the tuning bank cannot be sampled ahead of scoring: tune where the evaluator is (`--generate-only "
+            "--tune-here --evaluator ...`, or the one-machine run without --generate-only)."
+        )
     samplers = normalise_samplers(samplers)
     tune_seed = check_seed(tune_seed, "--tune-seed")
     if tune_num_samples < 2:
         raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
-    check_ace_statistics(pipe, samplers, source)
-    refuse_leaked_seeds(seeds, pipe)
-    expanded, variants = candidate_samplers(samplers, nfe)
-    # before the bank: the diversity runs are official's, so the main runs hold every statistics need
-    check_runs(pipe, expanded, [(name, n, seed, None) for n in nfe for seed in seeds for name in expanded], source)
+    place_pipeline(pipe, state, sweep_kwargs.get("device"))  # the bank is sampled before generate_sweep places it
+    knob = diversity_knob(family_of(pipe))
+    loaded, name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or name
+    bank_records = []
+    began = time.perf_counter()
+
+    def keep(spec, n, call_kwargs, texts, ids):
+        samples = run_samples(texts, ids, tune_seed, batch_size, bank_label(spec, call_kwargs), n, **{knob: None})
+        bank_records.append(
+            {
+                "sampler": bank_label(spec, call_kwargs),
+                "nfe": n,
+                "seed": tune_seed,
+                knob: None,  # a bank run is no diversity run of the benchmark: its knob is in `call`
+                "bank_key": bank_key(n, spec, call_kwargs),
+                "spec": dict(spec),
+                "call": dict(call_kwargs),
+                "num_samples": tune_num_samples,
+                "seconds": 0.0,
+                "samples": samples,
+            }
+        )
+
+    tuned, record = tune_baselines(
+        pipe,
+        samplers,
+        nfe,
+        seeds,
+        num_samples,
+        batch_size,
+        loaded,
+        tune_seed=tune_seed,
+        tune_num_samples=tune_num_samples,
+        budget=budget,
+        confidence=confidence,
+        eval_batch_size=eval_batch_size,
+        protocol=protocol,
+        progress=progress,
+        source=source,
+        curve_values=curve_values,
+        extrapolate=extrapolate,
+        on_sampled=keep,
+    )
+    bank_seconds = time.perf_counter() - began
     candidates = {
         "samplers": samplers,
-        "variants": variants,
         "bank": {
             "seed": tune_seed,
             "seed_space": "tuning",
             "num_samples": tune_num_samples,
             "batch_size": batch_size,
-            "max_entropy_drop": max_entropy_drop,
+            "budget": budget,
             "confidence": confidence,
-            "runs": bank_runs(samplers),
+            "curve_values": None if curve_values is None else list(curve_values),
+            "extrapolate": extrapolate,
         },
         "untied": {
             name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
         },
         "ace": ace_record(pipe),
     }
-    place_pipeline(pipe, state, sweep_kwargs.get("device"))  # the bank is sampled before generate_sweep places it
-    knob = diversity_knob(family_of(pipe))
-    bank = candidates["bank"]["runs"]
-    original_scheduler = pipe.scheduler
-    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
-    pipe.set_progress_bar_config(disable=True)
-    plan = [(name, n) for n in nfe for name in bank]
-    began = time.perf_counter()
-    bank_records = []
-    try:
-        for name, n in main_process_progress(plan, state, progress, desc="sampling the tuning bank"):
-            spec = {"scheduler": bank[name]["method"], **bank[name]["knobs"]}
-            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
-            texts, ids, seconds = generate(
-                pipe, n, tune_seed, tune_num_samples, batch_size, state=state, seed_space="tuning"
-            )
-            samples = run_samples(texts, ids, tune_seed, batch_size, name, n, **{knob: None})
-            bank_records.append(
-                {
-                    "sampler": name,
-                    "nfe": n,
-                    "seed": tune_seed,
-                    knob: None,
-                    "num_samples": tune_num_samples,
-                    "seconds": seconds,
-                    "samples": samples,
-                }
-            )
-    finally:
-        pipe.scheduler = original_scheduler
-        pipe.set_progress_bar_config(**progress_config)
-    bank_seconds = time.perf_counter() - began
-    only, tuned_here = None, None
-    if evaluator is not None:
-        from ..calibration.tune import scoring_evaluator
-
-        loaded, name = scoring_evaluator(evaluator)
-        evaluator_name = evaluator_name or name
-        bank_only = {"family": family_of(pipe), "nfe": list(nfe), "runs": bank_records, CANDIDATES_KEY: candidates}
-        tuned, _ = choose_from_bank(bank_only, loaded, protocol, eval_batch_size, progress)
-        only = {n: {BASELINE, *(_chosen_source(name, spec, n, variants) for name, spec in tuned.items())} for n in nfe}
-        tuned_here = {
-            "evaluator": evaluator_name,
-            "protocol": protocol or family_of(pipe),
-            "sampled": {str(n): [name for name in expanded if name in only[n]] for n in nfe},
-        }
+    only = {n: {name for name, spec in tuned.items() if _chosen_source(name, spec, n) == name} for n in nfe}
     generation = generate_sweep(
         pipe,
         nfe=nfe,
         seeds=seeds,
         num_samples=num_samples,
         batch_size=batch_size,
-        samplers=expanded,
+        samplers=tuned,
         progress=progress,
         state=state,
         only=only,
@@ -221,23 +190,22 @@ def generate_baseline_candidates(
     generation["runs"] += bank_records
     generation["seconds"] += bank_seconds
     generation[CANDIDATES_KEY] = candidates
-    if tuned_here is not None:
-        generation["tuned_when_sampled"] = tuned_here
+    generation["tuned_when_sampled"] = {
+        "evaluator": evaluator_name,
+        "protocol": protocol or family_of(pipe),
+        "sampled": {str(n): [name for name in tuned if name in only[n]] for n in nfe},
+    }
     return generation
 
 
-def _chosen_source(name: str, spec: Mapping, n: int, variants: Mapping[str, Mapping]) -> str:
-    """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: a comparison sampler's
-    chosen grid value, or official where it chose its neutral value (bit for bit the official sampler); itself for
-    official and untied."""
-    from ..calibration.baseline_knobs import KNOB_GRIDS
+def _chosen_source(name: str, spec: Mapping, n: int) -> str:
+    """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: official where a
+    comparison sampler chose its neutral value (bit for bit the official sampler), else itself."""
+    from ..calibration.baseline_knobs import is_neutral
 
-    if spec["scheduler"] not in COMPARISON_METHODS:
-        return name
-    chosen = _knob_key(spec[KNOBS_KEY][str(n)])
-    if chosen == _knob_key(KNOB_GRIDS[spec["scheduler"]].neutral_knobs()):
+    if spec["scheduler"] in COMPARISON_METHODS and is_neutral(spec["scheduler"], knobs_at(spec, n)):
         return BASELINE
-    return next(v for v, entry in variants.items() if entry["sampler"] == name and _knob_key(entry["knobs"]) == chosen)
+    return name
 
 
 def choose_from_bank(
@@ -249,8 +217,8 @@ def choose_from_bank(
     reusable=None,
 ) -> tuple[dict[str, dict], dict]:
     """
-    Scores the tuning bank stored in a [`generate_baseline_candidates`] result and chooses every comparison
-    sampler's knob at every NFE with the one-machine run's rule ([`choose_knob`]).
+    Scores the tuning bank stored in a [`generate_baseline_candidates`] result and replays the search of every
+    comparison sampler at every NFE on those scores ([`search_methods`]).
 
     Args:
         generation (`Mapping`): the result (or its [`read_generation`] reading).
@@ -268,62 +236,78 @@ def choose_from_bank(
     """
     from tqdm.auto import tqdm
 
-    from ..calibration.baseline_knobs import KNOB_GRIDS, choose_knob
-    from ..calibration.tune import Candidate, score_bank_samples
-    from ..evaluation.sampling import resampling_clusters
+    from ..calibration.baseline_knobs import search_methods
+    from ..calibration.search import BankRun
+    from ..calibration.tune import score_bank_samples
+    from ..evaluation.sampling import diversity_knob, resampling_clusters
     from .baselines import apply_knob_choices
 
     candidates = generation[CANDIDATES_KEY]
     settings = candidates["bank"]
     family = generation["family"]
     protocol = protocol or family
-    runs = {(run["sampler"], run["nfe"]): run for run in generation["runs"] if run["sampler"] in settings["runs"]}
-    scores, bank_scores, lent = {}, {}, None
-    for key in tqdm(
-        sorted(runs, key=lambda key: (key[1], key[0])), desc="scoring the tuning bank", disable=not progress
-    ):
-        name, n = key
-        entry = settings["runs"][name]
-        fingerprint = samples_fingerprint(runs[key]["samples"])
-        result, lent = lend_or_score(
-            reusable.bank.get(fingerprint) if reusable is not None else None,
-            lent,
-            lambda key=key: score_bank_samples(runs[key]["samples"], evaluator, protocol, eval_batch_size),
-            lambda scored: scored[2],  # the per-sample NLLs
-            reusable.path if reusable is not None else None,
-            f"{name} at NFE {n}",
-        )
-        scores[entry["method"], _knob_key(entry["knobs"]), n] = result
-        bank_scores[fingerprint] = list(result)
-    clusters = resampling_clusters(family, settings["num_samples"], settings["batch_size"])
-    methods = dict.fromkeys(spec["scheduler"] for spec in candidates["samplers"].values())
-    choices = []
-    for n in generation["nfe"]:
-        ppl, entropy, nlls = _stored(scores, BASELINE, {}, n)
-        official = Candidate({}, ppl, entropy, True, list(nlls))
-        for method in (m for m in methods if m in COMPARISON_METHODS):
-            choices.append(
-                choose_knob(
-                    method,
-                    n,
-                    KNOB_GRIDS[method],
-                    official,
-                    lambda knobs, n=n, method=method: _stored(scores, method, knobs, n),
-                    settings["max_entropy_drop"],
-                    settings["confidence"],
-                    clusters,
-                )
+    runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
+    bank_scores, lent = {}, None
+    bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
+    scored: dict[str, BankRun] = {}
+
+    def score(n: int, spec: Mapping, **call_kwargs) -> BankRun:
+        nonlocal lent
+        key = bank_key(n, spec, call_kwargs)
+        if key in scored:
+            return scored[key]
+        run = runs.get(key)
+        if run is None:
+            raise ValueError(
+                f"The generation file holds no tuning-bank run of {bank_label(spec, call_kwargs)} at NFE {n}, which "
+                "the search asks for: it was tuned with another evaluator or protocol, or the file is incomplete. "
+                "Score it with the evaluator and protocol it was tuned with (`tuned_when_sampled`)."
             )
+        fingerprint = samples_fingerprint(run["samples"])
+        stored = reusable.bank.get(fingerprint) if reusable is not None else None
+        result, lent = lend_or_score(
+            BankRun.from_json(stored) if isinstance(stored, Mapping) else None,
+            lent,
+            lambda: score_bank_samples(run["samples"], evaluator, protocol, eval_batch_size),
+            lambda scores: scores.nll_sum,
+            reusable.path if reusable is not None else None,
+            f"{run['sampler']} at NFE {n}",
+        )
+        bank_scores[fingerprint] = result.to_json()
+        scored[key] = result
+        bar.update()
+        return result
+
+    methods = [
+        m
+        for m in dict.fromkeys(spec["scheduler"] for spec in candidates["samplers"].values())
+        if m in COMPARISON_METHODS
+    ]
+    try:
+        results = search_methods(
+            score,
+            methods,
+            generation["nfe"],
+            family,
+            diversity_knob(family),
+            resampling_clusters(family, settings["num_samples"], settings["batch_size"]),
+            settings["budget"],
+            settings.get("curve_values"),
+            settings["extrapolate"],
+            settings["confidence"],
+        )
+    finally:
+        bar.close()
     bank = {key: settings[key] for key in ("seed", "seed_space", "num_samples", "batch_size")}
     bank.update(
         evaluator=None,  # the caller names it
         protocol=protocol,
-        max_entropy_drop=settings["max_entropy_drop"],
+        budget=settings["budget"],
         confidence=settings["confidence"],
-        ace=candidates.get("ace"),  # absent from files written before it was recorded
+        ace=candidates.get("ace"),
     )
     samplers, record = apply_knob_choices(
-        candidates["samplers"], choices, generation["nfe"], bank, candidates["untied"]
+        candidates["samplers"], results, generation["nfe"], bank, candidates["untied"]
     )
     record["bank_scores"] = bank_scores
     if lent is not None:
@@ -331,38 +315,31 @@ def choose_from_bank(
     return samplers, record
 
 
-def _stored(scores: Mapping, method: str, knobs: Mapping, n: int):
-    try:
-        return scores[method, _knob_key(knobs), n]
-    except KeyError:
-        raise ValueError(
-            f"The generation file holds no tuning-bank run of {method} ({knob_label(knobs) or 'no knobs'}) at NFE "
-            f"{n}: it is incomplete or was edited. Generate it again."
-        ) from None
-
-
 def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], record: Mapping) -> dict:
     """
-    The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs at its
-    chosen knob (the official runs where it chose the neutral value), under its own name; the untried grid values
-    and the bank left out; the tuned `samplers` and the tuning `record` in place of the candidates.
+    The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs (main and
+    diversity) at its chosen knobs, official's where it chose the neutral value, under its own name and in the
+    one-machine run's order; the bank left out; the tuned `samplers` and the tuning `record` in place of the
+    candidates.
     """
-    candidates = generation[CANDIDATES_KEY]
     knob = generation["diversity_knob"]
     by_run = {(run["sampler"], run["nfe"], run["seed"], run[knob]): run for run in generation["runs"]}
+    plan = [(name, n, seed, None) for n in generation["nfe"] for seed in generation["seeds"] for name in samplers]
+    for value in generation.get("diversity_values") or ():
+        for n in generation.get("diversity_nfe") or generation["nfe"]:
+            plan += [
+                (name, n, seed, value) for seed in generation["seeds"] for name in generation["diversity_samplers"]
+            ]
     runs = []
-    for n in generation["nfe"]:
-        for seed in generation["seeds"]:
-            for name, spec in samplers.items():
-                source = _chosen_source(name, spec, n, candidates["variants"])
-                run = by_run.get((source, n, seed, None))
-                if run is None:
-                    raise ValueError(_missing_chosen_run(generation, source, n))
-                samples = [sample if source == name else replace(sample, sampler=name) for sample in run["samples"]]
-                runs.append({**run, "sampler": name, "samples": samples})
-    runs += [run for run in generation["runs"] if run[knob] is not None]  # the official diversity curve, if any
+    for name, n, seed, value in plan:
+        source = _chosen_source(name, samplers[name], n)
+        run = by_run.get((source, n, seed, value))
+        if run is None:
+            raise ValueError(_missing_chosen_run(generation, source, n))
+        samples = [sample if source == name else replace(sample, sampler=name) for sample in run["samples"]]
+        runs.append({**run, "sampler": name, "samples": samples})
     coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
-    selected = {key: value for key, value in generation.items() if key != CANDIDATES_KEY}
+    selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
     selected.update(samplers=dict(samplers), runs=runs, coefficients=coefficients, knob_tuning=dict(record))
     return selected
 
@@ -372,9 +349,9 @@ def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
     tuned = generation.get("tuned_when_sampled")
     if tuned and source not in tuned["sampled"].get(str(n), [source]):
         return (
-            f"{message} Its NFE {n} was sampled with --tune-here, which chose with {tuned['evaluator']} under the "
-            f"{tuned['protocol']} protocol and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
-            "evaluator and protocol, or sample that NFE again without --tune-here (every grid value)."
+            f"{message} Its NFE {n} was tuned with {tuned['evaluator']} under the {tuned['protocol']} protocol, "
+            f"which chose otherwise and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
+            "evaluator and protocol."
         )
     return f"{message} The file is incomplete or was edited: generate it again."
 

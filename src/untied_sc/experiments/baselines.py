@@ -1,10 +1,10 @@
-"""The `baselines` experiment of `untied-sc benchmark`: before sampling, every check the sweep would make,
-then each comparison sampler's knob chosen per NFE on the tuning bank (`calibration/baseline_knobs.py`), written
-into its spec (`knobs_by_steps`) and recorded for the report.
+"""The `baselines` experiment of `untied-sc benchmark`: before sampling, every check the sweep would make, then each
+comparison sampler tuned per NFE on the tuning bank (`calibration/baseline_knobs.py`), its knobs written into its spec
+(`knobs_by_steps`) and recorded for the report.
 
-The untied sampler runs its own coefficients (searched by `untied-sc tune` on the same kind of bank, with the same
-entropy guard and keep rule; the record says whether it was); the comparison samplers are tuned here, in the same run,
-so that one command reproduces the whole comparison.
+The untied sampler runs its own coefficients (searched by `untied-sc tune` with the same rule on the same bank: the
+record says whether it was, and by which rule); the comparison samplers are tuned here, in the same run, so that one
+command reproduces the whole comparison.
 """
 
 import hashlib
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..calibration.search import EXTRAPOLATE, TUNE_BUDGET
 from ..defaults import TUNE_SEED
 from ..evaluation.sampling import KNOBS_KEY
 from ..schedulers.comparison_names import COMPARISON_METHODS
@@ -22,7 +23,8 @@ from .sweep import check_ace_statistics, check_runs, refuse_leaked_seeds
 
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
     """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
-    (its bank and outcome), or `None` where they were not tuned (calibrated or preset coefficients)."""
+    (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
+    the earlier rule (an entropy guard, no equal-entropy objective) say so in `rule`."""
     tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
     by_steps = {}
     for n in nfe:
@@ -30,15 +32,32 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
         if not record:
             by_steps[str(n)] = None
             continue
+        common = {
+            "seed": record["seed"],
+            "seed_space": record.get("seed_space", "benchmark"),  # records before the seed spaces: benchmark seeds
+            "num_samples": record["num_samples"],
+        }
+        if "rule" in record:
+            by_steps[str(n)] = {
+                **common,
+                "rule": record["rule"],
+                "budget": record["budget"],
+                "candidates_tried": record["candidates_tried"],
+                "chosen": dict(record["chosen"]),
+                "chosen_scores": dict(record["chosen_scores"]),
+                "best_vs_official": record["best_vs_official"],
+                "on_edge": record["on_edge"],
+                "outcome": record["outcome"],
+            }
+            continue
         comparison = record.get("best_vs_official")
         if comparison is None:
             outcome = "no admissible candidate"
         else:
             outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
         by_steps[str(n)] = {
-            "seed": record["seed"],
-            "seed_space": record.get("seed_space", "benchmark"),  # records before the seed spaces: benchmark seeds
-            "num_samples": record["num_samples"],
+            **common,
+            "rule": f"earlier rule: entropy guard of {record.get('max_entropy_drop')} nats, lowest raw GenPPL",
             "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
             "chosen_scores": {"gen_ppl": record["chosen"]["gen_ppl"], "entropy": record["chosen"]["entropy"]},
             "max_entropy_drop": record.get("max_entropy_drop"),
@@ -74,15 +93,19 @@ def tune_baselines(
     evaluator,
     tune_seed: int = TUNE_SEED,
     tune_num_samples: int = 64,
-    max_entropy_drop: float = 0.05,
+    budget: int = TUNE_BUDGET,
     confidence: float = 0.95,
     eval_batch_size: int = 8,
     protocol: str | None = None,
     progress: bool = True,
     source: str = "PIPELINE_DIR",
+    curve_values: Sequence[float] | None = None,
+    extrapolate: float = EXTRAPOLATE,
+    parts_dir=None,
+    on_sampled=None,
 ) -> tuple[dict[str, dict], dict]:
     """
-    Checks the sweep up front, then chooses every comparison sampler's knob at every NFE on the tuning bank.
+    Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
 
     Nothing is sampled when a check fails: an evaluation seed out of range or one the pipeline was tuned, calibrated
     or ACE-estimated on (records written before the seed spaces, [`refuse_leaked_seeds`]); a tuning seed out of
@@ -99,13 +122,15 @@ def tune_baselines(
         tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
             tune`'s default bank).
         tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
-        max_entropy_drop, confidence, eval_batch_size, protocol: as in [`tune_coefficients`].
+        budget, confidence, eval_batch_size, protocol, curve_values, extrapolate, parts_dir: as in
+            [`tune_coefficients`].
         progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
         source (`str`): the pipeline as the user named it (for the commands the errors suggest).
+        on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
 
     Returns:
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
-        tuning record ([`knob_record`] per sampler and NFE, the bank, the guard, and the untied sampler's own).
+        tuning record ([`knob_record`] per sampler and NFE, the bank, the rule, and the untied sampler's own).
     """
     from ..calibration.baseline_knobs import tune_knobs
     from ..calibration.tune import scoring_evaluator
@@ -118,7 +143,7 @@ def tune_baselines(
 
     methods = {name: spec["scheduler"] for name, spec in samplers.items() if spec["scheduler"] in COMPARISON_METHODS}
     evaluator, evaluator_name = scoring_evaluator(evaluator)
-    choices = tune_knobs(
+    results = tune_knobs(
         pipe,
         list(dict.fromkeys(methods.values())),
         nfe,
@@ -127,10 +152,14 @@ def tune_baselines(
         batch_size=batch_size,
         evaluator=evaluator,
         protocol=protocol,
-        max_entropy_drop=max_entropy_drop,
+        budget=budget,
+        curve_values=curve_values,
+        extrapolate=extrapolate,
         confidence=confidence,
         eval_batch_size=eval_batch_size,
         progress=progress,
+        parts_dir=parts_dir,
+        on_sampled=on_sampled,
     )
     bank = {
         "seed": tune_seed,
@@ -139,17 +168,17 @@ def tune_baselines(
         "batch_size": batch_size,
         "evaluator": evaluator_name,
         "protocol": protocol or pipe.family,
-        "max_entropy_drop": max_entropy_drop,
+        "budget": budget,
         "confidence": confidence,
     }
     untied = {
         name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
     }
-    return apply_knob_choices(samplers, choices, nfe, {**bank, "ace": ace_record(pipe)}, untied)
+    return apply_knob_choices(samplers, results, nfe, {**bank, "ace": ace_record(pipe)}, untied)
 
 
 def apply_knob_choices(
-    samplers: Mapping[str, Mapping], choices: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
+    samplers: Mapping[str, Mapping], results: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
 ) -> tuple[dict[str, dict], dict]:
     """
     The sampler specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the tuning record: the
@@ -157,15 +186,15 @@ def apply_knob_choices(
 
     Args:
         samplers (`Mapping[str, Mapping]`): the normalised sampler set.
-        choices (`Sequence[KnobChoice]`): one choice per (comparison method, NFE).
+        results (`Sequence[SearchResult]`): one per (comparison method, NFE).
         nfe (`Sequence[int]`): the NFEs.
-        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, guard)
+        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, budget)
             and the ACE direction's [`ace_record`].
         untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
     """
-    from ..calibration.baseline_knobs import KNOB_GRIDS, knob_record
+    from ..calibration.baseline_knobs import knob_record
 
-    by_method = {(choice.method, choice.num_inference_steps): choice for choice in choices}
+    by_method = {(result.method, result.num_inference_steps): result for result in results}
     tuned = dict(samplers)
     per_sampler = {}
     for name, spec in samplers.items():
@@ -175,6 +204,6 @@ def apply_knob_choices(
         tuned[name] = {**spec, KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
         per_sampler[name] = {
             "method": method,
-            "by_steps": {str(n): knob_record(by_method[method, n], KNOB_GRIDS[method]) for n in nfe},
+            "by_steps": {str(n): knob_record(by_method[method, n]) for n in nfe},
         }
     return tuned, {**bank, "samplers": per_sampler, "untied": dict(untied)}

@@ -22,6 +22,7 @@ from ..defaults import (
     EXPERIMENTS,
     OFFLINE_EVALUATORS,
     SMOLLM2_NAME,
+    TUNE_BUDGET,
     TUNE_SEED,
 )
 
@@ -200,7 +201,7 @@ SCORING_OPTIONS = (
 )
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
-TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "max_entropy_drop": 0.05, "confidence": 0.95}
+TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "tune_budget": TUNE_BUDGET, "confidence": 0.95}
 
 
 def add_benchmark_arguments(parser):
@@ -220,7 +221,8 @@ def add_benchmark_arguments(parser):
         "--temperatures",
         type=float,
         nargs="+",
-        help="Diversity sweep of the official sampler: LangFlow x̂ temperatures, or ELF decode temperatures (0: argmax).",
+        help="Diversity sweep of the official sampler (with --experiment baselines: of every sampler, default LangFlow "
+        "0.9 1.1, ELF 0.25 0.5): LangFlow x̂ temperatures, or ELF decode temperatures (0: argmax).",
     )
     parser.add_argument("--diversity-nfe", type=int, nargs="+", help="NFEs of the diversity sweep (default: --nfe).")
     parser.add_argument(
@@ -244,22 +246,22 @@ def add_benchmark_arguments(parser):
         help=f"Samples in the tuning bank (default {TUNING_DEFAULTS['tune_num_samples']}).",
     )
     tuning.add_argument(
-        "--max-entropy-drop",
-        type=float,
-        help="Entropy (nats) a knob value may lose against official on the bank and stay admissible (default "
-        f"{TUNING_DEFAULTS['max_entropy_drop']}).",
+        "--tune-budget",
+        type=int,
+        help="Scored candidates per method and NFE in the search, the same for every method (default "
+        f"{TUNING_DEFAULTS['tune_budget']}).",
     )
     tuning.add_argument(
         "--confidence",
         type=float,
-        help="Level of the paired ΔNLL interval vs official that must lie below 0 for a knob value to be kept "
-        f"(default {TUNING_DEFAULTS['confidence']}).",
+        help="Level of the equal-entropy GenPPL ratio's interval vs official on the bank that must lie below 1 for a "
+        f"method's pick to be kept (default {TUNING_DEFAULTS['confidence']}).",
     )
     tuning.add_argument(
         "--tune-here",
         action="store_true",
-        help="With --generate-only: score the tuning bank here and sample only the chosen knob values (needs the "
-        "evaluator here; for a part that others sampled without it: --from merges and scores it as any other).",
+        help="With --generate-only (needed there): tune on the bank here, with the evaluator, and sample only the "
+        "chosen knob values; --from scores the part as any other.",
     )
     parser.add_argument(
         "--coefficients",
@@ -430,6 +432,7 @@ def _tune_baselines(args, sweep: dict, state):
 
         diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    _default_frontier(sweep, pipe)
     evaluator = _load_evaluator(args)
     samplers, record = tune_baselines(
         pipe,
@@ -441,7 +444,7 @@ def _tune_baselines(args, sweep: dict, state):
         evaluator=evaluator,
         tune_seed=args.tune_seed,
         tune_num_samples=args.tune_num_samples,
-        max_entropy_drop=args.max_entropy_drop,
+        budget=args.tune_budget,
         confidence=args.confidence,
         eval_batch_size=args.eval_batch_size,
         protocol=args.protocol,
@@ -453,9 +456,17 @@ def _tune_baselines(args, sweep: dict, state):
     return pipe
 
 
+def _default_frontier(sweep: dict, pipe) -> None:
+    """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `FRONTIER_VALUES`."""
+    from .definitions import FRONTIER_VALUES
+
+    if sweep["diversity_values"] is None:
+        sweep["diversity_values"] = list(FRONTIER_VALUES[pipe.family])
+
+
 def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
-    """`--experiment baselines --generate-only`: the benchmark runs of every grid value and the tuning bank, for a
-    machine without the evaluator ([`generate_baseline_candidates`]); `--from` chooses the knobs and scores."""
+    """`--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
+    benchmark runs of the chosen values ([`generate_baseline_candidates`]); `--from` replays the choice and scores."""
     from ..distributed import process_device
     from ..pipelines import load_pipeline
     from .baseline_generation import generate_baseline_candidates
@@ -465,17 +476,17 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
 
         diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    _default_frontier(sweep, pipe)
     keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
-    options = {key: sweep[key] for key in keys}
-    if args.tune_here:  # choose here, sample only the chosen values
-        options.update(evaluator=_load_evaluator(args), evaluator_name=args.evaluator, protocol=args.protocol)
-        options.update(eval_batch_size=args.eval_batch_size)
+    options = {key: sweep[key] for key in keys if key in sweep}
+    options.update(evaluator=_load_evaluator(args), evaluator_name=args.evaluator, protocol=args.protocol)
+    options.update(eval_batch_size=args.eval_batch_size, diversity_samplers=sweep["diversity_samplers"])
     return generate_baseline_candidates(
         pipe,
         **options,
         tune_seed=args.tune_seed,
         tune_num_samples=args.tune_num_samples,
-        max_entropy_drop=args.max_entropy_drop,
+        budget=args.tune_budget,
         confidence=args.confidence,
         progress=sweep["progress"],
         source=args.pipeline,
@@ -541,6 +552,11 @@ def benchmark_command(args) -> dict | None:
             "--tune-here chooses the comparison samplers' knobs before sampling a part: use it with --experiment "
             "baselines --generate-only (without --generate-only the run always chooses first)."
         )
+    if baselines and args.generate_only and not args.tune_here:
+        raise SystemExit(
+            "--experiment baselines --generate-only needs --tune-here: the comparison samplers are tuned by a search "
+            "whose candidates depend on the scores, so the evaluator must be where the tuning bank is sampled."
+        )
     for key, default in TUNING_DEFAULTS.items():
         if baselines and getattr(args, key) is None:
             setattr(args, key, default)
@@ -556,13 +572,15 @@ def benchmark_command(args) -> dict | None:
         "samplers": with_preset(experiment_samplers(args.experiment), args.coefficients),
         "diversity_values": args.temperatures,
         "diversity_nfe": args.diversity_nfe,
+        # baselines: every sampler's own frontier (its tuned point and the temperatures), read at official's entropy
+        **({"diversity_samplers": list(experiment_samplers(args.experiment))} if baselines else {}),
         "name": name,
         "command": benchmark_command_line(args),
         "progress": not args.no_progress,
         "device": args.device,
         "state": state,
     }
-    if baselines and args.generate_only:  # no evaluator here: sample every grid value and the tuning bank
+    if baselines and args.generate_only:  # tuned here, then the chosen values sampled
         generation = _generate_baseline_candidates(args, sweep, state)
     elif args.generate_only:
         generation = generate_sweep(args.pipeline, **sweep)

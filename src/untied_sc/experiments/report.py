@@ -236,24 +236,89 @@ def _coefficient_lines(results: dict) -> list[str]:
     lines = ["", "## Coefficients the untied samplers ran with", ""]
     if any("alpha_scale" in spec for spec in results["samplers"].values()):
         lines += ["α is an average's weight, in (0, 1]: a scaled α above 1 runs at 1.", ""]
-    lines += ["| sampler | NFE | η_R | η_T | η_O | α |", "|---|---:|---:|---:|---:|---:|"]
+    knob = results.get("diversity_knob")
+    matched = any(knob in c for by_nfe in results["coefficients"].values() for c in by_nfe.values())
+    if matched:
+        lines += [f"`{knob}`: the entropy-matching value `untied-sc tune` stored beside the coefficients.", ""]
+    extra = f" {knob} |" if matched else ""
+    lines += [
+        f"| sampler | NFE | η_R | η_T | η_O | α |{extra}",
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" * matched),
+    ]
     for sampler, by_nfe in results["coefficients"].items():
         for nfe, c in by_nfe.items():
             values = " | ".join(f"{c[name]:.4g}" for name in COEFFICIENT_NAMES)
+            if matched:
+                values += f" | {c[knob]:.4g}" if knob in c else " | "
             lines.append(f"| {sampler} | {nfe} | {values} |")
     return lines
 
 
 def _knob_value(knobs: dict) -> str:
-    return ", ".join(f"{key} {value:g}" for key, value in knobs.items())
+    return ", ".join(
+        f"{key} {value:g}" if isinstance(value, float | int) else f"{key} {value}" for key, value in knobs.items()
+    )
 
 
 def _knob_lines(results: dict) -> list[str]:
-    """How each sampler's strength was chosen on the tuning bank (`--experiment baselines`): the grid, the choice, its
-    bank scores and the entropy guard's and keep rule's outcome."""
+    """How each sampler was tuned on the tuning bank (`--experiment baselines`): the rule, the budget, the choice, its
+    bank scores and the keep rule's outcome (reports of the earlier grid rule as they were)."""
     tuning = results.get("knob_tuning")
     if not tuning:
         return []
+    if "max_entropy_drop" in tuning:
+        return _grid_knob_lines(tuning)
+    entries = [record for entry in tuning["samplers"].values() for record in entry["by_steps"].values()]
+    rule = entries[0]["rule"] if entries else ""
+    lines = [
+        "",
+        "## Samplers tuned on the tuning bank",
+        "",
+        f"Every sampler is tuned by one rule on one bank (seed {tuning['seed']} in the {tuning['seed_space']} seed "
+        f"space, {tuning['num_samples']} samples in batches of {tuning['batch_size']}, matched with the official "
+        f"sampler; evaluator {tuning['evaluator']}, protocol {tuning['protocol']}; {tuning['budget']} scored "
+        f"candidates per NFE at most): {rule}. The ratio is the pick's GenPPL over official's at the pick's entropy "
+        f"on the bank, with its {tuning['confidence']:.0%} cluster bootstrap interval. Bank GenPPL and entropy are "
+        "what runs (official's where the method was switched off).",
+        "",
+        "| sampler | NFE | rule | candidates | chosen | bank GenPPL | bank entropy | pick vs official at equal entropy "
+        "| edges | outcome |",
+        "|---|---:|---|---:|---|---:|---:|---|---|---|",
+    ]
+    for sampler, by_nfe in tuning.get("untied", {}).items():
+        for nfe, record in by_nfe.items():
+            if record is None:
+                lines.append(
+                    f"| {sampler} | {nfe} | not tuned | | its coefficients (table above) | | | | | calibrated or "
+                    "preset (`untied-sc tune` was not run) |"
+                )
+                continue
+            scores = record["chosen_scores"]
+            comparison = record.get("best_vs_official") or {}
+            same = "rule" in record and record["rule"] == rule
+            lines.append(
+                f"| {sampler} | {nfe} | {'the same (`untied-sc tune`)' if same else record.get('rule', '')} | "
+                f"{record.get('candidates_tried', '')} | {_knob_value(record['chosen'])} | {scores['gen_ppl']:.2f} | "
+                f"{scores['entropy']:.3f} | "
+                f"{_ratio_text(comparison.get('ratio'), comparison.get('ratio_ci')) if comparison else ''} | "
+                f"{'on an edge' if record.get('on_edge') else ''} | {record['outcome']} |"
+            )
+    for sampler, entry in tuning["samplers"].items():
+        for nfe, record in entry["by_steps"].items():
+            scores = record["chosen_scores"]
+            comparison = record.get("best_vs_official") or {}
+            edges = "; ".join(f"{name}: {state}" for name, state in record["edges"].items())
+            lines.append(
+                f"| {sampler} | {nfe} | the same | {record['candidates_tried']} | {_knob_value(record['chosen'])} | "
+                f"{scores['gen_ppl']:.2f} | {scores['entropy']:.3f} | "
+                f"{_ratio_text(comparison.get('ratio'), comparison.get('ratio_ci')) if comparison else ''} | "
+                f"{edges} | {record['outcome']} |"
+            )
+    return lines
+
+
+def _grid_knob_lines(tuning: dict) -> list[str]:
+    """A report of the earlier rule (a fixed grid per method, an entropy guard, raw GenPPL), rendered as it was."""
     lines = [
         "",
         "## Knobs chosen on the tuning bank",
@@ -364,6 +429,50 @@ def _equal_entropy_lines(results: dict) -> list[str]:
     return lines
 
 
+def _ratio_text(ratio, interval) -> str:
+    if ratio is None:
+        return "outside"
+    return f"{ratio:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else " (no CI)")
+
+
+def _frontier_lines(results: dict) -> list[str]:
+    """The headline of a sweep whose samplers were all swept: each one's GenPPL at the baseline's entropy, read on its
+    own frontier, beside its raw ratio; then each untied sampler against the best other at equal entropy."""
+    frontiers = results.get("frontiers")
+    if not frontiers or not frontiers.get("by_sampler"):
+        return []
+    baseline = results["baseline"]
+    lines = [
+        "",
+        f"## At {baseline}'s entropy, each sampler on its own frontier",
+        "",
+        f"Each sampler's frontier is its main run and its {results['diversity_knob']} sweep; it is read at the entropy "
+        f"of {baseline}'s main run ({FIT_DESCRIPTION}) and divided by {baseline}'s GenPPL. {interval_label(results)}, "
+        "the frontier re-fitted on every resample; `outside` where the entropy lies beyond a frontier. The raw ratio "
+        "is the main runs' paired GenPPL ratio, at whatever entropy each sampler ran.",
+        "",
+        f"| sampler | NFE | GenPPL ratio at {baseline}'s entropy [CI] | raw ratio [CI] | frontier entropies | points |",
+        "|---|---:|---|---|---|---:|",
+    ]
+    for sampler, by_nfe in frontiers["by_sampler"].items():
+        for nfe, row in by_nfe.items():
+            span = row.get("frontier_entropy_range")
+            span_text = f"{span[0]:.3f}–{span[1]:.3f}" if span else ""
+            lines.append(
+                f"| {sampler} | {nfe} | {_ratio_text(row['ratio'], row['ratio_ci'])} | "
+                f"{_ratio_text(row.get('raw_ratio'), row.get('raw_ratio_ci'))} | {span_text} | {row['points']} |"
+            )
+    heads = [(nfe, row) for nfe, rows in frontiers.get("head_to_head", {}).items() for row in rows]
+    if heads:
+        lines += ["", f"Head to head at {baseline}'s entropy (both on their own frontiers):", ""]
+        for nfe, row in heads:
+            lines.append(
+                f"- NFE {nfe}: {row['sampler']} / {row['against']} (the best other there): GenPPL ratio "
+                f"{_ratio_text(row['ratio'], row['ratio_ci'])}"
+            )
+    return lines
+
+
 def _provenance_lines(results: dict) -> list[str]:
     """Where and how long it ran, the command(s) that reproduce it, and the scores taken from an earlier report."""
     lines = _where_lines(results)
@@ -420,6 +529,7 @@ def format_markdown(results: dict) -> str:
     samplers = list(results["samplers"])
     sections = (
         _main_table_lines(results, samplers),
+        _frontier_lines(results),
         _paired_lines(results),
         _repetition_lines(results, samplers),
         _throughput_lines(results, samplers),

@@ -51,7 +51,7 @@ class ReusableScores:
     evaluator_description: str
     protocol: str
     by_samples: dict[tuple, dict] = field(default_factory=dict)
-    bank: dict[str, tuple] = field(default_factory=dict)
+    bank: dict[str, dict] = field(default_factory=dict)
 
 
 def _scoring_result(record: Mapping) -> dict:
@@ -108,8 +108,11 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
         reusable.by_samples[samples_key(run)] = _scoring_result(record)
     if start != len(samples):
         raise ValueError(f"--reuse-scores: {report['samples_file']} holds more samples than {path}'s runs.")
-    for fingerprint, (gen_ppl, entropy, nlls) in report.get("bank_scores", {}).items():
-        reusable.bank[fingerprint] = (gen_ppl, entropy, [math.nan if v is None else v for v in nlls])
+    for fingerprint, scores in report.get("bank_scores", {}).items():
+        # a bank run's per-sample records (the equal-entropy search); reports of the earlier rule kept mean NLLs
+        # alone, which the search cannot read: those are scored again
+        if isinstance(scores, dict):
+            reusable.bank[fingerprint] = dict(scores)
     return reusable
 
 

@@ -46,6 +46,7 @@ from ..evaluation.sampling import (
     tuning_seeds,
     warn_few_clusters,
 )
+from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.comparison_names import ACE_METHODS
 from ..seeds import check_seed
 from .aggregation import AGGREGATED_METRICS, analyse
@@ -261,11 +262,15 @@ def generate_sweep(
         for sampler, n, seed, value in main_process_progress(plan, state, progress, desc=f"sampling {name}"):
             spec = samplers[sampler]
             pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
-            if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler):
-                coefficients.setdefault(sampler, {})[str(n)] = pipe.scheduler.resolve_coefficients(n, statistics)
             call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
             if value is not None:
                 call_kwargs[knob] = value
+            if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) and value is None:
+                resolved = pipe.scheduler.resolve_coefficients(n, statistics)
+                stored = entropy_matched_setting(pipe.scheduler.config, n, knob)
+                if stored is not None and knob not in call_kwargs:  # the pipeline's call runs it: say so
+                    resolved[knob] = stored
+                coefficients.setdefault(sampler, {})[str(n)] = resolved
             texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, state=state, **call_kwargs)
             samples = run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value})
             runs.append(

@@ -6,6 +6,7 @@ import torch
 
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
+from ..schedulers.coefficients import call_diversity
 from ..schedulers.noise import settle
 from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
 
@@ -102,7 +103,7 @@ class ELFPipeline(LanguageFlowPipeline):
         callback_on_step_end=None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         sc_cfg_scale: float | None = None,
-        decode_temperature: float = 0.0,
+        decode_temperature: float | None = None,
     ) -> LanguageFlowPipelineOutput | tuple:
         r"""
         Samples `batch_size` sequences with `num_inference_steps` network evaluations.
@@ -127,17 +128,21 @@ class ELFPipeline(LanguageFlowPipeline):
                 (`"latents"`, `"prediction"`).
             sc_cfg_scale (`float`, *optional*): the SC-CFG scale w, a network input at every step and in the final
                 decode pass; ELF's own quality/diversity trade-off. `None` (default): `self.config.sc_cfg_scale`.
-            decode_temperature (`float`, defaults to 0.0): the temperature T of the final decode: 0 takes the argmax
+            decode_temperature (`float`, *optional*): the temperature T of the final decode: 0 takes the argmax
                 (the official decode); T > 0 draws each token from softmax(logits / T) with the call's generator
                 (after every sampling step, so the trajectory and its pairing with other samplers are unchanged).
                 ELF's counterpart of LangFlow's softmax temperature on x̂: the diversity control of GenPPL–entropy
-                curves (raising T raises the samples' entropy).
+                curves (raising T raises the samples' entropy). `None` (default): 0, or, for an untied scheduler whose
+                coefficients come from `coefficients_by_steps`, the entropy-matching decode temperature `untied-sc
+                tune` stored there for this NFE (the untied sampler then runs at official's entropy).
 
         Returns:
             [`LanguageFlowPipelineOutput`] or `tuple`: `(texts, sequences, latents)`, texts cut at the first EOS.
         """
         if sc_cfg_scale is not None:
             sc_cfg_scale = _check_sc_cfg_scale(sc_cfg_scale)
+        if decode_temperature is None:
+            decode_temperature = call_diversity(self.scheduler, "decode_temperature", num_inference_steps, 0.0)
         if not (isinstance(decode_temperature, int | float) and decode_temperature >= 0):
             raise ValueError(f"decode_temperature must be a number ≥ 0 (0: argmax), got {decode_temperature!r}.")
         scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale

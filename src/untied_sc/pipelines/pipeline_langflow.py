@@ -6,6 +6,7 @@ import torch
 
 from ..models import load_official_langflow
 from ..schedulers import LangFlowScheduler
+from ..schedulers.coefficients import call_diversity
 from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
 
 
@@ -42,7 +43,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
         return_dict: bool = True,
         callback_on_step_end=None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
-        temperature: float = 1.0,
+        temperature: float | None = None,
     ) -> LanguageFlowPipelineOutput | tuple:
         r"""
         Samples `batch_size` sequences with `num_inference_steps` network evaluations.
@@ -64,14 +65,18 @@ class LangFlowPipeline(LanguageFlowPipeline):
                 `{"latents": z}` to continue from z.
             callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): tensors passed to it
                 (`"latents"`, `"prediction"`).
-            temperature (`float`, defaults to 1.0): the softmax temperature T > 0 of the clean prediction
+            temperature (`float`, *optional*): the softmax temperature T > 0 of the clean prediction
                 x̂ = softmax(logits / T)·E_norm handed to the scheduler at every step: the diversity control of the
                 official sampler (GenPPL–entropy curves). T = 1 is bit-identical to the official sampler. The final
-                tokens are the argmax of the logits, which T does not change.
+                tokens are the argmax of the logits, which T does not change. `None` (default): 1, or, for an untied
+                scheduler whose coefficients come from `coefficients_by_steps`, the entropy-matching temperature
+                `untied-sc tune` stored there for this NFE (the untied sampler then runs at official's entropy).
 
         Returns:
             [`LanguageFlowPipelineOutput`] or `tuple`: `(texts, sequences, latents)`.
         """
+        if temperature is None:
+            temperature = call_diversity(self.scheduler, "temperature", num_inference_steps, 1.0)
         if not (isinstance(temperature, int | float) and temperature > 0):
             raise ValueError(f"temperature must be a positive number, got {temperature!r}.")
         return self._generate(

@@ -10,6 +10,12 @@ For N steps, per coefficient, the first of these that has a value wins:
 5. the named preset at an NFE it does not list: its entry at the nearest listed NFE (`preset_entry`);
 
 and if none has, a `ValueError` names every option and the NFEs each one covers.
+
+An entry of `coefficients_by_steps` may also hold the family's diversity knob (`temperature` for LangFlow,
+`decode_temperature` for ELF, [`DIVERSITY_KEYS`]): the value `untied-sc tune` chose on its bank so that the untied
+sampler runs at the official sampler's entropy at that NFE. The pipeline's call uses it when the call gives no value
+of its own and the coefficients came from that entry ([`entropy_matched_setting`]); an entry with η_R = η_T = 0 (the
+official sampler bit for bit) may not hold one.
 """
 
 import json
@@ -68,24 +74,74 @@ def check_preset(name: str | None) -> None:
         raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
 
 
+# The pipeline-call knob that moves each family's entropy, as an entry of `coefficients_by_steps` may store it, with
+# its neutral value (the official sampler's) and the smallest value allowed.
+DIVERSITY_KEYS = {"temperature": (1.0, 0.0, False), "decode_temperature": (0.0, 0.0, True)}
+
+
 def coefficients_table(table: Mapping | None) -> dict[str, dict[str, float]] | None:
     """
-    `coefficients_by_steps` as the config stores it: NFE keys as strings, each entry exactly η_R, η_T, η_O, α as
-    plain floats (JSON numbers, so a tuned 0.3 reloads as 0.3), checked. `None` stays `None`.
+    `coefficients_by_steps` as the config stores it: NFE keys as strings, each entry exactly η_R, η_T, η_O, α (and
+    at most one entropy-matching knob of [`DIVERSITY_KEYS`]) as plain floats (JSON numbers, so a tuned 0.3 reloads
+    as 0.3), checked. `None` stays `None`.
     """
     if table is None:
         return None
     normalised = {}
     for steps, entry in table.items():
-        if not isinstance(entry, Mapping) or set(entry) != set(COEFFICIENT_NAMES):
+        where = f"coefficients_by_steps[{str(steps)!r}]"
+        extra = set(entry) - set(COEFFICIENT_NAMES) if isinstance(entry, Mapping) else set()
+        if (
+            not isinstance(entry, Mapping)
+            or not set(COEFFICIENT_NAMES) <= set(entry)
+            or len(extra) > 1
+            or (extra - set(DIVERSITY_KEYS))
+        ):
             given = sorted(entry) if isinstance(entry, Mapping) else repr(entry)
             raise ValueError(
-                f"coefficients_by_steps[{str(steps)!r}] must give exactly {list(COEFFICIENT_NAMES)}, got {given}."
+                f"{where} must give exactly {list(COEFFICIENT_NAMES)} and at most one of {list(DIVERSITY_KEYS)} "
+                f"(the entropy-matching knob), got {given}."
             )
         values = {name: float(entry[name]) for name in COEFFICIENT_NAMES}
         check_coefficients(values, where=f" at {steps} steps")
+        for key in extra:
+            values[key] = _check_diversity(key, entry[key], values, where)
         normalised[str(steps)] = values
     return normalised
+
+
+def _check_diversity(key: str, value, coefficients: Mapping[str, float], where: str) -> float:
+    neutral, lowest, inclusive = DIVERSITY_KEYS[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value >= lowest if inclusive else value > lowest)
+    ):
+        raise ValueError(f"{where}[{key!r}] must be a number {'≥' if inclusive else '>'} {lowest}, got {value!r}.")
+    if coefficients["eta_r"] == 0 and coefficients["eta_t"] == 0 and value != neutral:
+        raise ValueError(
+            f"{where} has η_R = η_T = 0 (the official sampler bit for bit) and {key} = {value}: an entry that switches "
+            f"the untied components off must leave {key} out (or at {neutral:g}). Remove it, or tune again."
+        )
+    return float(value)
+
+
+def entropy_matched_setting(config: Mapping, num_inference_steps: int, key: str) -> float | None:
+    """
+    The diversity knob `key` stored for `num_inference_steps` in the untied scheduler `config`'s
+    `coefficients_by_steps` (what `untied-sc tune` chose so that the untied sampler runs at official's entropy), or
+    `None`: where no entry holds it, or where the run's coefficients do not come from that entry (an explicit
+    coefficient in the config, or a paper preset that lists this NFE), since the value was matched for that entry's
+    coefficients alone.
+    """
+    if any(config.get(name) is not None for name in COEFFICIENT_NAMES):
+        return None
+    preset = config.get("coefficients")
+    if preset is not None and str(num_inference_steps) in paper_coefficients().get(preset, {}):
+        return None
+    entry = (config.get("coefficients_by_steps") or {}).get(str(num_inference_steps)) or {}
+    value = entry.get(key)
+    return None if value is None else float(value)
 
 
 def _steps(table: Mapping | None) -> list[int]:
@@ -113,7 +169,7 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=N
     if n in preset_table:
         fallback = preset_table[n]
     elif n in by_steps:
-        fallback = by_steps[n]
+        fallback = {name: by_steps[n][name] for name in COEFFICIENT_NAMES}
     elif legacy is not None and (fallback := legacy(num_inference_steps)) is not None:
         warnings.warn(
             "These coefficients come from sampler statistics saved in the old layout, which stored them with the "
@@ -139,3 +195,14 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=N
     resolved = {name: float(fallback[name] if resolved[name] is None else resolved[name]) for name in resolved}
     check_coefficients(resolved)
     return resolved
+
+
+def call_diversity(scheduler, key: str, num_inference_steps: int, default: float) -> float:
+    """The diversity knob a pipeline call uses when it gives none: an untied `scheduler`'s stored entropy-matching
+    value ([`entropy_matched_setting`]), else `default` (the official sampler's value). Other schedulers: `default`."""
+    from .scheduling_untied import UntiedSelfConditioningScheduler
+
+    if not isinstance(scheduler, UntiedSelfConditioningScheduler):
+        return default
+    stored = entropy_matched_setting(scheduler.config, num_inference_steps, key)
+    return default if stored is None else stored

@@ -1,0 +1,171 @@
+"""The one tuning rule (`calibration/search.py`): search, edges, objective at equal entropy, keep rule, matching."""
+
+import math
+
+import pytest
+
+from untied_sc.calibration.search import (
+    METHOD_KNOBS,
+    NEUTRAL,
+    START,
+    BankRun,
+    Knob,
+    OfficialCurve,
+    coordinate_search,
+    knob_edges,
+    match_entropy,
+    tune_method,
+)
+
+
+SLOPE = 5.5  # log-GenPPL per nat, as on LangFlow-small's official temperature curve
+
+
+def bank_run(ppl: float, entropy: float, spread: float = 0.0, n: int = 16, tokens: int = 10) -> BankRun:
+    """A bank of `n` samples whose pooled GenPPL is `ppl` (per-sample log-GenPPL ± `spread`) and entropy `entropy`."""
+    logs = [math.log(ppl) + (spread if i % 2 else -spread) for i in range(n)]
+    return BankRun(ppl, entropy, [tokens * v for v in logs], [float(tokens)] * n, [entropy] * n)
+
+
+def official_at(entropy: float) -> float:
+    """Official's GenPPL on a straight log-line through (5.0, 100) with SLOPE."""
+    return 100.0 * math.exp(SLOPE * (entropy - 5.0))
+
+
+def curve(spread: float = 0.0, n: int = 16) -> OfficialCurve:
+    values = [1.0, 0.8, 0.9, 1.1, 1.2]  # entropy 5 + (T − 1)
+    runs = [bank_run(official_at(4 + v), 4 + v, spread, n) for v in values]
+    return OfficialCurve("temperature", values, runs)
+
+
+def test_the_objective_is_genppl_at_equal_entropy_two_sided_and_never_far_outside_the_curve():
+    c = curve()
+    assert c.objective(c.default) == pytest.approx(0.0, abs=1e-12)  # official itself scores exactly 0
+    # raw GenPPL 10 % lower but 0.05 nats less entropy: worse than official at that entropy
+    lower = bank_run(90.0, 4.95)
+    assert c.objective(lower) == pytest.approx(math.log(0.9) + SLOPE * 0.05)
+    assert c.objective(lower) > 0
+    # raw GenPPL 10 % higher at 0.05 nats more entropy: credited (official would be 32 % higher there)
+    higher = bank_run(110.0, 5.05)
+    assert c.objective(higher) == pytest.approx(math.log(1.1) - SLOPE * 0.05) and c.objective(higher) < 0
+    # just beyond the curve's end: read on its tangent; further out: outside, no score
+    assert c.objective(bank_run(official_at(5.21), 5.21)) == pytest.approx(0.0, abs=1e-9)
+    assert c.objective(bank_run(1.0, 5.3)) is None and c.objective(bank_run(1.0, 4.7)) is None
+    assert c.entropy_range() == pytest.approx((4.8, 5.2))
+
+
+def scorer(optimum: float, eta_o_cost: float = 0.02, entropy_shift=lambda knobs: 0.0, calls=None):
+    """A method whose objective is (log(η_T) − log(optimum))² / 10 + eta_o_cost·η_O, at official's entropy + shift."""
+
+    def score(knobs):
+        if calls is not None:
+            calls.append(dict(knobs))
+        h = 5.0 + entropy_shift(knobs)
+        eta_t = max(knobs["eta_t"], 1e-3)
+        objective = (math.log(eta_t) - math.log(optimum)) ** 2 / 10 + eta_o_cost * knobs["eta_o"] - 0.1
+        return bank_run(official_at(h) * math.exp(objective), h)
+
+    return score
+
+
+START_UNTIED = {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 1.0}
+
+
+def test_the_search_extends_a_line_whose_best_is_its_end_and_records_the_edges():
+    calls = []
+    candidates, best = coordinate_search(METHOD_KNOBS["untied"], START_UNTIED, scorer(8.0, calls=calls), curve())
+    assert best.knobs["eta_t"] == 8.0  # 1 → ×2 = 2 (the end) → 4 → 8 → 16 is worse: the extension stops at 8
+    assert any(c.knobs["eta_t"] == 16.0 and c.phase == "extension" for c in candidates)
+    assert best.knobs["eta_o"] == 0.0  # η_O only costs: its hard limit 0
+    assert len(calls) == len(candidates) <= 20  # every scored candidate is recorded, within the budget
+    edges = knob_edges(METHOD_KNOBS["untied"], best.knobs, candidates)
+    assert edges["eta_t"].startswith("interior") and edges["eta_o"] == "hard limit" and edges["alpha"] == "hard limit"
+    # a budget too small to close the line: the record says so
+    small, best_small = coordinate_search(METHOD_KNOBS["untied"], START_UNTIED, scorer(8.0), curve(), budget=4)
+    assert len(small) == 4
+    assert knob_edges(METHOD_KNOBS["untied"], best_small.knobs, small)["eta_t"] == "edge (budget spent)"
+
+
+def test_fine_rounds_refine_between_the_coarse_steps():
+    candidates, best = coordinate_search(METHOD_KNOBS["ace"], {"ace_strength": 2.0}, _ace(5.6), curve(), budget=16)
+    assert best.knobs["ace_strength"] == pytest.approx(4 * 2**0.5)  # between 4 and 8, found by ×√2
+    assert {c.phase for c in candidates} >= {"start", "coarse", "fine"}
+
+
+def _ace(optimum):
+    def score(knobs):
+        x = max(knobs["ace_strength"], 1e-3)
+        return bank_run(official_at(5.0) * math.exp((math.log(x) - math.log(optimum)) ** 2 - 0.05), 5.0)
+
+    return score
+
+
+def test_a_choice_knob_tries_every_value_and_a_candidate_outside_the_curve_is_never_picked():
+    def score(knobs):
+        # routing "solver" is best but throws entropy far below the curve: outside, unscored
+        h = {"solver": 4.0, "self_conditioning": 5.0, "both": 5.0}[knobs["higs_routing"]]
+        gain = {"solver": -1.0, "self_conditioning": -0.1, "both": -0.05}[knobs["higs_routing"]]
+        return bank_run(official_at(h) * math.exp(gain + 0.01 * abs(knobs["higs_weight"] - 1.75)), h)
+
+    candidates, best = coordinate_search(METHOD_KNOBS["higs"], START["higs"], score, curve())
+    assert {c.knobs["higs_routing"] for c in candidates} == {"solver", "self_conditioning", "both"}
+    assert best.knobs["higs_routing"] == "self_conditioning"
+    assert [c.objective for c in candidates if c.knobs["higs_routing"] == "solver"] == [None]
+    assert knob_edges(METHOD_KNOBS["higs"], best.knobs, candidates)["higs_routing"] == "every value"
+
+
+def test_momentum_moves_one_minus_beta_and_stays_in_range():
+    knob = METHOD_KNOBS["momentum"][0]
+    assert knob.to_search(0.9) == pytest.approx(0.1) and knob.to_config(0.0) == 1.0  # β = 1: no momentum
+    assert knob.step(0.8, 2.0) == 0.95  # capped: β stays ≥ 0.05
+    alpha = Knob("alpha", upper=1.0, positive=True)
+    assert alpha.step(1.0, 0.0) is None and alpha.step(0.8, 2.0) == 1.0
+
+
+def test_the_keep_rule_reads_the_pick_at_equal_entropy_on_matched_pairs():
+    # 10 % better at equal entropy on every pair: kept
+    steady = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0), curve())
+    assert steady.kept and steady.outcome == "accepted" and steady.chosen == steady.best.knobs
+    assert steady.comparison["ratio"] == pytest.approx(0.9) and steady.comparison["ratio_ci"][1] < 1
+    # the same mean, pairs scattered by ±1 nat: within noise, ACE runs at its neutral value
+    noisy = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0, spread=1.0), curve())
+    assert not noisy.kept and noisy.outcome == "no win at equal entropy beyond noise"
+    assert noisy.chosen == {"ace_strength": NEUTRAL["ace"]["ace_strength"]}
+    # 10 % lower raw GenPPL bought with 0.05 nats less entropy: a loss at equal entropy, not kept
+    cheap = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 4.95), curve())
+    assert cheap.comparison["ratio"] > 1 and not cheap.kept
+    record = steady.record()
+    assert record["budget"] == 20 and record["candidates_tried"] == len(record["candidates"])
+    assert record["official_curve"]["knob"] == "temperature" and "objective" in record["candidates"][0]
+    assert record["on_edge"] is False
+
+
+def test_the_keep_rule_resamples_whole_batches():
+    """Two batches of 32 (ELF: two time grids): one wins by 0.2 nats per sample, the other loses by 0.1. As 64 pairs
+    the win looks sure; as 2 grids the interval reaches above 1 and the method stays neutral."""
+
+    def split(knobs):
+        run = bank_run(official_at(5.0), 5.0, n=64)
+        shifted = [s + 10 * (-0.2 if i < 32 else 0.1) for i, s in enumerate(run.nll_sum)]
+        return BankRun(math.exp(sum(shifted) / sum(run.num_tokens)), 5.0, shifted, run.num_tokens, run.entropies)
+
+    pairs = tune_method("multistep", 8, START["multistep"], split, curve(n=64))
+    batches = tune_method(
+        "multistep", 8, START["multistep"], split, curve(n=64), clusters=[i // 32 for i in range(64)]
+    )
+    assert pairs.kept and not batches.kept
+
+
+def test_match_entropy_finds_the_temperature_at_official_entropy():
+    runs = []
+
+    def score(temperature):
+        runs.append(temperature)
+        return bank_run(100.0, 4.96 + 0.8 * (temperature - 1.0) + 0.2 * (temperature - 1.0) ** 2)
+
+    match = match_entropy(score, 5.0, (1.0, bank_run(100.0, 4.96)), slope=1.0, lowest=0.05)
+    assert abs(match["entropy"] - 5.0) <= match["tolerance"] and match["value"] > 1.0
+    assert len(runs) <= 3 and [r["value"] for r in match["runs"]] == runs
+    # a knob that cannot move entropy far enough the wrong way (ELF's decode temperature cannot go below 0)
+    stuck = match_entropy(lambda v: bank_run(100.0, 5.1), 5.0, (0.0, bank_run(100.0, 5.1)), slope=1.0, lowest=0.0)
+    assert stuck["value"] is None
