@@ -15,8 +15,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..defaults import TUNE_SEED
-from .search import CURVE_VALUES, EXTRAPOLATE, METHOD_KNOBS, NEUTRAL, START, TUNE_BUDGET, SearchResult, tune_method
+from ..defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from .search import (
+    METHOD_KNOBS,
+    NEUTRAL,
+    START,
+    SearchResult,
+    tune_method,
+)
 from .tune import BankScorer, check_search_options, chosen_scores, official_curve, scoring_evaluator
 
 

@@ -31,14 +31,16 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..defaults import TUNE_SEED  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
+from ..defaults import (
+    CURVE_VALUES,
+    EXTRAPOLATE,
+    TUNE_BUDGET,
+    TUNE_SEED,  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
+)
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from ..seeds import check_seed
 from .search import (
-    CURVE_VALUES,
-    EXTRAPOLATE,
     KNOB_DEFAULTS,
-    TUNE_BUDGET,
     BankRun,
     OfficialCurve,
     SearchResult,

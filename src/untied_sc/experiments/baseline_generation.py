@@ -16,8 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from ..calibration.search import EXTRAPOLATE, TUNE_BUDGET
-from ..defaults import TUNE_SEED
+from ..defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from ..evaluation.sampling import knobs_at
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed

@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..calibration.search import EXTRAPOLATE, TUNE_BUDGET
-from ..defaults import TUNE_SEED
+from ..defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from ..evaluation.sampling import KNOBS_KEY
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
