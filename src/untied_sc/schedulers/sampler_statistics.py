@@ -9,7 +9,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from ..defaults import CALIBRATION_SEED  # noqa: F401  (re-exported)
+from ..defaults import CALIBRATION_SEED, COEFFICIENT_NAMES  # noqa: F401  (re-exported)
 
 
 # Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
@@ -17,7 +17,6 @@ from ..defaults import CALIBRATION_SEED  # noqa: F401  (re-exported)
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 SOLVERS = ("elf", "langflow")
-COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
 
 
 def num_update_steps(solver: str, num_inference_steps: int) -> int:
