@@ -276,8 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--max-length",
         type=int,
-        default=1024,
-        help="ELF only: the model's sequence length, as trained (1024 OWT, 1088 XSum).",
+        help="ELF only: the model's sequence length, as trained. Default: the one recorded by the trainer's "
+        "config.yml beside the checkpoint (or, for a released checkpoint, its official config); required otherwise "
+        "(1024 OpenWebText, 1088 XSum, 128 WMT14 De-En).",
     )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(
