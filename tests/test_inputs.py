@@ -197,7 +197,9 @@ def test_a_statistics_tensor_of_the_wrong_shape_names_the_file_and_the_tensor(tm
 
 def test_a_coefficient_that_is_not_a_number_is_refused_by_name():
     config = UntiedLangFlowScheduler().config
-    with pytest.raises(ValueError, match=r"eta_t must be a number, got 'abc' \(str\): pass e.g. `eta_t=1.0`"):
+    with pytest.raises(
+        ValueError, match=r"untied scheduler's eta_t must be a number, got 'abc' \(str\): pass e.g. `eta_t"
+    ):
         UntiedLangFlowScheduler.from_config(config, eta_t="abc")
 
 

@@ -62,7 +62,8 @@ def check_coefficients(values: Mapping[str, float | None], where: str = "") -> N
         value = values.get(name)
         if value is not None and (isinstance(value, str | bytes | bool) or not hasattr(value, "__float__")):
             raise ValueError(
-                f"{name}{where} must be a number, got {value!r} ({type(value).__name__}): pass e.g. `{name}=1.0`."
+                f"The untied scheduler's {name}{where} must be a number, got {value!r} ({type(value).__name__}): pass "
+                f"e.g. `{name}=1.0`, or leave it out to use the preset's value."
             )
     for name in ("eta_r", "eta_t", "eta_o"):
         if values.get(name) is not None and not values[name] >= 0:
