@@ -528,7 +528,6 @@ def _check_sweep_arguments(args) -> str:
 
     if not args.pipeline:
         raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
-    check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")
     if args.main_only:
         raise SystemExit(
             "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
@@ -554,6 +553,7 @@ def _check_sweep_arguments(args) -> str:
     for key, default in TUNING_DEFAULTS.items():
         if baselines and getattr(args, key) is None:
             setattr(args, key, default)
+    check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")  # after the options, which say more
     name = (
         args.name
         or experiment_name(args.pipeline, args.experiment, args.coefficients)
