@@ -282,6 +282,7 @@ def test_evaluate_scores_with_the_eval_batch_size(tmp_path, saved, monkeypatch, 
     samples = tmp_path / "samples.jsonl"
     write_samples(samples, [Sample("w3 w4 w5"), Sample("w6 w7")])
     argv = ["evaluate", str(samples), "--evaluator", str(saved / "evaluator"), "--eval-batch-size", "1"]
+    argv += ["--protocol", "langflow"]
     assert main(argv) == 0
     assert batch_sizes == [1] and "GenPPL" in capsys.readouterr().out
 

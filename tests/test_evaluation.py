@@ -439,6 +439,7 @@ def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsy
     parser = add_evaluate_arguments(argparse.ArgumentParser())
     args = parser.parse_args(
         ["b.jsonl", "--evaluator", str(tmp_path / "evaluator"), "--baseline", "a.jsonl", "--num-resamples", "100"]
+        + ["--protocol", "elf"]
     )
     args.samples, args.baseline = str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl")
     result = evaluate_command(args)
@@ -447,11 +448,12 @@ def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsy
     assert written["candidate"]["gen_ppl"] == pytest.approx(result["candidate"]["gen_ppl"])
     assert "paired over 2 samples (resampling whole batches)" in capsys.readouterr().out
     assert written["paired"]["resampling_unit"] == "batch"  # the elf protocol's default
-    with pytest.raises(SystemExit, match="--overwrite"):
+    with pytest.raises(FileExistsError, match="--overwrite"):
         evaluate_command(args)
-    # a file of several runs (a benchmark report's samples) is scored run by run
+    # a file of several runs (a benchmark report's samples) is scored run by run, with the report's protocol
     runs = [Sample(f"w{3 + i} w4", seed=i // 2, batch=0, sampler="official", nfe=8) for i in range(4)]
     write_samples(tmp_path / "report.samples.jsonl.gz", runs)
+    (tmp_path / "report.json").write_text(json.dumps({"family": "elf", "protocol": "elf"}))
     args = parser.parse_args([str(tmp_path / "report.samples.jsonl.gz"), "--evaluator", str(tmp_path / "evaluator")])
     result = evaluate_command(args)
     assert [run["run"] for run in result["runs"]] == [{"sampler": "official", "nfe": 8, "seed": s} for s in (0, 1)]

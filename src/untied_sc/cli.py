@@ -29,6 +29,7 @@ from .experiments.cli import (
     register_evaluate_command,
 )
 from .experiments.generate import register_generate_command
+from .input_checks import check_local_pipeline_folder, check_source_exists
 from .judge.cli import register_judge_command
 
 
@@ -64,9 +65,11 @@ def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --
 
 
 def _convert(args: argparse.Namespace) -> None:
+    _refuse_existing_folder(args.output, args.overwrite)
+    check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
+
     from .models.convert import convert_official_elf, convert_official_langflow
 
-    _refuse_existing_folder(args.output, args.overwrite)
     if args.family == "elf":
         model = convert_official_elf(
             args.source, args.output, max_length=args.max_length, weights=args.weights, allow_pickle=args.allow_pickle
@@ -94,22 +97,17 @@ def _save_calibration(pipe, source: str, output: str | None) -> str:
     return source
 
 
-def _check_statistics_target(source: str, output: str | None) -> None:
-    """Before any work: writing in place needs a local folder."""
-    from pathlib import Path
-
-    if output is None and not Path(source).is_dir():
-        raise ValueError(f"{source!r} is not a local folder (a Hub repo id?): give --output FOLDER to write to.")
-    if output is not None:
-        _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
+def _check_statistics_target(source: str, output: str | None, command: str) -> None:
+    """Before any work: the pipeline exists (a local folder, or a Hub repo id with `--output`), and writing in place
+    needs a local pipeline folder."""
+    if output is None:
+        check_local_pipeline_folder(source, command)
+        return
+    check_source_exists(source, "a pipeline folder", "PIPELINE")
+    _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
 
 
 def _calibrate(args: argparse.Namespace) -> None:
-    from .calibration import format_summary
-    from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
-    from .experiments.cli import torch_dtype
-    from .pipelines import load_pipeline
-
     explicit = {name: getattr(args, name) for name in ("eta_r", "eta_t", "eta_o", "alpha")}
     given = [name for name, value in explicit.items() if value is not None]
     if given and len(given) < len(explicit):
@@ -118,7 +116,13 @@ def _calibrate(args: argparse.Namespace) -> None:
     if given and args.coefficients is not None:
         raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
     coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
-    _check_statistics_target(args.pipeline, args.output)
+    _check_statistics_target(args.pipeline, args.output, "calibrate")
+
+    from .calibration import format_summary
+    from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
+    from .experiments.cli import torch_dtype
+    from .pipelines import load_pipeline
+
     # Launched with torchrun / accelerate launch: one process per device, the banks' batches split between them.
     state = calibration_process_state(args.device)
     main_process = is_main_process(state)
@@ -157,10 +161,11 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
+    _check_statistics_target(args.pipeline, args.output, "tune")
+
     from .calibration.tune import format_tuning, stderr_log, tune_coefficients
     from .pipelines import load_pipeline
 
-    _check_statistics_target(args.pipeline, args.output)
     if args.no_progress:  # loading's bars too
         from diffusers.utils import logging as diffusers_logging
 
@@ -195,18 +200,15 @@ def _tune(args: argparse.Namespace) -> None:
 
 
 def _ace(args: argparse.Namespace) -> None:
-    from pathlib import Path
+    folder = check_local_pipeline_folder(args.pipeline, "ace", has_output=False)
+    target = folder / "ace_statistics"
+    if target.exists() and not args.overwrite:
+        raise ValueError(f"{target} already exists; pass --overwrite to estimate it again and replace it.")
 
     from .calibration.ace import estimate_ace_direction, save_ace_statistics
     from .pipelines import load_pipeline
     from .pipelines.remote_code import write_remote_code
 
-    folder = Path(args.pipeline)
-    if not (folder / "model_index.json").is_file():
-        raise ValueError(f"{args.pipeline!r} is not a local pipeline folder: `untied-sc ace` writes into one.")
-    target = folder / "ace_statistics"
-    if target.exists() and not args.overwrite:
-        raise ValueError(f"{target} already exists; pass --overwrite to estimate it again and replace it.")
     if args.no_progress:  # loading's bars too
         from diffusers.utils import logging as diffusers_logging
 
@@ -281,8 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--max-length",
         type=int,
-        default=1024,
-        help="ELF only: the model's sequence length, as trained (1024 OWT, 1088 XSum).",
+        help="ELF only: the model's sequence length, as trained. Default: the one recorded by the trainer's "
+        "config.yml beside the checkpoint (or, for a released checkpoint, its official config); required otherwise "
+        "(1024 OpenWebText, 1088 XSum, 128 WMT14 De-En).",
     )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(

@@ -29,6 +29,10 @@ DEFAULT_BATCH_SIZE = 32
 EXPERIMENTS = ("main", "placement", "components", "sensitivity", "directions", "baselines")
 # Paired bootstrap resamples of the LLM-judge statistics (`untied-sc judge score --num-resamples`).
 JUDGE_NUM_RESAMPLES = 10_000
+# The untied sampler's coefficients, in the order of the paper's tables (`coefficients_by_steps` entries).
+COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
+# GenPPL protocols (`untied-sc evaluate --protocol`, `benchmark --protocol`), one per model family.
+PROTOCOLS = ("elf", "langflow")
 # Evaluator dtypes by name (`--dtype`).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # The evaluator's `--dtype` choices: "auto" is bfloat16 where the device computes it natively, else float32

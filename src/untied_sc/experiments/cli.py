@@ -11,6 +11,7 @@ The top-level CLI registers them with `register_evaluate_command(commands)` and 
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from ..defaults import (
@@ -25,6 +26,7 @@ from ..defaults import (
     TUNE_BUDGET,
     TUNE_SEED,
 )
+from ..input_checks import PROTOCOLS, check_samples_file, check_source_exists, recorded_protocol, resolve_protocol
 
 
 # The parsers import nothing heavy (`untied-sc --help` stays fast): the handlers import torch and the sweep.
@@ -76,10 +78,10 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
     parser.add_argument(
         "--protocol",
-        choices=["elf", "langflow"],
-        default="elf",
+        choices=PROTOCOLS,
         help="GenPPL protocol: 'elf' (drop empty, first-EOS counting, chunking, entropy on evaluator ids) or "
-        "'langflow' (mean loss × (len-1), truncation, entropy on generator ids).",
+        "'langflow' (mean loss × (len-1), truncation, entropy on generator ids). Default: the one a benchmark's "
+        "samples file records (<stem>.json or <stem>.generation.json beside it); required for any other JSONL.",
     )
     parser.add_argument("--baseline", help="A second samples file (e.g. official) to pair with this one by order.")
     parser.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
@@ -120,28 +122,50 @@ def format_result(result: dict) -> str:
     )
 
 
+def _evaluate_protocol(args: argparse.Namespace) -> str:
+    """Checks the samples file(s) and returns the protocol to score them with (see [`resolve_protocol`]); a
+    `--protocol` that differs from the recorded one is warned about, a baseline recorded under another refused."""
+    check_samples_file(args.samples)
+    protocol, warning = resolve_protocol(args.samples, args.protocol)
+    if warning:
+        print(warning, file=sys.stderr)
+    if args.baseline:
+        check_samples_file(args.baseline, "--baseline")
+        recorded = recorded_protocol(args.baseline)
+        if recorded is not None and recorded[0] != protocol and args.protocol is None:
+            raise ValueError(
+                f"--baseline {args.baseline}: {recorded[1]} records protocol {recorded[0]!r}, but {args.samples} is "
+                f"scored with {protocol!r}; pair samples of one model family (or pass --protocol to score both the "
+                "same way on purpose)."
+            )
+    return protocol
+
+
 def evaluate_command(args: argparse.Namespace) -> dict:
     """Handler of `untied-sc evaluate`: scores `args.samples` (and `args.baseline`), prints and writes JSON.
 
     Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
     report's numbers; with it, each file is scored whole and the two are paired sample by sample.
     """
+    # Everything that needs no model is checked first, before torch and the evaluator load.
+    protocol = _evaluate_protocol(args)
+    output = Path(args.output or f"{args.samples}.eval-{protocol}.json")
+    if output.exists() and not args.overwrite:
+        raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
+
     from ..evaluation.evaluator import describe_evaluator, load_evaluator
     from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
+    samples = read_samples(args.samples)
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=args.dtype)
     options = {
         "evaluator": evaluator,
-        "protocol": args.protocol,
+        "protocol": protocol,
         "batch_size": args.eval_batch_size,
         "max_length": args.max_length,
         "context_size": args.context_size,
     }
     described = describe_evaluator(args.evaluator, evaluator[0].dtype)  # the dtype "auto" chose
-    output = Path(args.output or f"{args.samples}.eval-{args.protocol}.json")
-    if output.exists() and not args.overwrite:
-        raise SystemExit(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
-    samples = read_samples(args.samples)
     if not args.baseline and len(group_runs(samples)) > 1:
         runs = evaluate_runs(samples, **options)
         for run in runs:
@@ -157,7 +181,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         baseline = evaluate_samples(args.baseline, **options)
         baseline["evaluator"] = described
         print(f"baseline: {format_result(baseline)}")
-        unit = args.resampling_unit or ("batch" if args.protocol == "elf" else "sample")
+        unit = args.resampling_unit or ("batch" if protocol == "elf" else "sample")
         paired = compare_results(baseline, result, num_resamples=args.num_resamples, generator=args.seed, unit=unit)
         result = {"candidate": result, "baseline": baseline, "paired": paired}
         low, high = paired["mean_delta_ci"]
@@ -353,20 +377,16 @@ def _refuse_existing_outputs(paths, overwrite: bool) -> None:
 
 def _benchmark_outputs(args, name: str) -> list[Path]:
     """The files this `benchmark` command writes for the model name `name`."""
-    from .generation_files import generation_paths
-    from .report import report_paths
+    from .output_paths import generation_paths, report_paths
 
     if args.generate_only:
         return list(generation_paths(args.output_dir, name).values())
     return list(report_paths(args.output_dir, name).values())
 
 
-def _score_generation_file(args, scoring: dict) -> dict:
-    """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
-    from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
-    from .generation_files import read_generations
-    from .sweep import score_sweep
-
+def _check_generation_scoring(args) -> None:
+    """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
+    the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
     given = [f"--{k.replace('_', '-')}" for k in (*SWEEP_DEFAULTS, *TUNING_DEFAULTS) if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
     if args.pipeline or given:
@@ -375,12 +395,28 @@ def _score_generation_file(args, scoring: dict) -> dict:
             f"--from scores the sweep stored in {' '.join(args.from_generation)}; drop {' '.join(extra)} (the pipeline and "
             "the sweep options were fixed when it was generated)."
         )
+    for path in args.from_generation:
+        if not Path(path).is_file():
+            raise FileNotFoundError(
+                f"--from {path}: no such file. Give the <model>.generation.json that `untied-sc benchmark "
+                "--generate-only` wrote."
+            )
+    if args.reuse_scores and not Path(args.reuse_scores).is_file():
+        raise FileNotFoundError(f"--reuse-scores {args.reuse_scores}: no such file; give an earlier <model>.json.")
     try:
         model = json.loads(Path(args.from_generation[0]).read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError):
         model = None  # read_generation says what is wrong with the file
     if args.name or model:
         _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
+
+
+def _score_generation_file(args, scoring: dict) -> dict:
+    """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
+    from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
+    from .generation_files import read_generations
+    from .sweep import score_sweep
+
     if args.reuse_scores:
         scoring["reuse_scores"] = args.reuse_scores
     generation = read_generations(args.from_generation)
@@ -496,38 +532,11 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     )
 
 
-def benchmark_command(args) -> dict | None:
-    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
+def _check_sweep_arguments(args) -> str:
+    """A sampling `benchmark`, before any work: a pipeline is named and exists, the options fit together, the sweep
+    options get their defaults, and the outputs are new (or `--overwrite`). Returns the model name of the files."""
+    from .definitions import experiment_name
 
-    Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
-    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
-    not split: it runs on the main process only.
-    """
-    from ..distributed import is_main_process, process_state, silence_other_processes
-    from .definitions import experiment_name, experiment_samplers, with_preset
-    from .generation_files import write_generation
-    from .report import format_markdown
-    from .sweep import default_name, generate_sweep, run_sweep
-
-    scoring = {
-        "evaluator": args.evaluator,
-        "protocol": args.protocol,
-        "eval_batch_size": args.eval_batch_size,
-        "max_length": args.max_length,
-        "num_resamples": args.num_resamples,
-        "output_dir": args.output_dir,
-        "cache_dir": args.cache_dir,
-        "dtype": args.dtype,
-    }
-    state = process_state(args.device)
-    silence_other_processes(state)
-    if args.from_generation:
-        if not is_main_process(state):
-            return None
-        results = _score_generation_file(args, scoring)
-        print(format_markdown(results))
-        print("Wrote " + ", ".join(results["files"].values()))
-        return results
     if not args.pipeline:
         raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
     if args.main_only:
@@ -560,10 +569,55 @@ def benchmark_command(args) -> dict | None:
     for key, default in TUNING_DEFAULTS.items():
         if baselines and getattr(args, key) is None:
             setattr(args, key, default)
+    check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")  # after the options, which say more
     name = (
-        args.name or experiment_name(args.pipeline, args.experiment, args.coefficients) or default_name(args.pipeline)
+        args.name
+        or experiment_name(args.pipeline, args.experiment, args.coefficients)
+        or Path(str(args.pipeline).rstrip("/")).name  # as `sweep.default_name`
     )
     _refuse_existing_outputs(_benchmark_outputs(args, name), args.overwrite)
+    return name
+
+
+def benchmark_command(args) -> dict | None:
+    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
+
+    Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
+    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
+    not split: it runs on the main process only.
+    """
+    # Everything that needs no model is checked first, before torch loads (see `_check_sweep_arguments`).
+    if args.from_generation:
+        _check_generation_scoring(args)
+    else:
+        name = _check_sweep_arguments(args)
+
+    from ..distributed import is_main_process, process_state, silence_other_processes
+    from .definitions import experiment_samplers, with_preset
+    from .generation_files import write_generation
+    from .report import format_markdown
+    from .sweep import generate_sweep, run_sweep
+
+    scoring = {
+        "evaluator": args.evaluator,
+        "protocol": args.protocol,
+        "eval_batch_size": args.eval_batch_size,
+        "max_length": args.max_length,
+        "num_resamples": args.num_resamples,
+        "output_dir": args.output_dir,
+        "cache_dir": args.cache_dir,
+        "dtype": args.dtype,
+    }
+    state = process_state(args.device)
+    silence_other_processes(state)
+    if args.from_generation:
+        if not is_main_process(state):
+            return None
+        results = _score_generation_file(args, scoring)
+        print(format_markdown(results))
+        print("Wrote " + ", ".join(results["files"].values()))
+        return results
+    baselines = args.experiment == "baselines"
     sweep = {
         "nfe": args.nfe,
         "seeds": args.seeds,

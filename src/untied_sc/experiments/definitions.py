@@ -23,8 +23,7 @@ baseline of every paired comparison. The experiments (`--experiment`):
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..defaults import EXPERIMENTS  # (re-exported here)
-from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+from ..defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
 
 
 BASELINE = "official"

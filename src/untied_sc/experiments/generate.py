@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_NUM_SAMPLES, DEFAULT_SEEDS
+from ..input_checks import check_source_exists
 
 
 SAMPLERS = ("official", "untied")
@@ -126,6 +127,12 @@ def generate_samples(
 def generate_command(args: argparse.Namespace) -> list | None:
     """Handler of `untied-sc generate`: samples (split across processes under `accelerate launch`), then the main
     process writes `--out`. Returns the samples on the main process, `None` on the others."""
+    # Refusals that need no model come first, on every process, before torch loads.
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --out.")
+    check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")
+
     from ..distributed import (
         describe_processes,
         is_main_process,
@@ -136,9 +143,6 @@ def generate_command(args: argparse.Namespace) -> list | None:
     from ..evaluation.io import write_samples
     from ..pipelines import load_pipeline
 
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:  # before any work, on every process
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --out.")
     state = process_state(args.device)
     silence_other_processes(state)
     pipe = load_pipeline(args.pipeline)

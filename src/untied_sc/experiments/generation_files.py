@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..evaluation.io import Sample, read_samples, write_samples
 from ..evaluation.sampling import KNOBS_KEY
+from .output_paths import generation_paths  # noqa: F401  (re-exported)
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"
@@ -34,15 +35,6 @@ SHARED_SETTINGS = (
     "diversity_values",
     "diversity_samplers",
 )
-
-
-def generation_paths(output_dir: str | os.PathLike, stem: str) -> dict[str, Path]:
-    """The files [`write_generation`] writes for `stem`: `generation` and `samples`."""
-    folder = Path(output_dir)
-    return {
-        "generation": folder / f"{stem}.generation.json",
-        "samples": folder / f"{stem}.generation-samples.jsonl.gz",
-    }
 
 
 def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:

@@ -14,6 +14,7 @@ from ..evaluation.curves import FIT_DESCRIPTION
 from ..evaluation.evaluator import SMOLLM2_NAME
 from ..evaluation.io import Sample, write_samples
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
+from .output_paths import report_paths  # noqa: F401  (re-exported)
 
 
 def _fmt(stat: dict | None, digits: int = 2) -> str:
@@ -540,15 +541,6 @@ def format_markdown(results: dict) -> str:
         _provenance_lines(results),
     )
     return "\n".join(line for section in sections for line in section)
-
-
-def report_paths(output_dir: str | os.PathLike, stem: str, samples: bool = True) -> dict[str, Path]:
-    """The files [`write_results`] writes for `stem`: `json`, `markdown`, `plot` and (with `samples`) `samples`."""
-    folder = Path(output_dir)
-    paths = {"json": folder / f"{stem}.json", "markdown": folder / f"{stem}.md", "plot": folder / f"{stem}.png"}
-    if samples:
-        paths["samples"] = folder / f"{stem}.samples.jsonl.gz"
-    return paths
 
 
 def write_results(

@@ -23,6 +23,20 @@ from .elf_transformer import ELFTransformerModel
 from .langflow_transformer import LangFlowTransformerModel
 
 
+# The sequence length of each released ELF checkpoint, from the official training configs (`max_length` of
+# `train_owt_ELF-*.yml`, `train_xsum_ELF-B.yml`, `train_de-en_ELF-B.yml`); the checkpoint files do not store it.
+RELEASED_ELF_MAX_LENGTHS = {
+    "embedded-language-flows/ELF-B-owt-torch": 1024,
+    "embedded-language-flows/ELF-M-owt-torch": 1024,
+    "embedded-language-flows/ELF-L-owt-torch": 1024,
+    "embedded-language-flows/ELF-B-xsum-torch": 1088,
+    "embedded-language-flows/ELF-B-de-en-torch": 128,
+}
+# The training config the official trainer writes beside its checkpoints (`config.yml` in its output_dir).
+ELF_CONFIG_FILES = ("config.yml", "config.yaml", "config.json")
+COMMON_ELF_MAX_LENGTHS = "1024 for OpenWebText (ELF-B/M/L-owt), 1088 for XSum, 128 for WMT14 De-En"
+
+
 class UnsafeCheckpointError(RuntimeError):
     """Raised when a checkpoint can only be read by unpickling arbitrary Python objects."""
 
@@ -84,6 +98,70 @@ def _require(state_dict: dict[str, torch.Tensor], key: str, source: str) -> torc
     return state_dict[key]
 
 
+def _config_max_length(config, where: str) -> tuple[int, str] | None:
+    """`max_length` from a training config (a mapping or an object with attributes), with where it was read."""
+    value = config.get("max_length") if isinstance(config, dict) else getattr(config, "max_length", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: max_length = {value!r} is not a positive integer; fix it or pass --max-length.")
+    return value, where
+
+
+def recorded_elf_max_length(source: str | os.PathLike, path: Path, payload: dict) -> tuple[int, str] | None:
+    """
+    The sequence length an official ELF checkpoint was trained at, where something records it, with where: the
+    checkpoint's own `config` entry, the trainer's `config.yml` (or `.yaml`, `.json`) beside the checkpoint file, or
+    the table of released checkpoints by repo id. `None` when nothing does.
+    """
+    if payload.get("config") is not None:
+        found = _config_max_length(payload["config"], f"{path} (its 'config' entry)")
+        if found is not None:
+            return found
+    for name in ELF_CONFIG_FILES:
+        config_path = path.parent / name
+        if not config_path.is_file():
+            continue
+        try:
+            import yaml  # YAML is a superset of JSON: it reads all three
+
+            config = yaml.safe_load(config_path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ValueError(f"{config_path} is not a readable training config ({error}); fix or remove it.") from None
+        found = _config_max_length(config, str(config_path)) if isinstance(config, dict) else None
+        if found is not None:
+            return found
+    if str(source) in RELEASED_ELF_MAX_LENGTHS:
+        return RELEASED_ELF_MAX_LENGTHS[str(source)], f"the official training config of {source}"
+    return None
+
+
+def resolve_elf_max_length(
+    source: str | os.PathLike, path: Path, payload: dict, max_length: int | None
+) -> tuple[int, str | None]:
+    """
+    The `max_length` to build the model with: the recorded one ([`recorded_elf_max_length`]) or the one given; both
+    must agree. With neither, an error names `--max-length` and the released models' values: the RoPE tables are
+    built for exactly this length, so a guess would give a model that refuses (or mis-positions) every sample.
+    Returns the length and where it was read (`None` when given).
+    """
+    recorded = recorded_elf_max_length(source, path, payload)
+    if recorded is None:
+        if max_length is None:
+            raise ValueError(
+                f"{path} does not record the sequence length it was trained at (max_length: the RoPE tables are built "
+                f"for exactly that many positions), and no {' / '.join(ELF_CONFIG_FILES)} beside it does. Pass it: "
+                f"--max-length N (CLI) or max_length=N; the official models use {COMMON_ELF_MAX_LENGTHS}."
+            )
+        return max_length, None
+    if max_length is not None and max_length != recorded[0]:
+        raise ValueError(
+            f"--max-length {max_length} (max_length={max_length}) disagrees with max_length {recorded[0]} in "
+            f"{recorded[1]}, which the checkpoint was trained at: leave it out, or fix the config."
+        )
+    return recorded
+
+
 def elf_config_from_state_dict(state_dict: dict[str, torch.Tensor], max_length: int, source: str = "state dict"):
     """Reads every ELF size from the tensor shapes; only `max_length` (RoPE, not stored) must be given."""
     latent_dim = _require(state_dict, "self_cond_proj.weight", source).shape[0]
@@ -116,7 +194,7 @@ def _build(model_cls, config: dict, state_dict: dict[str, torch.Tensor], source:
 
 def load_official_elf(
     source: str | os.PathLike,
-    max_length: int = 1024,
+    max_length: int | None = None,
     weights: str = "ema_params1",
     allow_pickle: bool = False,
     **hub_kwargs,
@@ -127,13 +205,15 @@ def load_official_elf(
     Args:
         source (`str` or `os.PathLike`): a `checkpoint_<step>` file, a folder holding such files (the newest step is
             taken, as the official loader does), or a Hub repo id such as `embedded-language-flows/ELF-B-owt-torch`.
-        max_length (`int`, defaults to 1024): the training sequence length, which the checkpoint does not store
-            (1024 for the OpenWebText models, 1088 for XSum).
+        max_length (`int`, *optional*): the training sequence length, which the checkpoint file does not store.
+            Read from the trainer's `config.yml` beside the checkpoint, or for a released checkpoint from its
+            official config (1024 for the OpenWebText models, 1088 for XSum, 128 for WMT14 De-En); required when
+            neither records it, and must agree with a recorded one.
         weights (`str`, defaults to `"ema_params1"`): which weight set to load; the official evaluation uses the EMA.
         allow_pickle (`bool`, defaults to `False`): read the file with full unpickling. Only for trusted files.
         hub_kwargs: passed to `huggingface_hub.snapshot_download` (`revision`, `cache_dir`, `token`, ...).
     """
-    path = resolve_local(source, ["checkpoint_*"], **hub_kwargs)
+    path = resolve_local(source, ["checkpoint_*", *ELF_CONFIG_FILES], **hub_kwargs)
     if path.is_dir():
         path = _newest_checkpoint(path)
     payload = _torch_load(path, allow_pickle)
@@ -141,6 +221,7 @@ def load_official_elf(
         keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{path} has no {weights!r} entry (found: {keys}); is it an official ELF checkpoint?")
     state_dict = dict(payload[weights])
+    max_length, _ = resolve_elf_max_length(source, path, payload, max_length)
     config = elf_config_from_state_dict(state_dict, max_length, str(path))
     return _build(ELFTransformerModel, config, state_dict, str(path))
 

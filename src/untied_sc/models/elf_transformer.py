@@ -272,6 +272,7 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         decoder_step_active: bool | None = None,
         attention_mask: torch.Tensor | None = None,
         return_dict: bool = True,
+        use_self_conditioning: bool = True,
     ) -> ELFTransformerOutput | tuple:
         r"""
         Args:
@@ -285,16 +286,28 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
                 logits computed; `True`: mode tokens ×1, logits computed (the decode pass at t = 1).
             attention_mask (`torch.Tensor` of shape `(batch, max_length)`, *optional*): 1 = valid, 0 = padding.
             return_dict (`bool`, defaults to `True`): return an [`ELFTransformerOutput`] rather than a tuple.
+            use_self_conditioning (`bool`, defaults to `True`): `False` runs the network without its
+                self-conditioning input, as the official forward does on a latent-width input (`x` of width D, not
+                2D): `self_cond_proj` is skipped and z enters the bottleneck directly, `text_proj(z)`. This differs
+                from a zero self-conditioning input (`self_conditioning=None`), which still passes `[z, 0]` through
+                `self_cond_proj`. `self_conditioning` must then be `None`.
         """
         config = self.config
         batch = self._check_latent(sample, "sample")
-        if self_conditioning is None:
-            self_conditioning = torch.zeros_like(sample)
-        else:
-            self._check_latent(self_conditioning, "self_conditioning", batch)
         dtype, device = self.self_cond_proj.weight.dtype, sample.device
-
-        x = self.text_proj(self.self_cond_proj(torch.cat([sample, self_conditioning], dim=-1).to(dtype)))
+        if not use_self_conditioning:
+            if self_conditioning is not None:
+                raise ValueError(
+                    "use_self_conditioning=False runs the network without its self-conditioning input, but "
+                    "`self_conditioning` was given: pass one or the other (None for no input)."
+                )
+            x = self.text_proj(sample.to(dtype))
+        else:
+            if self_conditioning is None:
+                self_conditioning = torch.zeros_like(sample)
+            else:
+                self._check_latent(self_conditioning, "self_conditioning", batch)
+            x = self.text_proj(self.self_cond_proj(torch.cat([sample, self_conditioning], dim=-1).to(dtype)))
         time = broadcast_per_example(timestep, batch, device, "timestep")
         prefix = [self.t_emb_tokens + self.t_embedder(time)[:, None]]
         if config.num_sc_cfg_tokens > 0:

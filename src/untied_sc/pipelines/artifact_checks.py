@@ -6,6 +6,7 @@ zeros, and loads a scheduler config with out-of-range values as it is. Each chec
 and the fix.
 """
 
+import inspect
 import json
 import struct
 from pathlib import Path
@@ -25,6 +26,11 @@ def safetensors_tensor_names(path: Path) -> list[str]:
     The tensor names in a safetensors file, after checking that it is whole: a readable header, and at least as many
     bytes as the header's offsets reach. Raises a ValueError whose first line names the file and says what is wrong.
     """
+    return list(safetensors_tensor_shapes(path))
+
+
+def safetensors_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor in a safetensors file, checked whole as [`safetensors_tensor_names`] says."""
     size = path.stat().st_size
     try:
         with path.open("rb") as handle:
@@ -32,7 +38,9 @@ def safetensors_tensor_names(path: Path) -> list[str]:
             if header_size > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(handle.read(header_size))
-        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+        entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
+        ends = [int(entry["data_offsets"][1]) for entry in entries.values()]
+        shapes = {name: tuple(int(dim) for dim in entry["shape"]) for name, entry in entries.items()}
     except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as error:
         raise ValueError(
             f"{path} is corrupt: it is not a readable safetensors file ({error}).\nReplace it with an intact copy "
@@ -44,7 +52,7 @@ def safetensors_tensor_names(path: Path) -> list[str]:
             f"{path} is truncated: its header describes {expected:,} bytes, the file has {size:,}.\nReplace it with "
             "an intact copy (re-download the pipeline, or re-save it with `pipe.save_pretrained`)."
         )
-    return [name for name in header if name != "__metadata__"]
+    return shapes
 
 
 def check_statistics_folder(folder: Path) -> None:
@@ -54,8 +62,9 @@ def check_statistics_folder(folder: Path) -> None:
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         return  # a .bin file: diffusers reports it
-    present = {name for path in weights for name in safetensors_tensor_names(path)}
-    missing = [name for name in SamplerStatistics.tensor_names(config) if name not in present]
+    present = {name: shape for path in weights for name, shape in safetensors_tensor_shapes(path).items()}
+    expected = SamplerStatistics.tensor_shapes(config)
+    missing = [name for name in expected if name not in present]
     if missing:
         steps = sorted(config.get("calibrated_steps") or [])
         raise ValueError(
@@ -64,11 +73,22 @@ def check_statistics_folder(folder: Path) -> None:
             f"PIPELINE_DIR --nfe {' '.join(map(str, steps or [8]))} --overwrite`, or remove the NFEs without "
             "tensors from calibrated_steps."
         )
+    wrong = [
+        f"{name} {present[name]} (expected {shape})" for name, shape in expected.items() if present[name] != shape
+    ]
+    if wrong:
+        raise ValueError(
+            f"The sampler statistics in {folder} do not fit {config_path.name} (solver {config.get('solver')!r}, "
+            f"latent_dim {config.get('latent_dim')}, rank {config.get('rank')}): tensor shapes {'; '.join(wrong)}. "
+            "The tensor file and the config come from different calibrations (or the file was edited): recalibrate "
+            "with `untied-sc calibrate PIPELINE_DIR --nfe N` into a fresh copy of the pipeline."
+        )
 
 
 def check_scheduler_config(path: Path) -> None:
     """A scheduler config of this package has every numeric setting in range (see `_config_ranges`)."""
     from .. import schedulers
+    from ..schedulers.coefficients import check_coefficients
     from ..schedulers.config_checks import check_config_ranges
 
     config = json.loads(path.read_text())
@@ -76,6 +96,65 @@ def check_scheduler_config(path: Path) -> None:
     ranges = getattr(cls, "_config_ranges", None)
     if ranges:
         check_config_ranges(cls.__name__, config, ranges, where=str(path))
+    if cls is not None and issubclass(cls, schedulers.UntiedSelfConditioningMixin):
+        check_coefficients(config, where=f" in {path}")
+
+
+# The `model_index.json` entry of each component, as `save_pretrained` writes it.
+COMPONENT_ENTRIES = {
+    "transformer": {
+        "elf": ["untied_sc.models.elf_transformer", "ELFTransformerModel"],
+        "langflow": ["untied_sc.models.langflow_transformer", "LangFlowTransformerModel"],
+    },
+    "scheduler": {
+        "elf": ["untied_sc.schedulers.scheduling_elf", "ELFScheduler"],
+        "langflow": ["untied_sc.schedulers.scheduling_langflow", "LangFlowScheduler"],
+    },
+    "tokenizer": {
+        "elf": ["transformers", "PreTrainedTokenizerFast"],
+        "langflow": ["transformers", "PreTrainedTokenizerFast"],
+    },
+    "sampler_statistics": ["untied_sc.schedulers.sampler_statistics", "SamplerStatistics"],
+    "ace_statistics": ["untied_sc.calibration.ace", "ACEStatistics"],
+}
+
+
+def _index_entry(name: str, family: str | None) -> str:
+    """The `"name": [module, class]` line to add to `model_index.json` for component `name`."""
+    entry = COMPONENT_ENTRIES.get(name)
+    if isinstance(entry, dict):
+        entry = entry.get(family or "elf")
+    return f'"{name}": {json.dumps(entry)}' if entry else f'"{name}": [MODULE, CLASS]'
+
+
+def check_index_lists_components(folder: Path, index: dict, pipeline_class: type, passed: set[str]) -> None:
+    """
+    `model_index.json` lists every component the pipeline requires (unless passed as an argument), and every
+    statistics component the folder holds: one left out would be ignored, and the untied sampler would then ask for a
+    calibration the folder already has.
+    """
+    index_path = folder / "model_index.json"
+    family = PIPELINE_FAMILIES.get(saved_class_name(index)) or getattr(pipeline_class, "family", None)
+    parameters = inspect.signature(pipeline_class.__init__).parameters.values()
+    required = [p.name for p in parameters if p.name != "self" and p.default is inspect.Parameter.empty]
+    optional = getattr(pipeline_class, "_optional_components", [])
+    for name in [*required, *optional]:
+        if name in index or name in passed:
+            continue
+        on_disk = (folder / name).is_dir()
+        if name in optional and not on_disk:
+            continue  # an optional component that was never saved
+        held = f"the folder has {folder / name}, but " if on_disk else ""
+        effect = "it would be ignored" if name in optional else f"{pipeline_class.__name__} cannot be built without it"
+        remedy = (
+            f"add {_index_entry(name, family)} to {index_path}"
+            if on_disk
+            else f"restore {folder / name} from the original pipeline and list it in {index_path}"
+        )
+        raise ValueError(
+            f"{index_path} does not list the {name!r} component ({held}{effect}). Fix: {remedy}, or pass it: "
+            f"`from_pretrained(..., {name}=...)`."
+        )
 
 
 def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] = frozenset()) -> None:
@@ -99,6 +178,7 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
             f"{folder} holds a {saved_class} ({saved_family!r} model), not a {pipeline_class.__name__}. Load it with "
             f"`{saved_class}.from_pretrained(...)` (or `untied_sc.pipelines.load_pipeline`, which picks the class)."
         )
+    check_index_lists_components(folder, index, pipeline_class, passed)
     for name, value in index.items():
         if name.startswith("_") or name in passed or not isinstance(value, list) or None in value:
             continue

@@ -190,7 +190,7 @@ class ELFPipeline(LanguageFlowPipeline):
 
     @classmethod
     def from_official(
-        cls, checkpoint: str | os.PathLike, tokenizer="t5-small", max_length: int = 1024, **kwargs
+        cls, checkpoint: str | os.PathLike, tokenizer="t5-small", max_length: int | None = None, **kwargs
     ) -> "ELFPipeline":
         """
         Builds a pipeline from an official ELF PyTorch checkpoint (see [`load_official_elf`]).
@@ -198,7 +198,8 @@ class ELFPipeline(LanguageFlowPipeline):
         Args:
             checkpoint: `checkpoint_<step>` file, folder, or Hub repo id.
             tokenizer: a tokenizer or its name/path (`"t5-small"` for the released models).
-            max_length (`int`, defaults to 1024): the model's sequence length.
+            max_length (`int`, *optional*): the model's sequence length; see [`load_official_elf`] (read where the
+                checkpoint's config records it, required otherwise).
             kwargs: passed to [`load_official_elf`].
         """
         if isinstance(tokenizer, str | os.PathLike):

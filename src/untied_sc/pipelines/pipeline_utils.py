@@ -3,8 +3,10 @@
 import contextlib
 import importlib
 import inspect
+import json
 import operator
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from .remote_code import (
     is_package_component,
     is_package_module,
     package_components,
+    saved_class_name,
     write_remote_code,
 )
 
@@ -115,6 +118,27 @@ def as_int(value):
         return operator.index(value)
     except TypeError:
         return value
+
+
+def saved_pipeline_class(folder: Path) -> str | None:
+    """The pipeline class `folder/model_index.json` names; `None` without one; `"an unreadable model_index.json"`
+    for one that cannot be read (a folder of unknown content counts as another pipeline)."""
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        return None
+    try:
+        return str(saved_class_name(json.loads(index_path.read_text())))
+    except (OSError, ValueError, AttributeError):
+        return "an unreadable model_index.json"
+
+
+def clear_folder(folder: Path) -> None:
+    """Removes everything inside `folder`, keeping the folder itself."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def check_generator_input(generator, batch_size: int) -> None:
@@ -215,6 +239,34 @@ class LanguageFlowPipeline(DiffusionPipeline):
                 if target is not None and getattr(components, class_name, None) is target:
                     config[component] = [components.__name__, class_name]  # no module file of that name
         return loaded
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, overwrite: bool = False, **kwargs) -> None:
+        """
+        diffusers' `save_pretrained`, guarded against mixing two models in one folder: a non-empty folder that holds
+        another pipeline (its `model_index.json` names another class) is refused unless `overwrite=True`, which
+        first empties the folder, so no file of the other model (its model card, `training_info.json`,
+        `latent_normalization.json`, ...) stays behind. Saving over a pipeline of the same class (say after
+        `calibrate`) writes into the folder as diffusers does, keeping its other files.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): the folder to write.
+            overwrite (`bool`, defaults to `False`): replace the folder's contents, whatever it holds.
+            args, kwargs: passed to `DiffusionPipeline.save_pretrained` (`safe_serialization`, `push_to_hub`, ...).
+        """
+        folder = Path(save_directory)
+        if folder.is_dir() and any(folder.iterdir()):
+            if overwrite:
+                clear_folder(folder)
+            else:
+                held = saved_pipeline_class(folder)
+                if held != type(self).__name__ and held is not None:
+                    raise FileExistsError(
+                        f"{folder} holds another pipeline ({held}, named by {folder / 'model_index.json'}), not a "
+                        f"{type(self).__name__}: saving here would leave that model's files (model card, "
+                        "training_info.json, ...) beside this one's. Pass `save_pretrained(..., overwrite=True)` to "
+                        "replace the folder's contents, or save to a new folder."
+                    )
+        super().save_pretrained(save_directory, *args, **kwargs)
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """

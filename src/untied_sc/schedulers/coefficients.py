@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Mapping
 from importlib import resources
 
+from .config_checks import unusual_coefficient_message
 from .sampler_statistics import COEFFICIENT_NAMES
 
 
@@ -61,10 +62,20 @@ def preset_entry(name: str, num_steps: int) -> tuple[int, dict[str, float]]:
 
 
 def check_coefficients(values: Mapping[str, float | None], where: str = "") -> None:
-    """η_R, η_T, η_O ≥ 0 and α ∈ (0, 1], for those that are set; `where` says where they came from."""
+    """η_R, η_T, η_O ≥ 0 and α ∈ (0, 1], for those that are set, each a real number; `where` says where they came
+    from. A value far outside the usual range warns (`config_checks.USUAL_COEFFICIENT_RANGES`)."""
+    for name in COEFFICIENT_NAMES:
+        value = values.get(name)
+        if value is not None and (isinstance(value, str | bytes | bool) or not hasattr(value, "__float__")):
+            raise ValueError(
+                f"The untied scheduler's {name}{where} must be a number, got {value!r} ({type(value).__name__}): pass "
+                f"e.g. `{name}=1.0`, or leave it out to use the preset's value."
+            )
     for name in ("eta_r", "eta_t", "eta_o"):
         if values.get(name) is not None and not values[name] >= 0:
             raise ValueError(f"{name}{where} must be ≥ 0, got {values[name]}.")
+        if values.get(name) is not None and (message := unusual_coefficient_message(name, values[name], where)):
+            warnings.warn(message, UserWarning, stacklevel=3)
     if values.get("alpha") is not None and not 0 < values["alpha"] <= 1:
         raise ValueError(f"alpha{where} must lie in (0, 1], got {values['alpha']}.")
 

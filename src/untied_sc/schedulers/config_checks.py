@@ -38,6 +38,24 @@ POSITIVE = Range(0.0, None, low_inclusive=False)
 NON_NEGATIVE = Range(0.0, None)
 FINITE = Range()
 
+# Where the untied coefficients are expected (docs/algorithm.md §4.4): up to ten times the paper's largest value (η_R,
+# η_T 3.3 and η_O 6.0 in its Table 6, `data/coefficients.json`), which every preset, the sensitivity experiment (×2)
+# and three rounds of `untied-sc tune`'s ×2 grid stay inside. A value beyond is allowed, with a warning: it is more
+# likely a typo (1000 for 1.0) than a choice.
+USUAL_COEFFICIENT_RANGES = {"eta_r": Range(0.0, 33.0), "eta_t": Range(0.0, 33.0), "eta_o": Range(0.0, 60.0)}
+
+
+def unusual_coefficient_message(name: str, value: float, where: str = "") -> str | None:
+    """The warning for an untied coefficient outside its usual range ([`USUAL_COEFFICIENT_RANGES`]), else `None`."""
+    usual = USUAL_COEFFICIENT_RANGES.get(name)
+    if usual is None or usual.contains(float(value)):
+        return None
+    return (
+        f"{name}{where} = {value:g} lies far outside the usual range {usual} (the paper's presets use at most 3.3 for "
+        "η_R and η_T, 6.0 for η_O; docs/algorithm.md §4.4). It runs as given; if it is a typo, fix the value (e.g. "
+        f"`{name}=1.0`) or use a preset (`coefficients='elf-b'`)."
+    )
+
 
 def check_config_ranges(owner: str, config: Mapping, ranges: Mapping[str, Range], where: str | None = None) -> None:
     """

@@ -9,7 +9,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from ..defaults import CALIBRATION_SEED  # noqa: F401  (re-exported)
+from ..defaults import CALIBRATION_SEED, COEFFICIENT_NAMES  # noqa: F401  (re-exported)
 
 
 # Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
@@ -17,7 +17,6 @@ from ..defaults import CALIBRATION_SEED  # noqa: F401  (re-exported)
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 SOLVERS = ("elf", "langflow")
-COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
 
 
 def num_update_steps(solver: str, num_inference_steps: int) -> int:
@@ -172,11 +171,21 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
     @staticmethod
     def tensor_names(config: dict) -> list[str]:
         """The tensors a statistics file with this config must hold (format 1 also held the coefficients)."""
-        names = ["basis", "rho_sq", "base_scales"]
-        per_nfe = ["mean", "rms", "cosine_distance"] + (["coefficients"] if config.get("format_version") == 1 else [])
+        return list(SamplerStatistics.tensor_shapes(config))
+
+    @staticmethod
+    def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+        """The shape of every tensor a statistics file with this config holds, as `__init__` registers them (the
+        config's defaults where it omits a value)."""
+        solver, dim, rank = config.get("solver", "elf"), config.get("latent_dim", 512), config.get("rank", 128)
+        shapes = {"basis": (dim, rank), "rho_sq": (rank,), "base_scales": (2,)}
         for steps in sorted(config.get("calibrated_steps") or []):
-            names += [f"{name}_nfe{steps}" for name in per_nfe]
-        return names
+            updates = num_update_steps(solver, steps)
+            shapes.update({f"mean_nfe{steps}": (updates, dim), f"rms_nfe{steps}": (updates,)})
+            shapes[f"cosine_distance_nfe{steps}"] = (updates,)
+            if config.get("format_version") == 1:
+                shapes[f"coefficients_nfe{steps}"] = (len(COEFFICIENT_NAMES),)
+        return shapes
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "SamplerStatistics":
@@ -185,8 +194,20 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         missing one at zeros) and every value is finite. Errors name the folder and the fix.
         """
         return_info = kwargs.pop("output_loading_info", False)
-        statistics, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
         where = os.path.join(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        try:
+            statistics, info = super().from_pretrained(
+                pretrained_model_name_or_path, output_loading_info=True, **kwargs
+            )
+        except ValueError as error:  # diffusers: "Cannot load  because <name> expected shape ..."
+            if "expected shape" not in str(error):
+                raise
+            detail = str(error).split(" because ", 1)[-1].split(". ", 1)[0]
+            raise ValueError(
+                f"The sampler statistics in {where} do not fit their config.json: {detail}. The tensor file and the "
+                "config come from different calibrations (or the file was edited); recalibrate with `untied-sc "
+                "calibrate PIPELINE_DIR --nfe N` into a fresh copy of the pipeline."
+            ) from None
         missing = sorted(info.get("missing_keys") or [])
         if missing:
             raise ValueError(

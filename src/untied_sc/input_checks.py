@@ -1,0 +1,137 @@
+"""Checks of command-line inputs that need no model: paths, samples files, what a samples file records.
+
+Everything here imports the standard library only, so a command refuses a missing path, an existing output or a file
+of the wrong kind in well under a second, before torch, diffusers or transformers load.
+"""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+from .defaults import PROTOCOLS
+from .experiments.output_paths import record_beside_samples
+
+
+def looks_like_repo_id(source: str | os.PathLike) -> bool:
+    """Whether `source` has the form of a Hub repo id, `owner/name` (the rule of `untied_sc.hub.resolve_local`)."""
+    text = str(source)
+    return not text.startswith(("/", ".", "~")) and text.count("/") == 1 and all(text.split("/"))
+
+
+def check_source_exists(source: str | os.PathLike, what: str, option: str) -> None:
+    """
+    Refuses a `source` that is neither a path on this machine nor shaped like a Hub repo id (a mistyped path), naming
+    `option` (the argument that gave it) and `what` it should be.
+    """
+    if Path(source).expanduser().exists() or looks_like_repo_id(source):
+        return
+    raise FileNotFoundError(
+        f"{option} {str(source)!r}: no such file or folder on this machine. Give the path of {what} (or a Hub repo "
+        "id of the form owner/name)."
+    )
+
+
+def check_local_pipeline_folder(source: str | os.PathLike, command: str, has_output: bool = True) -> Path:
+    """
+    A pipeline folder that `untied-sc command` writes into: it must exist here and hold `model_index.json`. A Hub
+    repo id cannot be written into: with `has_output`, the command's `--output FOLDER` takes the result instead.
+    """
+    path = Path(source).expanduser()
+    if not path.exists():
+        if looks_like_repo_id(source):
+            remedy = "give --output FOLDER to write the result there" if has_output else "download it to a folder"
+            raise FileNotFoundError(
+                f"{str(source)!r} is not a folder on this machine, and a Hub repo id cannot be written into: "
+                f"`untied-sc {command}` writes into a local pipeline folder; {remedy}."
+            )
+        raise FileNotFoundError(
+            f"{str(source)!r} does not exist: give the path of a local pipeline folder (one holding "
+            "model_index.json, as `pipe.save_pretrained` or `untied-sc train ... export` writes it)."
+        )
+    if not (path / "model_index.json").is_file():
+        raise FileNotFoundError(
+            f"{path} has no model_index.json, so it is not a pipeline folder: give the folder that "
+            "`pipe.save_pretrained` wrote."
+        )
+    return path
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")
+
+
+def check_samples_file(path: str | os.PathLike, option: str = "SAMPLES") -> None:
+    """
+    Reads enough of a samples file to tell whether it is one: it exists, holds at least one non-blank line, and its
+    first line is a JSON object with a string `text` (or ELF's `generated`). The full file is parsed when scored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{option} {str(path)!r}: no such file. Give a JSONL samples file, as `untied-sc generate --out` or "
+            "`untied-sc benchmark` (<report>.samples.jsonl.gz) writes one."
+        )
+    expected = (
+        "a JSONL samples file holds one JSON object per line, each with a string 'text' (as `untied-sc generate "
+        "--out FILE.jsonl` writes it)"
+    )
+    if path.name == "model_index.json" or path.name.endswith("_config.json") or path.name == "config.json":
+        raise ValueError(
+            f"{path} is a pipeline or model config, not a samples file: {expected}. To score a pipeline, write its "
+            f"samples first: `untied-sc generate {path.parent} --nfe 8 --out samples.jsonl`."
+        )
+    try:
+        with _open_text(path) as handle:
+            first = next((line for line in handle if line.strip()), None)
+    except (OSError, UnicodeDecodeError, EOFError) as error:
+        raise ValueError(f"{path} is not a readable text file ({error}); {expected}.") from None
+    if first is None:
+        raise ValueError(f"{path} is empty: it holds no samples to score; {expected}.")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line 1 is not one JSON object ({error.msg}); {expected}.") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text", record.get("generated")), str):
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{path}, line 1 has no string 'text' (got {keys}); {expected}.")
+
+
+def recorded_protocol(path: str | os.PathLike) -> tuple[str, Path] | None:
+    """
+    The GenPPL protocol a benchmark's samples file records, and the file that records it: a report's
+    `<stem>.samples.jsonl.gz` has `<stem>.json` beside it (its `protocol`), a `--generate-only` result's
+    `<stem>.generation-samples.jsonl.gz` has `<stem>.generation.json` (its model `family`). `None` for a bare JSONL.
+    """
+    record_path = record_beside_samples(path)
+    try:
+        record = json.loads(record_path.read_text()) if record_path is not None else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    protocol = record.get("protocol") or record.get("family")  # each family's protocol bears its name
+    return (protocol, record_path) if protocol in PROTOCOLS else None
+
+
+def resolve_protocol(samples: str | os.PathLike, given: str | None) -> tuple[str, str | None]:
+    """
+    The protocol to score `samples` with: `given` (`--protocol`), else the one its benchmark record names. A bare
+    JSONL without `--protocol` is refused: the two protocols give different GenPPL for the same texts. Returns the
+    protocol and a warning (or `None`) for a `given` one that differs from the record's.
+    """
+    recorded = recorded_protocol(samples)
+    if given is None:
+        if recorded is None:
+            raise ValueError(
+                f"{samples} does not record which model produced it, so the GenPPL protocol is unknown: pass "
+                f"--protocol {{{','.join(PROTOCOLS)}}} (elf for ELF samples, langflow for LangFlow samples; the two "
+                "give different GenPPL for the same texts)."
+            )
+        return recorded[0], None
+    if recorded is not None and recorded[0] != given:
+        return given, (
+            f"warning: {recorded[1]} records protocol {recorded[0]!r} for {samples}, but --protocol {given} was "
+            f"given; scoring with {given!r} (leave --protocol out to use the recorded one)."
+        )
+    return given, None
