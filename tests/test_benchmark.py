@@ -414,7 +414,7 @@ def test_elf_decode_temperature(pipes):
     )
     assert torch.equal(latents.latents, hot_latents.latents)
     assert torch.equal(ids(), argmax)  # the knob was passed, not stored
-    for bad in (-1.0, "hot", None):
+    for bad in (-1.0, "hot"):  # None: the stored or default value
         with pytest.raises(ValueError, match="decode_temperature must be a number ≥ 0"):
             pipe(batch_size=1, num_inference_steps=8, decode_temperature=bad)
 

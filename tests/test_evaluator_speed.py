@@ -180,7 +180,7 @@ def test_evaluate_records_the_dtype_auto_chose(monkeypatch, tmp_path, native, ra
     tiny_evaluator_tokenizer().save_pretrained(folder)
     write_samples(tmp_path / "a.jsonl", [Sample("w3 w4 w5"), Sample("w6 w7")])
     args = add_evaluate_arguments(argparse.ArgumentParser()).parse_args(
-        [str(tmp_path / "a.jsonl"), "--evaluator", str(folder)]
+        [str(tmp_path / "a.jsonl"), "--evaluator", str(folder), "--protocol", "elf"]
     )
     assert args.dtype == "auto" and args.eval_batch_size is None
     result = evaluate_command(args)
