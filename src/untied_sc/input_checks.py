@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from .defaults import PROTOCOLS
-from .experiments.output_paths import record_beside_samples
+from .output_paths import record_beside_samples
 
 
 def looks_like_repo_id(source: str | os.PathLike) -> bool:

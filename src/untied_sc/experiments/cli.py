@@ -377,7 +377,7 @@ def _refuse_existing_outputs(paths, overwrite: bool) -> None:
 
 def _benchmark_outputs(args, name: str) -> list[Path]:
     """The files this `benchmark` command writes for the model name `name`."""
-    from .output_paths import generation_paths, report_paths
+    from ..output_paths import generation_paths, report_paths
 
     if args.generate_only:
         return list(generation_paths(args.output_dir, name).values())

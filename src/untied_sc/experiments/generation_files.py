@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..evaluation.io import Sample, read_samples, write_samples
 from ..evaluation.sampling import KNOBS_KEY
-from .output_paths import generation_paths  # noqa: F401  (re-exported)
+from ..output_paths import generation_paths  # noqa: F401  (re-exported)
 
 
 GENERATION_FORMAT = "untied-sc benchmark generation"

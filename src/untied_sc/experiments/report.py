@@ -13,8 +13,8 @@ from pathlib import Path
 from ..evaluation.curves import FIT_DESCRIPTION
 from ..evaluation.evaluator import SMOLLM2_NAME
 from ..evaluation.io import Sample, write_samples
+from ..output_paths import report_paths  # noqa: F401  (re-exported)
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
-from .output_paths import report_paths  # noqa: F401  (re-exported)
 
 
 def _fmt(stat: dict | None, digits: int = 2) -> str:

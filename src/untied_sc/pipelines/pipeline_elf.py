@@ -6,9 +6,8 @@ import torch
 
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
-from ..schedulers.coefficients import call_diversity
 from ..schedulers.noise import settle
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity
 
 
 # The SC-CFG scale of the released models: the pipeline's default when neither its config nor (old folders) the

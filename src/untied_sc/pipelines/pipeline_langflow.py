@@ -6,8 +6,7 @@ import torch
 
 from ..models import load_official_langflow
 from ..schedulers import LangFlowScheduler
-from ..schedulers.coefficients import call_diversity
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity
 
 
 class LangFlowPipeline(LanguageFlowPipeline):

@@ -20,8 +20,10 @@ from diffusers.utils.torch_utils import randn_tensor
 from tqdm.auto import tqdm
 
 from ..hub import HUB_KWARGS, resolve_local
+from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
+from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from .artifact_checks import check_pipeline_folder
 from .remote_code import (
     MODULE_NAME,
@@ -535,3 +537,12 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=denoised.latents)
         return output if return_dict else output.to_tuple()
+
+
+def call_diversity(scheduler, key: str, num_inference_steps: int, default: float) -> float:
+    """The diversity knob a pipeline call uses when it gives none: an untied `scheduler`'s stored entropy-matching
+    value ([`entropy_matched_setting`]), else `default` (the official sampler's value). Other schedulers: `default`."""
+    if not isinstance(scheduler, UntiedSelfConditioningScheduler):
+        return default
+    stored = entropy_matched_setting(scheduler.config, num_inference_steps, key)
+    return default if stored is None else stored

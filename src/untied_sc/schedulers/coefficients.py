@@ -206,14 +206,3 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=N
     resolved = {name: float(fallback[name] if resolved[name] is None else resolved[name]) for name in resolved}
     check_coefficients(resolved)
     return resolved
-
-
-def call_diversity(scheduler, key: str, num_inference_steps: int, default: float) -> float:
-    """The diversity knob a pipeline call uses when it gives none: an untied `scheduler`'s stored entropy-matching
-    value ([`entropy_matched_setting`]), else `default` (the official sampler's value). Other schedulers: `default`."""
-    from .scheduling_untied import UntiedSelfConditioningScheduler
-
-    if not isinstance(scheduler, UntiedSelfConditioningScheduler):
-        return default
-    stored = entropy_matched_setting(scheduler.config, num_inference_steps, key)
-    return default if stored is None else stored
