@@ -99,6 +99,16 @@ def run_clusters(runs: Sequence[dict], clusters: Sequence | None = None) -> tupl
     return labels, strata
 
 
+def paired_token_table(baseline_runs: Sequence[dict], candidate_runs: Sequence[dict]) -> torch.Tensor:
+    """(pairs, 4) float64 table of matched runs' per-sample sums: nll_a, tokens_a, nll_b, tokens_b (a the baseline),
+    the pairs of all runs (one run per seed, same order) stacked."""
+    columns = []
+    for a, b in zip(baseline_runs, candidate_runs, strict=True):
+        pa, pb = a["per_sample"], b["per_sample"]
+        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+    return torch.tensor(columns, dtype=torch.float64)
+
+
 def genppl_ratio_ci(
     baseline_runs: Sequence[dict],
     candidate_runs: Sequence[dict],
@@ -113,11 +123,7 @@ def genppl_ratio_ci(
     ratio is exp(NLL/token of the candidate - NLL/token of the baseline). `clusters` labels sample i of a seed with its
     resampling unit ([`resampling_clusters`]; default: every sample its own); clusters are resampled within seeds.
     """
-    columns = []
-    for a, b in zip(baseline_runs, candidate_runs, strict=True):
-        pa, pb = a["per_sample"], b["per_sample"]
-        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
-    table = torch.tensor(columns, dtype=torch.float64)
+    table = paired_token_table(baseline_runs, candidate_runs)
     labels, strata = run_clusters(baseline_runs, clusters)
     weights = torch.cat(
         [
@@ -147,11 +153,7 @@ def genppl_ratio_intervals(
     cluster, the token-weighted deviation of the cluster's log ratio from θ). The clusters of all seeds (`(seed,
     cluster)` labels, [`run_clusters`]) are one sample: every ELF batch has its own generator seed.
     """
-    columns = []
-    for a, b in zip(baseline_runs, candidate_runs, strict=True):
-        pa, pb = a["per_sample"], b["per_sample"]
-        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
-    table = torch.tensor(columns, dtype=torch.float64)
+    table = paired_token_table(baseline_runs, candidate_runs)
     labels, _ = run_clusters(baseline_runs, clusters)
     log_ratio = ratio_difference_intervals(
         table[:, 2],
