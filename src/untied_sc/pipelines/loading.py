@@ -4,10 +4,6 @@ import json
 import os
 from pathlib import Path
 
-# diffusers loads a folder's component only from a module already imported (it never imports the module that
-# model_index.json names), so importing the pipelines imports every module a pipeline folder of ours names: the
-# transformers and schedulers come with the pipeline classes, the optional `ace_statistics` component from here.
-from ..calibration.ace import ACEStatistics  # noqa: F401
 from ..hub import HUB_KWARGS, resolve_local
 from .pipeline_elf import ELFPipeline
 from .pipeline_langflow import LangFlowPipeline

@@ -24,6 +24,10 @@ from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
+
+# Every component class a folder of ours names, under one library (`components.py`). Importing it also imports each
+# module model_index.json names: diffusers resolves a component's library only among modules already imported.
+from . import components
 from .artifact_checks import check_pipeline_folder
 from .remote_code import (
     MODULE_NAME,
@@ -232,8 +236,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
             config["_class_name"] = name[-1]
         for component, (module, class_name) in package_components(config).items():
             if is_package_component(folder, component, module, class_name):
-                from . import components  # imported here: it imports the models, schedulers and calibration
-
                 try:
                     target = getattr(importlib.import_module(module), class_name, None)
                 except ImportError:
