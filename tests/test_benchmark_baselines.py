@@ -374,3 +374,36 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
     parts[1][CANDIDATES_KEY]["ace"]["direction_sha256"] = "another direction"
     with pytest.raises(ValueError, match="differ in baseline_candidates.ace"):
         merge_generations(parts)
+
+
+def test_a_subset_of_samplers_tuned_with_parts_resumes_and_names_its_samplers(pipes, evaluator, tmp_path, capsys):
+    pipes["langflow"].save_pretrained(tmp_path / "tiny-langflow")
+    evaluator[0].save_pretrained(tmp_path / "evaluator")
+    evaluator[1].save_pretrained(tmp_path / "evaluator")
+    parts = tmp_path / "parts"
+    argv = ["benchmark", str(tmp_path / "tiny-langflow"), "--experiment", "baselines", "--nfe", "8", "--seeds", "0"]
+    argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--tune-budget", "2"]
+    argv += ["--no-progress", "--evaluator", str(tmp_path / "evaluator"), "--num-resamples", "20"]
+    base, argv = argv, [*argv, "--samplers", "HiGS", "untied", "--tune-parts-dir", str(parts)]
+    assert main([*argv, "--output-dir", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "tiny-langflow-baselines.json").read_text())
+    assert list(first["samplers"]) == ["official", "untied", "HiGS"]  # the experiment's order, official first
+    assert set(first["knob_tuning"]["samplers"]) == {"HiGS"}
+    assert {run["sampler"] for run in first["runs"]} == {"official", "untied", "HiGS"}
+    assert "--samplers HiGS untied" in first["command"]
+    written = sorted(path.name for path in parts.iterdir())
+    assert "bank.json" in written and len(written) > 2  # official's curve and HiGS's candidates, one file each
+    # a second run finds every bank run in the parts folder: nothing is sampled for the tuning, the same choice
+    stamps = {path.name: path.stat().st_mtime_ns for path in parts.iterdir()}
+    assert main([*argv, "--output-dir", str(tmp_path / "second")]) == 0
+    second = json.loads((tmp_path / "second" / "tiny-langflow-baselines.json").read_text())
+    assert {path.name: path.stat().st_mtime_ns for path in parts.iterdir()} == stamps
+    assert second["knob_tuning"] == first["knob_tuning"]
+    assert [run["per_sample"] for run in second["runs"]] == [run["per_sample"] for run in first["runs"]]
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="'HiGS2' is not among the baselines experiment's samplers: 'official'"):
+        main([*base, "--samplers", "HiGS2", "--output-dir", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match="--tune-parts-dir resumes the tuning of a one-machine run"):
+        main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only", "--tune-here"])
+    with pytest.raises(SystemExit, match="--tune-parts-dir tune the comparison samplers' knobs"):
+        main(["benchmark", str(tmp_path / "tiny-langflow"), "--tune-parts-dir", str(parts)])

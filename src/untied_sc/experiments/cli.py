@@ -226,6 +226,8 @@ SCORING_OPTIONS = (
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
 TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "tune_budget": TUNE_BUDGET, "confidence": 0.95}
+# Tuning options without a default (checked with the ones above).
+TUNING_OPTIONS = ("tune_parts_dir",)
 
 
 def add_benchmark_arguments(parser):
@@ -258,6 +260,13 @@ def add_benchmark_arguments(parser):
         "sampler's knob first chosen per NFE on the tuning bank (needs the evaluator, and ACE's direction: "
         "`untied-sc ace`).",
     )
+    parser.add_argument(
+        "--samplers",
+        nargs="+",
+        metavar="NAME",
+        help="Only these samplers of the experiment, by their report names (e.g. untied HiGS); official, the pairs' "
+        "first side, always runs (default: all of them).",
+    )
     tuning = parser.add_argument_group("knob tuning of --experiment baselines (as `untied-sc tune`)")
     tuning.add_argument(
         "--tune-seed",
@@ -280,6 +289,11 @@ def add_benchmark_arguments(parser):
         type=float,
         help="Level of the equal-entropy GenPPL ratio's interval vs official on the bank that must lie below 1 for a "
         f"method's pick to be kept (default {TUNING_DEFAULTS['confidence']}).",
+    )
+    tuning.add_argument(
+        "--tune-parts-dir",
+        help="Folder for every scored bank run, as `untied-sc tune --parts-dir` (the same folder shares official's "
+        "curve): a stopped tuning resumes from it (not with --generate-only, which stores the bank's samples).",
     )
     tuning.add_argument(
         "--tune-here",
@@ -387,7 +401,8 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
 def _check_generation_scoring(args) -> None:
     """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
     the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
-    given = [f"--{k.replace('_', '-')}" for k in (*SWEEP_DEFAULTS, *TUNING_DEFAULTS) if getattr(args, k) is not None]
+    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
+    given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
@@ -486,6 +501,7 @@ def _tune_baselines(args, sweep: dict, state):
         protocol=args.protocol,
         progress=not args.no_progress,
         source=args.pipeline,
+        parts_dir=args.tune_parts_dir,
     )
     record["evaluator"] = args.evaluator
     sweep.update(samplers=samplers, knob_tuning=record)
@@ -551,7 +567,7 @@ def _check_sweep_arguments(args) -> str:
         if getattr(args, key) is None:
             setattr(args, key, default)
     baselines = args.experiment == "baselines"
-    given = [f"--{key.replace('_', '-')}" for key in TUNING_DEFAULTS if getattr(args, key) is not None]
+    given = [f"--{key.replace('_', '-')}" for key in (*TUNING_DEFAULTS, *TUNING_OPTIONS) if getattr(args, key) is not None]
     if given and not baselines:
         raise SystemExit(
             f"{' '.join(given)} tune the comparison samplers' knobs: use them with --experiment baselines."
@@ -566,6 +582,18 @@ def _check_sweep_arguments(args) -> str:
             "--experiment baselines --generate-only needs --tune-here: the comparison samplers are tuned by a search "
             "whose candidates depend on the scores, so the evaluator must be where the tuning bank is sampled."
         )
+    if args.tune_parts_dir and args.generate_only:
+        raise SystemExit(
+            "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
+            "run's samples for --from to score again, which the parts do not keep. Drop one of them."
+        )
+    if args.samplers:
+        from .definitions import select_samplers
+
+        try:
+            select_samplers(args.experiment, args.samplers)
+        except ValueError as error:
+            raise SystemExit(f"--samplers: {error}") from None
     for key, default in TUNING_DEFAULTS.items():
         if baselines and getattr(args, key) is None:
             setattr(args, key, default)
@@ -593,7 +621,7 @@ def benchmark_command(args) -> dict | None:
         name = _check_sweep_arguments(args)
 
     from ..distributed import is_main_process, process_state, silence_other_processes
-    from .definitions import experiment_samplers, with_preset
+    from .definitions import select_samplers, with_preset
     from .generation_files import write_generation
     from .report import format_markdown
     from .sweep import generate_sweep, run_sweep
@@ -623,11 +651,11 @@ def benchmark_command(args) -> dict | None:
         "seeds": args.seeds,
         "num_samples": args.num_samples,
         "batch_size": args.batch_size,
-        "samplers": with_preset(experiment_samplers(args.experiment), args.coefficients),
+        "samplers": with_preset(select_samplers(args.experiment, args.samplers), args.coefficients),
         "diversity_values": args.temperatures,
         "diversity_nfe": args.diversity_nfe,
         # baselines: every sampler's own frontier (its tuned point and the temperatures), read at official's entropy
-        **({"diversity_samplers": list(experiment_samplers(args.experiment))} if baselines else {}),
+        **({"diversity_samplers": list(select_samplers(args.experiment, args.samplers))} if baselines else {}),
         "name": name,
         "command": benchmark_command_line(args),
         "progress": not args.no_progress,

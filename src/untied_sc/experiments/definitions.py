@@ -20,7 +20,7 @@ baseline of every paired comparison. The experiments (`--experiment`):
   frontier at official's entropy.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
@@ -79,6 +79,22 @@ def experiment_samplers(name: str) -> dict[str, dict]:
     if name == "baselines":
         return {**DEFAULT_SAMPLERS, **{label: {"scheduler": method} for label, method in BASELINE_METHODS.items()}}
     raise ValueError(f"Unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
+
+
+def select_samplers(name: str, names: Sequence[str] | None = None) -> dict[str, dict]:
+    """The experiment's sampler specs ([`experiment_samplers`]), only `names` of them (and official, the pairs' first
+    side, always) in the experiment's order; all of them when `names` is `None`. An unknown name raises a `ValueError`
+    that lists the experiment's samplers."""
+    samplers = experiment_samplers(name)
+    if names is None:
+        return samplers
+    unknown = [n for n in names if n not in samplers]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not among the {name} "
+            f"experiment's samplers: {', '.join(map(repr, samplers))}."
+        )
+    return {key: spec for key, spec in samplers.items() if key == BASELINE or key in names}
 
 
 def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
