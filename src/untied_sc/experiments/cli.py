@@ -567,7 +567,9 @@ def _check_sweep_arguments(args) -> str:
         if getattr(args, key) is None:
             setattr(args, key, default)
     baselines = args.experiment == "baselines"
-    given = [f"--{key.replace('_', '-')}" for key in (*TUNING_DEFAULTS, *TUNING_OPTIONS) if getattr(args, key) is not None]
+    given = [
+        f"--{key.replace('_', '-')}" for key in (*TUNING_DEFAULTS, *TUNING_OPTIONS) if getattr(args, key) is not None
+    ]
     if given and not baselines:
         raise SystemExit(
             f"{' '.join(given)} tune the comparison samplers' knobs: use them with --experiment baselines."
