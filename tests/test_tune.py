@@ -1,5 +1,7 @@
 """`untied-sc tune`: the coordinate search on a held-out bank, written into the scheduler config."""
 
+import copy
+import json
 import math
 
 import pytest
@@ -171,6 +173,16 @@ def test_a_stopped_tuning_resumes_from_its_parts(langflow_golden, evaluator, tun
     assert len(again) == 1 and result.chosen == first.chosen  # one run sampled again, the rest read
     with pytest.raises(ValueError, match="records another bank"):
         tune_coefficients(calibrated_pipe(langflow_golden), [8], **{**options, "num_samples": 6})
+    # the evaluator's dtype is part of the bank: the same evaluator in another dtype is another bank
+    half = (copy.deepcopy(evaluator[0]).to(torch.bfloat16), evaluator[1])
+    with pytest.raises(ValueError, match="records another bank.*'evaluator_dtype': 'float32'"):
+        tune_coefficients(calibrated_pipe(langflow_golden), [8], **{**options, "evaluator": half})
+    # a header from before the dtype was recorded says what to add
+    header = tmp_path / "parts" / "bank.json"
+    old = {key: value for key, value in json.loads(header.read_text()).items() if key != "evaluator_dtype"}
+    header.write_text(json.dumps({**old, "format": 1}))
+    with pytest.raises(ValueError, match='add "evaluator_dtype": "float32"'):
+        tune_coefficients(calibrated_pipe(langflow_golden), [8], **options)
 
 
 def test_the_stored_temperature_runs_the_untied_sampler_unless_the_call_or_the_config_says_otherwise(

@@ -50,7 +50,7 @@ from .search import (
 )
 
 
-PARTS_FORMAT = 1
+PARTS_FORMAT = 2  # 2: the header names the evaluator's dtype (a bf16 and a float32 bank differ in the last digits)
 
 
 def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
@@ -124,6 +124,7 @@ class BankScorer:
             "num_samples": self.num_samples,
             "batch_size": self.batch_size,
             "evaluator": self.evaluator_name,
+            "evaluator_dtype": str(next(self.evaluator[0].parameters()).dtype).removeprefix("torch."),
             "protocol": self.protocol,
         }
 
@@ -132,6 +133,13 @@ class BankScorer:
         header = self.parts_dir / "bank.json"
         if header.exists():
             stored = json.loads(header.read_text())
+            if stored.get("format") == 1 and "evaluator_dtype" not in stored:
+                raise ValueError(
+                    f"{header} was written before a bank recorded its evaluator's dtype. If its runs were scored in "
+                    f'{self._settings()["evaluator_dtype"]} (these runs\' dtype), set "format": {PARTS_FORMAT} and '
+                    f'add "evaluator_dtype": "{self._settings()["evaluator_dtype"]}" to it; otherwise use '
+                    "another parts folder."
+                )
             if stored != self._settings():
                 raise ValueError(
                     f"{header} records another bank ({stored}); these runs are {self._settings()}. Use another "
