@@ -75,7 +75,7 @@ class ELFPipeline(LanguageFlowPipeline):
     """
 
     family = "elf"
-    _skip_special_tokens = True
+    _skip_special_tokens = True  # texts without the pad ids `_tokens` writes from the first EOS on
 
     def __init__(
         self,
@@ -201,5 +201,6 @@ class ELFPipeline(LanguageFlowPipeline):
                 checkpoint's config records it, required otherwise).
             kwargs: passed to [`load_official_elf`].
         """
+        tokenizer = load_tokenizer(tokenizer)
         transformer = load_official_elf(checkpoint, max_length=max_length, **kwargs)
-        return cls(transformer=transformer, scheduler=ELFScheduler(), tokenizer=load_tokenizer(tokenizer))
+        return cls(transformer=transformer, scheduler=ELFScheduler(), tokenizer=tokenizer)

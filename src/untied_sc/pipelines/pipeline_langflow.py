@@ -123,7 +123,8 @@ class LangFlowPipeline(LanguageFlowPipeline):
             tokenizer: a tokenizer or its name/path (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B).
             kwargs: passed to [`load_official_langflow`].
         """
+        tokenizer = load_tokenizer(tokenizer)
         transformer = load_official_langflow(source, **kwargs)
         # the proposal in the config, so that a bare `set_timesteps(N)` works
         scheduler = LangFlowScheduler(proposal=list(transformer.gumbel_parameters()))
-        return cls(transformer=transformer, scheduler=scheduler, tokenizer=load_tokenizer(tokenizer))
+        return cls(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)
