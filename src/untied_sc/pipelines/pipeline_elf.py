@@ -7,7 +7,7 @@ import torch
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
 from ..schedulers.noise import settle
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, load_tokenizer
 
 
 # The SC-CFG scale of the released models: the pipeline's default when neither its config nor (old folders) the
@@ -75,6 +75,7 @@ class ELFPipeline(LanguageFlowPipeline):
     """
 
     family = "elf"
+    _skip_special_tokens = True  # texts without the pad ids `_tokens` writes from the first EOS on
 
     def __init__(
         self,
@@ -144,7 +145,7 @@ class ELFPipeline(LanguageFlowPipeline):
             decode_temperature = call_diversity(self.scheduler, "decode_temperature", num_inference_steps, 0.0)
         if not (isinstance(decode_temperature, int | float) and decode_temperature >= 0):
             raise ValueError(f"decode_temperature must be a number ≥ 0 (0: argmax), got {decode_temperature!r}.")
-        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+        scale = self._scale(sc_cfg_scale)
         return self._generate(
             batch_size,
             num_inference_steps,
@@ -167,25 +168,24 @@ class ELFPipeline(LanguageFlowPipeline):
         """The default SC-CFG scale w of this pipeline (`config.sc_cfg_scale`); a call's `sc_cfg_scale` overrides it."""
         return self.config.sc_cfg_scale
 
+    def _scale(self, sc_cfg_scale: float | None) -> float:
+        """The SC-CFG scale w a call runs at: its own, or (`None`) the pipeline's default."""
+        return self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+
     def _predict(self, model_input, timestep, self_conditioning, sc_cfg_scale: float | None = None):
-        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
-        output = self.transformer(model_input, timestep, self_conditioning, scale)
+        output = self.transformer(model_input, timestep, self_conditioning, self._scale(sc_cfg_scale))
         return output.sample.float(), None
 
     def _tokens(
         self, latents, last_logits, generator, sc_cfg_scale: float | None = None, decode_temperature: float = 0.0
     ):
-        scale = self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
-        decode = self.transformer(latents, 1.0, None, scale, decoder_step_active=True)
+        decode = self.transformer(latents, 1.0, None, self._scale(sc_cfg_scale), decoder_step_active=True)
         if decode_temperature == 0.0:
             ids = decode.logits.argmax(dim=-1)
         else:
             ids = sample_tokens(decode.logits, decode_temperature, generator)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         return ids if eos is None else mask_after_eos(ids, eos, pad if pad is not None else eos)
-
-    def _texts(self, sequences):
-        return self.tokenizer.batch_decode(sequences, skip_special_tokens=True)
 
     @classmethod
     def from_official(
@@ -201,9 +201,6 @@ class ELFPipeline(LanguageFlowPipeline):
                 checkpoint's config records it, required otherwise).
             kwargs: passed to [`load_official_elf`].
         """
-        if isinstance(tokenizer, str | os.PathLike):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
         transformer = load_official_elf(checkpoint, max_length=max_length, **kwargs)
         return cls(transformer=transformer, scheduler=ELFScheduler(), tokenizer=tokenizer)

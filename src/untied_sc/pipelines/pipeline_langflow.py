@@ -6,7 +6,7 @@ import torch
 
 from ..models import load_official_langflow
 from ..schedulers import LangFlowScheduler
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, load_tokenizer
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
@@ -30,6 +30,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
     """
 
     family = "langflow"
+    _skip_special_tokens = False  # the official Gen. PPL protocol scores the texts with their special tokens
 
     @torch.no_grad()
     def __call__(
@@ -112,9 +113,6 @@ class LangFlowPipeline(LanguageFlowPipeline):
     def _tokens(self, latents, last_logits, generator):
         return last_logits.argmax(dim=-1)
 
-    def _texts(self, sequences):
-        return self.tokenizer.batch_decode(sequences, skip_special_tokens=False)
-
     @classmethod
     def from_official(cls, source: str | os.PathLike, tokenizer="gpt2", **kwargs) -> "LangFlowPipeline":
         """
@@ -125,12 +123,8 @@ class LangFlowPipeline(LanguageFlowPipeline):
             tokenizer: a tokenizer or its name/path (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B).
             kwargs: passed to [`load_official_langflow`].
         """
-        if isinstance(tokenizer, str | os.PathLike):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
         transformer = load_official_langflow(source, **kwargs)
-        scheduler = LangFlowScheduler(
-            proposal=list(transformer.gumbel_parameters())
-        )  # a bare `set_timesteps(N)` works
+        # the proposal in the config, so that a bare `set_timesteps(N)` works
+        scheduler = LangFlowScheduler(proposal=list(transformer.gumbel_parameters()))
         return cls(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)

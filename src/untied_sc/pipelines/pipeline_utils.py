@@ -175,6 +175,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
     """
 
     family: str  # "elf" or "langflow", as the transformer's `family`
+    _skip_special_tokens: bool  # whether `texts` drop the tokenizer's special tokens (the family's text protocol)
 
     model_cpu_offload_seq = "transformer"
     _optional_components = ["sampler_statistics", "ace_statistics"]
@@ -300,7 +301,8 @@ class LanguageFlowPipeline(DiffusionPipeline):
         raise NotImplementedError
 
     def _texts(self, sequences: torch.LongTensor) -> list[str]:
-        raise NotImplementedError
+        """The decoded texts of the final token ids, with or without special tokens as the family's protocol has."""
+        return self.tokenizer.batch_decode(sequences, skip_special_tokens=self._skip_special_tokens)
 
     def _set_timesteps_kwargs(self, generator: torch.Generator) -> dict[str, Any]:
         """Extra arguments for the scheduler's `set_timesteps` (passed only where it accepts them)."""
@@ -346,6 +348,21 @@ class LanguageFlowPipeline(DiffusionPipeline):
         unknown = [name for name in callback_tensor_inputs if name not in self._callback_tensor_inputs]
         if unknown:
             raise ValueError(f"Unknown callback tensor inputs {unknown}; choose from {self._callback_tensor_inputs}.")
+
+    def _checked_call(
+        self, batch_size, num_inference_steps, generator, latents, output_type="text", callback_tensor_inputs=()
+    ) -> tuple[int, int, torch.Generator | list[torch.Generator]]:
+        """
+        A call's inputs checked (sizes given as numpy integers taken as ints), and its generator: the one given, or for
+        `None` a freshly seeded CPU one, so that the loop and the decode after it draw from the same stream.
+        """
+        batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
+        self.check_inputs(batch_size, num_inference_steps, latents, output_type, callback_tensor_inputs)
+        check_generator_input(generator, batch_size)
+        if generator is None:
+            generator = torch.Generator()
+            generator.seed()
+        return batch_size, num_inference_steps, generator
 
     def prepare_latents(self, batch_size, generator, latents, device, scheduler=None) -> torch.Tensor:
         """
@@ -438,15 +455,12 @@ class LanguageFlowPipeline(DiffusionPipeline):
                 f"{type(self).__name__}.denoise got unknown network arguments {unknown}; this family takes "
                 f"{self._network_knobs()}."
             )
-        batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
-        self.check_inputs(batch_size, num_inference_steps, latents)
-        check_generator_input(generator, batch_size)
+        batch_size, num_inference_steps, generator = self._checked_call(
+            batch_size, num_inference_steps, generator, latents
+        )
         scheduler = self.scheduler if scheduler is None else scheduler
         self.check_scheduler(scheduler)
         device = self._execution_device
-        if generator is None:
-            generator = torch.Generator()
-            generator.seed()
 
         timestep_kwargs = _accepted_kwargs(
             scheduler.set_timesteps,
@@ -508,12 +522,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
         tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
-        batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
-        self.check_inputs(batch_size, num_inference_steps, latents, output_type, tensor_inputs)
-        check_generator_input(generator, batch_size)
-        if generator is None:
-            generator = torch.Generator()
-            generator.seed()
+        batch_size, num_inference_steps, generator = self._checked_call(
+            batch_size, num_inference_steps, generator, latents, output_type, tensor_inputs
+        )
 
         step_callback = None
         if callback_on_step_end is not None:
@@ -539,6 +550,15 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=denoised.latents)
         return output if return_dict else output.to_tuple()
+
+
+def load_tokenizer(tokenizer):
+    """`tokenizer` itself, or, given its name or path, the tokenizer `AutoTokenizer` loads from there."""
+    if isinstance(tokenizer, str | os.PathLike):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(tokenizer)
+    return tokenizer
 
 
 def call_diversity(scheduler, key: str, num_inference_steps: int, default: float) -> float:
