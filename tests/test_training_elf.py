@@ -428,7 +428,7 @@ def test_a_latent_generator_is_checkpointed_and_resumed(tmp_path, monkeypatch):
     plain = make_trainer(tmp_path / "plain")
     plain_losses = [plain.train_step()["loss"] for _ in range(3)]
     monkeypatch.setattr(
-        "untied_sc.training.elf.latent_noise_generator",
+        "untied_sc.training.trainer.latent_noise_generator",
         lambda device, seed: torch.Generator().manual_seed(seed * 2 + 3),
     )
     straight = make_trainer(tmp_path / "a", max_steps=6)

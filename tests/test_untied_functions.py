@@ -11,6 +11,7 @@ from untied_sc.schedulers.untied_functions import (
     centre_tokens,
     combined_direction,
     history_direction,
+    masked_mean,
     masked_token_mean,
     moment_projection,
     overlap_transform,
@@ -432,6 +433,22 @@ def test_masked_token_mean_of_one_value_per_token_is_one_value_per_sample():
     assert mean.shape == (3,) and mean[0] == 0
     for i in (1, 2):
         torch.testing.assert_close(mean[i], distance[i, mask[i]].mean())
+
+
+def test_masked_mean_is_the_differentiable_mean_over_active_positions():
+    losses = randn(3, 6, seed=65).abs().requires_grad_()  # e.g. per-token training losses
+    mask = random_mask(3, 6, seed=66)
+    mask[0] = False
+    mask[1, 0] = True
+    mean = masked_mean(losses, mask)
+    assert mean.shape == (3,) and mean[0] == 0
+    for i in (1, 2):
+        torch.testing.assert_close(mean[i], losses[i, mask[i]].mean())
+    mean.sum().backward()
+    count = mask.sum(1, keepdim=True).clamp_min(1)
+    torch.testing.assert_close(losses.grad, (mask / count).to(F64))  # nothing reaches the inactive positions
+    x = randn(3, 6, 4, seed=67)
+    torch.testing.assert_close(masked_mean(x, mask), masked_token_mean(x, mask))  # the same mean, not rescaled
 
 
 def test_centre_tokens_subtracts_the_active_token_mean_and_zeroes_inactive_positions():

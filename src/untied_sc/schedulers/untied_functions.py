@@ -344,6 +344,16 @@ def moment_projection(
     return torch.where(active_3d, projection, 0.0).to(direction.dtype)
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """
+    The per-sample mean of `values`, shape (B, L) or (B, L, D), over the positions where `mask` (B, L) is set; zero
+    for a sample with none. A plain sum/count in `values`' dtype, differentiable: for values of moderate size, such
+    as per-token training losses. [`masked_token_mean`] is the overflow-safe mean built on it, for any magnitude.
+    """
+    weights = mask.to(values.dtype).reshape(*mask.shape, *(1,) * (values.ndim - 2))
+    return (values * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+
 def masked_token_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""
     The per-sample token mean over active positions, M_I(x). Paper eq. (41) (μ_k is the bank average of
@@ -365,5 +375,4 @@ def masked_token_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torc
     dtype = _compute_dtype(x.dtype)
     values = _masked(x, active, dtype)
     scale = _sample_scale(values)  # the sum of L large entries could overflow; the scaled mean cannot
-    count = active.sum(dim=1, keepdim=True).to(dtype).clamp(min=1)
-    return ((values / scale).sum(dim=1) / count * scale[:, :, 0]).to(x.dtype)
+    return (masked_mean(values / scale, active) * scale[:, :, 0]).to(x.dtype)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "unigram_entropy": "data",
     "EMA": "ema",
     "ema_decay_at": "ema",
+    "FlowTrainer": "trainer",
     "TrainConfig": "langflow",
     "LangFlowTrainConfig": "langflow",
     "LangFlowTrainer": "langflow",

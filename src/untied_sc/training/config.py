@@ -7,7 +7,7 @@ from dataclasses import dataclass
 @dataclass
 class TrainConfig:
     """The settings both trainers share: transformer size, self-conditioning rate, optimisation, schedule, EMA and
-    bookkeeping (the loop is [`LangFlowTrainer`]'s).
+    bookkeeping (the loop is [`FlowTrainer`]'s, in `trainer.py`).
 
     Each family's config adds its data, model and objective settings (and its own `num_layers` default); every setting
     is saved in the checkpoint and in `<run_dir>/config.json`.

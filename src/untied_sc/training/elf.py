@@ -29,7 +29,7 @@ encoding) and ε are on the device; t, w, the masks and λ are still drawn on th
 the GPU, so a GPU run is reproducible on GPUs but not bit for bit against a CPU run. CPU is the default, and there
 every draw is what it always was.
 
-The loop, checkpoints, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s.
+The loop, optimisation, checkpoints, log, wall-clock budget and signal handling are [`FlowTrainer`]'s.
 
 Run `python -m untied_sc.training.elf train --help`.
 """
@@ -48,9 +48,9 @@ import torch.nn.functional as F
 
 from ..models import ELFTransformerModel
 from ..schedulers.scheduling_elf import ELFScheduler
+from ..schedulers.untied_functions import masked_mean
 from .config import ELFTrainConfig
 from .data import unigram_entropy
-from .ema import EMA
 from .encoder import (  # INSTALL_COMMAND: read by untied_sc.training.cli when the encoder wheel is missing
     INSTALL_COMMAND,  # noqa: F401
     NORMALIZATION_FILE,
@@ -62,17 +62,16 @@ from .encoder import (  # INSTALL_COMMAND: read by untied_sc.training.cli when t
     paragraph_windows,
     read_paragraphs,
 )
-from .langflow import (
-    LOG,
-    LangFlowTrainer,
-    _model_kwargs,
-    _portable_tokenizer_files,
-    latent_noise_generator,
-    lr_at,
-    start_or_resume,
+from .trainer import (
+    FlowTrainer,
+    load_run,
+    model_to_evaluate,
+    print_export,
+    save_portable_pipeline,
+    train_from_command_line,
     training_device,
+    write_training_info,
 )
-from .langflow import load_run_model as load_langflow_run_model
 
 
 DEFAULT_EVAL_TIMES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -163,12 +162,6 @@ def sc_cfg_target(v_target, v_cond, v_uncond, sc_cfg_scale, sc_mask) -> torch.Te
     return (v_target + guidance).detach()
 
 
-def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-example mean of `values (B, L)` over the positions where `mask (B, L)` is set."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
-
-
 def elf_losses(
     model: ELFTransformerModel,
     x0: torch.Tensor,
@@ -204,14 +197,15 @@ def elf_losses(
                 v_uncond[sc_rows] = velocity(x_init, z[sc_rows], t[sc_rows], config.t_eps)
                 v_target = sc_cfg_target(v_target, v_pred.detach(), v_uncond, scale, sc_mask)
             per_token = (v_pred - v_target).pow(2).mean(dim=-1)
-            losses = losses.index_put((rows,), masked_token_mean(per_token, loss_mask[rows]))
+            # The plain masked mean: a loss is bounded, so not the sampler's rescaled, overflow-safe token mean.
+            losses = losses.index_put((rows,), masked_mean(per_token, loss_mask[rows]))
         rows = draws.decoder_mask.nonzero().squeeze(1)
         if rows.numel():
             lam = draws.decoder_lambda[rows][..., None]
             z = lam * x0[rows] + (1 - lam) * config.decoder_noise_scale * draws.noise[rows]
             logits = model(z, 1.0, None, w[rows], decoder_step_active=True).logits.float()
             ce = F.cross_entropy(logits.transpose(1, 2), ids[rows], reduction="none")
-            losses = losses.index_put((rows,), masked_token_mean(ce, loss_mask[rows]))
+            losses = losses.index_put((rows,), masked_mean(ce, loss_mask[rows]))
     return losses
 
 
@@ -357,12 +351,12 @@ def evaluation_index(windows: EncodedWindows, count: int) -> torch.Tensor:
     return torch.linspace(0, len(windows) - 1, min(count, len(windows))).round().long().unique()
 
 
-class ELFTrainer(LangFlowTrainer):
+class ELFTrainer(FlowTrainer):
     """
-    Trains an [`ELFTransformerModel`] with the objective in the module docstring. The loop (`train`), checkpoint
-    files, log, wall-clock budget and signal handling are [`LangFlowTrainer`]'s; the model, the step, the
-    validation and the state are ELF's. On `config.device` as LangFlow's: the model is initialised on the CPU (the
-    same weights on any device), then moved; the windows' frozen encoder is moved to the device too.
+    Trains an [`ELFTransformerModel`] with the objective in the module docstring. The loop (`train`), optimisation,
+    checkpoint files, log, wall-clock budget and signal handling are [`FlowTrainer`]'s; the data, the step, the
+    validation and the state it adds are ELF's. The model is initialised on the CPU (the same weights on any device),
+    then moved to `config.device`; the windows' frozen encoder is moved there too.
 
     Args:
         config: the run's settings.
@@ -374,6 +368,8 @@ class ELFTrainer(LangFlowTrainer):
     """
 
     config_class = ELFTrainConfig
+    model_class = ELFTransformerModel
+    loss_parts = (("l2_sc", "n_sc"), ("l2_no_sc", "n_no_sc"), ("ce", "n_ce"))
 
     def __init__(
         self,
@@ -383,12 +379,7 @@ class ELFTrainer(LangFlowTrainer):
         tokenizer=None,
         normalization: LatentNormalization | None = None,
     ):
-        self.config = config
-        self.device = training_device(config.device, config.autocast)  # refused before anything is written or loaded
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        self.run_dir = Path(config.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._start_run(config)
         if tokenizer is None:
             tokenizer = load_minilm_tokenizer(config.encoder_dir)
         self.tokenizer = tokenizer
@@ -411,38 +402,11 @@ class ELFTrainer(LangFlowTrainer):
         val_batch = self.val_windows.batch(evaluation_index(self.val_windows, config.eval_windows))
         self._val_batch = tuple(value.to(self.device) for value in val_batch)
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
-            self.model = ELFTransformerModel(**config.model_config(self.vocab_size, self.latent_dim))
-        self.model.to(self.device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self._parameter_groups(), lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8
-        )
-        self.ema = EMA(self.model, config.ema_decay)
-        self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
-        self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
-        self.latent_generator = latent_noise_generator(self.device, config.seed)
-        self.step = 0
-        self.total_steps = config.max_steps
-        self.elapsed = 0.0
-        self.tokens_seen = 0
-        self._calibration_start: tuple[int, float] | None = None
-        self._session_first_step = 0
-        self._stop = False
-        self._eval_model: ELFTransformerModel | None = None
+        self._init_model(**config.model_config(self.vocab_size, self.latent_dim))
+        self._init_loop()
 
-    def _parameter_groups(self):
-        decay, no_decay = [], []
-        for name, parameter in self.model.named_parameters():
-            if parameter.ndim < 2 or name.endswith("_tokens"):
-                no_decay.append(parameter)
-            else:
-                decay.append(parameter)
-        return [
-            {"params": decay, "weight_decay": self.config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+    def _no_weight_decay(self, name: str, parameter: torch.nn.Parameter) -> bool:
+        return super()._no_weight_decay(name, parameter) or name.endswith("_tokens")
 
     @property
     def proposal(self) -> tuple[float, float]:
@@ -458,18 +422,10 @@ class ELFTrainer(LangFlowTrainer):
         draws = draw_training_noise(*x0.shape, config, self.noise_generator, self.latent_generator).to(device)
         loss_mask = torch.ones_like(attention_mask) if config.loss_on_padding else attention_mask
 
-        self.step += 1
-        lr = lr_at(self.step, config, self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        autocast_dtype = {"bf16": torch.bfloat16, "none": None}[config.autocast]
-        losses = elf_losses(model, x0, ids, loss_mask, draws, config, autocast_dtype)
+        lr = self._next_step()
+        losses = elf_losses(model, x0, ids, loss_mask, draws, config, self.autocast_dtype)
         loss = losses.mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        self.optimizer.step()
-        self.ema.update(model, self.step)
+        grad_norm = self._apply_gradients(loss)
         self.tokens_seen += ids.numel()
         losses = losses.detach()
         decoder, sc = draws.decoder_mask, draws.sc_mask
@@ -482,19 +438,11 @@ class ELFTrainer(LangFlowTrainer):
             "n_no_sc": int(plain.sum()),
             "ce": losses[decoder].sum().item(),
             "n_ce": int(decoder.sum()),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "lr": lr,
         }
 
     # -- evaluation -------------------------------------------------------------------------------------------
-
-    def ema_model(self) -> ELFTransformerModel:
-        """A model holding the current EMA weights; one instance, refreshed per call."""
-        if self._eval_model is None:
-            with torch.random.fork_rng(devices=[]):
-                self._eval_model = ELFTransformerModel(**_model_kwargs(self.model.config)).to(self.device)
-        self.ema.copy_to(self._eval_model)
-        return self._eval_model.eval()
 
     @torch.no_grad()
     def validation_losses(self, model: ELFTransformerModel | None = None) -> dict:
@@ -522,10 +470,7 @@ class ELFTrainer(LangFlowTrainer):
     # -- checkpoints ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {**self._loop_state(), "normalization": self.normalization.to_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_loop_state(state)
+        return {**super().state_dict(), "normalization": self.normalization.to_dict()}
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
         self.normalization.save(self.run_dir / NORMALIZATION_FILE)
@@ -545,21 +490,6 @@ class ELFTrainer(LangFlowTrainer):
             f"unigram entropy {self.unigram_entropy:.3f} nats"
         )
 
-    def _log_row(self, window: dict) -> dict:
-        steps = window["steps"]
-        return {
-            "step": self.step,
-            "tokens": self.tokens_seen,
-            "elapsed_s": round(self.elapsed, 2),
-            "loss": window["loss"] / steps,
-            "l2_sc": window["l2_sc"] / max(1, window["n_sc"]),
-            "l2_no_sc": window["l2_no_sc"] / max(1, window["n_no_sc"]),
-            "ce": window["ce"] / max(1, window["n_ce"]),
-            "grad_norm": window["grad_norm"] / steps,
-            "lr": window["lr"] / steps,
-            "total_steps": self.total_steps,
-        }
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Export and evaluation of a run
@@ -568,7 +498,7 @@ class ELFTrainer(LangFlowTrainer):
 def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
     """The ELF model of a run's checkpoint or EMA snapshot (EMA weights by default) and the saved state (for a
     snapshot, config and latent normalisation from the run folder)."""
-    model, state = load_langflow_run_model(run_dir, checkpoint, ema, model_class=ELFTransformerModel)
+    model, state = load_run(run_dir, checkpoint, ema, ELFTransformerModel)
     if "normalization" not in state:
         state["normalization"] = LatentNormalization.load(run_dir).to_dict()
     return model, state
@@ -615,30 +545,9 @@ def export_pipeline(
     )
     out = Path(out_dir)
     pipe = ELFPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer, sc_cfg_scale=scale)
-    pipe.save_pretrained(out)
-    _portable_tokenizer_files(out / "tokenizer")
-    index_path = out / "model_index.json"
-    index = json.loads(index_path.read_text())
-    if index.get("tokenizer", [None])[0] == "transformers":
-        index["tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]
-        index_path.write_text(json.dumps(index, indent=2) + "\n")
+    save_portable_pipeline(pipe, out)
     LatentNormalization.from_dict(state["normalization"]).save(out / NORMALIZATION_FILE)
-    last_rows = []
-    if (run / LOG).exists():
-        last_rows = [json.loads(line) for line in (run / LOG).read_text().splitlines() if line.strip()][-5:]
-    info = {
-        "step": state.get("step"),
-        "total_steps": state.get("total_steps"),
-        "tokens_seen": state.get("tokens_seen"),
-        "train_seconds": state.get("elapsed"),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "dtype": dtype,
-        "normalization": state["normalization"],
-        "unigram_entropy": state.get("unigram_entropy"),
-        "config": config,
-        "last_log_rows": last_rows,
-    }
-    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_training_info(out, run, state, model, dtype, normalization=state["normalization"])
     return out
 
 
@@ -652,11 +561,7 @@ def _given_settings(args: argparse.Namespace) -> dict:
 
 
 def _train(args: argparse.Namespace) -> None:
-    given = _given_settings(args)
-    if args.no_progress:
-        given["progress"] = False
-    result = start_or_resume(ELFTrainer, given, args.resume).train()
-    print(json.dumps(result))
+    train_from_command_line(ELFTrainer, _given_settings(args), args.resume, progress=not args.no_progress)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -673,23 +578,16 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    out = export_pipeline(args.run_dir, args.out, args.checkpoint, args.dtype, args.sc_cfg_scale)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    print_export(export_pipeline(args.run_dir, args.out, args.checkpoint, args.dtype, args.sc_cfg_scale))
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    if args.pipeline:
-        from ..pipelines import ELFPipeline
+    from ..pipelines import ELFPipeline
 
-        pipeline = ELFPipeline.from_pretrained(args.pipeline)
-        model, tokenizer = pipeline.transformer.float().eval(), pipeline.tokenizer
+    model, tokenizer, state = model_to_evaluate(args, ELFPipeline, load_run_model)
+    if state is None:  # an exported folder keeps the normalisation beside the pipeline
         normalization = LatentNormalization.load(args.pipeline)
     else:
-        from transformers import AutoTokenizer
-
-        model, state = load_run_model(args.run_dir, args.checkpoint)
-        tokenizer = AutoTokenizer.from_pretrained(Path(args.run_dir) / "tokenizer")
         normalization = LatentNormalization.from_dict(state["normalization"])
     settings = ELFTrainConfig(
         corpus_dir=args.corpus_dir, latent_cache_dir=args.latent_cache_dir, seq_len=model.config.max_length

@@ -29,37 +29,34 @@ Run `python -m untied_sc.training.langflow train --help`.
 import argparse
 import dataclasses
 import json
-import math
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..hardware import warn_if_emulated_bfloat16
 from ..models import LangFlowTransformerModel
 from ..schedulers.scheduling_langflow import LangFlowScheduler
 from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
-from .ema import EMA
 from .proposal import ProposalStats, fit_gumbel_to_curve, gumbel_entropy, gumbel_range, sample_gamma
+from .trainer import (  # lr_at, start_or_resume, training_device: importable from here too, as before the split
+    FlowTrainer,
+    load_run,
+    lr_at,  # noqa: F401
+    model_to_evaluate,
+    print_export,
+    save_portable_pipeline,
+    start_or_resume,  # noqa: F401
+    train_from_command_line,
+    training_device,  # noqa: F401
+    write_training_info,
+)
 
 
-CHECKPOINT = "checkpoint.pt"
-LOG = "loss_log.jsonl"
 VALIDATION_GAMMAS = (3.0, 4.0, 5.0)
 DEFAULT_EVAL_GAMMAS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0)
-# Options that may differ on `--resume` without changing what the run computes (or, for the step limits, only
-# where it ends).
-RESUME_OVERRIDABLE = ("budget_minutes", "max_steps", "checkpoint_minutes", "snapshot_minutes", "threads", "progress")
-
-
-def _model_kwargs(config) -> dict:
-    """The constructor arguments in a model config (without diffusers' private `_*` entries)."""
-    return {key: value for key, value in dict(config).items() if not key.startswith("_")}
 
 
 # The sampler's noising is the objective's: one copy, `LangFlowScheduler.add_noise` (it holds no state).
@@ -204,48 +201,10 @@ def format_gamma_table(rows: list[dict], unigram: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def lr_at(step: int, config: LangFlowTrainConfig, total_steps: int | None) -> float:
-    """Learning rate for optimiser step `step` (1-based): linear warm-up, then cosine to `min_lr_ratio`·lr."""
-    if step <= config.warmup_steps:
-        return config.lr * step / max(1, config.warmup_steps)
-    if total_steps is None:
-        return config.lr
-    progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
-    ratio = config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return config.lr * ratio
-
-
-def training_device(name: str, autocast: str = "none") -> torch.device:
+class LangFlowTrainer(FlowTrainer):
     """
-    The device a run trains on (`"cpu"` or `"cuda"`), refused with a clear error where torch sees no GPU; a warning
-    where bf16 autocast would run on a CPU that emulates bfloat16 (about 50× slower, :mod:`untied_sc.hardware`).
-    """
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name!r}, but this torch build sees no GPU: train with device='cpu'.")
-    if device.type == "cpu" and autocast == "bf16":
-        warn_if_emulated_bfloat16("Training (autocast='bf16')", "Train with --autocast none (float32) here.")
-    return device
-
-
-def latent_noise_generator(device: torch.device, seed: int) -> torch.Generator | None:
-    """
-    The generator of the latent noise ε off the CPU (seed·2 + 3), `None` on the CPU, where ε keeps coming from the
-    noise generator. ε is the only large draw: on a GPU it is drawn there (a CPU draw would be slower than the step
-    itself), so a GPU run is reproducible on GPUs but not bit for bit against a CPU run.
-    """
-    return None if device.type == "cpu" else torch.Generator(device).manual_seed(seed * 2 + 3)
-
-
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-class LangFlowTrainer:
-    """
-    Trains a [`LangFlowTransformerModel`] with the objective in the module docstring.
+    Trains a [`LangFlowTransformerModel`] with the objective in the module docstring; the loop, optimisation,
+    checkpoints and log are [`FlowTrainer`]'s.
 
     Args:
         config: the run's settings.
@@ -256,18 +215,13 @@ class LangFlowTrainer:
     """
 
     config_class = LangFlowTrainConfig
-    # Set by __init__ (ELF's trainer, which shares the loop and the checkpoint code, sets them too).
-    device = torch.device("cpu")
-    latent_generator: torch.Generator | None = None
+    model_class = LangFlowTransformerModel
+    loss_parts = (("loss_sc", "n_sc"), ("loss_no_sc", "n_no_sc"))
 
     def __init__(
         self, config: LangFlowTrainConfig, train_tokens=None, val_tokens=None, tokenizer=None, vocab_size=None
     ):
-        self.config = config
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        self.run_dir = Path(config.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._start_run(config)
         if tokenizer is None and (train_tokens is None or vocab_size is None):
             from transformers import AutoTokenizer
 
@@ -282,48 +236,19 @@ class LangFlowTrainer:
         self.vocab_size = vocab_size or len(tokenizer)
         self.unigram_entropy = unigram_entropy(self.train_tokens, self.vocab_size)
 
-        self.device = training_device(config.device, config.autocast)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)  # initialised on the CPU, so the initial weights do not depend on device
-            self.model = LangFlowTransformerModel(**config.model_config(self.vocab_size))
-        self.model.to(self.device)
+        self._init_model(**config.model_config(self.vocab_size))
         self.set_proposal(config.proposal_loc, config.proposal_scale)
         for parameter in self.model.proposal.parameters():
             parameter.requires_grad_(False)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self._parameter_groups(), lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8
-        )
-        self.ema = EMA(self.model, config.ema_decay, copy=("proposal.",))
+        # The proposal is set, not trained: the EMA model (evaluation, export) carries the current one.
+        self._init_loop(ema_copy=("proposal.",))
         self.stats = ProposalStats()
-        self.data_generator = torch.Generator().manual_seed(config.seed * 2 + 1)
-        self.noise_generator = torch.Generator().manual_seed(config.seed * 2 + 2)
-        self.latent_generator = latent_noise_generator(self.device, config.seed)
-        self.step = 0
-        self.total_steps = config.max_steps
-        self.elapsed = 0.0
-        self.tokens_seen = 0
         self.last_fit: dict | None = None
-        self._step_times: list[float] = []
-        self._session_first_step = 0
-        self._stop = False
-        self._eval_model: LangFlowTransformerModel | None = None
 
     # -- setup ------------------------------------------------------------------------------------------------
 
-    def _parameter_groups(self):
-        decay, no_decay = [], []
-        for name, parameter in self.model.named_parameters():
-            if not parameter.requires_grad:
-                continue
-            if parameter.ndim < 2 or name == "backbone.vocab_embed.embedding":
-                no_decay.append(parameter)
-            else:
-                decay.append(parameter)
-        return [
-            {"params": decay, "weight_decay": self.config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+    def _no_weight_decay(self, name: str, parameter: torch.nn.Parameter) -> bool:
+        return super()._no_weight_decay(name, parameter) or name == "backbone.vocab_embed.embedding"
 
     def set_proposal(self, loc: float, scale: float) -> None:
         """Writes the Gumbel proposal into the model (and so into what sampling uses)."""
@@ -352,20 +277,12 @@ class LangFlowTrainer:
         sc_mask = (torch.rand(config.batch_size, generator=self.noise_generator) < config.sc_prob).to(device)
         gamma = gamma_cpu.to(device)
 
-        self.step += 1
-        lr = lr_at(self.step, config, self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._next_step()
         z = noisy_latents(model, ids, gamma, noise)
-        autocast_dtype = {"bf16": torch.bfloat16, "none": None}[config.autocast]
-        logits = self_conditioned_logits(model, z, gamma, sc_mask, autocast_dtype)
+        logits = self_conditioned_logits(model, z, gamma, sc_mask, self.autocast_dtype)
         per_example = token_cross_entropy(logits, ids).mean(dim=1)
         loss = per_example.mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        self.optimizer.step()
-        self.ema.update(model, self.step)
+        grad_norm = self._apply_gradients(loss)
         per_example = per_example.detach()
         self.stats.update(gamma_cpu, per_example.cpu())
         self.tokens_seen += ids.numel()
@@ -376,7 +293,7 @@ class LangFlowTrainer:
             "n_sc": int(sc_mask.sum()),
             "loss_no_sc": per_example[~sc_mask].sum().item(),
             "n_no_sc": int((~sc_mask).sum()),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "lr": lr,
         }
 
@@ -404,14 +321,6 @@ class LangFlowTrainer:
         self.last_fit = {"step": self.step, "fit_loc": fit_loc, "fit_scale": fit_scale, "rms": error}
 
     # -- evaluation -------------------------------------------------------------------------------------------
-
-    def ema_model(self) -> LangFlowTransformerModel:
-        """A model holding the current EMA weights (with the current proposal); one instance, refreshed per call."""
-        if self._eval_model is None:
-            with torch.random.fork_rng(devices=[]):
-                self._eval_model = LangFlowTransformerModel(**_model_kwargs(self.model.config)).to(self.device)
-        self.ema.copy_to(self._eval_model)
-        return self._eval_model.eval()
 
     @torch.no_grad()
     def validation_losses(self, model: LangFlowTransformerModel | None = None) -> dict:
@@ -447,275 +356,34 @@ class LangFlowTrainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 
-    def _loop_state(self) -> dict:
-        """What every trainer's checkpoint holds: config, weights, EMA, optimizer, generators and counters."""
-        return {
-            "config": dataclasses.asdict(self.config),
-            "model_config": _model_kwargs(self.model.config),
-            "model": self.model.state_dict(),
-            "ema": self.ema.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "data_generator": self.data_generator.get_state(),
-            "noise_generator": self.noise_generator.get_state(),
-            "latent_generator": None if self.latent_generator is None else self.latent_generator.get_state(),
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "elapsed": self.elapsed,
-            "tokens_seen": self.tokens_seen,
-            "unigram_entropy": self.unigram_entropy,
-        }
-
-    def _load_loop_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.ema.load_state_dict(state["ema"], device=self.device)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.data_generator.set_state(state["data_generator"])
-        self.noise_generator.set_state(state["noise_generator"])
-        if (state.get("latent_generator") is None) != (self.latent_generator is None):
-            raise ValueError(
-                "This checkpoint was written on another kind of device than this run's "
-                f"device={self.device.type!r}: resume it with the device it was trained on."
-            )
-        if self.latent_generator is not None:
-            self.latent_generator.set_state(state["latent_generator"])
-        self.step = state["step"]
-        self.total_steps = self.config.max_steps or state["total_steps"]
-        self.elapsed = state["elapsed"]
-        self.tokens_seen = state["tokens_seen"]
-
     def state_dict(self) -> dict:
-        return {**self._loop_state(), "proposal_stats": self.stats.state_dict(), "last_fit": self.last_fit}
+        return {**super().state_dict(), "proposal_stats": self.stats.state_dict(), "last_fit": self.last_fit}
 
     def load_state_dict(self, state: dict) -> None:
-        self._load_loop_state(state)
+        super().load_state_dict(state)
         self.stats.load_state_dict(state["proposal_stats"])
         self.last_fit = state["last_fit"]
 
-    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        path = Path(path) if path is not None else self.run_dir / CHECKPOINT
-        _atomic_save(self.state_dict(), path)
-        return path
-
-    def save_snapshot(self) -> Path:
-        """EMA weights only (a few MB), `ema-step<N>.pt`, for looking at the model along training."""
-        path = self.run_dir / f"ema-step{self.step:06d}.pt"
-        _atomic_save(
-            {"model_config": _model_kwargs(self.model.config), "ema": self.ema.shadow, "step": self.step}, path
-        )
-        return path
-
-    @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, overrides: dict | None = None, **kwargs) -> "LangFlowTrainer":
-        """Rebuilds a trainer from a checkpoint (the saved config, with `overrides` of `RESUME_OVERRIDABLE`)."""
-        state = torch.load(path, weights_only=False, map_location="cpu")
-        saved = dict(state["config"])
-        for key, value in (overrides or {}).items():
-            if key not in RESUME_OVERRIDABLE:
-                raise ValueError(f"`{key}` cannot change on resume (only {', '.join(RESUME_OVERRIDABLE)}).")
-            saved[key] = value
-        trainer = cls(cls.config_class(**saved), **cls._restored_kwargs(state), **kwargs)
-        trainer.load_state_dict(state)
-        return trainer
-
-    @classmethod
-    def _restored_kwargs(cls, state: dict) -> dict:
-        """Constructor arguments a resumed trainer takes from its checkpoint besides the config (none here)."""
-        return {}
-
     def describe(self) -> str:
-        """The first log line of a new run."""
         parameters = sum(p.numel() for p in self.model.parameters())
         return (
             f"model {parameters / 1e6:.2f}M parameters; train {self.train_tokens.numel():,} tokens, validation "
             f"{self.val_tokens.numel():,}; unigram entropy {self.unigram_entropy:.3f} nats"
         )
 
-    # -- the loop ---------------------------------------------------------------------------------------------
-
-    def _truncate_log(self) -> None:
-        """Drops log rows written after the checkpoint being resumed (they will be recomputed)."""
-        log_path = self.run_dir / LOG
-        if not log_path.exists():
-            return
-        rows = [line for line in log_path.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line).get("step", 0) <= self.step]
-        log_path.write_text("".join(line + "\n" for line in kept))
-
-    def _write_log(self, row: dict) -> None:
-        with open(self.run_dir / LOG, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-
-    def _calibrate_total_steps(self, step_seconds: float) -> None:
-        """
-        Without `max_steps`: fix the step count that fits the wall-clock budget from the median step time (robust to
-        other processes briefly sharing the cores), first after 30 steps of the session, then again every 100 steps
-        until a third of the run, so the cosine schedule ends with the budget. With `max_steps` nothing changes.
-        """
-        config = self.config
-        self._step_times.append(step_seconds)
-        del self._step_times[:-100]
-        if config.max_steps is not None or config.budget_minutes is None:
-            return
-        session_steps = self.step - self._session_first_step
-        if self.total_steps is None:
-            due = session_steps >= 30
-        else:
-            due = self.step < self.total_steps / 3 and (
-                session_steps == 30 or (session_steps > 30 and self.step % 100 == 0)
-            )
-        if not due:
-            return
-        per_step = sorted(self._step_times)[len(self._step_times) // 2]
-        per_step *= 1.0 + 4.0 / max(1, config.eval_every)  # the periodic evaluations
-        remaining = config.budget_minutes * 60 - self.elapsed
-        total = max(self.step + 1, self.step + int(0.97 * remaining / per_step))
-        if total != self.total_steps:
-            self._log_message(f"median {per_step:.2f} s/step: {total} steps fit the budget")
-        self.total_steps = total
-
-    def _log_message(self, message: str) -> None:
-        print(f"[train {time.strftime('%H:%M:%S')} step {self.step}] {message}", file=sys.stderr, flush=True)
-
-    def _handle_signal(self, signum, frame) -> None:
-        self._log_message(f"signal {signum}: checkpointing and stopping")
-        self._stop = True
-
-    def train(self, stop_at_step: int | None = None) -> dict:
-        """Runs until `total_steps`, the wall-clock budget or SIGTERM/SIGINT; checkpoints on the way and at the end.
-
-        `stop_at_step` stops early at that step (as a signal would) without changing the schedule, which still runs to
-        `total_steps`: e.g. to retrain a prefix of a run and compare its log (benchmarks/retrain_prefix.py).
-        """
-        from tqdm.auto import tqdm
-
-        config = self.config
-        if config.max_steps is None and config.budget_minutes is None:
-            raise ValueError("Give max_steps or budget_minutes.")
-        (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2) + "\n")
-        if self.tokenizer is not None and not (self.run_dir / "tokenizer").exists():
-            self.tokenizer.save_pretrained(self.run_dir / "tokenizer")
-        self._truncate_log()
-        previous = {}
-        if threading_is_main():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, self._handle_signal)
-        session_start = time.monotonic()
-        elapsed_start = self.elapsed
-        self._session_first_step, self._step_times = self.step, []
-        last_checkpoint = last_snapshot = session_start
-        window: dict[str, float] = {}
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not config.progress, dynamic_ncols=True)
-        reason = "max_steps"
-        try:
-            while self.total_steps is None or self.step < self.total_steps:
-                if self._stop:
-                    reason = "signal"
-                    break
-                if stop_at_step is not None and self.step >= stop_at_step:
-                    reason = "stop_at_step"
-                    break
-                if config.budget_minutes is not None and self.elapsed >= config.budget_minutes * 60:
-                    reason = "budget"
-                    break
-                before = time.monotonic()
-                metrics = self.train_step()
-                now = time.monotonic()
-                self.elapsed = elapsed_start + (now - session_start)
-                self._calibrate_total_steps(now - before)
-                if bar.total != self.total_steps:
-                    bar.total = self.total_steps
-                    bar.refresh()
-                for key, value in metrics.items():
-                    window[key] = window.get(key, 0.0) + value
-                window["steps"] = window.get("steps", 0) + 1
-                bar.update(1)
-                if self.step % config.log_every == 0:
-                    row = self._log_row(window)
-                    if config.eval_every and self.step % config.eval_every == 0:
-                        row.update(self.validation_losses())
-                    self._write_log(row)
-                    loc, scale = self.proposal
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", loc=f"{loc:.2f}", scale=f"{scale:.2f}")
-                    window = {}
-                if now - last_checkpoint >= config.checkpoint_minutes * 60:
-                    self.save_checkpoint()
-                    last_checkpoint = now
-                if config.snapshot_minutes and now - last_snapshot >= config.snapshot_minutes * 60:
-                    self.save_snapshot()
-                    last_snapshot = now
-        finally:
-            bar.close()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-        self.save_checkpoint()
-        done = self.total_steps is not None and self.step >= self.total_steps
-        self._log_message(f"stopped ({'done' if done else reason}); checkpoint {self.run_dir / CHECKPOINT}")
-        return {"step": self.step, "done": done, "reason": "done" if done else reason, "elapsed": self.elapsed}
-
-    def _log_row(self, window: dict) -> dict:
+    def _log_extras(self) -> dict:
         loc, scale = self.proposal
-        steps = window["steps"]
-        return {
-            "step": self.step,
-            "tokens": self.tokens_seen,
-            "elapsed_s": round(self.elapsed, 2),
-            "loss": window["loss"] / steps,
-            "loss_sc": window["loss_sc"] / max(1, window["n_sc"]),
-            "loss_no_sc": window["loss_no_sc"] / max(1, window["n_no_sc"]),
-            "grad_norm": window["grad_norm"] / steps,
-            "lr": window["lr"] / steps,
-            "proposal_loc": loc,
-            "proposal_scale": scale,
-            "total_steps": self.total_steps,
-        }
-
-
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+        return {"proposal_loc": loc, "proposal_scale": scale}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Export and evaluation of a run
 
 
-def load_run_model(
-    run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True, model_class=LangFlowTransformerModel
-):
-    """The model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state.
-
-    A snapshot holds weights only; its state gets the run's `config` from `<run_dir>/config.json`, and its token
-    count, training time and step total from the log row of its step (when the log has one).
-    """
-    path = Path(checkpoint) if checkpoint else Path(run_dir) / CHECKPOINT
-    state = torch.load(path, weights_only=False, map_location="cpu")
-    if "config" not in state:
-        state["config"] = json.loads((Path(run_dir) / "config.json").read_text())
-        log_path = Path(run_dir) / LOG
-        rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
-        row = next((row for row in rows if row.get("step") == state.get("step") and "tokens" in row), None)
-        if row is not None:
-            state.update(tokens_seen=row["tokens"], elapsed=row["elapsed_s"], total_steps=row.get("total_steps"))
-    model = model_class(**_model_kwargs(state["model_config"]))
-    if ema:
-        shadow = state["ema"]["shadow"] if "shadow" in state["ema"] else state["ema"]  # checkpoint or snapshot
-        with torch.no_grad():
-            model_state = model.state_dict()
-            for name, value in shadow.items():
-                model_state[name].copy_(value)
-    else:
-        model.load_state_dict(state["model"])
-    return model.eval(), state
-
-
-def _portable_tokenizer_files(folder: Path) -> None:
-    """Names the tokenizer class `PreTrainedTokenizerFast` (loadable by transformers 4.x and 5.x)."""
-    config_path = folder / "tokenizer_config.json"
-    if config_path.exists():
-        config = json.loads(config_path.read_text())
-        config["tokenizer_class"] = "PreTrainedTokenizerFast"
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+def load_run_model(run_dir: str | os.PathLike, checkpoint: str | None = None, ema: bool = True):
+    """The LangFlow model of a run's checkpoint or EMA snapshot (EMA weights by default) and the run's saved state
+    ([`load_run`])."""
+    return load_run(run_dir, checkpoint, ema, LangFlowTransformerModel)
 
 
 def export_pipeline(
@@ -742,59 +410,14 @@ def export_pipeline(
     out = Path(out_dir)
     scheduler = LangFlowScheduler(proposal=list(model.gumbel_parameters()))  # a bare `set_timesteps(N)` works
     pipeline = LangFlowPipeline(transformer=model, scheduler=scheduler, tokenizer=tokenizer)
-    pipeline.save_pretrained(out)
-    _portable_tokenizer_files(out / "tokenizer")
-    index_path = out / "model_index.json"
-    index = json.loads(index_path.read_text())
-    if index.get("tokenizer", [None])[0] == "transformers":
-        index["tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]
-        index_path.write_text(json.dumps(index, indent=2) + "\n")
-    last_rows = []
-    log_path = run / LOG
-    if log_path.exists():
-        last_rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()][-5:]
-    parameters = sum(p.numel() for p in model.parameters())
-    info = {
-        "step": state.get("step"),
-        "total_steps": state.get("total_steps"),
-        "tokens_seen": state.get("tokens_seen"),
-        "train_seconds": state.get("elapsed"),
-        "parameters": parameters,
-        "dtype": dtype,
-        "proposal": {"loc": model.proposal.loc.item(), "scale": model.proposal.scale.item()},
-        "unigram_entropy": state.get("unigram_entropy"),
-        "config": state["config"],
-        "last_log_rows": last_rows,
-    }
-    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    save_portable_pipeline(pipeline, out)
+    proposal = {"loc": model.proposal.loc.item(), "scale": model.proposal.scale.item()}
+    write_training_info(out, run, state, model, dtype, proposal=proposal)
     return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
-
-
-def start_or_resume(trainer_class, given: dict, resume: bool):
-    """A trainer for the CLI: resumed from the run's checkpoint (only `RESUME_OVERRIDABLE` settings may change) or
-    new (refusing to overwrite an existing run)."""
-    if resume:
-        run_dir = Path(given.get("run_dir", trainer_class.config_class.run_dir))
-        checkpoint = run_dir / CHECKPOINT
-        if not checkpoint.exists():
-            raise FileNotFoundError(f"No checkpoint to resume at {checkpoint}.")
-        overrides = {key: value for key, value in given.items() if key in RESUME_OVERRIDABLE}
-        ignored = sorted(set(given) - set(overrides) - {"run_dir"})
-        if ignored:
-            print(f"--resume: using the saved settings for {', '.join(ignored)}", file=sys.stderr)
-        trainer = trainer_class.from_checkpoint(checkpoint, overrides)
-        trainer._log_message(f"resumed from {checkpoint} at step {trainer.step}")
-        return trainer
-    config = trainer_class.config_class(**given)
-    if (Path(config.run_dir) / CHECKPOINT).exists():
-        raise FileExistsError(f"{config.run_dir} already has a checkpoint: pass --resume, or another --run-dir.")
-    trainer = trainer_class(config)
-    trainer._log_message(trainer.describe())
-    return trainer
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -803,29 +426,17 @@ def _train(args: argparse.Namespace) -> None:
         for f in dataclasses.fields(LangFlowTrainConfig)
         if getattr(args, f.name, None) is not None
     }
-    if args.no_progress:
-        given["progress"] = False
-    result = start_or_resume(LangFlowTrainer, given, args.resume).train()
-    print(json.dumps(result))
+    train_from_command_line(LangFlowTrainer, given, args.resume, progress=not args.no_progress)
 
 
 def _export(args: argparse.Namespace) -> None:
-    out = export_pipeline(args.run_dir, args.out, args.checkpoint, args.dtype)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    print_export(export_pipeline(args.run_dir, args.out, args.checkpoint, args.dtype))
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
+    from ..pipelines import LangFlowPipeline
 
-    if args.pipeline:
-        from ..pipelines import LangFlowPipeline
-
-        pipeline = LangFlowPipeline.from_pretrained(args.pipeline)
-        model, tokenizer = pipeline.transformer.float().eval(), pipeline.tokenizer
-    else:
-        model, _ = load_run_model(args.run_dir, args.checkpoint)
-        tokenizer = AutoTokenizer.from_pretrained(Path(args.run_dir) / "tokenizer")
+    model, tokenizer, _ = model_to_evaluate(args, LangFlowPipeline, load_run_model)
     corpus = Path(args.corpus_dir)
     tokens = load_split_tokens(corpus / f"{args.split}.txt", tokenizer, args.token_cache_dir)
     train_tokens = load_split_tokens(corpus / "train.txt", tokenizer, args.token_cache_dir)
