@@ -407,3 +407,21 @@ def test_a_subset_of_samplers_tuned_with_parts_resumes_and_names_its_samplers(pi
         main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only", "--tune-here"])
     with pytest.raises(SystemExit, match="--tune-parts-dir tune the comparison samplers' knobs"):
         main(["benchmark", str(tmp_path / "tiny-langflow"), "--tune-parts-dir", str(parts)])
+
+
+def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_share_parts(pipes, evaluator, tmp_path):
+    # The benchmark loads its evaluator before tuning; its parts must still name it as `untied-sc tune` does (by the
+    # name the user gave), or a parts folder that tune wrote would be refused as another bank.
+    samplers = {"official": {}, "HiGS": {"scheduler": "higs"}}
+    options = {"nfe": [8], "seeds": [0], "num_samples": 2, "batch_size": 2, "tune_num_samples": 2, "budget": 2}
+    tune_baselines(
+        pipes["langflow"],
+        samplers,
+        **options,
+        evaluator=evaluator,
+        progress=False,
+        parts_dir=tmp_path / "parts",
+        evaluator_name="smollm2-135m",
+    )
+    assert json.loads((tmp_path / "parts" / "bank.json").read_text())["evaluator"] == "smollm2-135m"
+    assert getattr(evaluator[0], "name_or_path", None) != "smollm2-135m"

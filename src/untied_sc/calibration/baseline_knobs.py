@@ -85,6 +85,7 @@ def tune_knobs(
     progress: bool = True,
     parts_dir: str | Path | None = None,
     on_sampled: Callable | None = None,
+    evaluator_name: str | None = None,
     **evaluator_kwargs,
 ) -> list[SearchResult]:
     """
@@ -100,6 +101,8 @@ def tune_knobs(
             eval_batch_size, parts_dir: as in [`tune_coefficients`] (the same bank, budget, objective and keep rule).
         progress (`bool`, defaults to `True`): a progress bar over the scored runs.
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
+        evaluator_name (`str`, *optional*): how the bank (and its parts folder) names a loaded `evaluator`
+            (default: its model's name; a name given as `evaluator` is its own).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -110,7 +113,8 @@ def tune_knobs(
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     family = family_of(pipe)
     protocol = protocol or family
-    evaluator, evaluator_name = scoring_evaluator(evaluator, **evaluator_kwargs)
+    evaluator, derived_name = scoring_evaluator(evaluator, **evaluator_kwargs)
+    evaluator_name = evaluator_name or derived_name
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)

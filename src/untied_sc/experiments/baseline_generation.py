@@ -154,6 +154,7 @@ def generate_baseline_candidates(
         curve_values=curve_values,
         extrapolate=extrapolate,
         on_sampled=keep,
+        evaluator_name=evaluator_name,
     )
     bank_seconds = time.perf_counter() - began
     candidates = {

@@ -102,6 +102,7 @@ def tune_baselines(
     extrapolate: float = EXTRAPOLATE,
     parts_dir=None,
     on_sampled=None,
+    evaluator_name: str | None = None,
 ) -> tuple[dict[str, dict], dict]:
     """
     Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
@@ -126,6 +127,8 @@ def tune_baselines(
         progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
         source (`str`): the pipeline as the user named it (for the commands the errors suggest).
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
+        evaluator_name (`str`, *optional*): how the bank names a loaded `evaluator`: the name the user gave (as
+            `untied-sc tune` records it, so that both share a parts folder); default: its model's name.
 
     Returns:
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
@@ -141,7 +144,8 @@ def tune_baselines(
     check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
 
     methods = {name: spec["scheduler"] for name, spec in samplers.items() if spec["scheduler"] in COMPARISON_METHODS}
-    evaluator, evaluator_name = scoring_evaluator(evaluator)
+    evaluator, derived_name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or derived_name
     results = tune_knobs(
         pipe,
         list(dict.fromkeys(methods.values())),
@@ -159,6 +163,7 @@ def tune_baselines(
         progress=progress,
         parts_dir=parts_dir,
         on_sampled=on_sampled,
+        evaluator_name=evaluator_name,
     )
     bank = {
         "seed": tune_seed,

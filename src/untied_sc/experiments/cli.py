@@ -502,6 +502,7 @@ def _tune_baselines(args, sweep: dict, state):
         progress=not args.no_progress,
         source=args.pipeline,
         parts_dir=args.tune_parts_dir,
+        evaluator_name=args.evaluator,
     )
     record["evaluator"] = args.evaluator
     sweep.update(samplers=samplers, knob_tuning=record)
