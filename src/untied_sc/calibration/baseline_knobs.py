@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from ..defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from .search import (
     METHOD_KNOBS,
@@ -23,7 +21,7 @@ from .search import (
     SearchResult,
     tune_method,
 )
-from .tune import BankScorer, check_search_options, chosen_scores, official_curve, scoring_evaluator
+from .tune import bank_scoring, check_search_options, chosen_scores, official_curve
 
 
 def neutral_knobs(method: str) -> dict:
@@ -113,27 +111,21 @@ def tune_knobs(
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     family = family_of(pipe)
     protocol = protocol or family
-    evaluator, derived_name = scoring_evaluator(evaluator, **evaluator_kwargs)
-    evaluator_name = evaluator_name or derived_name
-    original_scheduler = pipe.scheduler
-    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
-    pipe.set_progress_bar_config(disable=True)
-    bar = tqdm(desc="tune knobs", disable=not progress, unit="run")
-    scorer = BankScorer(
+    with bank_scoring(
         pipe,
-        original_scheduler.config,
+        "tune knobs",
+        progress,
         seed,
         num_samples,
         batch_size,
         evaluator,
         protocol,
         eval_batch_size,
-        evaluator_name,
         parts_dir,
-        bar.update,
         on_sampled,
-    )
-    try:
+        evaluator_name=evaluator_name,
+        **evaluator_kwargs,
+    ) as scorer:
         return search_methods(
             scorer,
             methods,
@@ -146,10 +138,6 @@ def tune_knobs(
             extrapolate,
             confidence,
         )
-    finally:
-        bar.close()
-        pipe.scheduler = original_scheduler
-        pipe.set_progress_bar_config(**progress_config)
 
 
 def knob_record(result: SearchResult) -> dict:

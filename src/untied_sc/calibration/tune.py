@@ -26,7 +26,8 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -186,6 +187,55 @@ class BankScorer:
         return run
 
 
+@contextmanager
+def bank_scoring(
+    pipe,
+    desc: str,
+    progress: bool,
+    seed: int,
+    num_samples: int,
+    batch_size: int,
+    evaluator,
+    protocol: str,
+    eval_batch_size: int,
+    parts_dir: str | Path | None,
+    on_sampled: Callable | None = None,
+    log: Callable[[str], None] | None = None,
+    evaluator_name: str | None = None,
+    **evaluator_kwargs,
+) -> Iterator[BankScorer]:
+    """A [`BankScorer`] on `pipe` with a progress bar `desc` over its scored runs; on leaving, the bar closes and the
+    pipeline gets back its scheduler and progress-bar settings (a search swaps the scheduler per run). The bank names
+    a loaded evaluator `evaluator_name` where given (the user's name for it), else by its model."""
+    evaluator, derived_name = scoring_evaluator(evaluator, **evaluator_kwargs)
+    evaluator_name = evaluator_name or derived_name
+    original_scheduler = pipe.scheduler
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    bar = tqdm(desc=desc, disable=not progress, unit="run")
+    scorer = BankScorer(
+        pipe,
+        original_scheduler.config,
+        seed,
+        num_samples,
+        batch_size,
+        evaluator,
+        protocol,
+        eval_batch_size=eval_batch_size,
+        evaluator_name=evaluator_name,
+        parts_dir=parts_dir,
+        on_scored=bar.update,
+        on_sampled=on_sampled,
+        log=log,
+    )
+    try:
+        yield scorer
+    finally:
+        bar.close()
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+
+
 def official_curve(
     scorer: BankScorer, n: int, knob: str, values: Sequence[float], extrapolate: float = EXTRAPOLATE
 ) -> OfficialCurve:
@@ -264,30 +314,23 @@ def tune_coefficients(
     protocol = protocol or family
     knob = diversity_knob(family)
     curve_values = CURVE_VALUES[family] if curve_values is None else curve_values
-    evaluator, evaluator_name = scoring_evaluator(evaluator, **evaluator_kwargs)
-
-    original_scheduler = pipe.scheduler
-    config = original_scheduler.config
-    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
-    pipe.set_progress_bar_config(disable=True)
-    bar = tqdm(desc="tune", disable=not progress, unit="run")
-    scorer = BankScorer(
+    clusters = resampling_clusters(family, num_samples, batch_size)
+    results = []
+    with bank_scoring(
         pipe,
-        config,
+        "tune",
+        progress,
         seed,
         num_samples,
         batch_size,
         evaluator,
         protocol,
         eval_batch_size,
-        evaluator_name,
         parts_dir,
-        bar.update,
         log=log,
-    )
-    clusters = resampling_clusters(family, num_samples, batch_size)
-    results = []
-    try:
+        **evaluator_kwargs,
+    ) as scorer:
+        config = scorer.config
         for n in nfe:
             start = calibrated_coefficients(config, n) or build_scheduler(
                 pipe, {"scheduler": "untied"}, config, n
@@ -312,12 +355,8 @@ def tune_coefficients(
                     result.best.run,
                 )
             results.append(result)
-    finally:
-        bar.close()
-        pipe.scheduler = original_scheduler
-        pipe.set_progress_bar_config(**progress_config)
 
-    bank = bank_settings(seed, num_samples, batch_size, evaluator_name, protocol, confidence)
+    bank = bank_settings(seed, num_samples, batch_size, scorer.evaluator_name, protocol, confidence)
     _write_coefficients(pipe.scheduler, results, bank)
     return results
 
