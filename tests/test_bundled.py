@@ -33,8 +33,12 @@ def test_bundled_pipeline_loads_and_generates(name):
     scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
     for nfe in (8, 16, 32, 64):
         coefficients = scheduler_config["coefficients_by_steps"][str(nfe)]
-        assert set(coefficients) == {"eta_r", "eta_t", "eta_o", "alpha"}
+        knob = "temperature" if pipe.family == "langflow" else "decode_temperature"
+        assert {"eta_r", "eta_t", "eta_o", "alpha"} <= set(coefficients) <= {"eta_r", "eta_t", "eta_o", "alpha", knob}
         assert all(math.isfinite(value) for value in coefficients.values())
+        if knob in coefficients:  # an entropy-matching value is the one the tuning found on its bank
+            matching = scheduler_config["tuning_by_steps"][str(nfe)]["entropy_matching"]
+            assert coefficients[knob] == matching["value"] and matching["knob"] == knob
 
     official = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0))
     assert len(official.texts) == 2 and all(isinstance(text, str) and text.strip() for text in official.texts)
