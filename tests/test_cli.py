@@ -170,6 +170,20 @@ def test_building_the_cli_parsers_does_not_import_torch():
     assert out.strip() == "[]"
 
 
+@pytest.mark.parametrize("command", [(), *COMMANDS], ids=lambda c: " ".join(c) or "untied-sc")
+def test_help_of_every_command_does_not_import_torch(command):
+    """`untied-sc [COMMAND ...] --help` answers from the parsers alone, in a fresh interpreter: torch never loads."""
+    code = (
+        "import sys, untied_sc.cli\n"
+        "try:\n"
+        f"    untied_sc.cli.main({[*command, '--help']!r})\n"
+        "except SystemExit as exit_:\n"
+        "    print(exit_.code, sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "usage: untied-sc" in out and out.strip().endswith("0 []")
+
+
 @pytest.mark.parametrize("argv", [["train", "elf", "--help"], ["train", "langflow", "train", "--help"]])
 def test_training_help_does_not_import_torch(argv):
     """`untied-sc train FAMILY [ACTION] --help` parses with the light `untied_sc.training.cli`: no torch to load."""

@@ -33,8 +33,8 @@ from .input_checks import check_local_pipeline_folder, check_source_exists
 from .judge.cli import register_judge_command
 
 
-# Argument registration imports only argparse-level modules (`untied-sc --help` does not load torch): every handler
-# imports what it runs.
+# Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads: registering
+# the parsers imports only argparse-level modules.
 
 
 # `untied-sc train --help`: the families' actions, where each runs (read from untied_sc/training/{elf,langflow}.py).

@@ -10,6 +10,7 @@ the model family's protocol.
 """
 
 import argparse
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -61,7 +62,6 @@ def reference_scores(folder: Path, results: Path = Path("benchmarks/results")) -
     path = results / f"{folder.name}-quality.json"
     if not path.is_file():
         return None
-    import json
 
     rows = json.loads(path.read_text()).get("rows", [])
     return next((row for row in rows if row.get("sampler") == "held-out reference text"), None)

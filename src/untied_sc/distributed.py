@@ -14,6 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from diffusers.utils import logging as diffusers_logging
+from tqdm.auto import tqdm
+from transformers.utils import logging as transformers_logging
 
 
 T = TypeVar("T")
@@ -34,8 +39,6 @@ def process_state(device: str | torch.device | None = None):
     the only one and each would sample everything. The state is accelerate's process-wide singleton: the first call
     in a process fixes it.
     """
-    from accelerate import PartialState
-
     global _closing_registered
     state = PartialState(cpu=_wants_cpu(device))
     if state.num_processes > 1 and not _closing_registered:
@@ -110,8 +113,6 @@ def gather_in_order(per_batch_results: Mapping[int, T], state=None) -> list[T]:
     """
     pairs = sorted(per_batch_results.items(), key=lambda pair: pair[0])
     if process_rank(state)[1] > 1:
-        from accelerate.utils import gather_object
-
         pairs = sorted(gather_object(pairs), key=lambda pair: pair[0])
     indices = [index for index, _ in pairs]
     if indices != list(range(len(indices))):
@@ -138,8 +139,6 @@ def is_main_process(state=None) -> bool:
 
 def main_process_progress(iterable: Iterable[T], state=None, enabled: bool = True, **tqdm_kwargs) -> Iterable[T]:
     """`iterable` under a tqdm bar shown by the main process alone (none when `enabled` is false)."""
-    from tqdm.auto import tqdm
-
     return tqdm(iterable, disable=not enabled or not is_main_process(state), **tqdm_kwargs)
 
 
@@ -148,9 +147,6 @@ def silence_other_processes(state=None) -> None:
     pipeline components"), so that the terminal shows one process's bars, not N interleaved copies."""
     if is_main_process(state):
         return
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
 

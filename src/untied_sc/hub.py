@@ -3,7 +3,8 @@
 import os
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
 
 # Keyword arguments that belong to the Hub download, as diffusers' and transformers' loaders name them.
@@ -40,9 +41,6 @@ def fetch_error_message(repo_id: str, hub_kwargs: dict, error: BaseException) ->
     arguments (an offline cache miss says "pass local_files_only=False" even where `HF_HUB_OFFLINE` was set) and
     never name the endpoint, which matters where `HF_ENDPOINT` points at a mirror.
     """
-    from huggingface_hub import constants
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
     revision = hub_kwargs.get("revision") or "main"
     cache = hub_kwargs.get("cache_dir") or constants.HF_HUB_CACHE
     head = f"Could not fetch {repo_id!r} from the Hugging Face Hub at {constants.ENDPOINT}"

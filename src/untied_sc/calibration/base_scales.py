@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from ..schedulers import ELFScheduler
+from ..schedulers.noise import draw_normal
 from .overlap import OverlapBasis
 
 
@@ -97,9 +99,6 @@ def elf_response_gram_sums(
     of `generators`; [`response_gram`] divides. Sums from disjoint sets of batches (several processes) add.
     `batch_size`: one size for every batch, or each batch's size.
     """
-    from ..schedulers import ELFScheduler
-    from ..schedulers.noise import draw_normal
-
     model, device = pipe.transformer, pipe._execution_device
     basis = overlap.basis.to(device=device, dtype=torch.float32)
     rho_sq = overlap.rho_sq.to(device=device, dtype=torch.float32)

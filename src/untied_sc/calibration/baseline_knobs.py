@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from ..evaluation.sampling import diversity_knob, family_of, resampling_clusters
 from .search import (
     METHOD_KNOBS,
     NEUTRAL,
@@ -106,8 +107,6 @@ def tune_knobs(
     Returns:
         One [`SearchResult`] per (NFE, method), NFE-major.
     """
-    from ..evaluation.sampling import diversity_knob, family_of, resampling_clusters
-
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     family = family_of(pipe)
     protocol = protocol or family

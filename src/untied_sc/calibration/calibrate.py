@@ -13,6 +13,7 @@ from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics,
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from ..seeds import check_seed, generator_seed, seeds_in_space
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
+from .migrate import migrate_pipeline
 from .overlap import overlap_basis_from_model
 from .reduction import is_main_process, process_share, sum_across_processes
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
@@ -345,8 +346,6 @@ def apply_calibration(pipe, result: CalibrationResult) -> None:
     ran at become the scheduler config's `coefficients_by_steps` for every NFE that has none yet (tuned values are
     kept: `untied-sc tune` chose them for this model).
     """
-    from .migrate import migrate_pipeline
-
     migrate_pipeline(pipe)  # an old-layout folder's coefficients move to the scheduler config first
     pipe.register_modules(sampler_statistics=result.statistics)
     current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})

@@ -19,6 +19,9 @@ import os
 from typing import TypeVar
 
 import torch
+from accelerate.utils import reduce
+
+from ..distributed import process_state
 
 
 T = TypeVar("T")
@@ -41,7 +44,6 @@ def calibration_process_state(device: str | None = None):
     """
     if launched_processes() <= 1:
         return None
-    from ..distributed import process_state
 
     if device is not None and torch.device(device).index is not None:
         raise ValueError(
@@ -73,7 +75,6 @@ def sum_across_processes(sums: dict[str, torch.Tensor], state) -> dict[str, torc
     """
     if state is None or state.num_processes == 1:
         return sums
-    from accelerate.utils import reduce
 
     for name, value in sums.items():
         if value.dtype != torch.float64:

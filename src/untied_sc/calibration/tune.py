@@ -38,8 +38,12 @@ from ..defaults import (
     TUNE_BUDGET,
     TUNE_SEED,  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 )
+from ..evaluation.evaluator import load_evaluator
+from ..evaluation.io import Sample, evaluate_samples
+from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, generate, resampling_clusters
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from ..seeds import check_seed
+from .migrate import migrate_pipeline
 from .search import (
     KNOB_DEFAULTS,
     BankRun,
@@ -57,8 +61,6 @@ PARTS_FORMAT = 2  # 2: the header names the evaluator's dtype (a bf16 and a floa
 def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
     """`(evaluator pair, name)`: a name is loaded with [`load_evaluator`] (`evaluator_kwargs`), a `(model,
     tokenizer)` pair is used as it is and named by its model."""
-    from ..evaluation.evaluator import load_evaluator
-
     if isinstance(evaluator, str):
         return load_evaluator(evaluator, **evaluator_kwargs), evaluator
     return evaluator, getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
@@ -67,8 +69,6 @@ def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
 def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> BankRun:
     """A bank run's samples scored by the `(model, tokenizer)` `evaluator` under `protocol`: the scores every tuning
     decision reads (pooled GenPPL, mean entropy, per-sample NLL sums, token counts and entropies, in bank order)."""
-    from ..evaluation.io import evaluate_samples
-
     result = evaluate_samples(samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size)
     return BankRun.from_evaluation(result)
 
@@ -150,9 +150,6 @@ class BankScorer:
             header.write_text(json.dumps(self._settings(), indent=1))
 
     def __call__(self, n: int, spec: Mapping, **call_kwargs) -> BankRun:
-        from ..evaluation.io import Sample
-        from ..evaluation.sampling import build_scheduler, generate
-
         key = run_key(n, spec, call_kwargs)
         if key in self.cache:
             return self.cache[key]
@@ -292,9 +289,6 @@ def tune_coefficients(
         One [`SearchResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values (and the
         entropy-matching knob) and its `tuning_by_steps` the search's record.
     """
-    from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, resampling_clusters
-    from .migrate import migrate_pipeline
-
     migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:

@@ -9,6 +9,9 @@ import shlex
 from pathlib import Path
 
 
+# Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads.
+
+
 DIAGNOSTICS = ("coupling", "step-scaling", "innovation")
 
 

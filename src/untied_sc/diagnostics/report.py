@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from ..evaluation.plots import pyplot as shared_pyplot
 from .coupling import PAPER_TABLE as COUPLING_PAPER
 from .coupling import CouplingResult
 from .innovation import PAPER_TABLE as INNOVATION_PAPER
@@ -11,8 +12,6 @@ from .step_scaling import PAPER_EXPONENTS, StepScalingResult
 
 def pyplot():
     """matplotlib's pyplot, or a clear error saying how to install it (`evaluation.plots.pyplot`)."""
-    from ..evaluation.plots import pyplot as shared_pyplot
-
     return shared_pyplot("Drawing the diagnostics' figures")
 
 

@@ -160,6 +160,8 @@ def _cache_gguf(name: str, folder: str | os.PathLike, gguf_path: Callable[[Path]
     The folder is written next to its destination and renamed into place, so an interrupted conversion never leaves a
     half-written cache behind. Returns `folder`.
     """
+    # heavy: transformers' Auto classes load only where an evaluator is loaded (io, metrics and the judge import
+    # this module for its names)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(folder)
@@ -229,6 +231,8 @@ def load_evaluator(
     Raises:
         ImportError: for an offline route when its package or `gguf` is missing (the message gives the pip command).
     """
+    # heavy: transformers' Auto classes load only where an evaluator is loaded (io, metrics and the judge import
+    # this module for its names)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = evaluator_dtype(dtype, device)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .evaluator import load_evaluator
 from .metrics import (
     distinct_n,
     generative_perplexity,
@@ -139,8 +140,6 @@ def evaluate_samples(
         [`longest_repeated_run`]; `None` without ids), and `per_sample` (one dict per sample, in file order, with its
         provenance and scores, for paired comparisons).
     """
-    from .evaluator import load_evaluator
-
     if isinstance(samples, (str, os.PathLike)):
         samples = read_samples(samples)
     if isinstance(evaluator, (str, os.PathLike)):
@@ -242,8 +241,6 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
         samples = read_samples(samples)
     name = None
     if isinstance(evaluator, (str, os.PathLike)):
-        from .evaluator import load_evaluator
-
         name = str(evaluator)
         loading = {key: options.pop(key) for key in ("cache_dir", "device", "dtype") if key in options}
         evaluator = load_evaluator(evaluator, **loading)

@@ -10,7 +10,7 @@ MATPLOTLIB_INSTALL = 'pip install -e ".[eval]"'
 def pyplot(purpose: str = "Plotting benchmark results"):
     """matplotlib's pyplot on the Agg backend, or an `ImportError` saying that `purpose` needs it and how to install
     it (the package's figures: benchmarks, model cards, diagnostics)."""
-    try:
+    try:  # optional extra eval (matplotlib)
         import matplotlib
 
         matplotlib.use("Agg")

@@ -17,7 +17,17 @@ from collections.abc import Mapping
 
 import torch
 
+from ..distributed import (
+    gather_in_order,
+    main_process_progress,
+    process_rank,
+    shard_batches,
+    slowest_process_seconds,
+)
+from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 from ..seeds import LEGACY_SPACE, generator_seed
+from .io import Sample
 
 
 # Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
@@ -135,9 +145,6 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1]. A key `knobs_by_steps` (`{"8":
     {"momentum_beta": 0.8}, ...}`, the benchmark's tuned knobs) adds the overrides of `num_inference_steps`.
     """
-    from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
-    from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
-
     overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler", KNOBS_KEY)}
     if KNOBS_KEY in spec:
         overrides.update(knobs_at(spec, num_inference_steps))
@@ -209,8 +216,6 @@ def run_samples(
 ) -> list:
     """The [`Sample`]s of one [`generate`] run: sample i lies in batch i // batch_size; `extra` holds its `index`,
     with `record_batch_seed` its batch's [`batch_seed`], then the given `extra` keys (e.g. a diversity knob's value)."""
-    from .io import Sample
-
     return [
         Sample(
             text=text,
@@ -249,14 +254,6 @@ def generate(
     the sampling time of the slowest process (the sum of its batches' times; with one process, of all batches).
     `progress` shows a bar over this process's batches on the main process.
     """
-    from ..distributed import (
-        gather_in_order,
-        main_process_progress,
-        process_rank,
-        shard_batches,
-        slowest_process_seconds,
-    )
-
     family = family_of(pipe)
     pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
     num_batches = -(-num_samples // batch_size)

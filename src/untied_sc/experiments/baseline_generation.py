@@ -16,13 +16,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from tqdm.auto import tqdm
+
+from ..calibration.baseline_knobs import is_neutral, search_methods
+from ..calibration.search import BankRun
+from ..calibration.tune import run_key, score_bank_samples, scoring_evaluator
 from ..defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
-from ..evaluation.sampling import knobs_at
+from ..evaluation.evaluator import describe_evaluator
+from ..evaluation.sampling import diversity_knob, family_of, knobs_at, resampling_clusters, run_samples
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
+from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
 from .generation_files import CANDIDATES_KEY
-from .score_reuse import lend_or_score, samples_fingerprint
+from .score_reuse import lend_or_score, reusable_scores, samples_fingerprint
+from .sweep import generate_sweep, place_pipeline, score_sweep
 
 
 BANK_PREFIX = "tuning bank: "
@@ -30,8 +38,6 @@ BANK_PREFIX = "tuning bank: "
 
 def bank_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
     """The key of one bank run: its NFE, sampler spec and call arguments (as [`BankScorer`] caches it)."""
-    from ..calibration.tune import run_key
-
     return run_key(n, spec, call_kwargs)
 
 
@@ -96,11 +102,6 @@ def generate_baseline_candidates(
         with the bank's runs, `baseline_candidates` (the sampler set, the bank's settings and how the untied
         coefficients were chosen) and `tuned_when_sampled` (the evaluator, the protocol and the runs sampled per NFE).
     """
-    from ..calibration.tune import scoring_evaluator
-    from ..evaluation.sampling import diversity_knob, family_of, run_samples
-    from .baselines import ace_record, tune_baselines, untied_tuning_record
-    from .sweep import generate_sweep, place_pipeline
-
     if evaluator is None:
         raise ValueError(
             "The comparison samplers are tuned by a search whose every candidate depends on the scores before it, "
@@ -201,8 +202,6 @@ def generate_baseline_candidates(
 def _chosen_source(name: str, spec: Mapping, n: int) -> str:
     """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: official where a
     comparison sampler chose its neutral value (bit for bit the official sampler), else itself."""
-    from ..calibration.baseline_knobs import is_neutral
-
     if spec["scheduler"] in COMPARISON_METHODS and is_neutral(spec["scheduler"], knobs_at(spec, n)):
         return BASELINE
     return name
@@ -234,14 +233,6 @@ def choose_from_bank(
         bank run's scores under its [`samples_fingerprint`] (what a later `--reuse-scores` lends), and, when some were
         lent, `bank_scores_reused`.
     """
-    from tqdm.auto import tqdm
-
-    from ..calibration.baseline_knobs import search_methods
-    from ..calibration.search import BankRun
-    from ..calibration.tune import score_bank_samples
-    from ..evaluation.sampling import diversity_knob, resampling_clusters
-    from .baselines import apply_knob_choices
-
     candidates = generation[CANDIDATES_KEY]
     settings = candidates["bank"]
     family = generation["family"]
@@ -376,11 +367,6 @@ def score_baseline_candidates(
         evaluator_kwargs (`Mapping`, *optional*): `cache_dir`, `device`, `dtype` for [`load_evaluator`].
         **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
     """
-    from ..calibration.tune import scoring_evaluator
-    from ..evaluation.evaluator import describe_evaluator
-    from .score_reuse import reusable_scores
-    from .sweep import score_sweep
-
     loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
     reusable = score_kwargs.get("reuse_scores")
     if reusable is not None:  # read and refused before the bank is scored, not after

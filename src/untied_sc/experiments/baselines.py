@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..calibration.baseline_knobs import knob_record, tune_knobs
+from ..calibration.tune import scoring_evaluator
 from ..defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from ..evaluation.sampling import KNOBS_KEY
 from ..schedulers.comparison_names import COMPARISON_METHODS
@@ -134,9 +136,6 @@ def tune_baselines(
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
         tuning record ([`knob_record`] per sampler and NFE, the bank, the rule, and the untied sampler's own).
     """
-    from ..calibration.baseline_knobs import tune_knobs
-    from ..calibration.tune import scoring_evaluator
-
     samplers = normalise_samplers(samplers)
     refuse_leaked_seeds(seeds, pipe)
     tune_seed = check_seed(tune_seed, "--tune-seed")  # its bank lies in the tuning seed space: never a benchmark batch
@@ -196,8 +195,6 @@ def apply_knob_choices(
             and the ACE direction's [`ace_record`].
         untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
     """
-    from ..calibration.baseline_knobs import knob_record
-
     by_method = {(result.method, result.num_inference_steps): result for result in results}
     tuned = dict(samplers)
     per_sampler = {}

@@ -29,7 +29,7 @@ from ..defaults import (
 from ..input_checks import PROTOCOLS, check_samples_file, check_source_exists, recorded_protocol, resolve_protocol
 
 
-# The parsers import nothing heavy (`untied-sc --help` stays fast): the handlers import torch and the sweep.
+# Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads.
 
 
 def torch_dtype(name: str):

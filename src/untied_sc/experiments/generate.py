@@ -66,7 +66,7 @@ def register_generate_command(commands) -> argparse.ArgumentParser:
 
 def pipeline_sampler(pipe) -> str:
     """`"untied"` or `"official"`: the sampler of the pipeline's own scheduler."""
-    from ..schedulers import UntiedSelfConditioningScheduler
+    from ..schedulers import UntiedSelfConditioningScheduler  # keeps `untied-sc --help` torch-free
 
     return "untied" if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) else "official"
 
@@ -98,6 +98,7 @@ def generate_samples(
         `(samples, seconds)`: [`Sample`]s in order (`extra` holds `index` and `batch_seed`), and the sampling time
         of the slowest process.
     """
+    # keeps `untied-sc --help` torch-free (cli.py registers this module's parser)
     from ..evaluation.sampling import build_scheduler, generate, run_samples
     from .sweep import check_runs, refuse_leaked_seeds
 
@@ -133,6 +134,7 @@ def generate_command(args: argparse.Namespace) -> list | None:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --out.")
     check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")
 
+    # keeps `untied-sc --help` and the refusals above torch-free
     from ..distributed import (
         describe_processes,
         is_main_process,

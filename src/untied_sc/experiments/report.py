@@ -13,6 +13,7 @@ from pathlib import Path
 from ..evaluation.curves import FIT_DESCRIPTION
 from ..evaluation.evaluator import SMOLLM2_NAME
 from ..evaluation.io import Sample, write_samples
+from ..evaluation.plots import plot_benchmark
 from ..output_paths import report_paths  # noqa: F401  (re-exported)
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 
@@ -549,8 +550,6 @@ def write_results(
     """Writes `<model>.json` (everything), `<model>.md` ([`format_markdown`]), `<model>.png` ([`plot_benchmark`]) and,
     given the scored `samples`, `<model>.samples.jsonl.gz` beside them (what the tables measured, re-scorable with
     `untied-sc evaluate`). `stem` replaces `<model>` in the names (a report re-rendered under its own file name)."""
-    from ..evaluation.plots import plot_benchmark
-
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     paths = report_paths(folder, stem or results["model"], samples=samples is not None)

@@ -29,10 +29,12 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from ..calibration.calibrate import calibration_seeds
 from ..defaults import DEFAULT_NFE, DEFAULT_SEEDS
-from ..evaluation.evaluator import describe_evaluator
+from ..distributed import is_main_process, main_process_progress, process_device, process_rank
+from ..evaluation.evaluator import describe_evaluator, load_evaluator
 from ..evaluation.io import evaluate_samples
 from ..evaluation.metrics import samples_per_second
 from ..evaluation.sampling import (
@@ -46,6 +48,8 @@ from ..evaluation.sampling import (
     tuning_seeds,
     warn_few_clusters,
 )
+from ..pipelines import load_pipeline
+from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.comparison_names import ACE_METHODS
 from ..seeds import check_seed
@@ -91,8 +95,6 @@ def _sweep_runs(
 def place_pipeline(pipe, state=None, device: str | torch.device | None = None) -> None:
     """Moves `pipe` where a sweep samples: `device`, or under several processes each process's own
     ([`process_device`]); left where it is when neither names one."""
-    from ..distributed import process_device
-
     if state is not None:
         device = process_device(state, device)
     if device is not None:
@@ -148,8 +150,6 @@ def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPEL
     are calibrated at every NFE an untied sampler needs them at (one error naming all the missing NFEs and the
     `untied-sc calibrate` command that adds them, which also writes coefficients for NFEs that have none), so that a
     sweep never fails after minutes of sampling."""
-    from ..schedulers import UntiedSelfConditioningScheduler
-
     statistics = getattr(pipe, "sampler_statistics", None)
     calibrated = set(statistics.config.calibrated_steps or []) if statistics is not None else set()
     missing: dict[int, list[str]] = {}
@@ -220,15 +220,10 @@ def generate_sweep(
         `runs`: one dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling (its slowest process's)
         and its `samples` ([`Sample`]s).
     """
-    from ..distributed import main_process_progress, process_rank
-    from ..schedulers import UntiedSelfConditioningScheduler
-
     began = time.perf_counter()
     if command is None:
         command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
     if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
-        from ..pipelines import load_pipeline
-
         pipe = load_pipeline(pipeline_dir_or_pipe)
     else:
         pipe = pipeline_dir_or_pipe
@@ -330,10 +325,6 @@ def score_sweep(
     `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
     `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
     [`score_reuse`]; the first such run is scored again as a check)."""
-    from tqdm.auto import tqdm
-
-    from ..evaluation.evaluator import load_evaluator
-
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
     if main_only:
@@ -490,8 +481,6 @@ def run_sweep(
         per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
         process other than the main one.
     """
-    from ..distributed import is_main_process
-
     generation = generate_sweep(
         pipeline_dir_or_pipe,
         nfe=nfe,

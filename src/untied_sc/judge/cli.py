@@ -11,6 +11,9 @@ from pathlib import Path
 from ..defaults import JUDGE_NUM_RESAMPLES
 
 
+# Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads.
+
+
 def _parse_knobs(values: list[str] | None) -> dict:
     knobs = {}
     for value in values or []:

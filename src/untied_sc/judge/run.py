@@ -13,6 +13,8 @@ import os
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from .cache import ReplyCache, request_key
 from .client import ChatClient
 from .export import read_prompts
@@ -51,8 +53,6 @@ def run_judge(
         `dict` with `num_presentations`, `num_requests` (sent this run), `num_cached` (answered from the cache),
         `num_unparseable`, `unparseable_ids`, `out`, `cache`.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to write it again (cached replies are not re-asked).")

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -123,9 +124,7 @@ def recorded_elf_max_length(source: str | os.PathLike, path: Path, payload: dict
         if not config_path.is_file():
             continue
         try:
-            import yaml  # YAML is a superset of JSON: it reads all three
-
-            config = yaml.safe_load(config_path.read_text())
+            config = yaml.safe_load(config_path.read_text())  # YAML is a superset of JSON: it reads all three
         except (OSError, yaml.YAMLError) as error:
             raise ValueError(f"{config_path} is not a readable training config ({error}); fix or remove it.") from None
         found = _config_max_length(config, str(config_path)) if isinstance(config, dict) else None
