@@ -2,7 +2,7 @@
 
 - `evaluate` scores a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline;
 - `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`) and prints its
-  Markdown report.
+  Markdown report; `--rescore` scores a report's samples again under another evaluator ([`rescore_report`]).
 
 The top-level CLI registers them with `register_evaluate_command(commands)` and `register_benchmark_command(commands)`
 (or `add_<name>_arguments` plus `set_defaults(handler=<name>_command)`).
