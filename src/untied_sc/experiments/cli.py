@@ -339,7 +339,11 @@ def add_benchmark_arguments(parser):
         "samples are the first report's (not copied).",
     )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
-    parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
+    parser.add_argument(
+        "--name",
+        help="Model name of the output files (default: the pipeline folder's name; with --rescore, the report's model "
+        "and the evaluator's short name, <model>-<evaluator>).",
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
