@@ -9,6 +9,9 @@ Reports analysed before the few-cluster intervals existed keep their bootstrap-o
 byte); `--small-sample-intervals` adds the t-interval and bootstrap-t beside the cluster bootstrap and the headline
 rule (`untied_sc.experiments.aggregation.INTERVAL_RULE`), as every new report has them.
 
+A report rescored under a second evaluator (`untied-sc benchmark --rescore`) has its evaluator control recomputed
+from the report it rescored, re-rendered first when both are given.
+
 Files that are not benchmark reports (quality, per-noise, overhead tables) are skipped. The scores themselves
 (per-sample NLLs, entropies, repetition) are not recomputed: that needs the samples. Reports rewritten in place need
 `--overwrite` (they are somebody's results).
@@ -24,6 +27,7 @@ import torch
 from untied_sc.evaluation.evaluator import describe_evaluator
 from untied_sc.experiments.aggregation import analyse
 from untied_sc.experiments.report import write_results
+from untied_sc.experiments.rescore import evaluator_control
 
 
 def _option(command: str | None, name: str) -> str | None:
@@ -58,6 +62,9 @@ def rerender(path: Path, overwrite: bool, small_sample: bool = False) -> bool:
         results["generator_tokenizer"] = _generator_tokenizer(results)
     resamples = int(_option(scoring, "--num-resamples") or 1000)
     analyse(results, num_resamples=resamples, small_sample=True if small_sample else None)
+    if "rescored_from" in results:  # `benchmark --rescore`: the control reads the first report as it now stands
+        first = json.loads((path.parent / results["rescored_from"]["report"]).read_text())
+        results["evaluator_control"] = evaluator_control(first, results)
     write_results(results, path.parent, stem=path.stem)  # a report's file name can differ from its model's
     return True
 
@@ -72,7 +79,8 @@ def main() -> None:
         help="Add the t-interval and bootstrap-t and the headline rule to reports analysed before they existed.",
     )
     args = parser.parse_args()
-    for path in args.reports:
+    # a rescored report after the report it rescored (its control reads that one's new numbers)
+    for path in sorted(args.reports, key=lambda path: b'"rescored_from"' in path.read_bytes()):
         done = rerender(path, args.overwrite, args.small_sample_intervals)
         print(f"{'re-rendered' if done else 'skipped (not a benchmark report)'}: {path}")
 

@@ -4,6 +4,7 @@ pipeline component; tiny golden pipelines under a tiny evaluator."""
 
 import copy
 import json
+import shlex
 import subprocess
 import sys
 
@@ -425,3 +426,169 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
     )
     assert json.loads((tmp_path / "parts" / "bank.json").read_text())["evaluator"] == "smollm2-135m"
     assert getattr(evaluator[0], "name_or_path", None) != "smollm2-135m"
+
+
+# ---- `benchmark --rescore`: a report's samples under a second evaluator -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_report(pipes, evaluator, tmp_path_factory):
+    """A tiny LangFlow baselines report (every sampler on its own frontier) with its samples file beside it."""
+    folder = tmp_path_factory.mktemp("first")
+    pipe = pipes["langflow"]
+    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    run_sweep(
+        pipe,
+        samplers=samplers,
+        evaluator=evaluator,
+        knob_tuning=record,
+        num_resamples=50,
+        progress=False,
+        name="tiny",
+        command="untied-sc benchmark tiny-langflow --experiment baselines",
+        output_dir=folder,
+        diversity_values=FRONTIER["langflow"],
+        diversity_samplers=list(samplers),
+        **SWEEP,
+    )
+    return folder / "tiny.json"
+
+
+@pytest.fixture(scope="module")
+def second_evaluator(tmp_path_factory):
+    """Another tiny evaluator of the same vocabulary (other random weights), saved as a model folder."""
+    folder = tmp_path_factory.mktemp("second-evaluator")
+    for part in tiny_evaluator(seed=1):
+        part.save_pretrained(folder)
+    return folder
+
+
+def _dumped(tree) -> str:
+    """A JSON tree as text: NaN compares equal to NaN."""
+    return json.dumps(tree, sort_keys=True)
+
+
+def test_kendall_tau_b_counts_concordant_pairs_and_ties():
+    from untied_sc.experiments.rescore import kendall_tau
+
+    assert kendall_tau([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(4 / 6)  # 5 concordant, 1 discordant
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / (2 * 3) ** 0.5)  # tau-b: a's tie in the denominator
+    assert kendall_tau([1.0], [2.0]) is None and kendall_tau([1, 1], [1, 2]) is None
+
+
+def test_rescore_scores_the_same_runs_under_a_second_evaluator_and_sets_the_headlines_side_by_side(
+    tiny_report, second_evaluator, tmp_path, capsys
+):
+    first = json.loads(tiny_report.read_text())
+    out = tmp_path / "rescored"
+    argv = ["benchmark", "--rescore", str(tiny_report), "--evaluator", str(second_evaluator), "--dtype", "float32"]
+    assert main([*argv, "--output-dir", str(out), "--num-resamples", "50", "--no-progress"]) == 0
+    assert "## Evaluator control: LlamaForCausalLM and second-evaluator" in capsys.readouterr().out
+    name = f"tiny-{second_evaluator.name}"
+    second = json.loads((out / f"{name}.json").read_text())
+    # (c) the samples are stored once: the new report names the first one's file, and writes none of its own
+    assert sorted(path.name for path in out.iterdir()) == [f"{name}.{ext}" for ext in ("json", "md", "png")]
+    assert (out / second["samples_file"]).resolve() == (tiny_report.parent / "tiny.samples.jsonl.gz").resolve()
+    source = second["rescored_from"]
+    assert (out / source.pop("report")).resolve() == tiny_report.resolve()
+    assert source == {"evaluator": first["evaluator"], "evaluator_description": first["evaluator_description"]}
+    # (b) the same samplers, knobs and runs (timings too); the knobs chosen under the first evaluator, kept
+    structure = ("sampler", "nfe", "seed", "temperature", "seconds", "num_samples")
+    assert [[run[k] for k in structure] for run in second["runs"]] == [
+        [run[k] for k in structure] for run in first["runs"]
+    ]
+    for key in ("samplers", "coefficients", "knob_tuning", "nfe", "seeds", "diversity_values", "diversity_samplers"):
+        assert second[key] == first[key], key
+    assert second["evaluator"] == str(second_evaluator) and second["protocol"] == first["protocol"]
+    # (a) every run's scores are the samples scored directly with the second evaluator (`untied-sc evaluate`)
+    direct = tmp_path / "direct.json"
+    samples = tiny_report.parent / "tiny.samples.jsonl.gz"
+    evaluate = ["evaluate", str(samples), "--evaluator", str(second_evaluator), "--dtype", "float32"]
+    assert main([*evaluate, "--output", str(direct)]) == 0
+    runs = json.loads(direct.read_text())["runs"]
+    assert len(runs) == len(second["runs"])
+    for scored, run in zip(runs, second["runs"], strict=True):
+        assert scored["run"]["sampler"] == run["sampler"] and scored["run"]["seed"] == run["seed"]
+        assert run["per_sample"]["nll_sum"] == pytest.approx([s["nll_sum"] for s in scored["per_sample"]], rel=1e-6)
+        assert run["gen_ppl"] == pytest.approx(scored["gen_ppl"], rel=1e-6)
+    assert [run["per_sample"]["nll_sum"] for run in second["runs"]] != [
+        run["per_sample"]["nll_sum"] for run in first["runs"]
+    ]  # another evaluator: other scores
+    # (d) the control: both evaluators' headlines, the rank agreement and the NLL correlation
+    control = second["evaluator_control"]
+    assert control["reading"] == "frontier"
+    assert set(control["by_sampler"]) == set(first["aggregates"]["paired"])
+    for sampler, by_nfe in control["by_sampler"].items():
+        for report, side in ((first, "first"), (second, "second")):
+            row = by_nfe["8"][side]
+            assert row["ratio"] == report["frontiers"]["by_sampler"][sampler]["8"]["ratio"]
+            assert row["ratio_ci"] == report["frontiers"]["by_sampler"][sampler]["8"]["ratio_ci"]
+            assert row["raw_ratio"] == report["aggregates"]["paired"][sampler]["8"]["gen_ppl_ratio"]
+    for kind, key in (("equal_entropy", "ratio"), ("raw", "raw_ratio")):
+        agreement = control["rank_agreement"][kind]["8"]
+        both = [
+            s
+            for s, by_nfe in control["by_sampler"].items()
+            if None not in (by_nfe["8"]["first"][key], by_nfe["8"]["second"][key])
+        ]
+        assert agreement["ranked"] == both and agreement["num_ranked"] == len(both)
+    raw = control["rank_agreement"]["raw"]["8"]
+    assert raw["num_ranked"] == len(first["aggregates"]["paired"]) and -1 <= raw["kendall_tau"] <= 1
+    correlation = control["nll_correlation"]
+    distinct = {_dumped(run["per_sample"]["mean_nll"]) for run in first["runs"]}
+    assert correlation["num_samples"] == 4 * len(distinct) and -1 <= correlation["pearson"] <= 1
+    markdown = (out / f"{name}.md").read_text()
+    assert "These knobs were chosen under the first report's evaluator (LlamaForCausalLM)" in markdown
+    assert "- NFE 8: at equal entropy τ" in markdown and "Per-sample NLL per token under" in markdown
+    # the recorded command reproduces the report
+    assert second["scoring_command"].startswith(f"untied-sc benchmark --evaluator {second_evaluator}")
+    assert main([*shlex.split(second["scoring_command"])[1:], "--overwrite"]) == 0
+    again = json.loads((out / f"{name}.json").read_text())
+    assert _dumped([run["per_sample"] for run in again["runs"]]) == _dumped(
+        [run["per_sample"] for run in second["runs"]]
+    )
+    assert _dumped(again["evaluator_control"]) == _dumped(control)
+
+
+def test_rescore_with_the_report_s_own_evaluator_gives_back_the_report(tiny_report, evaluator, tmp_path):
+    from untied_sc.experiments.rescore import rescore_report
+
+    first = json.loads(tiny_report.read_text())
+    again = rescore_report(tiny_report, evaluator, name="again", output_dir=tmp_path, num_resamples=50, progress=False)
+    written = json.loads((tmp_path / "again.json").read_text())
+    for key in ("runs", "aggregates", "diversity_curves", "equal_entropy", "frontiers", "knob_tuning", "samplers"):
+        assert _dumped(written[key]) == _dumped(first[key]), key
+    control = again["evaluator_control"]
+    assert control["nll_correlation"]["pearson"] == pytest.approx(1.0)
+    for kind in ("equal_entropy", "raw"):
+        tau = control["rank_agreement"][kind]["8"]["kendall_tau"]
+        assert tau is None or tau == pytest.approx(1.0)  # one ranking: every untied pair concordant
+
+
+def test_rescore_refusals_come_before_any_scoring(tiny_report, second_evaluator, tmp_path, capsys):
+    rescore = ["benchmark", "--rescore", str(tiny_report), "--output-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="nothing to control. Give another --evaluator"):
+        main([*rescore, "--evaluator", "LlamaForCausalLM", "--dtype", "float32"])
+    with pytest.raises(SystemExit, match="would replace .*tiny.json itself"):
+        main([*rescore[:-1], str(tiny_report.parent), "--evaluator", str(second_evaluator), "--name", "tiny"])
+    for extra in (["tiny-langflow"], ["--nfe", "8"], ["--samplers", "HiGS"], ["--protocol", "elf"], ["--main-only"]):
+        with pytest.raises(SystemExit, match=f"drop {extra[0]}"):
+            main([*rescore, "--evaluator", str(second_evaluator), *extra])
+    with pytest.raises(SystemExit):  # one source of runs: argparse refuses the pair
+        main([*rescore, "--from", str(tiny_report)])
+    assert "not allowed with argument" in capsys.readouterr().err
+    (tmp_path / f"tiny-{second_evaluator.name}.md").write_text("taken")
+    assert main([*rescore, "--evaluator", str(second_evaluator)]) == 2
+    assert "already exists: pass --overwrite" in capsys.readouterr().err
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "tiny.json").write_text(tiny_report.read_text())  # without its samples file
+    (lone / "generation.json").write_text(json.dumps({"format": "untied-sc benchmark generation", "runs": []}))
+    for path, message in (
+        (tmp_path / "missing.json", "no such file"),
+        (lone / "tiny.json", "has no samples file beside it"),
+        (lone / "generation.json", "is not a benchmark report"),
+    ):
+        assert main(["benchmark", "--rescore", str(path), "--evaluator", str(second_evaluator)]) == 2
+        assert message in capsys.readouterr().err

@@ -98,6 +98,7 @@ def test_evaluate_says_a_jsonl_samples_file_is_expected(tmp_path, folders, capsy
     [
         (["generate", "{pipe}", "--nfe", "8", "--out", "{taken}"], "exists; pass --overwrite"),
         (["benchmark", "{pipe}", "--name", "taken", "--output-dir", "{tmp}"], "already exist"),
+        (["benchmark", "--rescore", "{tmp}/no-such.json", "--evaluator", "gemma3-270m"], "no such file"),
         (["evaluate", "{empty}", "--protocol", "elf"], "is empty"),
         (["calibrate", "{tmp}/no-such-folder", "--nfe", "8"], "does not exist"),
     ],

@@ -35,8 +35,9 @@ def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0):
     return SamplerStatistics.build(model, solver, q, rho_sq, (0.8, 0.9), per_step)
 
 
-def tiny_llama(vocab_size: int, eos_token_id: int):
-    """A 1-layer random Llama (weights ~ N(0, 0.5²), large enough that every token gets a distinct NLL): a real LM."""
+def tiny_llama(vocab_size: int, eos_token_id: int, seed: int = 0):
+    """A 1-layer random Llama (weights ~ N(0, 0.5²) drawn from `seed`, large enough that every token gets a distinct
+    NLL): a real LM."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -52,15 +53,16 @@ def tiny_llama(vocab_size: int, eos_token_id: int):
         pad_token_id=eos_token_id,
     )
     model = LlamaForCausalLM(config).eval()
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
     return model
 
 
-def tiny_evaluator():
-    """`tiny_llama` over `tiny_tokenizer`'s vocabulary (`</s>` = 1 is its EOS and pad), with that tokenizer."""
+def tiny_evaluator(seed: int = 0):
+    """`tiny_llama` over `tiny_tokenizer`'s vocabulary (`</s>` = 1 is its EOS and pad), with that tokenizer; another
+    `seed` is another evaluator of the same vocabulary."""
     tokenizer = tiny_tokenizer()
     tokenizer.pad_token = tokenizer.eos_token
-    return tiny_llama(len(tokenizer), tokenizer.eos_token_id), tokenizer
+    return tiny_llama(len(tokenizer), tokenizer.eos_token_id, seed), tokenizer

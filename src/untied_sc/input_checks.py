@@ -135,3 +135,26 @@ def resolve_protocol(samples: str | os.PathLike, given: str | None) -> tuple[str
             f"given; scoring with {given!r} (leave --protocol out to use the recorded one)."
         )
     return given, None
+
+
+def read_benchmark_report(path: str | os.PathLike, option: str, remedy: str = "") -> dict:
+    """
+    A benchmark report (`<model>.json`) read for `option` (`--reuse-scores`, `--rescore`), checked without its
+    samples: the file exists, is a report (runs scored by a named evaluator), and its samples file is beside it (what
+    its scores belong to; its `samples_file`, relative to the report's folder). `remedy` ends the missing-samples error.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{option} {path}: no such file; give a benchmark report, <model>.json.")
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{option}: cannot read {path} as a benchmark report ({error}).") from None
+    if not isinstance(report, dict) or not {"runs", "evaluator", "protocol"} <= report.keys():
+        raise ValueError(f"{option}: {path} is not a benchmark report (<model>.json with runs and an evaluator).")
+    if not report.get("samples_file") or not (path.parent / report["samples_file"]).is_file():
+        raise ValueError(
+            f"{option}: {path} has no samples file beside it ({report.get('samples_file') or 'none recorded'}), "
+            f"so nothing shows which samples its scores belong to.{remedy}"
+        )
+    return report

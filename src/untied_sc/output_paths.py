@@ -33,3 +33,11 @@ def record_beside_samples(samples: str | os.PathLike) -> Path | None:
         if path.name.endswith(suffix):
             return next(iter(paths(path.parent, path.name[: -len(suffix)]).values()))
     return None
+
+
+def rescored_report_name(model: str, evaluator: str | os.PathLike, dtype: str | None = None) -> str:
+    """The default file stem of a report rescored under another evaluator (`benchmark --rescore`): the first
+    report's model and the evaluator's short name (`elf-small-baselines-gemma3-270m`; a folder or Hub id by its last
+    part), and the dtype when only that differs from the first report's."""
+    short = Path(str(evaluator).rstrip("/")).name
+    return f"{model}-{short}" + (f"-{dtype}" if dtype else "")

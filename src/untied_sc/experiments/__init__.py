@@ -13,6 +13,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".generate": ("generate_samples",),
         ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
         ".report": ("format_markdown", "write_results"),
+        ".rescore": ("evaluator_control", "rescore_report"),
         ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
     },
 )

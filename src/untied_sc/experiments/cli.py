@@ -2,7 +2,7 @@
 
 - `evaluate` scores a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline;
 - `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`) and prints its
-  Markdown report.
+  Markdown report; `--rescore` scores a report's samples again under another evaluator ([`rescore_report`]).
 
 The top-level CLI registers them with `register_evaluate_command(commands)` and `register_benchmark_command(commands)`
 (or `add_<name>_arguments` plus `set_defaults(handler=<name>_command)`).
@@ -330,8 +330,20 @@ def add_benchmark_arguments(parser):
         help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file); several "
         "files are the parts of one sweep sampled with different --nfe, merged.",
     )
+    split.add_argument(
+        "--rescore",
+        metavar="REPORT_JSON",
+        help="Score the samples of an earlier report (<model>.json, its samples file beside it) again under "
+        "--evaluator (or --dtype), as a control of its comparison: the same runs and knobs, every statistic "
+        "recomputed, the two evaluators' headlines side by side. Writes <model>-<evaluator>.json/.md/.png, whose "
+        "samples are the first report's (not copied).",
+    )
     parser.add_argument("--output-dir", default="benchmarks/results", help="Where <model>.json/.md/.png go.")
-    parser.add_argument("--name", help="Model name of the output files (default: the pipeline folder's name).")
+    parser.add_argument(
+        "--name",
+        help="Model name of the output files (default: the pipeline folder's name; with --rescore, the report's model "
+        "and the evaluator's short name, <model>-<evaluator>).",
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -395,7 +407,7 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
 
     if args.generate_only:
         return list(generation_paths(args.output_dir, name).values())
-    return list(report_paths(args.output_dir, name).values())
+    return list(report_paths(args.output_dir, name, samples=not args.rescore).values())
 
 
 def _check_generation_scoring(args) -> None:
@@ -424,6 +436,82 @@ def _check_generation_scoring(args) -> None:
         model = None  # read_generation says what is wrong with the file
     if args.name or model:
         _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
+
+
+# Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol", "reuse_scores")
+
+
+def _ran_dtype(report: dict) -> str | None:
+    """The dtype a report's evaluator ran in, from its description ("..., run in float32"); `None` when unrecorded."""
+    _, found, dtype = (report.get("evaluator_description") or "").rpartition(", run in ")
+    return dtype if found and dtype else None
+
+
+def _is_same_evaluator(given: str, recorded: str) -> bool:
+    """One evaluator by name, or one model folder by two spellings of its path."""
+    if given == recorded:
+        return True
+    paths = Path(given).expanduser(), Path(recorded).expanduser()
+    return all(path.exists() for path in paths) and paths[0].resolve() == paths[1].resolve()
+
+
+def _check_rescore(args) -> str:
+    """`--rescore`, before any work: no pipeline or option the report fixes, the report and its samples exist, the
+    evaluator differs from the report's (in name or dtype), and the outputs are new (or `--overwrite`) and are not the
+    report itself. Returns the new report's name."""
+    from ..hardware import auto_dtype_name
+    from ..input_checks import read_benchmark_report
+    from ..output_paths import rescored_report_name
+
+    given = [f"--{key.replace('_', '-')}" for key in RESCORE_FIXED if getattr(args, key) is not None]
+    given += [option for option, on in (("--tune-here", args.tune_here), ("--main-only", args.main_only)) if on]
+    if args.pipeline or given:
+        extra = ([args.pipeline] if args.pipeline else []) + given
+        raise SystemExit(
+            f"--rescore scores the runs of {args.rescore} again; drop {' '.join(extra)} (the pipeline, the sweep, "
+            "the knobs and the protocol are the report's)."
+        )
+    report = read_benchmark_report(args.rescore, "--rescore")
+    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
+    same = _is_same_evaluator(str(args.evaluator), str(report["evaluator"]))
+    if same and _ran_dtype(report) in (dtype, None):
+        raise SystemExit(
+            f"--rescore: {args.rescore} was scored with {report['evaluator']} in {_ran_dtype(report) or 'its dtype'} "
+            "already: nothing to control. Give another --evaluator (e.g. gemma3-270m) or --dtype."
+        )
+    name = args.name or rescored_report_name(
+        report.get("model") or Path(args.rescore).stem, args.evaluator, dtype if same else None
+    )
+    outputs = _benchmark_outputs(args, name)
+    if Path(outputs[0]).resolve() == Path(args.rescore).resolve():
+        raise SystemExit(f"--rescore: --name {name} would replace {args.rescore} itself; give another --name.")
+    _refuse_existing_outputs(outputs, args.overwrite)
+    return name
+
+
+def _rescore(args, name: str) -> dict:
+    """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
+    from .report import format_markdown
+    from .rescore import rescore_report
+
+    results = rescore_report(
+        args.rescore,
+        evaluator=args.evaluator,
+        name=name,
+        output_dir=args.output_dir,
+        num_resamples=args.num_resamples,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        command=benchmark_command_line(args),
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+        device=args.device or "cpu",
+        dtype=args.dtype,
+    )
+    print(format_markdown(results))
+    print("Wrote " + ", ".join(results["files"].values()))
+    return results
 
 
 def _score_generation_file(args, scoring: dict) -> dict:
@@ -618,6 +706,8 @@ def benchmark_command(args) -> dict | None:
     not split: it runs on the main process only.
     """
     # Everything that needs no model is checked first, before torch loads (see `_check_sweep_arguments`).
+    if args.rescore:
+        return _rescore(args, _check_rescore(args))
     if args.from_generation:
         _check_generation_scoring(args)
     else:

@@ -281,7 +281,7 @@ def _knob_lines(results: dict) -> list[str]:
         f"sampler; evaluator {tuning['evaluator']}, protocol {tuning['protocol']}; {tuning['budget']} scored "
         f"candidates per NFE at most): {rule}. The ratio is the pick's GenPPL over official's at the pick's entropy "
         f"on the bank, with its {tuning['confidence']:.0%} cluster bootstrap interval. Bank GenPPL and entropy are "
-        "what runs (official's where the method was switched off).",
+        "what runs (official's where the method was switched off)." + _rescored_knob_note(results),
         "",
         "| sampler | NFE | rule | candidates | chosen | bank GenPPL | bank entropy | pick vs official at equal entropy "
         "| edges | outcome |",
@@ -317,6 +317,17 @@ def _knob_lines(results: dict) -> list[str]:
                 f"{edges} | {record['outcome']} |"
             )
     return lines
+
+
+def _rescored_knob_note(results: dict) -> str:
+    """A rescored report keeps the first report's knobs: they were chosen under the first evaluator."""
+    source = results.get("rescored_from")
+    if not source:
+        return ""
+    return (
+        f" These knobs were chosen under the first report's evaluator ({source['evaluator']}) and are kept as they "
+        f"were: this report scores the same samples under {results['evaluator']} (`--rescore`), without tuning again."
+    )
 
 
 def _grid_knob_lines(tuning: dict) -> list[str]:
@@ -475,6 +486,70 @@ def _frontier_lines(results: dict) -> list[str]:
     return lines
 
 
+def _short_evaluator(side: dict) -> str:
+    return Path(str(side["evaluator"]).rstrip("/")).name
+
+
+def _tau_text(row: dict) -> str:
+    tau = "n/a" if row["kendall_tau"] is None else f"{row['kendall_tau']:+.2f}"
+    return f"τ {tau} over {row['num_ranked']} sampler{'s' * (row['num_ranked'] != 1)}"
+
+
+def _evaluator_control_lines(results: dict) -> list[str]:
+    """A rescored report's control (`benchmark --rescore`): each sampler's headline under the first evaluator and
+    under this one, side by side; the samplers' rank agreement per NFE; the per-sample NLL correlation."""
+    control = results.get("evaluator_control")
+    if not control:
+        return []
+    first, second = _short_evaluator(control["first"]), _short_evaluator(control["second"])
+    reading = {
+        "frontier": f"each sampler on its own frontier at {results['baseline']}'s entropy",
+        "baseline curve": f"{results['baseline']}'s curve read at each sampler's entropy",
+    }.get(control["reading"], "none in these reports (raw ratios only)")
+    source = results["rescored_from"]
+    lines = [
+        "",
+        f"## Evaluator control: {first} and {second} on the same samples",
+        "",
+        f"This report scores the samples of `{source['report']}` (evaluator "
+        f"{source.get('evaluator_description') or source['evaluator']}) again under {second}: the same runs and "
+        "timings, and the knobs chosen on the tuning bank under the first evaluator (not tuned again). GenPPL ratios "
+        f"to {results['baseline']} at equal entropy ({reading}) and raw, each with its interval as its report gives "
+        "it.",
+        "",
+        f"| sampler | NFE | at equal entropy, {first} [CI] | at equal entropy, {second} [CI] | raw, {first} [CI] | "
+        f"raw, {second} [CI] |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for sampler, by_nfe in control["by_sampler"].items():
+        for nfe, row in by_nfe.items():
+            cells = [
+                _ratio_text(side[f"{kind}ratio"], side[f"{kind}ratio_ci"]) if side else "n/a"
+                for kind in ("", "raw_")
+                for side in (row["first"], row["second"])
+            ]
+            lines.append(f"| {sampler} | {nfe} | " + " | ".join(cells) + " |")
+    agreement = control["rank_agreement"]
+    lines += [
+        "",
+        "Rank agreement of the samplers under the two evaluators (Kendall's τ-b of their GenPPL ratios, over the "
+        "samplers both reports can rank):",
+        "",
+    ]
+    for nfe, raw in agreement["raw"].items():
+        equal = agreement["equal_entropy"].get(nfe)
+        lines.append(f"- NFE {nfe}: at equal entropy {_tau_text(equal) if equal else 'n/a'}; raw {_tau_text(raw)}")
+    correlation = control["nll_correlation"]
+    values = [correlation[key] for key in ("pearson", "spearman")]
+    pearson, spearman = ("n/a" if value is None else f"{value:.3f}" for value in values)
+    lines += [
+        "",
+        f"Per-sample NLL per token under {first} and {second}: Pearson r {pearson}, Spearman ρ {spearman} over "
+        f"{correlation['num_samples']} distinct samples.",
+    ]
+    return lines
+
+
 def _provenance_lines(results: dict) -> list[str]:
     """Where and how long it ran, the command(s) that reproduce it, and the scores taken from an earlier report."""
     lines = _where_lines(results)
@@ -532,6 +607,7 @@ def format_markdown(results: dict) -> str:
     sections = (
         _main_table_lines(results, samplers),
         _frontier_lines(results),
+        _evaluator_control_lines(results),
         _paired_lines(results),
         _repetition_lines(results, samplers),
         _throughput_lines(results, samplers),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..evaluation.io import Sample, read_samples
+from ..input_checks import read_benchmark_report
 from .aggregation import AGGREGATED_METRICS
 
 
@@ -67,32 +68,19 @@ def _scoring_result(record: Mapping) -> dict:
     }
 
 
-def read_report_scores(path: str | os.PathLike) -> ReusableScores:
+def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> tuple[dict, list[list[Sample]]]:
     """
-    Reads a benchmark report (`<model>.json`) and its samples file for [`score_sweep`]'s `reuse_scores`.
+    A benchmark report (`<model>.json`) and the samples of each of its runs, in order, from its samples file.
 
     Raises:
-        `ValueError`: the file is not a benchmark report, its samples file is missing (a report written without its
-        samples cannot lend scores: nothing shows which samples they belong to), or the two do not match.
+        `ValueError`: the file is not a benchmark report, its samples file is missing (`remedy` ends that error), or
+        the two do not match (`option`, the argument that named the report, begins every error).
     """
     path = Path(path)
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"--reuse-scores: cannot read {path} as a benchmark report ({error}).") from None
-    if not isinstance(report, dict) or not {"runs", "evaluator", "protocol"} <= report.keys():
-        raise ValueError(
-            f"--reuse-scores: {path} is not a benchmark report (<model>.json with runs and an evaluator)."
-        )
-    if not report.get("samples_file") or not (path.parent / report["samples_file"]).is_file():
-        raise ValueError(
-            f"--reuse-scores: {path} has no samples file beside it ({report.get('samples_file') or 'none recorded'}), "
-            "so nothing shows which samples its scores belong to. Score without --reuse-scores."
-        )
+    report = read_benchmark_report(path, option, remedy)
     samples = read_samples(path.parent / report["samples_file"])
     knob = report.get("diversity_knob", "temperature")
-    reusable = ReusableScores(str(path), report["evaluator"], report.get("evaluator_description"), report["protocol"])
-    start = 0
+    runs, start = [], 0
     for record in report["runs"]:
         run = samples[start : start + record["num_samples"]]
         start += record["num_samples"]
@@ -102,12 +90,25 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
             for s in run  # the knob is an extra key
         ):
             raise ValueError(
-                f"--reuse-scores: {report['samples_file']} does not hold the samples of {path}'s run {wanted} "
+                f"{option}: {report['samples_file']} does not hold the samples of {path}'s run {wanted} "
                 "(sampler, NFE, seed, knob) where the report puts them: one of the two was edited or replaced."
             )
-        reusable.by_samples[samples_key(run)] = _scoring_result(record)
+        runs.append(run)
     if start != len(samples):
-        raise ValueError(f"--reuse-scores: {report['samples_file']} holds more samples than {path}'s runs.")
+        raise ValueError(f"{option}: {report['samples_file']} holds more samples than {path}'s runs.")
+    return report, runs
+
+
+def read_report_scores(path: str | os.PathLike) -> ReusableScores:
+    """
+    Reads a benchmark report (`<model>.json`) and its samples file for [`score_sweep`]'s `reuse_scores`
+    ([`read_report_runs`]: a report written without its samples cannot lend scores, nothing shows which samples they
+    belong to).
+    """
+    report, runs = read_report_runs(path, "--reuse-scores", " Score without --reuse-scores.")
+    reusable = ReusableScores(str(path), report["evaluator"], report.get("evaluator_description"), report["protocol"])
+    for record, run in zip(report["runs"], runs, strict=True):
+        reusable.by_samples[samples_key(run)] = _scoring_result(record)
     for fingerprint, scores in report.get("bank_scores", {}).items():
         # a bank run's per-sample records (the equal-entropy search); reports of the earlier rule kept mean NLLs
         # alone, which the search cannot read: those are scored again

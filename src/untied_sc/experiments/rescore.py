@@ -1,0 +1,265 @@
+"""A benchmark report's samples scored again under a second evaluator (`untied-sc benchmark --rescore`): the control
+that a sampler's gain at equal entropy is not one evaluator's taste.
+
+[`rescore_report`] rebuilds the generation a report was scored from (its settings, every run's timing and samples,
+from the report and its samples file) and hands it to [`score_sweep`], so every aggregate, the equal-entropy fit and
+the headline are computed exactly as for a fresh report; the knobs stay those chosen under the first evaluator
+(`knob_tuning` is kept as it was). The samples are stored once: the new report's `samples_file` points to the first
+report's. [`evaluator_control`] sets the two reports' headlines side by side, with the rank agreement of the samplers
+(Kendall's τ-b, [`kendall_tau`]) and the correlation of the per-sample NLLs under the two evaluators.
+"""
+
+import json
+import math
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..output_paths import report_paths, rescored_report_name
+from .generation_files import GENERATION_FORMAT
+from .report import write_results
+from .score_reuse import read_report_runs
+from .sweep import score_sweep
+
+
+# What a report must record to be scored again: the sweep's settings, as a generation file holds them.
+GENERATION_SETTINGS = (
+    "model",
+    "family",
+    "pipeline_class",
+    "nfe",
+    "seeds",
+    "num_samples",
+    "batch_size",
+    "batch_seed",
+    "samplers",
+    "baseline",
+    "diversity_knob",
+    "diversity_values",
+    "diversity_samplers",
+    "diversity_nfe",
+    "device",
+    "torch",
+    "command",
+)
+# Kept where a report has them (reports written before some of them existed lack them).
+OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
+
+
+def report_generation(report: dict, run_samples: Sequence[Sequence], path: str | os.PathLike = "the report") -> dict:
+    """The generation a report was scored from, rebuilt from its record and the samples of each run (in the report's
+    order, [`read_report_runs`]): the same runs, knob values, timings and samples, for [`score_sweep`]. Scores of the
+    first evaluator (the tuning bank's among them) are left behind."""
+    missing = [key for key in GENERATION_SETTINGS if key not in report]
+    if missing:
+        raise ValueError(
+            f"--rescore: {path} does not record {', '.join(missing)}: it was written before those were kept, so its "
+            "runs cannot be rebuilt. Score its samples with `untied-sc evaluate` instead."
+        )
+    knob = report["diversity_knob"]
+    runs = [
+        {key: record[key] for key in ("sampler", "nfe", "seed", "seconds")} | {knob: record.get(knob), "samples": run}
+        for record, run in zip(report["runs"], run_samples, strict=True)
+    ]
+    return {
+        "format": GENERATION_FORMAT,
+        **{key: report[key] for key in GENERATION_SETTINGS},
+        **{key: report[key] for key in OPTIONAL_SETTINGS if key in report},
+        "seconds": report.get("sampling_seconds", sum(run["seconds"] for run in runs)),
+        "runs": runs,
+    }
+
+
+def rescore_report(
+    report_path: str | os.PathLike,
+    evaluator="smollm2-135m",
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    num_resamples: int = 1000,
+    eval_batch_size: int | None = None,
+    max_length: int | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    evaluator_name: str | None = None,
+    **evaluator_kwargs,
+) -> dict:
+    """
+    Scores every run of a benchmark report again under `evaluator` and analyses them as [`score_sweep`] does, with
+    the [`evaluator_control`] against the first report.
+
+    Args:
+        report_path: the first report, `<model>.json`, its samples file beside it.
+        evaluator, evaluator_name, eval_batch_size, max_length, num_resamples, progress, **evaluator_kwargs: as in
+            [`score_sweep`] (the protocol is the first report's).
+        name (`str`, *optional*): the new report's file stem and model name (default `<model>-<evaluator's short
+            name>`, [`rescored_report_name`]).
+        output_dir (`str` or `os.PathLike`, *optional*): where `<name>.json`, `.md` and `.png` go (no samples file:
+            `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
+        command (`str`, *optional*): the command that rescored (default: this process's argv).
+
+    Returns:
+        The results dict of [`score_sweep`], with `rescored_from` (the first report, its evaluator) and
+        `evaluator_control`.
+    """
+    report_path = Path(report_path)
+    first, run_samples = read_report_runs(report_path, "--rescore")
+    generation = report_generation(first, run_samples, report_path)
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+    generation["model"] = name or rescored_report_name(first["model"], evaluator_name or "evaluator")
+    if output_dir is not None and report_paths(output_dir, generation["model"])["json"].resolve() == (
+        report_path.resolve()
+    ):
+        raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")
+    results = score_sweep(
+        generation,
+        evaluator=evaluator,
+        protocol=first["protocol"],
+        eval_batch_size=eval_batch_size,
+        max_length=max_length,
+        num_resamples=num_resamples,
+        command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        progress=progress,
+        main_only=first.get("main_only", False),
+        evaluator_name=evaluator_name,
+        **evaluator_kwargs,
+    )
+    where = Path(output_dir) if output_dir is not None else report_path.parent
+    results["rescored_from"] = {
+        "report": os.path.relpath(report_path, where),
+        "evaluator": first["evaluator"],
+        "evaluator_description": first.get("evaluator_description"),
+    }
+    results["evaluator_control"] = evaluator_control(first, results)
+    results["samples_file"] = os.path.relpath(report_path.parent / first["samples_file"], where)
+    if output_dir is not None:
+        results["files"] = {key: str(path) for key, path in write_results(results, output_dir).items()}
+    return results
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Kendall's τ-b of two rankings of the same items: (concordant - discordant pairs) over the square root of the
+    pairs untied in a times those untied in b; `None` when either ranking ties everything (or with one item)."""
+    concordant = discordant = untied_a = untied_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            sign = (a[i] > a[j]) - (a[i] < a[j]), (b[i] > b[j]) - (b[i] < b[j])
+            untied_a += sign[0] != 0
+            untied_b += sign[1] != 0
+            concordant += sign[0] * sign[1] > 0
+            discordant += sign[0] * sign[1] < 0
+    return (concordant - discordant) / math.sqrt(untied_a * untied_b) if untied_a and untied_b else None
+
+
+def pearson(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Pearson's correlation of paired values; `None` when either side does not vary (or is empty)."""
+    if not a:
+        return None
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
+    spread = math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
+    return covariance / spread if spread else None
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Ranks from 1, ties given their average rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in order[start : end + 1]:
+            ranks[position] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict]]]:
+    """Each sampler's headline per NFE: the GenPPL ratio to the baseline at equal entropy with its interval, beside
+    the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
+    on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else the baseline's
+    curve at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only)."""
+    frontiers = (results.get("frontiers") or {}).get("by_sampler") or {}
+    reading = "frontier" if frontiers else "baseline curve" if results.get("equal_entropy") else None
+    rows = frontiers if frontiers else results.get("equal_entropy") or {}
+    out: dict[str, dict[str, dict]] = {}
+    for sampler, by_nfe in results["aggregates"]["paired"].items():
+        for nfe, cell in by_nfe.items():
+            row = rows.get(sampler, {}).get(nfe) or {}
+            out.setdefault(sampler, {})[nfe] = {
+                "ratio": row.get("ratio"),
+                "ratio_ci": row.get("ratio_ci"),
+                "raw_ratio": cell["gen_ppl_ratio"],
+                "raw_ratio_ci": cell.get("gen_ppl_ratio_headline_ci") or cell["gen_ppl_ratio_ci"],
+            }
+    return reading, out
+
+
+def _rank_agreement(first: dict, second: dict, key: str) -> dict[str, dict]:
+    """Per NFE, Kendall's τ-b of the samplers' `key` ratios under the two evaluators, over those with both."""
+    agreement = {}
+    for nfe in sorted({nfe for by_nfe in first.values() for nfe in by_nfe}, key=int):
+        ranked = [
+            sampler
+            for sampler, by_nfe in first.items()
+            if by_nfe.get(nfe, {}).get(key) is not None and second.get(sampler, {}).get(nfe, {}).get(key) is not None
+        ]
+        tau = kendall_tau([first[s][nfe][key] for s in ranked], [second[s][nfe][key] for s in ranked])
+        agreement[nfe] = {"kendall_tau": tau, "num_ranked": len(ranked), "ranked": ranked}
+    return agreement
+
+
+def _nll_correlation(first: dict, second: dict) -> dict:
+    """Per-sample NLL per token under the two evaluators, over the samples both scored. A run holding the very
+    samples of another (a comparison sampler at its neutral knob runs as official) has the same scores under both
+    evaluators as that one: it is counted once."""
+    seen, a, b = set(), [], []
+    for mine, theirs in zip(first["runs"], second["runs"], strict=True):
+        x, y = mine["per_sample"]["mean_nll"], theirs["per_sample"]["mean_nll"]
+        key = json.dumps([x, y])
+        if key in seen:
+            continue
+        seen.add(key)
+        for u, v in zip(x, y, strict=True):
+            if u is not None and v is not None and math.isfinite(u) and math.isfinite(v):
+                a.append(u)
+                b.append(v)
+    return {
+        "measure": "per-sample NLL per token (each evaluator's own tokens)",
+        "num_samples": len(a),
+        "pearson": pearson(a, b),
+        "spearman": pearson(_ranks(a), _ranks(b)),
+    }
+
+
+def evaluator_control(first: dict, second: dict) -> dict:
+    """
+    Two reports of the same runs under two evaluators, side by side: each sampler's headline ([`headline_ratios`])
+    under both, the rank agreement of the samplers per NFE (Kendall's τ-b, over the samplers each report can rank) at
+    equal entropy and raw, and the correlation of the per-sample NLLs.
+
+    Returns:
+        `dict` with `first` and `second` (evaluator and its description), `reading` (the equal-entropy reading),
+        `by_sampler` (`{sampler: {nfe: {"first": ratios, "second": ratios}}}`), `rank_agreement` (`{"equal_entropy"
+        | "raw": {nfe: {"kendall_tau", "num_ranked", "ranked"}}}`) and `nll_correlation`.
+    """
+    reading, mine = headline_ratios(first)
+    _, theirs = headline_ratios(second)
+    return {
+        "first": {key: first.get(key) for key in ("evaluator", "evaluator_description")},
+        "second": {key: second.get(key) for key in ("evaluator", "evaluator_description")},
+        "reading": reading,
+        "by_sampler": {
+            sampler: {nfe: {"first": row, "second": theirs.get(sampler, {}).get(nfe)} for nfe, row in by_nfe.items()}
+            for sampler, by_nfe in mine.items()
+        },
+        "rank_agreement": {
+            "equal_entropy": _rank_agreement(mine, theirs, "ratio"),
+            "raw": _rank_agreement(mine, theirs, "raw_ratio"),
+        },
+        "nll_correlation": _nll_correlation(first, second),
+    }
