@@ -11,6 +11,9 @@ import json
 import struct
 from pathlib import Path
 
+from .. import schedulers
+from ..schedulers.coefficients import check_coefficients
+from ..schedulers.config_checks import check_config_ranges
 from ..schedulers.sampler_statistics import SamplerStatistics
 from .remote_code import saved_class_name
 
@@ -87,10 +90,6 @@ def check_statistics_folder(folder: Path) -> None:
 
 def check_scheduler_config(path: Path) -> None:
     """A scheduler config of this package has every numeric setting in range (see `_config_ranges`)."""
-    from .. import schedulers
-    from ..schedulers.coefficients import check_coefficients
-    from ..schedulers.config_checks import check_config_ranges
-
     config = json.loads(path.read_text())
     cls = getattr(schedulers, str(config.get("_class_name")), None)
     ranges = getattr(cls, "_config_ranges", None)

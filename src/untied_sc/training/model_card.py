@@ -42,7 +42,7 @@ def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
     LangFlow logs one cross-entropy (`loss_sc`, `loss_no_sc`, `val_loss_*`); ELF logs the velocity L2 of the
     denoiser rows (`l2_sc`, `l2_no_sc`, `val_vloss_*`) and the decoder CE (`ce`, `val_decode_ce`), drawn side by side.
     """
-    from ..evaluation.plots import pyplot
+    from ..evaluation.plots import pyplot  # keeps this script's --help torch-free (evaluation loads torch)
 
     plt = pyplot("Drawing the training curves")
     rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
@@ -84,7 +84,7 @@ def plot_loss_curve(log_path: str | Path, out_path: str | Path) -> Path:
 
 def _evaluator_name(recorded: str) -> str:
     """The evaluator named exactly; quality files before the exact name recorded "smollm2-135m (bfloat16)"."""
-    from ..evaluation.evaluator import describe_evaluator
+    from ..evaluation.evaluator import describe_evaluator  # keeps this script's --help torch-free
 
     name, _, dtype = recorded.partition(" (")
     return describe_evaluator(name, dtype.rstrip(")") or None) if name == "smollm2-135m" else recorded

@@ -5,7 +5,9 @@ attributes. Closures, environments and byte code are skipped where possible and 
 enough to get the character vectors of a data package (for example `janeaustenr`'s novels) without R or `rdata`.
 """
 
+import bz2
 import gzip
+import lzma
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -151,9 +153,6 @@ def _decompress_entry(blob: bytes) -> bytes:
     (size,) = struct.unpack(">I", blob[:4])
     kind = blob[4:5]
     if kind in (b"Z", b"2", b"X"):
-        import bz2
-        import lzma
-
         body = blob[5:]
         out = {b"Z": zlib.decompress, b"2": bz2.decompress, b"X": lzma.decompress}[kind](body)
     else:

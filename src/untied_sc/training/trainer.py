@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
 from ..hardware import warn_if_emulated_bfloat16
 from .config import TrainConfig
@@ -339,7 +341,6 @@ class FlowTrainer:
         `stop_at_step` stops early at that step (as a signal would) without changing the schedule, which still runs to
         `total_steps`: e.g. to retrain a prefix of a run and compare its log (benchmarks/retrain_prefix.py).
         """
-        from tqdm.auto import tqdm
 
         config = self.config
         if config.max_steps is None and config.budget_minutes is None:
@@ -512,7 +513,6 @@ def model_to_evaluate(args, pipeline_class, load_run_model) -> tuple:
     if args.pipeline:
         pipeline = pipeline_class.from_pretrained(args.pipeline)
         return pipeline.transformer.float().eval(), pipeline.tokenizer, None
-    from transformers import AutoTokenizer
 
     model, state = load_run_model(args.run_dir, args.checkpoint)
     return model, AutoTokenizer.from_pretrained(Path(args.run_dir) / "tokenizer"), state
