@@ -10,8 +10,6 @@ The evaluator's dtype `"auto"` ([`auto_dtype_name`]) is bfloat16 where it is nat
 import warnings
 from pathlib import Path
 
-import torch
-
 
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX512-BF16 / AMX-BF16, Arm BF16
 
@@ -56,5 +54,7 @@ def auto_dtype_name(device: str = "cpu", cpuinfo: str | None = None) -> str:
     if kind == "cpu":
         return "bfloat16" if native_cpu_bfloat16(cpuinfo) else "float32"
     if kind == "cuda":
+        import torch  # keeps the CPU checks torch-free: the command line's refusals use them before torch loads
+
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     return "float32"
