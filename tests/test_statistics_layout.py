@@ -12,6 +12,7 @@ from untied_sc.calibration.migrate import migrate_pipeline
 from untied_sc.cli import main
 from untied_sc.pipelines import load_pipeline
 from untied_sc.pipelines.migration import migrate_folder
+from untied_sc.pipelines.remote_code import is_package_component, is_package_module, package_components
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES, FORMAT_VERSION, shortest_float
 
 from .conftest import langflow_from_golden
@@ -122,6 +123,11 @@ def test_migrate_command_refuses_to_overwrite_and_rewrites_only_statistics_and_s
         pipe = load_pipeline(folder)
         assert not pipe.sampler_statistics.is_legacy
         assert pipe.scheduler.config.coefficients_by_steps == LEGACY
+        # the module files diffusers' generic loader needs by repo id, in place as in a saved copy
+        index = json.loads((folder / "model_index.json").read_text())
+        assert is_package_module(folder)
+        for component, (module, name) in package_components(index).items():
+            assert is_package_component(folder, component, module, name), component
     assert (legacy_folder / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == weights
     assert main(["migrate", str(legacy_folder), "--overwrite"]) == 2  # nothing to migrate
     with pytest.raises(ValueError, match="already has the current layout; nothing to migrate"):
