@@ -122,13 +122,11 @@ def test_seeds_are_checked_before_tuning(pipes, evaluator):
 FRONTIER = {"langflow": [0.8, 1.2], "elf": [0.5, 1.0]}
 
 
-@pytest.mark.parametrize("family", ["langflow", "elf"])
-def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_read_on_its_frontier(
-    family, pipes, evaluator, tmp_path
-):
-    pipe = pipes[family]
+def _tiny_baselines_report(pipe, family, evaluator, folder, command) -> dict:
+    """The baselines experiment on a tiny pipeline: every comparison sampler tuned on the bank, then every sampler
+    swept on its own frontier, written to `folder` as `tiny.*`."""
     samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
-    results = run_sweep(
+    return run_sweep(
         pipe,
         samplers=samplers,
         evaluator=evaluator,
@@ -136,12 +134,20 @@ def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_re
         num_resamples=50,
         progress=False,
         name="tiny",
-        command="pytest",
-        output_dir=tmp_path,
+        command=command,
+        output_dir=folder,
         diversity_values=FRONTIER[family],
         diversity_samplers=list(samplers),
         **SWEEP,
     )
+
+
+@pytest.mark.parametrize("family", ["langflow", "elf"])
+def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_read_on_its_frontier(
+    family, pipes, evaluator, tmp_path
+):
+    pipe = pipes[family]
+    results = _tiny_baselines_report(pipe, family, evaluator, tmp_path, "pytest")
     saved = json.loads((tmp_path / "tiny.json").read_text())
     assert {run["sampler"] for run in saved["runs"]} == set(experiment_samplers("baselines"))
     assert set(saved["aggregates"]["paired"]) == set(experiment_samplers("baselines")) - {"official"}
@@ -435,22 +441,8 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
 def tiny_report(pipes, evaluator, tmp_path_factory):
     """A tiny LangFlow baselines report (every sampler on its own frontier) with its samples file beside it."""
     folder = tmp_path_factory.mktemp("first")
-    pipe = pipes["langflow"]
-    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
-    run_sweep(
-        pipe,
-        samplers=samplers,
-        evaluator=evaluator,
-        knob_tuning=record,
-        num_resamples=50,
-        progress=False,
-        name="tiny",
-        command="untied-sc benchmark tiny-langflow --experiment baselines",
-        output_dir=folder,
-        diversity_values=FRONTIER["langflow"],
-        diversity_samplers=list(samplers),
-        **SWEEP,
-    )
+    command = "untied-sc benchmark tiny-langflow --experiment baselines"
+    _tiny_baselines_report(pipes["langflow"], "langflow", evaluator, folder, command)
     return folder / "tiny.json"
 
 
