@@ -145,7 +145,8 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     """Handler of `untied-sc evaluate`: scores `args.samples` (and `args.baseline`), prints and writes JSON.
 
     Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
-    report's numbers; with it, each file is scored whole and the two are paired sample by sample.
+    report's numbers, and the report's headline is computed again from those scores and checked against the report
+    ([`_report_headline`]); with it, each file is scored whole and the two are paired sample by sample.
     """
     # Everything that needs no model is checked first, before torch and the evaluator load.
     protocol = _evaluate_protocol(args)
@@ -173,6 +174,9 @@ def evaluate_command(args: argparse.Namespace) -> dict:
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
             print(f"{key}: {format_result(run)}")
         result = {"runs": runs}
+        headline = _report_headline(args, samples, runs, evaluator, described)
+        if headline is not None:
+            result["headline"] = headline
     else:
         result = evaluate_samples(samples, **options)
         result["evaluator"] = described
@@ -193,6 +197,77 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"Wrote {output}")
     return result
+
+
+def _ratio_text(ratio, interval) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+
+def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evaluator, described: str) -> dict | None:
+    """
+    The samples file of a benchmark report: the report's headline (each sampler's GenPPL ratio at equal entropy and
+    raw, with intervals, [`headline_ratios`]) computed again from `runs`, the run-by-run scores just made, exactly as
+    `benchmark --rescore` computes it, and checked number by number against the report beside the file that this
+    evaluator and dtype scored (`<model>.json`, or one of its rescorings). `None` for a file of no report.
+    """
+    from ..evaluation.io import group_runs
+    from .rescore import HEADLINE_TOLERANCE, compare_headlines, reports_of_samples, rescore_report
+    from .score_reuse import samples_key
+
+    reports = reports_of_samples(args.samples)
+    if not reports:
+        return None
+    scored = {
+        samples_key(group): {key: value for key, value in run.items() if key not in ("run", "evaluator")}
+        for (_, group), run in zip(group_runs(samples), runs, strict=True)
+    }
+    try:
+        computed = rescore_report(
+            reports[0],
+            evaluator=evaluator,
+            evaluator_name=args.evaluator,
+            num_resamples=args.num_resamples,
+            eval_batch_size=args.eval_batch_size,
+            max_length=args.max_length,
+            progress=False,
+            scored=scored,
+        )
+    except ValueError as error:  # a report written before its settings were recorded: run by run only
+        print(f"{reports[0]}: its headline is not computed again ({error})", file=sys.stderr)
+        return None
+    same_scoring = [path for path in reports if json.loads(path.read_text()).get("evaluator_description") == described]
+    reference = same_scoring[0] if same_scoring else None
+    check = compare_headlines(computed, json.loads(reference.read_text()) if reference else computed)
+    print(f"Headline ({check['reading'] or 'raw ratios only'}), GenPPL ratio to {computed['baseline']}:")
+    for sampler, by_nfe in check["by_sampler"].items():
+        for nfe, row in by_nfe.items():
+            line = (
+                f"  {sampler}, NFE {nfe}: at equal entropy {_ratio_text(row['ratio'], row['ratio_ci'])}, "
+                f"raw {_ratio_text(row['raw_ratio'], row['raw_ratio_ci'])}"
+            )
+            if reference is not None:
+                was = check["reported"].get(sampler, {}).get(nfe) or {}
+                line += f" (report: {_ratio_text(was.get('ratio'), was.get('ratio_ci'))}, raw "
+                line += f"{_ratio_text(was.get('raw_ratio'), was.get('raw_ratio_ci'))})"
+            print(line)
+    if reference is None:
+        scored_by = "; ".join(
+            f"{path.name}: {json.loads(path.read_text()).get('evaluator_description')}" for path in reports
+        )
+        print(
+            f"No report beside {args.samples} was scored by {described}, so nothing to check these against ({scored_by})."
+            " Pass the --evaluator and --dtype of one of them to check its headline."
+        )
+        return {**check, "report": None, "reproduced": None}
+    verdict = "Reproduces" if check["reproduced"] else "Does NOT reproduce"
+    print(
+        f"{verdict} {reference}'s headline: largest relative difference "
+        f"{check['max_relative_difference']:.1e} (tolerance {HEADLINE_TOLERANCE:g})"
+        + (f"; given by one side only: {check['unmatched']}" if check["unmatched"] else "")
+    )
+    return {**check, "report": str(reference)}
 
 
 # ---- `untied-sc benchmark` ------------------------------------------------------------------------------------------
