@@ -393,9 +393,10 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "--reuse-scores",
         metavar="REPORT_JSON",
-        help="With --from: take the scores of runs whose samples an earlier report (<model>.json, its samples file "
-        "beside it) already scored with this evaluator, dtype and protocol; one of them is scored again as a check. "
-        "Adding an NFE part then scores only the new runs (and the tuning bank).",
+        help="Take the scores of runs whose samples an earlier report (<model>.json, its samples file beside it) "
+        "already scored with this evaluator, dtype and protocol; one of them is scored again as a check. Adding an "
+        "NFE part (--from), a temperature or a sampler (sampling again), or runs to a --rescore then scores only the "
+        "new runs (and, with --from, the tuning bank).",
     )
     split.add_argument(
         "--from",
@@ -514,7 +515,7 @@ def _check_generation_scoring(args) -> None:
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
-RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol", "reuse_scores")
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol")
 
 
 def _ran_dtype(report: dict) -> str | None:
@@ -555,6 +556,8 @@ def _check_rescore(args) -> str:
             f"--rescore: {args.rescore} was scored with {report['evaluator']} in {_ran_dtype(report) or 'its dtype'} "
             "already: nothing to control. Give another --evaluator (e.g. gemma3-270m) or --dtype."
         )
+    if args.reuse_scores:
+        _check_reuse_scores(args)
     name = args.name or rescored_report_name(
         report.get("model") or Path(args.rescore).stem, args.evaluator, dtype if same else None
     )
@@ -583,6 +586,7 @@ def _rescore(args, name: str) -> dict:
         cache_dir=args.cache_dir,
         device=args.device or "cpu",
         dtype=args.dtype,
+        **({"reuse_scores": args.reuse_scores} if args.reuse_scores else {}),
     )
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))
@@ -712,6 +716,24 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     )
 
 
+def _check_reuse_scores(args) -> None:
+    """`--reuse-scores` beside sampling or `--rescore`, before any work: the report and its samples exist, and it was
+    scored by `--evaluator` in this dtype, so that hours of sampling do not end in a refusal (the protocol, and every
+    score, are checked again where they are taken)."""
+    from ..hardware import auto_dtype_name
+    from ..input_checks import read_benchmark_report
+
+    report = read_benchmark_report(args.reuse_scores, "--reuse-scores")
+    evaluator = str(args.evaluator)
+    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
+    if not _is_same_evaluator(evaluator, str(report["evaluator"])) or _ran_dtype(report) not in (dtype, None):
+        raise SystemExit(
+            f"--reuse-scores: {args.reuse_scores} was scored with {report['evaluator']} in "
+            f"{_ran_dtype(report) or 'an unrecorded dtype'}, this run scores with {evaluator} in {dtype}: its scores "
+            "are not this run's. Give a report of this evaluator and --dtype, or leave --reuse-scores out."
+        )
+
+
 def _check_sweep_arguments(args) -> str:
     """A sampling `benchmark`, before any work: a pipeline is named and exists, the options fit together, the sweep
     options get their defaults, and the outputs are new (or `--overwrite`). Returns the model name of the files."""
@@ -724,9 +746,7 @@ def _check_sweep_arguments(args) -> str:
             "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
         )
     if args.reuse_scores:
-        raise SystemExit(
-            "--reuse-scores lends an earlier report's scores to the runs of a generation file: use it with --from."
-        )
+        _check_reuse_scores(args)
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
@@ -846,7 +866,8 @@ def benchmark_command(args) -> dict | None:
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
     pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
-    results = run_sweep(pipeline, **sweep, **scoring)
+    reuse = {"reuse_scores": args.reuse_scores} if args.reuse_scores else {}
+    results = run_sweep(pipeline, **sweep, **scoring, **reuse)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))
