@@ -512,10 +512,10 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
 
 
 def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
-    tmp_path, langflow_golden, evaluator, monkeypatch
+    tmp_path, langflow_golden, evaluator, monkeypatch, capsys
 ):
     from untied_sc.cli import main
-    from untied_sc.experiments import generate_sweep, merge_generations, score_sweep, sweep
+    from untied_sc.experiments import generate_sweep, merge_generations, run_sweep, score_sweep, sweep
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -548,8 +548,28 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
     (tmp_path / "nfe8" / "tiny.samples.jsonl.gz").unlink()
     with pytest.raises(ValueError, match="has no samples file beside it"):
         score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", **score)
-    with pytest.raises(SystemExit, match="use it with --from"):
-        main(["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "tiny.json")])
+    # sampling again with one temperature more: the runs the report holds take its scores, the new ones are scored
+    calls.clear()
+    again = run_sweep(
+        pipe, nfe=[8], diversity_values=[0.5, 2.0], reuse_scores=tmp_path / "tiny.json", **{**options, **score}
+    )
+    assert again["reused_scores"]["runs"] == 5 and len(calls) == 1 + 2  # the check, and the 2 runs at 2.0
+
+    def by_run(runs):  # the scores and metrics of the runs both hold (the sampling times differ)
+        timing = ("seconds", "samples_per_second")
+        return {
+            (r["sampler"], r["seed"], r["temperature"]): {k: v for k, v in r.items() if k not in timing}
+            for r in runs
+            if r["nfe"] == 8 and r["temperature"] != 2
+        }
+
+    assert by_run(again["runs"]) == by_run(reused["runs"])
+    # before any sampling: a report of another evaluator (or none) is refused
+    argv = ["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "tiny.json"), "--dtype", "float32"]
+    with pytest.raises(SystemExit, match="was scored with LlamaForCausalLM in float32, this run scores with "):
+        main([*argv, "--evaluator", "smollm2-135m"])
+    assert main(["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file; give a benchmark report" in capsys.readouterr().err
 
 
 def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):

@@ -145,7 +145,8 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     """Handler of `untied-sc evaluate`: scores `args.samples` (and `args.baseline`), prints and writes JSON.
 
     Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
-    report's numbers; with it, each file is scored whole and the two are paired sample by sample.
+    report's numbers, and the report's headline is computed again from those scores and checked against the report
+    ([`_report_headline`]); with it, each file is scored whole and the two are paired sample by sample.
     """
     # Everything that needs no model is checked first, before torch and the evaluator load.
     protocol = _evaluate_protocol(args)
@@ -173,6 +174,9 @@ def evaluate_command(args: argparse.Namespace) -> dict:
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
             print(f"{key}: {format_result(run)}")
         result = {"runs": runs}
+        headline = _report_headline(args, samples, runs, evaluator, described)
+        if headline is not None:
+            result["headline"] = headline
     else:
         result = evaluate_samples(samples, **options)
         result["evaluator"] = described
@@ -193,6 +197,77 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"Wrote {output}")
     return result
+
+
+def _ratio_text(ratio, interval) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+
+def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evaluator, described: str) -> dict | None:
+    """
+    The samples file of a benchmark report: the report's headline (each sampler's GenPPL ratio at equal entropy and
+    raw, with intervals, [`headline_ratios`]) computed again from `runs`, the run-by-run scores just made, exactly as
+    `benchmark --rescore` computes it, and checked number by number against the report beside the file that this
+    evaluator and dtype scored (`<model>.json`, or one of its rescorings). `None` for a file of no report.
+    """
+    from ..evaluation.io import group_runs
+    from .rescore import HEADLINE_TOLERANCE, compare_headlines, reports_of_samples, rescore_report
+    from .score_reuse import samples_key
+
+    reports = reports_of_samples(args.samples)
+    if not reports:
+        return None
+    scored = {
+        samples_key(group): {key: value for key, value in run.items() if key not in ("run", "evaluator")}
+        for (_, group), run in zip(group_runs(samples), runs, strict=True)
+    }
+    try:
+        computed = rescore_report(
+            reports[0],
+            evaluator=evaluator,
+            evaluator_name=args.evaluator,
+            num_resamples=args.num_resamples,
+            eval_batch_size=args.eval_batch_size,
+            max_length=args.max_length,
+            progress=False,
+            scored=scored,
+        )
+    except ValueError as error:  # a report written before its settings were recorded: run by run only
+        print(f"{reports[0]}: its headline is not computed again ({error})", file=sys.stderr)
+        return None
+    same_scoring = [path for path in reports if json.loads(path.read_text()).get("evaluator_description") == described]
+    reference = same_scoring[0] if same_scoring else None
+    check = compare_headlines(computed, json.loads(reference.read_text()) if reference else computed)
+    print(f"Headline ({check['reading'] or 'raw ratios only'}), GenPPL ratio to {computed['baseline']}:")
+    for sampler, by_nfe in check["by_sampler"].items():
+        for nfe, row in by_nfe.items():
+            line = (
+                f"  {sampler}, NFE {nfe}: at equal entropy {_ratio_text(row['ratio'], row['ratio_ci'])}, "
+                f"raw {_ratio_text(row['raw_ratio'], row['raw_ratio_ci'])}"
+            )
+            if reference is not None:
+                was = check["reported"].get(sampler, {}).get(nfe) or {}
+                line += f" (report: {_ratio_text(was.get('ratio'), was.get('ratio_ci'))}, raw "
+                line += f"{_ratio_text(was.get('raw_ratio'), was.get('raw_ratio_ci'))})"
+            print(line)
+    if reference is None:
+        scored_by = "; ".join(
+            f"{path.name}: {json.loads(path.read_text()).get('evaluator_description')}" for path in reports
+        )
+        print(
+            f"No report beside {args.samples} was scored by {described}, so nothing to check these against ({scored_by})."
+            " Pass the --evaluator and --dtype of one of them to check its headline."
+        )
+        return {**check, "report": None, "reproduced": None}
+    verdict = "Reproduces" if check["reproduced"] else "Does NOT reproduce"
+    print(
+        f"{verdict} {reference}'s headline: largest relative difference "
+        f"{check['max_relative_difference']:.1e} (tolerance {HEADLINE_TOLERANCE:g})"
+        + (f"; given by one side only: {check['unmatched']}" if check["unmatched"] else "")
+    )
+    return {**check, "report": str(reference)}
 
 
 # ---- `untied-sc benchmark` ------------------------------------------------------------------------------------------
@@ -318,9 +393,10 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "--reuse-scores",
         metavar="REPORT_JSON",
-        help="With --from: take the scores of runs whose samples an earlier report (<model>.json, its samples file "
-        "beside it) already scored with this evaluator, dtype and protocol; one of them is scored again as a check. "
-        "Adding an NFE part then scores only the new runs (and the tuning bank).",
+        help="Take the scores of runs whose samples an earlier report (<model>.json, its samples file beside it) "
+        "already scored with this evaluator, dtype and protocol; one of them is scored again as a check. Adding an "
+        "NFE part (--from), a temperature or a sampler (sampling again), or runs to a --rescore then scores only the "
+        "new runs (and, with --from, the tuning bank).",
     )
     split.add_argument(
         "--from",
@@ -439,7 +515,7 @@ def _check_generation_scoring(args) -> None:
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
-RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol", "reuse_scores")
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol")
 
 
 def _ran_dtype(report: dict) -> str | None:
@@ -480,6 +556,8 @@ def _check_rescore(args) -> str:
             f"--rescore: {args.rescore} was scored with {report['evaluator']} in {_ran_dtype(report) or 'its dtype'} "
             "already: nothing to control. Give another --evaluator (e.g. gemma3-270m) or --dtype."
         )
+    if args.reuse_scores:
+        _check_reuse_scores(args)
     name = args.name or rescored_report_name(
         report.get("model") or Path(args.rescore).stem, args.evaluator, dtype if same else None
     )
@@ -508,6 +586,7 @@ def _rescore(args, name: str) -> dict:
         cache_dir=args.cache_dir,
         device=args.device or "cpu",
         dtype=args.dtype,
+        **({"reuse_scores": args.reuse_scores} if args.reuse_scores else {}),
     )
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))
@@ -637,6 +716,24 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     )
 
 
+def _check_reuse_scores(args) -> None:
+    """`--reuse-scores` beside sampling or `--rescore`, before any work: the report and its samples exist, and it was
+    scored by `--evaluator` in this dtype, so that hours of sampling do not end in a refusal (the protocol, and every
+    score, are checked again where they are taken)."""
+    from ..hardware import auto_dtype_name
+    from ..input_checks import read_benchmark_report
+
+    report = read_benchmark_report(args.reuse_scores, "--reuse-scores")
+    evaluator = str(args.evaluator)
+    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
+    if not _is_same_evaluator(evaluator, str(report["evaluator"])) or _ran_dtype(report) not in (dtype, None):
+        raise SystemExit(
+            f"--reuse-scores: {args.reuse_scores} was scored with {report['evaluator']} in "
+            f"{_ran_dtype(report) or 'an unrecorded dtype'}, this run scores with {evaluator} in {dtype}: its scores "
+            "are not this run's. Give a report of this evaluator and --dtype, or leave --reuse-scores out."
+        )
+
+
 def _check_sweep_arguments(args) -> str:
     """A sampling `benchmark`, before any work: a pipeline is named and exists, the options fit together, the sweep
     options get their defaults, and the outputs are new (or `--overwrite`). Returns the model name of the files."""
@@ -649,9 +746,7 @@ def _check_sweep_arguments(args) -> str:
             "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
         )
     if args.reuse_scores:
-        raise SystemExit(
-            "--reuse-scores lends an earlier report's scores to the runs of a generation file: use it with --from."
-        )
+        _check_reuse_scores(args)
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
@@ -771,7 +866,8 @@ def benchmark_command(args) -> dict | None:
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
     pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
-    results = run_sweep(pipeline, **sweep, **scoring)
+    reuse = {"reuse_scores": args.reuse_scores} if args.reuse_scores else {}
+    results = run_sweep(pipeline, **sweep, **scoring, **reuse)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))

@@ -83,6 +83,7 @@ def rescore_report(
     command: str | None = None,
     progress: bool = True,
     evaluator_name: str | None = None,
+    scored: dict[tuple, dict] | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """
@@ -98,6 +99,7 @@ def rescore_report(
         output_dir (`str` or `os.PathLike`, *optional*): where `<name>.json`, `.md` and `.png` go (no samples file:
             `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
         command (`str`, *optional*): the command that rescored (default: this process's argv).
+        scored (`dict`, *optional*): runs already scored with `evaluator`, as [`score_sweep`] takes them.
 
     Returns:
         The results dict of [`score_sweep`], with `rescored_from` (the first report, its evaluator) and
@@ -124,6 +126,7 @@ def rescore_report(
         progress=progress,
         main_only=first.get("main_only", False),
         evaluator_name=evaluator_name,
+        scored=scored,
         **evaluator_kwargs,
     )
     where = Path(output_dir) if output_dir is not None else report_path.parent
@@ -262,4 +265,68 @@ def evaluator_control(first: dict, second: dict) -> dict:
             "raw": _rank_agreement(mine, theirs, "raw_ratio"),
         },
         "nll_correlation": _nll_correlation(first, second),
+    }
+
+
+# `untied-sc evaluate` on a report's samples reproduces its headline when every number agrees to this (relative): the
+# NLLs agree to ~1e-7 across evaluator batchings, the bootstrap draws are seeded alike.
+HEADLINE_TOLERANCE = 1e-4
+SAMPLES_SUFFIX = ".samples.jsonl.gz"
+
+
+def reports_of_samples(samples_path: str | os.PathLike) -> list[Path]:
+    """The benchmark reports beside a samples file that score it: `<model>.json` for `<model>.samples.jsonl.gz`
+    first, then the rescorings (`--rescore`) whose `samples_file` names it; none for another kind of file."""
+    samples_path = Path(samples_path)
+    if not samples_path.name.endswith(SAMPLES_SUFFIX):
+        return []
+    own = samples_path.with_name(samples_path.name[: -len(SAMPLES_SUFFIX)] + ".json")
+    found = [own] if own.is_file() else []
+    for candidate in sorted(samples_path.parent.glob("*.json")):
+        if candidate == own:
+            continue
+        try:
+            report = json.loads(candidate.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        names = report.get("samples_file") if isinstance(report, dict) else None
+        if report.get("rescored_from") and names and (candidate.parent / names).resolve() == samples_path.resolve():
+            found.append(candidate)
+    return found
+
+
+def _flat_numbers(by_sampler: dict) -> dict[tuple, float | None]:
+    """Every number of a [`headline_ratios`] table by (sampler, NFE, field, position)."""
+    numbers = {}
+    for sampler, by_nfe in by_sampler.items():
+        for nfe, row in by_nfe.items():
+            for field_name in ("ratio", "raw_ratio", "ratio_ci", "raw_ratio_ci"):
+                value = row.get(field_name)
+                values = list(value) if isinstance(value, (list, tuple)) else [value]
+                for position, number in enumerate(values):
+                    numbers[(sampler, nfe, field_name, position)] = number
+    return numbers
+
+
+def compare_headlines(computed: dict, report: dict) -> dict:
+    """[`headline_ratios`] of freshly scored runs against a report's: the largest relative difference over every
+    number both give, the numbers only one gives, and whether the report is reproduced ([`HEADLINE_TOLERANCE`])."""
+    reading, ours = headline_ratios(computed)
+    report_reading, theirs = headline_ratios(report)
+    mine, reported = _flat_numbers(ours), _flat_numbers(theirs)
+    largest, unmatched = 0.0, []
+    for key in sorted(set(mine) | set(reported), key=str):
+        a, b = mine.get(key), reported.get(key)
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                unmatched.append(list(map(str, key)))
+            continue
+        largest = max(largest, abs(a - b) / max(abs(b), 1e-300))
+    return {
+        "reading": reading,
+        "by_sampler": ours,
+        "reported": theirs,
+        "max_relative_difference": largest,
+        "unmatched": unmatched,
+        "reproduced": reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
     }

@@ -317,6 +317,7 @@ def score_sweep(
     main_only: bool = False,
     evaluator_name: str | None = None,
     reuse_scores: str | os.PathLike | ReusableScores | None = None,
+    scored: Mapping[tuple, dict] | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
@@ -324,7 +325,8 @@ def score_sweep(
     generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
     `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
     `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
-    [`score_reuse`]; the first such run is scored again as a check)."""
+    [`score_reuse`]; the first such run is scored again as a check); `scored` holds runs already scored here with this
+    evaluator (`untied-sc evaluate`'s), by [`samples_key`], as [`evaluate_samples`] returns them."""
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
     if main_only:
@@ -349,7 +351,7 @@ def score_sweep(
     runs, reused = [], None
     # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
     # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
-    scored: dict[tuple, dict] = {}
+    scored = dict(scored or {})
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
         key = samples_key(run["samples"])
         if key not in scored:

@@ -1,0 +1,109 @@
+"""`untied-sc evaluate REPORT.samples.jsonl.gz`: the report's headline computed again from the samples alone and
+checked number by number against the report (or a rescoring of it) that the same evaluator and dtype wrote."""
+
+import json
+import shutil
+
+import pytest
+
+from untied_sc import LangFlowPipeline, LangFlowScheduler
+from untied_sc.cli import main
+from untied_sc.experiments import run_sweep
+
+from .conftest import langflow_from_golden
+from .tiny import tiny_evaluator, tiny_tokenizer
+
+
+SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "num_resamples": 50}
+
+
+def _saved_evaluator(folder, seed: int):
+    for part in tiny_evaluator(seed=seed):
+        part.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def report(langflow_golden, tmp_path_factory):
+    """A tiny LangFlow report (official and untied, both swept over the temperature: read on their own frontiers),
+    scored by an evaluator saved as a folder in float32, with its samples beside it."""
+    evaluator = _saved_evaluator(tmp_path_factory.mktemp("evaluator"), seed=0)
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
+    folder = tmp_path_factory.mktemp("report")
+    run_sweep(
+        pipe,
+        evaluator=str(evaluator),
+        dtype="float32",
+        diversity_values=[0.8, 1.2],
+        diversity_samplers=["official", "untied"],
+        name="tiny",
+        command="untied-sc benchmark tiny-langflow",
+        output_dir=folder,
+        progress=False,
+        **SWEEP,
+    )
+    return {"json": folder / "tiny.json", "samples": folder / "tiny.samples.jsonl.gz", "evaluator": evaluator}
+
+
+def _evaluate(samples, evaluator, output, capsys) -> tuple[dict, str]:
+    argv = ["evaluate", str(samples), "--evaluator", str(evaluator), "--dtype", "float32", "--num-resamples", "50"]
+    assert main([*argv, "--output", str(output)]) == 0
+    return json.loads(output.read_text()), capsys.readouterr().out
+
+
+def test_evaluate_reproduces_the_reports_headline_from_its_samples(report, tmp_path, capsys):
+    result, printed = _evaluate(report["samples"], report["evaluator"], tmp_path / "eval.json", capsys)
+    saved = json.loads(report["json"].read_text())
+    headline = result["headline"]
+    assert headline["report"] == str(report["json"]) and headline["reading"] == "frontier"
+    assert headline["reproduced"] is True and headline["max_relative_difference"] <= 1e-4
+    assert headline["unmatched"] == []
+    row = headline["by_sampler"]["untied"]["8"]
+    reported = saved["frontiers"]["by_sampler"]["untied"]["8"]
+    for key in ("ratio", "ratio_ci"):  # the tiny model's frontier may not reach official's entropy: then both None
+        assert (row[key] is None and reported[key] is None) or row[key] == pytest.approx(reported[key], rel=1e-4)
+    cell = saved["aggregates"]["paired"]["untied"]["8"]
+    assert row["raw_ratio"] == pytest.approx(cell["gen_ppl_ratio"], rel=1e-4)
+    assert row["raw_ratio_ci"] == pytest.approx(cell["gen_ppl_ratio_headline_ci"], rel=1e-4)
+    assert "untied, NFE 8: at equal entropy" in printed and f"Reproduces {report['json']}'s headline" in printed
+    # the run-by-run records are still there, one per run of the report
+    assert len(result["runs"]) == len(saved["runs"])
+
+
+def test_evaluate_says_when_a_report_is_not_reproduced(report, tmp_path, capsys):
+    # the same samples beside a report whose untied headline was edited: the check fails and says so
+    folder = tmp_path / "edited"
+    folder.mkdir()
+    shutil.copy(report["samples"], folder / "tiny.samples.jsonl.gz")
+    edited = json.loads(report["json"].read_text())
+    edited["aggregates"]["paired"]["untied"]["8"]["gen_ppl_ratio"] *= 1.01
+    (folder / "tiny.json").write_text(json.dumps(edited))
+    result, printed = _evaluate(folder / "tiny.samples.jsonl.gz", report["evaluator"], tmp_path / "e.json", capsys)
+    assert result["headline"]["reproduced"] is False
+    assert result["headline"]["max_relative_difference"] == pytest.approx(0.01 / 1.01, rel=1e-3)
+    assert "Does NOT reproduce" in printed
+
+
+def test_evaluate_checks_a_second_evaluator_against_the_reports_rescoring(report, tmp_path, capsys):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for path in (report["json"], report["samples"]):
+        shutil.copy(path, folder / path.name)
+    second = _saved_evaluator(tmp_path / "second", seed=1)
+    samples = folder / "tiny.samples.jsonl.gz"
+    # no report beside the samples was scored by the second evaluator: computed, nothing to check against
+    result, printed = _evaluate(samples, second, tmp_path / "a.json", capsys)
+    assert result["headline"]["report"] is None and result["headline"]["reproduced"] is None
+    assert "nothing to check these against" in printed and "run in float32" in printed
+    # its rescoring written beside them (`benchmark --rescore`) is the report that evaluator's headline is checked on
+    argv = ["benchmark", "--rescore", str(folder / "tiny.json"), "--evaluator", str(second), "--dtype", "float32"]
+    assert main([*argv, "--output-dir", str(folder), "--num-resamples", "50", "--no-progress"]) == 0
+    capsys.readouterr()
+    result, printed = _evaluate(samples, second, tmp_path / "b.json", capsys)
+    assert result["headline"]["report"] == str(folder / "tiny-second.json")
+    assert result["headline"]["reproduced"] is True
+    # the first evaluator still checks against the first report, not the rescoring
+    result, _ = _evaluate(samples, report["evaluator"], tmp_path / "c.json", capsys)
+    assert result["headline"]["report"] == str(folder / "tiny.json") and result["headline"]["reproduced"] is True
