@@ -47,19 +47,19 @@ def inside_autocast(tensor: torch.Tensor) -> bool:
     return torch.is_autocast_enabled(tensor.device.type)
 
 
-def float32_outside_blocks(forward):
+def float32_outside_blocks(method):
     """
-    Runs a network's `forward(sample, ...)` with autocast off on `sample`'s device type while the network's switch is
-    on, as the official code keeps its input and output sides out of its own autocast; the forward opens
-    [`autocast_region`] around its blocks. Switched off, the call goes through untouched (a caller's autocast then
-    applies to the whole forward, as it always did).
+    Runs a network's method (`forward(sample, ...)`, LangFlow's `clean_prediction(logits)`) with autocast off on its
+    first argument's device type while the network's switch is on, as the official code keeps its input and output
+    sides out of its own autocast; the forward opens [`autocast_region`] around its blocks. Switched off, the call
+    goes through untouched (a caller's autocast then applies to all of it, as it always did).
     """
 
-    @functools.wraps(forward)
+    @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
-        sample = args[0] if args else kwargs["sample"]
-        with float32_region(sample, self.autocast_dtype is not None):
-            return forward(self, *args, **kwargs)
+        tensor = args[0] if args else next(iter(kwargs.values()))
+        with float32_region(tensor, self.autocast_dtype is not None):
+            return method(self, *args, **kwargs)
 
     return wrapped
 

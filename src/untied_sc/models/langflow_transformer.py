@@ -273,6 +273,7 @@ class LangFlowTransformerModel(AutocastMixin, DtypeAliasMixin, ModelMixin, Confi
         """Clean latents E_norm[x] of token ids."""
         return self.embedding_matrix()[input_ids]
 
+    @float32_outside_blocks
     def clean_prediction(self, logits: torch.Tensor) -> torch.Tensor:
         """The clean prediction x̂ = softmax(logits)·E_norm (the expected normalised embedding), in float32."""
         probs = F.softmax(logits.float(), dim=-1)
