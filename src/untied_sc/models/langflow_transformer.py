@@ -178,7 +178,8 @@ class LangFlowTransformerModel(AutocastMixin, DtypeAliasMixin, ModelMixin, Confi
     Mixed precision ([`~LangFlowTransformerModel.enable_autocast`], off by default) autocasts what the official code
     autocasts: the blocks and the final layer, except their layer norms (normalised in float32) and the rotary
     application (in q's dtype, outside autocast). The self-conditioning projection, the time embedding, the rotary
-    tables and the skip term stay float32; the logits are float32 (the final layer's bf16 plus the float32 skip).
+    tables and the skip term stay float32. With the skip term the logits are float32 (the output layer's bf16 plus
+    the skip), without it (`use_skip_logits=False`) bf16, as the official's.
 
     The proposal parameters (`proposal.loc`, `proposal.scale`) are weights, not config: read them with
     [`~LangFlowTransformerModel.gumbel_parameters`]; the sampling grid is their quantiles ([`LangFlowScheduler`]).
