@@ -230,3 +230,16 @@ def test_float16_is_accepted(langflow, langflow_golden):
     langflow.enable_autocast(torch.float16)
     dtypes = _output_dtypes(langflow, lambda: _langflow_outputs(langflow, langflow_golden))
     assert set(_matching(dtypes, LANGFLOW_BF16, under=LANGFLOW_BLOCKS).values()) == {torch.float16}
+
+
+def test_calibration_runs_a_given_dtype_without_autocast(request, monkeypatch):
+    """Calibration's float32 runs (ELF's finite-difference base scales) stay float32 on a pipeline switched to bf16."""
+    from untied_sc.calibration.calibrate import pipeline_on
+
+    pipe = _pipe("elf", request)
+    monkeypatch.setattr(hardware, "native_cpu_bfloat16", lambda cpuinfo=None: True)
+    pipe.enable_autocast(torch.bfloat16)
+    float32 = pipeline_on(pipe, "cpu", torch.float32)
+    assert float32 is not pipe and float32.transformer.autocast_dtype is None
+    assert pipe.transformer.autocast_dtype == torch.bfloat16  # the caller's pipeline keeps its switch
+    assert pipeline_on(pipe) is pipe  # no dtype given: the pipeline as it runs
