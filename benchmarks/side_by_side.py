@@ -35,9 +35,10 @@ Variants, timed end to end, from the seed to the token ids (no text decoding on 
 
 Same NFE, batch, seed per repeat, device and dtype on all sides. On the GPU (`--device cuda`) the official code
 autocasts to bfloat16 itself (ELF: `use_bf16`, the port's default; LangFlow: hard-coded around its blocks and output
-layer); our networks' forward runs under `torch.autocast("cuda", torch.bfloat16)` (`--autocast bf16`, the default on
-cuda), the schedulers outside it. `--autocast none` runs ELF in float32 on both sides; LangFlow's official blocks stay
-bf16 there (hard-coded), so compare LangFlow on the GPU with bf16 only. On the CPU both run float32 (the official
+layer); our pipelines run with `pipe.enable_autocast(torch.bfloat16)` (`--autocast bf16`, the default on cuda), which
+autocasts the same regions of the network as the official code (ELF: the blocks; LangFlow: the blocks and output
+layer, with float32 layer norms) and leaves the schedulers outside. `--autocast none` runs ELF in float32 on both
+sides; LangFlow's official blocks stay bf16 there (hard-coded), so compare LangFlow on the GPU with bf16 only. On the CPU both run float32 (the official
 autocast is CUDA-only). SDPA attention on both sides; a CUDA generator (`--generator-device cuda`) draws our noise on
 the GPU, as the official code does there.
 
@@ -327,8 +328,8 @@ def random_statistics(model, solver: str, nfe: int, seed: int = 0):
 def build_pipelines(family: str, model, nfe: int, device: torch.device, autocast: str):
     """
     Our pipeline with the official scheduler and with the untied one (paper coefficients, random statistics). With
-    `autocast="bf16"` on a GPU, the network's forward runs under bf16 autocast; the schedulers (and LangFlow's
-    softmax·E_norm) stay float32/float64, as the official samplers keep their updates out of the autocast matmuls.
+    `autocast="bf16"` on a GPU, `enable_autocast(torch.bfloat16)` autocasts the network's official regions; the
+    schedulers (and LangFlow's softmax·E_norm) stay float32/float64, outside autocast.
     """
     from untied_sc import (
         ELFPipeline,
@@ -339,8 +340,6 @@ def build_pipelines(family: str, model, nfe: int, device: torch.device, autocast
     )
 
     model = model.to(device)
-    if device.type == "cuda" and autocast == "bf16":
-        model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)
     if family == "elf":
         official = ELFScheduler()
         tokenizer, pipeline_cls, coefficients = Tokenizer(model.config.vocab_size), ELFPipeline, "elf-b"
@@ -357,6 +356,8 @@ def build_pipelines(family: str, model, nfe: int, device: torch.device, autocast
     }
     for pipe in pipes.values():
         pipe.set_progress_bar_config(disable=True)
+        if device.type == "cuda" and autocast == "bf16":
+            pipe.enable_autocast(torch.bfloat16)  # both share the network: the switch is on the transformer
     return pipes, untied.resolve_coefficients(nfe, stats)
 
 
@@ -685,7 +686,7 @@ def main() -> None:
         "git_commit": git_state(REPO)["commit"],
         "device": device.type,
         "machine": machine_description(device),
-        "dtype": "bfloat16 autocast (official: its own; ours: torch.autocast)"
+        "dtype": "bfloat16 autocast (official: its own; ours: pipe.enable_autocast)"
         if args.autocast == "bf16"
         else "float32",
         "generator_device": args.generator_device,

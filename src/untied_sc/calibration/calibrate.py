@@ -310,14 +310,19 @@ def pipeline_on(pipe, device: str | torch.device | None = None, dtype: torch.dty
     """
     `pipe` itself where its transformer already is on `device` in `dtype` (or neither is given); else the same
     pipeline around a copy of the transformer moved and cast there (the statistics stay those of `pipe`'s model).
+    A given `dtype` is the whole network's: a transformer switched to autocast (`enable_autocast`) is copied and
+    switched off, so that, say, the float32 finite differences never run in bf16.
     """
     transformer = pipe.transformer
     target_device = _device(transformer.device if device is None else device)
     target_dtype = transformer.dtype if dtype is None else dtype
-    if _device(transformer.device) == target_device and transformer.dtype == target_dtype:
+    autocast = dtype is not None and getattr(transformer, "autocast_dtype", None) is not None
+    if _device(transformer.device) == target_device and transformer.dtype == target_dtype and not autocast:
         return pipe
     # `torch.nn.Module.to`: diffusers' override warns on any dtype cast about float32-kept modules, none here
     copied = torch.nn.Module.to(copy.deepcopy(transformer), device=target_device, dtype=target_dtype)
+    if autocast:
+        copied.disable_autocast()
     components = {**pipe.components, "transformer": copied, "sampler_statistics": None}
     extra = {"sc_cfg_scale": pipe.sc_cfg_scale} if pipe.family == "elf" else {}
     return type(pipe)(**components, **extra)

@@ -14,6 +14,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
+from .autocast import AutocastMixin, autocast_region, float32_outside_blocks
 from .embeddings import DtypeAliasMixin, broadcast_per_example, sinusoidal_embedding
 
 
@@ -155,7 +156,7 @@ class FinalLayer(nn.Module):
         return self.linear(self.norm_final(x))
 
 
-class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
+class ELFTransformerModel(AutocastMixin, DtypeAliasMixin, ModelMixin, ConfigMixin):
     r"""
     The ELF transformer: an x-prediction network on continuous text latents with self-conditioning, SC-CFG scale
     tokens and a factored decoder head.
@@ -164,6 +165,11 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
     (max_length)]`. The prefix gets the identity rotation; latent positions get interleaved RoPE (θ = 1e4). The
     self-conditioning input m enters through `self_cond_proj([z, m])` before the bottleneck, so the effective maps of
     z and m into the bottleneck are `proj1 · W_sc[:, :D]` and `proj1 · W_sc[:, D:]` (paper §4.1).
+
+    Mixed precision ([`~ELFTransformerModel.enable_autocast`], off by default) autocasts what the official code
+    autocasts: the transformer blocks. The input side (`self_cond_proj`, `text_proj`, the time and SC-CFG embedders
+    and the prefix tokens) and the output side (the decoder head and `final_layer`) stay float32, so the prediction
+    and the logits are float32.
 
     Args:
         latent_dim (`int`, defaults to 512): width D of the latent (T5-small's 512 for the released models).
@@ -263,6 +269,7 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         nn.init.zeros_(self.proj_bias)
         nn.init.zeros_(self.unembed_bias)
 
+    @float32_outside_blocks
     def forward(
         self,
         sample: torch.Tensor,
@@ -329,8 +336,9 @@ class ELFTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
                 )
             prefix_mask = attention_mask.new_ones(batch, self.num_prefix_tokens)
             mask = torch.cat([prefix_mask, attention_mask], dim=1).bool()[:, None, None, :]
-        for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin, mask)
+        with autocast_region(sample, self.autocast_dtype):
+            for block in self.blocks:
+                x = block(x, self.rope_cos, self.rope_sin, mask)
         hidden = x[:, self.num_prefix_tokens :]
 
         logits = None

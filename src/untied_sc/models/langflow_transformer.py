@@ -16,6 +16,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
+from .autocast import AutocastMixin, autocast_region, float32_outside_blocks, float32_region, inside_autocast
 from .embeddings import DtypeAliasMixin, broadcast_per_example, sinusoidal_embedding
 
 
@@ -38,7 +39,15 @@ def normalized_embedding(weight: torch.Tensor) -> torch.Tensor:
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
+    """`x·(1 + scale) + shift` in x's dtype: the official's scripted version, under autocast, takes bf16 shift and
+    scale into float32 math instead of rounding `1 + scale` to bf16 (a no-op cast in float32)."""
+    return x * (1 + scale.to(x.dtype)) + shift.to(x.dtype)
+
+
+def gated_residual(x: torch.Tensor, gate: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """`x + gate·update` in x's dtype, the official's scripted residual: under autocast the bf16 product is not
+    rounded to bf16 before it is added (a no-op cast in float32)."""
+    return x + gate.to(x.dtype) * update.to(x.dtype)
 
 
 def rotate_half_split(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +64,9 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.layer_norm(x.float(), [self.weight.shape[0]]) * self.weight.float()).to(x.dtype)
+        with float32_region(x, inside_autocast(x)):  # the official normalises outside autocast
+            normalized = F.layer_norm(x.float(), [self.weight.shape[0]])
+        return (normalized * self.weight.float()).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -106,12 +117,13 @@ class DDiTBlock(nn.Module):
         )
         h = modulate(self.norm1(x), shift_msa, scale_msa)
         q, k, v = self.attn_qkv(h).reshape(batch, length, 3, self.num_heads, -1).unbind(dim=2)
-        cos, sin = cos.to(q.dtype)[None, :, None], sin.to(q.dtype)[None, :, None]
-        q = q * cos + rotate_half_split(q) * sin
-        k = k * cos + rotate_half_split(k) * sin
+        with float32_region(q, inside_autocast(q)):  # the official rotates outside autocast, in q's dtype
+            cos, sin = cos.to(q.dtype)[None, :, None], sin.to(q.dtype)[None, :, None]
+            q = q * cos + rotate_half_split(q) * sin
+            k = k * cos + rotate_half_split(k) * sin
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        x = x + gate_msa * self.attn_out(attn.transpose(1, 2).reshape(batch, length, -1))
-        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        x = gated_residual(x, gate_msa, self.attn_out(attn.transpose(1, 2).reshape(batch, length, -1)))
+        return gated_residual(x, gate_mlp, self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
 
 
 class DDiTFinalLayer(nn.Module):
@@ -154,7 +166,7 @@ class GumbelProposal(nn.Module):
         self.entropy = nn.Parameter(torch.tensor(entropy))
 
 
-class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
+class LangFlowTransformerModel(AutocastMixin, DtypeAliasMixin, ModelMixin, ConfigMixin):
     r"""
     The LangFlow DiT on noisy normalised token embeddings, with residual self-conditioning and a logits head.
 
@@ -162,6 +174,12 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
     `h = z + W_sc [z, m]` (W_sc zero-initialised, so self-conditioning starts as a no-op), adaLN blocks conditioned
     on `c = SiLU(MLP(sin-emb(γ)))`, logits from the final layer plus the skip term `α/σ²·z·E_normᵀ`
     (`α/σ² = exp((softplus(−γ) − γ)/2)`, the Gaussian log-likelihood of each token given z).
+
+    Mixed precision ([`~LangFlowTransformerModel.enable_autocast`], off by default) autocasts what the official code
+    autocasts: the blocks and the final layer, except their layer norms (normalised in float32) and the rotary
+    application (in q's dtype, outside autocast). The self-conditioning projection, the time embedding, the rotary
+    tables and the skip term stay float32. With the skip term the logits are float32 (the output layer's bf16 plus
+    the skip), without it (`use_skip_logits=False`) bf16, as the official's.
 
     The proposal parameters (`proposal.loc`, `proposal.scale`) are weights, not config: read them with
     [`~LangFlowTransformerModel.gumbel_parameters`]; the sampling grid is their quantiles ([`LangFlowScheduler`]).
@@ -256,6 +274,7 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         """Clean latents E_norm[x] of token ids."""
         return self.embedding_matrix()[input_ids]
 
+    @float32_outside_blocks
     def clean_prediction(self, logits: torch.Tensor) -> torch.Tensor:
         """The clean prediction x̂ = softmax(logits)·E_norm (the expected normalised embedding), in float32."""
         probs = F.softmax(logits.float(), dim=-1)
@@ -265,6 +284,7 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
         """(loc, scale, cutoff) of the learned Gumbel proposal; loc and scale are read from the weights."""
         return self.proposal.loc.item(), self.proposal.scale.item(), self.config.gumbel_cutoff
 
+    @float32_outside_blocks
     def forward(
         self,
         sample: torch.Tensor,
@@ -299,12 +319,14 @@ class LangFlowTransformerModel(DtypeAliasMixin, ModelMixin, ConfigMixin):
             x = x + backbone.self_cond_proj(torch.cat([x, self_conditioning.to(x.dtype)], dim=-1))
         c = F.silu(backbone.sigma_map(gamma))
         cos, sin = backbone.rotary_emb(x.shape[1], x.device)
-        for block in backbone.blocks:
-            x = block(x, cos, sin, c)
-        logits = backbone.output_layer(x, c)
+        with autocast_region(sample, self.autocast_dtype):
+            for block in backbone.blocks:
+                x = block(x, cos, sin, c)
+            logits = backbone.output_layer(x, c)
         if config.use_skip_logits:
             c_skip = ((F.softplus(-gamma) - gamma) / 2).exp()
             skip = sample.float() @ self.embedding_matrix().t().float()
+            # autocast on: rounded to the output layer's bf16 before it is added (float32 logits), as the official
             logits = logits + c_skip[:, None, None] * skip.to(logits.dtype)
         if not return_dict:
             return (logits,)

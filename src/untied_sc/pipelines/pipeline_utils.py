@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 
 from .. import schedulers
 from ..calibration import apply_calibration, calibrate_pipeline
+from ..hardware import warn_if_emulated_bfloat16
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, settle
@@ -289,6 +290,38 @@ class LanguageFlowPipeline(DiffusionPipeline):
     def latent_shape(self) -> tuple[int, int]:
         """(length, dim) of one latent sequence."""
         raise NotImplementedError
+
+    def enable_autocast(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        r"""
+        Mixed precision as the official code samples on the GPU: from now on the transformer runs its blocks under
+        `torch.autocast(dtype)` (on the device of its input), and keeps in float32 what the official code keeps in
+        float32 (ELF: input projections, time embedders, decoder head and flow head; LangFlow: self-conditioning
+        projection, time embedding, layer norms and skip term). The schedulers' updates, LangFlow's softmax·E_norm
+        and ELF's decode sampling stay outside autocast. The weights are not cast, and nothing is saved:
+        `save_pretrained` writes the same files. On a CPU without native bfloat16 this warns (emulated, ~50× slower).
+
+        Args:
+            dtype (`torch.dtype`, defaults to `torch.bfloat16`): `torch.bfloat16` (the official code's) or
+                `torch.float16`; any other is refused.
+        """
+        enable = getattr(self.transformer, "enable_autocast", None)
+        if enable is None:
+            raise TypeError(
+                f"{type(self.transformer).__name__} has no enable_autocast: use the package's "
+                "ELFTransformerModel / LangFlowTransformerModel as the pipeline's transformer."
+            )
+        enable(dtype)  # refuses another dtype before any warning
+        if dtype == torch.bfloat16 and self.transformer.device.type == "cpu":
+            warn_if_emulated_bfloat16(
+                "The network (pipe.enable_autocast(torch.bfloat16))",
+                "Sample in float32 here: pipe.disable_autocast().",
+            )
+
+    def disable_autocast(self) -> None:
+        """Back to the float32 network (the default), bit for bit as if autocast had never been enabled."""
+        disable = getattr(self.transformer, "disable_autocast", None)
+        if disable is not None:
+            disable()
 
     def _predict(self, model_input: torch.Tensor, timestep: torch.Tensor, self_conditioning: torch.Tensor | None):
         """
