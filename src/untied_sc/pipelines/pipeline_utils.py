@@ -311,10 +311,10 @@ class LanguageFlowPipeline(DiffusionPipeline):
         time grid, z_0, ELF's re-noising, the decode's uniforms), runs eagerly between the network calls, so the
         random stream and the solver's arithmetic are the uncompiled ones.
 
-        The first call compiles (seconds for a small model, minutes for a large one), one graph per kind of network
-        call: the first step (no self-conditioning input), the later steps, and ELF's decode pass. A new batch size
-        or sequence length recompiles (torch then treats that size as dynamic), as does a new ELF `sc_cfg_scale`
-        (a network input) once. Inductor fuses and reorders floating-point operations, so samples equal the
+        The first call compiles, a one-off cost (inductor on a CPU: minutes, C++ kernels are built), one graph per
+        kind of network call: the first step (no self-conditioning input), the later steps, and ELF's decode pass.
+        A new batch size or sequence length recompiles (torch then treats that size as dynamic), as does a new ELF
+        `sc_cfg_scale` (a network input) once. Inductor fuses and reorders floating-point operations, so samples equal the
         uncompiled ones to rounding, not bit for bit; `backend="eager"` only traces, and is bit-exact.
 
         A transformer wrapped by the user (`pipe.transformer = torch.compile(pipe.transformer)`, diffusers' other
