@@ -315,8 +315,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         kind of network call: the first step (no self-conditioning input), the later steps, and ELF's decode pass.
         A new batch size or sequence length recompiles (torch then treats that size as dynamic), as does each new ELF
         `sc_cfg_scale` (a network input torch specialises on; past torch's recompile limit, 8, calls run eager with
-        a warning: compile once the scale is chosen). Inductor fuses and reorders floating-point operations, so samples equal the
-        uncompiled ones to rounding, not bit for bit; `backend="eager"` only traces, and is bit-exact.
+        a warning: compile once the scale is chosen). Inductor fuses and reorders floating-point operations, so
+        samples equal the uncompiled ones to rounding, not bit for bit; `backend="eager"` only traces, and is
+        bit-exact.
 
         A transformer wrapped by the user (`pipe.transformer = torch.compile(pipe.transformer)`, diffusers' other
         convention) also works; this method unwraps it and compiles the module itself.
