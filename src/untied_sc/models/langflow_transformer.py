@@ -241,9 +241,13 @@ class LangFlowTransformerModel(AutocastMixin, DtypeAliasMixin, ModelMixin, Confi
         """
         E_norm: the row-normalised embedding table `(vocab_size, hidden_size)`. Inside
         [`~LangFlowTransformerModel.reuse_embedding_matrix`] and without grad, the table normalised on first use is
-        returned again while the weights are unchanged.
+        returned again while the weights are unchanged (not in a compiled forward, whose graph normalises it).
         """
         weight = self.backbone.vocab_embed.embedding
+        if torch.compiler.is_compiling():
+            # a compiled forward normalises E inside its graph (where it fuses): the cache's pointer test would
+            # break the graph in two, and under CUDA graphs run eager Python between the halves at every step
+            return normalized_embedding(weight)
         reuse = getattr(self, "_embedding_reuse", None)
         if reuse is None or torch.is_grad_enabled():
             return normalized_embedding(weight)

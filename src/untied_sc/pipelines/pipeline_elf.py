@@ -173,13 +173,13 @@ class ELFPipeline(LanguageFlowPipeline):
         return self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
 
     def _predict(self, model_input, timestep, self_conditioning, sc_cfg_scale: float | None = None):
-        output = self.transformer(model_input, timestep, self_conditioning, self._scale(sc_cfg_scale))
+        output = self._call_network(model_input, timestep, self_conditioning, self._scale(sc_cfg_scale))
         return output.sample.float(), None
 
     def _tokens(
         self, latents, last_logits, generator, sc_cfg_scale: float | None = None, decode_temperature: float = 0.0
     ):
-        decode = self.transformer(latents, 1.0, None, self._scale(sc_cfg_scale), decoder_step_active=True)
+        decode = self._call_network(latents, 1.0, None, self._scale(sc_cfg_scale), decoder_step_active=True)
         if decode_temperature == 0.0:
             ids = decode.logits.argmax(dim=-1)
         else:

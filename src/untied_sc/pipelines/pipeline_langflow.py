@@ -106,7 +106,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
         return reuse() if reuse is not None else super()._network_session()
 
     def _predict(self, model_input, timestep, self_conditioning, temperature: float = 1.0):
-        logits = self.transformer(model_input, timestep, self_conditioning).logits
+        logits = self._call_network(model_input, timestep, self_conditioning).logits
         tempered = logits if temperature == 1.0 else logits.float() / temperature
         return self.transformer.clean_prediction(tempered), logits
 
