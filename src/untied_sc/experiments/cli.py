@@ -225,7 +225,7 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
     }
     try:
         computed = rescore_report(
-            reports[0],
+            reports[0][0],
             evaluator=evaluator,
             evaluator_name=args.evaluator,
             num_resamples=args.num_resamples,
@@ -235,11 +235,11 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
             scored=scored,
         )
     except ValueError as error:  # a report written before its settings were recorded: run by run only
-        print(f"{reports[0]}: its headline is not computed again ({error})", file=sys.stderr)
+        print(f"{reports[0][0]}: its headline is not computed again ({error})", file=sys.stderr)
         return None
-    same_scoring = [path for path in reports if json.loads(path.read_text()).get("evaluator_description") == described]
-    reference = same_scoring[0] if same_scoring else None
-    check = compare_headlines(computed, json.loads(reference.read_text()) if reference else computed)
+    same_scoring = [(path, report) for path, report in reports if report.get("evaluator_description") == described]
+    reference, reported = same_scoring[0] if same_scoring else (None, computed)
+    check = compare_headlines(computed, reported)
     print(f"Headline ({check['reading'] or 'raw ratios only'}), GenPPL ratio to {computed['baseline']}:")
     for sampler, by_nfe in check["by_sampler"].items():
         for nfe, row in by_nfe.items():
@@ -253,9 +253,7 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
                 line += f"{_ratio_text(was.get('raw_ratio'), was.get('raw_ratio_ci'))})"
             print(line)
     if reference is None:
-        scored_by = "; ".join(
-            f"{path.name}: {json.loads(path.read_text()).get('evaluator_description')}" for path in reports
-        )
+        scored_by = "; ".join(f"{path.name}: {report.get('evaluator_description')}" for path, report in reports)
         print(
             f"No report beside {args.samples} was scored by {described}, so nothing to check these against ({scored_by})."
             " Pass the --evaluator and --dtype of one of them to check its headline."

@@ -274,24 +274,27 @@ HEADLINE_TOLERANCE = 1e-4
 SAMPLES_SUFFIX = ".samples.jsonl.gz"
 
 
-def reports_of_samples(samples_path: str | os.PathLike) -> list[Path]:
-    """The benchmark reports beside a samples file that score it: `<model>.json` for `<model>.samples.jsonl.gz`
-    first, then the rescorings (`--rescore`) whose `samples_file` names it; none for another kind of file."""
+def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict]]:
+    """The benchmark reports beside a samples file that score it, each with its contents, read once: `<model>.json`
+    for `<model>.samples.jsonl.gz` first, then the rescorings (`--rescore`) whose `samples_file` names it; none for
+    another kind of file."""
     samples_path = Path(samples_path)
     if not samples_path.name.endswith(SAMPLES_SUFFIX):
         return []
     own = samples_path.with_name(samples_path.name[: -len(SAMPLES_SUFFIX)] + ".json")
-    found = [own] if own.is_file() else []
-    for candidate in sorted(samples_path.parent.glob("*.json")):
-        if candidate == own:
-            continue
+    found = []
+    for candidate in [own, *sorted(path for path in samples_path.parent.glob("*.json") if path != own)]:
         try:
             report = json.loads(candidate.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        names = report.get("samples_file") if isinstance(report, dict) else None
-        if report.get("rescored_from") and names and (candidate.parent / names).resolve() == samples_path.resolve():
-            found.append(candidate)
+        if not isinstance(report, dict):
+            continue
+        names = report.get("samples_file")
+        if candidate == own or (
+            report.get("rescored_from") and names and (candidate.parent / names).resolve() == samples_path.resolve()
+        ):
+            found.append((candidate, report))
     return found
 
 
