@@ -396,6 +396,14 @@ def add_benchmark_arguments(parser):
         "NFE part (--from), a temperature or a sampler (sampling again), or runs to a --rescore then scores only the "
         "new runs (and, with --from, the tuning bank).",
     )
+    parser.add_argument(
+        "--reuse-samples",
+        metavar="REPORT_JSON",
+        help="Take the samples (and sampling times) of the runs an earlier report (<model>.json, its samples file "
+        "beside it) already sampled: the same sampler spec, coefficients, NFE, seed and temperature. The first batch "
+        "of each lent sampler is sampled again and must be identical. Adding a temperature or a sampler to a report "
+        "then samples only the new runs; give the report to --reuse-scores too to score only them.",
+    )
     split.add_argument(
         "--from",
         dest="from_generation",
@@ -487,7 +495,7 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
 def _check_generation_scoring(args) -> None:
     """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
     the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
-    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
+    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "reuse_samples")
     given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
     if args.pipeline or given:
@@ -513,7 +521,7 @@ def _check_generation_scoring(args) -> None:
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
-RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol")
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol", "reuse_samples")
 
 
 def _ran_dtype(report: dict) -> str | None:
@@ -732,6 +740,18 @@ def _check_reuse_scores(args) -> None:
         )
 
 
+def _check_reuse_samples(args) -> None:
+    """`--reuse-samples` beside sampling, before any work: not with `--tune-here` (whose runs are chosen while
+    sampling), and the report and its samples file exist (each run is matched where it is taken)."""
+    from ..input_checks import read_benchmark_report
+
+    if args.tune_here:
+        raise SystemExit(
+            "--reuse-samples lends runs to a sweep sampled here; --tune-here chooses its runs while sampling. Drop one."
+        )
+    read_benchmark_report(args.reuse_samples, "--reuse-samples", " Sample without --reuse-samples.")
+
+
 def _check_sweep_arguments(args) -> str:
     """A sampling `benchmark`, before any work: a pipeline is named and exists, the options fit together, the sweep
     options get their defaults, and the outputs are new (or `--overwrite`). Returns the model name of the files."""
@@ -771,6 +791,8 @@ def _check_sweep_arguments(args) -> str:
             "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
             "run's samples for --from to score again, which the parts do not keep. Drop one of them."
         )
+    if args.reuse_samples:
+        _check_reuse_samples(args)
     if args.samplers:
         from .definitions import select_samplers
 
@@ -848,10 +870,11 @@ def benchmark_command(args) -> dict | None:
         "device": args.device,
         "state": state,
     }
+    lend = {"reuse_samples": args.reuse_samples} if args.reuse_samples else {}
     if baselines and args.generate_only:  # tuned here, then the chosen values sampled
         generation = _generate_baseline_candidates(args, sweep, state)
     elif args.generate_only:
-        generation = generate_sweep(args.pipeline, **sweep)
+        generation = generate_sweep(args.pipeline, **sweep, **lend)
     if args.generate_only:
         if not is_main_process(state):
             return None
@@ -865,7 +888,7 @@ def benchmark_command(args) -> dict | None:
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
     pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
     reuse = {"reuse_scores": args.reuse_scores} if args.reuse_scores else {}
-    results = run_sweep(pipeline, **sweep, **scoring, **reuse)
+    results = run_sweep(pipeline, **sweep, **scoring, **reuse, **lend)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))

@@ -561,6 +561,15 @@ def _provenance_lines(results: dict) -> list[str]:
             f"{reused['checked_difference']:.1g} (relative NLL).",
             "",
         ]
+    lent = results.get("reused_samples")
+    if lent:
+        checked = "; ".join(lent["checked_runs"]) or "none"
+        lines += [
+            f"Samples and sampling times of {lent['runs']} runs were taken from {lent['report']} "
+            f"(`--reuse-samples`: the same runs, specs and coefficients); the first batch of each lent sampler, "
+            f"sampled again here, was identical ({checked}).",
+            "",
+        ]
     bank = results.get("bank_scores_reused")
     if bank:
         lines += [

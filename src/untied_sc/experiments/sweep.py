@@ -57,7 +57,11 @@ from .aggregation import AGGREGATED_METRICS, analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
+from .sample_reuse import ReusableSamples, check_settings, lend_samples, read_report_samples
 from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
+
+
+BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -202,11 +206,14 @@ def generate_sweep(
     state=None,
     knob_tuning: dict | None = None,
     only: Mapping[int, Collection[str]] | None = None,
+    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
 ) -> dict:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
     The arguments are [`run_sweep`]'s, and `only`: per NFE, the samplers to sample there (the others' runs are left
-    out; `--experiment baselines --tune-here` samples only the chosen knob values). With a `state` of several processes ([`untied_sc.distributed.process_state`],
+    out; `--experiment baselines --tune-here` samples only the chosen knob values). `reuse_samples`, an earlier
+    report with its samples file, lends its samples and sampling seconds to the runs it holds (see [`sample_reuse`]:
+    the first batch of each lent sampler is sampled again as a check). With a `state` of several processes ([`untied_sc.distributed.process_state`],
     e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
     ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
     process would. Sampling and scoring can run on different machines (sample on a GPU, score on
@@ -247,6 +254,12 @@ def generate_sweep(
     source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
+    reusable = None
+    if reuse_samples is not None:  # read and checked before any sampling
+        reusable = reuse_samples if isinstance(reuse_samples, ReusableSamples) else read_report_samples(reuse_samples)
+        settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
+        settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
+        check_settings(reusable, {**settings, "batch_seed": BATCH_SEED_RULE})
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -266,14 +279,28 @@ def generate_sweep(
                 if stored is not None and knob not in call_kwargs:  # the pipeline's call runs it: say so
                     resolved[knob] = stored
                 coefficients.setdefault(sampler, {})[str(n)] = resolved
-            texts, ids, seconds = generate(pipe, n, seed, num_samples, batch_size, state=state, **call_kwargs)
-            samples = run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value})
+
+            def sample(
+                count: int = num_samples, sampler=sampler, n=n, seed=seed, value=value, call_kwargs=call_kwargs
+            ):
+                texts, ids, seconds = generate(pipe, n, seed, count, batch_size, state=state, **call_kwargs)
+                return run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value}), seconds
+
+            ran = coefficients.get(sampler, {}).get(str(n))
+            lent = lend_samples(reusable, (sampler, n, seed, value), spec, ran, lambda: sample(batch_size)[0])
+            samples, seconds = lent if lent is not None else sample()
             runs.append(
                 {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
             )
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
+    if reusable is not None and reusable.lent == 0:
+        warnings.warn(
+            f"--reuse-samples: {reusable.path} holds none of these runs (with these specs and coefficients); every "
+            "run was sampled here.",
+            stacklevel=2,
+        )
     return {
         "format": GENERATION_FORMAT,
         "model": name,
@@ -284,7 +311,7 @@ def generate_sweep(
         "seeds": list(seeds),
         "num_samples": num_samples,
         "batch_size": batch_size,
-        "batch_seed": "1_000_003 * seed + batch_index",
+        "batch_seed": BATCH_SEED_RULE,
         "samplers": samplers,
         "coefficients": coefficients,
         "baseline": BASELINE,
@@ -300,6 +327,7 @@ def generate_sweep(
         "command": command,
         "seconds": time.perf_counter() - began,
         **({"knob_tuning": knob_tuning} if knob_tuning is not None else {}),
+        **({"reused_samples": reusable.record()} if reusable is not None else {}),
         "runs": runs,
     }
 
@@ -397,6 +425,7 @@ def score_sweep(
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
         **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
         **({"reused_scores": reused} if reused is not None else {}),
+        **({"reused_samples": generation["reused_samples"]} if "reused_samples" in generation else {}),
         # --experiment baselines scored on another machine: the tuning bank's scores, for a later --reuse-scores
         **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
     }
@@ -436,6 +465,8 @@ def run_sweep(
     device: str | torch.device | None = None,
     state=None,
     knob_tuning: dict | None = None,
+    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
+    reuse_scores: str | os.PathLike | ReusableScores | None = None,
     **evaluator_kwargs,
 ) -> dict | None:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
@@ -475,6 +506,10 @@ def run_sweep(
             return `None`. Scoring is not split: it runs once, on the main process.
         knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
             ([`untied_sc.experiments.baselines.tune_baselines`]), kept in the results and the report.
+        reuse_samples (`str` or `os.PathLike`, *optional*): an earlier report whose runs lend their samples to the
+            same runs here ([`generate_sweep`]).
+        reuse_scores (`str` or `os.PathLike`, *optional*): an earlier report of this evaluator whose scores are lent
+            to the runs whose samples it holds ([`score_sweep`]).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -499,6 +534,7 @@ def run_sweep(
         device=device,
         state=state,
         knob_tuning=knob_tuning,
+        reuse_samples=reuse_samples,
     )
     if not is_main_process(state):
         return None
@@ -513,5 +549,6 @@ def run_sweep(
         num_resamples=num_resamples,
         output_dir=output_dir,
         progress=progress,
+        reuse_scores=reuse_scores,
         **evaluator_kwargs,
     )
