@@ -64,7 +64,9 @@ def test_a_report_lends_its_runs_and_only_the_new_ones_are_sampled(tmp_path, pip
     assert extended["reused_samples"]["runs"] == 6 and counted == [1, 1, 2, 2]
     assert extended["reused_samples"]["checked_runs"] == ["official at NFE 8, seed 0", "untied at NFE 8, seed 0"]
     untimed = ("seconds", "samples_per_second")
-    strip = [[{k: v for k, v in r.items() if k not in untimed} for r in report["runs"]] for report in (whole, extended)]
+    strip = [
+        [{k: v for k, v in r.items() if k not in untimed} for r in report["runs"]] for report in (whole, extended)
+    ]
     assert strip[0] == strip[1]  # the same samples, so the same scores and tables
     first = json.loads((tmp_path / "first" / "tiny.json").read_text())
     assert [r["seconds"] for r in extended["runs"][:6]] == [r["seconds"] for r in first["runs"]]  # its times too
