@@ -9,6 +9,7 @@ from untied_sc.calibration.search import (
     NEUTRAL,
     START,
     BankRun,
+    Candidate,
     Knob,
     OfficialCurve,
     coordinate_search,
@@ -112,6 +113,20 @@ def test_a_choice_knob_tries_every_value_and_a_candidate_outside_the_curve_is_ne
     assert best.knobs["higs_routing"] == "self_conditioning"
     assert [c.objective for c in candidates if c.knobs["higs_routing"] == "solver"] == [None]
     assert knob_edges(METHOD_KNOBS["higs"], best.knobs, candidates)["higs_routing"] == "every value"
+
+
+def test_a_choice_tried_only_at_an_earlier_value_of_another_knob_is_not_an_edge():
+    # every routing tried at w = 1.75; the refinement then moved w alone (to 1.75·√2), as on LangFlow-small's bank
+    knobs = METHOD_KNOBS["higs"]
+    tried = [(1.75, "both"), (1.75, "solver"), (1.75, "self_conditioning"), (0.875, "both"), (2.47, "both")]
+    candidates = [
+        Candidate({"higs_weight": w, "higs_routing": r}, bank_run(official_at(5.0), 5.0), 0.0, "round 1")
+        for w, r in tried
+    ]
+    best = {"higs_weight": 2.47, "higs_routing": "both"}
+    edges = knob_edges(knobs, best, candidates)
+    assert edges["higs_routing"] == "every value (on an earlier line)"
+    assert knob_edges(knobs, best, candidates[:1] + candidates[3:])["higs_routing"] == "edge (budget spent)"
 
 
 def test_momentum_moves_one_minus_beta_and_stays_in_range():

@@ -313,13 +313,20 @@ def knob_edges(knobs: Sequence[Knob], best: Mapping, candidates: Sequence[Candid
     (values on both sides were scored inside the curve; `interior (on an earlier line)` where a side was scored only
     while another knob had a value the pick no longer has), at a `hard limit` (the knob cannot pass that side), at a
     `curve limit` (the next value tried fell outside the official curve) or on an `edge (budget spent)`; a choice knob
-    is `every value` once all were tried."""
+    is `every value` once all were tried on the pick's line, `every value (on an earlier line)` once all were tried
+    but some only while another knob had a value the pick no longer has (a later step moved that knob), else on an
+    `edge (budget spent)`."""
     edges = {}
     for knob in knobs:
         line = [c for c in candidates if _on_line(c, best, knob.name)]
         if knob.kind == "choice":
-            tried = {c.knobs[knob.name] for c in line}
-            edges[knob.name] = "every value" if set(knob.choices) <= tried else "edge (budget spent)"
+            everywhere = {c.knobs[knob.name] for c in candidates}
+            if set(knob.choices) <= {c.knobs[knob.name] for c in line}:
+                edges[knob.name] = "every value"
+            elif set(knob.choices) <= everywhere:
+                edges[knob.name] = "every value (on an earlier line)"
+            else:
+                edges[knob.name] = "edge (budget spent)"
             continue
         x = knob.to_search(best[knob.name])
         sides = []
