@@ -72,7 +72,9 @@ def test_a_report_lends_its_runs_and_only_the_new_ones_are_sampled(tmp_path, pip
     assert [r["seconds"] for r in extended["runs"][:6]] == [r["seconds"] for r in first["runs"]]  # its times too
     with gzip.open(tmp_path / "second" / "tiny.samples.jsonl.gz", "rt") as f:
         assert len(f.read().splitlines()) == 8 * 4  # every run's samples, the lent ones included: one file
-    assert "Samples and sampling times of 6 runs were taken from" in (tmp_path / "second" / "tiny.md").read_text()
+    markdown = (tmp_path / "second" / "tiny.md").read_text()
+    assert "Samples and sampling times of 6 runs were taken from" in markdown
+    assert "of this step (runs taken from an earlier report: below) on cpu" in markdown
 
 
 def test_a_run_with_another_spec_or_coefficients_is_sampled_again(tmp_path, pipe, evaluator, counted):

@@ -603,8 +603,11 @@ def _where_lines(results: dict) -> list[str]:
             f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:"
         )
     else:
+        # with runs lent by an earlier report (`--reuse-samples`), that report's time is not in it
+        step = " of this step (runs taken from an earlier report: below)" if results.get("reused_samples") else ""
         where = (
-            f"Wall time {results['wall_seconds']:.1f} s on {results['device']} with torch {results['torch']}. Command:"
+            f"Wall time {results['wall_seconds']:.1f} s{step} on {results['device']} with torch {results['torch']}. "
+            "Command:"
         )
     return ["", where, "", "```", *commands, "```", ""]
 
