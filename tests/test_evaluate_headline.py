@@ -44,7 +44,12 @@ def report(langflow_golden, tmp_path_factory):
         progress=False,
         **SWEEP,
     )
-    return {"json": folder / "tiny.json", "samples": folder / "tiny.samples.jsonl.gz", "evaluator": evaluator}
+    return {
+        "json": folder / "tiny.json",
+        "samples": folder / "tiny.samples.jsonl.gz",
+        "evaluator": evaluator,
+        "pipe": pipe,
+    }
 
 
 def _evaluate(samples, evaluator, output, capsys) -> tuple[dict, str]:
@@ -107,3 +112,36 @@ def test_evaluate_checks_a_second_evaluator_against_the_reports_rescoring(report
     # the first evaluator still checks against the first report, not the rescoring
     result, _ = _evaluate(samples, report["evaluator"], tmp_path / "c.json", capsys)
     assert result["headline"]["report"] == str(folder / "tiny.json") and result["headline"]["reproduced"] is True
+
+
+def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_samples(report, tmp_path, capsys):
+    folder = tmp_path / "grown"
+    folder.mkdir()
+    for path in (report["json"], report["samples"]):
+        shutil.copy(path, folder / path.name)
+    second = _saved_evaluator(tmp_path / "second", seed=1)
+    argv = ["benchmark", "--rescore", str(folder / "tiny.json"), "--evaluator", str(second), "--dtype", "float32"]
+    assert main([*argv, "--output-dir", str(folder), "--num-resamples", "50", "--no-progress"]) == 0
+    # the report grows by a temperature (its runs lent, the file replaced: samples stored once); the rescoring now
+    # covers part of the runs in the samples file it names
+    run_sweep(
+        report["pipe"],
+        evaluator=str(report["evaluator"]),
+        dtype="float32",
+        diversity_values=[0.8, 1.2, 1.5],
+        diversity_samplers=["official", "untied"],
+        name="tiny",
+        command="untied-sc benchmark tiny-langflow",
+        output_dir=folder,
+        progress=False,
+        reuse_samples=folder / "tiny.json",
+        **SWEEP,
+    )
+    capsys.readouterr()
+    samples = folder / "tiny.samples.jsonl.gz"
+    result, _ = _evaluate(samples, second, tmp_path / "a.json", capsys)
+    assert result["headline"]["report"] == str(folder / "tiny-second.json")
+    assert result["headline"]["reproduced"] is True
+    result, _ = _evaluate(samples, report["evaluator"], tmp_path / "b.json", capsys)
+    assert result["headline"]["report"] == str(folder / "tiny.json") and result["headline"]["reproduced"] is True
+    assert len(result["runs"]) == len(json.loads((folder / "tiny-second.json").read_text())["runs"]) + 2 * 2

@@ -219,13 +219,16 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
     reports = reports_of_samples(args.samples)
     if not reports:
         return None
+    same_scoring = [(path, report) for path, report in reports if report.get("evaluator_description") == described]
+    # the report this evaluator wrote is the one computed again (a rescoring may cover part of the file's runs)
+    source = same_scoring[0][0] if same_scoring else reports[0][0]
     scored = {
         samples_key(group): {key: value for key, value in run.items() if key not in ("run", "evaluator")}
         for (_, group), run in zip(group_runs(samples), runs, strict=True)
     }
     try:
         computed = rescore_report(
-            reports[0][0],
+            source,
             evaluator=evaluator,
             evaluator_name=args.evaluator,
             num_resamples=args.num_resamples,
@@ -235,9 +238,8 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
             scored=scored,
         )
     except ValueError as error:  # a report written before its settings were recorded: run by run only
-        print(f"{reports[0][0]}: its headline is not computed again ({error})", file=sys.stderr)
+        print(f"{source}: its headline is not computed again ({error})", file=sys.stderr)
         return None
-    same_scoring = [(path, report) for path, report in reports if report.get("evaluator_description") == described]
     reference, reported = same_scoring[0] if same_scoring else (None, computed)
     check = compare_headlines(computed, reported)
     print(f"Headline ({check['reading'] or 'raw ratios only'}), GenPPL ratio to {computed['baseline']}:")

@@ -70,32 +70,30 @@ def _scoring_result(record: Mapping) -> dict:
 
 def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> tuple[dict, list[list[Sample]]]:
     """
-    A benchmark report (`<model>.json`) and the samples of each of its runs, in order, from its samples file.
+    A benchmark report (`<model>.json`) and the samples of each of its runs, in the report's order, from its samples
+    file. The file may hold runs the report does not: a rescoring of part of a larger report's runs shares that
+    report's file (samples are stored once).
 
     Raises:
         `ValueError`: the file is not a benchmark report, its samples file is missing (`remedy` ends that error), or
-        the two do not match (`option`, the argument that named the report, begins every error).
+        it does not hold each run's samples (`option`, the argument that named the report, begins every error).
     """
     path = Path(path)
     report = read_benchmark_report(path, option, remedy)
-    samples = read_samples(path.parent / report["samples_file"])
     knob = report.get("diversity_knob", "temperature")
-    runs, start = [], 0
+    by_run: dict[tuple, list[Sample]] = {}
+    for sample in read_samples(path.parent / report["samples_file"]):
+        by_run.setdefault((sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob)), []).append(sample)
+    runs = []
     for record in report["runs"]:
-        run = samples[start : start + record["num_samples"]]
-        start += record["num_samples"]
         wanted = (record["sampler"], record["nfe"], record["seed"], record.get(knob))
-        if len(run) != record["num_samples"] or any(
-            (s.sampler, s.nfe, s.seed, s.extra.get(knob)) != wanted
-            for s in run  # the knob is an extra key
-        ):
+        run = by_run.get(wanted, [])
+        if len(run) != record["num_samples"]:
             raise ValueError(
-                f"{option}: {report['samples_file']} does not hold the samples of {path}'s run {wanted} "
-                "(sampler, NFE, seed, knob) where the report puts them: one of the two was edited or replaced."
+                f"{option}: {report['samples_file']} holds {len(run)} samples of {path}'s run {wanted} (sampler, NFE, "
+                f"seed, knob), not its {record['num_samples']}: one of the two was edited or replaced."
             )
         runs.append(run)
-    if start != len(samples):
-        raise ValueError(f"{option}: {report['samples_file']} holds more samples than {path}'s runs.")
     return report, runs
 
 
