@@ -540,11 +540,19 @@ def _is_same_evaluator(given: str, recorded: str) -> bool:
     return all(path.exists() for path in paths) and paths[0].resolve() == paths[1].resolve()
 
 
+def _scored_like_this_run(args, report: dict) -> tuple[bool, str]:
+    """Whether `report` was scored by `--evaluator` (same name or same folder) in this run's dtype, and that dtype."""
+    from ..hardware import auto_dtype_name
+
+    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
+    same = _is_same_evaluator(str(args.evaluator), str(report["evaluator"]))
+    return same and _ran_dtype(report) in (dtype, None), dtype
+
+
 def _check_rescore(args) -> str:
     """`--rescore`, before any work: no pipeline or option the report fixes, the report and its samples exist, the
     evaluator differs from the report's (in name or dtype), and the outputs are new (or `--overwrite`) and are not the
     report itself. Returns the new report's name."""
-    from ..hardware import auto_dtype_name
     from ..input_checks import read_benchmark_report
     from ..output_paths import rescored_report_name
 
@@ -557,15 +565,15 @@ def _check_rescore(args) -> str:
             "the knobs and the protocol are the report's)."
         )
     report = read_benchmark_report(args.rescore, "--rescore")
-    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
-    same = _is_same_evaluator(str(args.evaluator), str(report["evaluator"]))
-    if same and _ran_dtype(report) in (dtype, None):
+    alike, dtype = _scored_like_this_run(args, report)
+    if alike:
         raise SystemExit(
             f"--rescore: {args.rescore} was scored with {report['evaluator']} in {_ran_dtype(report) or 'its dtype'} "
             "already: nothing to control. Give another --evaluator (e.g. gemma3-270m) or --dtype."
         )
     if args.reuse_scores:
         _check_reuse_scores(args)
+    same = _is_same_evaluator(str(args.evaluator), str(report["evaluator"]))
     name = args.name or rescored_report_name(
         report.get("model") or Path(args.rescore).stem, args.evaluator, dtype if same else None
     )
@@ -728,16 +736,14 @@ def _check_reuse_scores(args) -> None:
     """`--reuse-scores` beside sampling or `--rescore`, before any work: the report and its samples exist, and it was
     scored by `--evaluator` in this dtype, so that hours of sampling do not end in a refusal (the protocol, and every
     score, are checked again where they are taken)."""
-    from ..hardware import auto_dtype_name
     from ..input_checks import read_benchmark_report
 
     report = read_benchmark_report(args.reuse_scores, "--reuse-scores")
-    evaluator = str(args.evaluator)
-    dtype = args.dtype if args.dtype != "auto" else auto_dtype_name(args.device or "cpu")
-    if not _is_same_evaluator(evaluator, str(report["evaluator"])) or _ran_dtype(report) not in (dtype, None):
+    alike, dtype = _scored_like_this_run(args, report)
+    if not alike:
         raise SystemExit(
             f"--reuse-scores: {args.reuse_scores} was scored with {report['evaluator']} in "
-            f"{_ran_dtype(report) or 'an unrecorded dtype'}, this run scores with {evaluator} in {dtype}: its scores "
+            f"{_ran_dtype(report) or 'an unrecorded dtype'}, this run scores with {args.evaluator} in {dtype}: its scores "
             "are not this run's. Give a report of this evaluator and --dtype, or leave --reuse-scores out."
         )
 
