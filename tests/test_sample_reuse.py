@@ -74,6 +74,7 @@ def test_a_report_lends_its_runs_and_only_the_new_ones_are_sampled(tmp_path, pip
         assert len(f.read().splitlines()) == 8 * 4  # every run's samples, the lent ones included: one file
     markdown = (tmp_path / "second" / "tiny.md").read_text()
     assert "Samples and sampling times of 6 runs were taken from" in markdown
+    assert "it is not a speed result" in markdown  # the lent runs' times are another step's
     assert "of this step (runs taken from an earlier report: below) on cpu" in markdown
 
 

@@ -567,7 +567,9 @@ def _provenance_lines(results: dict) -> list[str]:
         lines += [
             f"Samples and sampling times of {lent['runs']} runs were taken from {lent['report']} "
             f"(`--reuse-samples`: the same runs, specs and coefficients); the first batch of each lent sampler, "
-            f"sampled again here, was identical ({checked}).",
+            f"sampled again here, was identical ({checked}). Their sampling times are the earlier step's, so the "
+            "retained throughput of a sampler sampled here pairs runs timed in different steps, perhaps under "
+            "different load: it is not a speed result.",
             "",
         ]
     bank = results.get("bank_scores_reused")
