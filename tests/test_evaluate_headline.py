@@ -3,6 +3,7 @@ checked number by number against the report (or a rescoring of it) that the same
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,20 @@ def _evaluate(samples, evaluator, output, capsys) -> tuple[dict, str]:
     return json.loads(output.read_text()), capsys.readouterr().out
 
 
+def _copy_of_report(report, folder: Path) -> Path:
+    """The report and its samples file, copied to `folder` (which is made)."""
+    folder.mkdir()
+    for path in (report["json"], report["samples"]):
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def _rescore(folder: Path, evaluator) -> None:
+    """`benchmark --rescore` of `folder`'s tiny report under `evaluator`, written beside it."""
+    argv = ["benchmark", "--rescore", str(folder / "tiny.json"), "--evaluator", str(evaluator), "--dtype", "float32"]
+    assert main([*argv, "--output-dir", str(folder), "--num-resamples", "50", "--no-progress"]) == 0
+
+
 def test_evaluate_reproduces_the_reports_headline_from_its_samples(report, tmp_path, capsys):
     result, printed = _evaluate(report["samples"], report["evaluator"], tmp_path / "eval.json", capsys)
     saved = json.loads(report["json"].read_text())
@@ -92,10 +107,7 @@ def test_evaluate_says_when_a_report_is_not_reproduced(report, tmp_path, capsys)
 
 
 def test_evaluate_checks_a_second_evaluator_against_the_reports_rescoring(report, tmp_path, capsys):
-    folder = tmp_path / "copy"
-    folder.mkdir()
-    for path in (report["json"], report["samples"]):
-        shutil.copy(path, folder / path.name)
+    folder = _copy_of_report(report, tmp_path / "copy")
     second = _saved_evaluator(tmp_path / "second", seed=1)
     samples = folder / "tiny.samples.jsonl.gz"
     # no report beside the samples was scored by the second evaluator: computed, nothing to check against
@@ -103,8 +115,7 @@ def test_evaluate_checks_a_second_evaluator_against_the_reports_rescoring(report
     assert result["headline"]["report"] is None and result["headline"]["reproduced"] is None
     assert "nothing to check these against" in printed and "run in float32" in printed
     # its rescoring written beside them (`benchmark --rescore`) is the report that evaluator's headline is checked on
-    argv = ["benchmark", "--rescore", str(folder / "tiny.json"), "--evaluator", str(second), "--dtype", "float32"]
-    assert main([*argv, "--output-dir", str(folder), "--num-resamples", "50", "--no-progress"]) == 0
+    _rescore(folder, second)
     capsys.readouterr()
     result, printed = _evaluate(samples, second, tmp_path / "b.json", capsys)
     assert result["headline"]["report"] == str(folder / "tiny-second.json")
@@ -115,13 +126,9 @@ def test_evaluate_checks_a_second_evaluator_against_the_reports_rescoring(report
 
 
 def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_samples(report, tmp_path, capsys):
-    folder = tmp_path / "grown"
-    folder.mkdir()
-    for path in (report["json"], report["samples"]):
-        shutil.copy(path, folder / path.name)
+    folder = _copy_of_report(report, tmp_path / "grown")
     second = _saved_evaluator(tmp_path / "second", seed=1)
-    argv = ["benchmark", "--rescore", str(folder / "tiny.json"), "--evaluator", str(second), "--dtype", "float32"]
-    assert main([*argv, "--output-dir", str(folder), "--num-resamples", "50", "--no-progress"]) == 0
+    _rescore(folder, second)
     # the report grows by a temperature (its runs lent, the file replaced: samples stored once); the rescoring now
     # covers part of the runs in the samples file it names
     run_sweep(
