@@ -406,6 +406,74 @@ def test_samples_jsonl_round_trip(tmp_path):
         read_samples(tmp_path / "bad.jsonl")
 
 
+def _run(sampler, texts, temperature=None, batch=0, seed=0):
+    return [
+        Sample(
+            text,
+            ids=[i, i + 1],
+            seed=seed,
+            batch=batch,
+            sampler=sampler,
+            nfe=8,
+            extra={"index": i, "temperature": temperature},
+        )
+        for i, text in enumerate(texts)
+    ]
+
+
+def test_a_run_that_repeats_an_earlier_runs_samples_is_stored_once(tmp_path):
+    official, hot = _run("official", ["a b", "c d"]), _run("official", ["e f", "g"], temperature=1.1)
+    samples = [
+        *official,
+        *_run("untied", ["a b", "x y"]),  # one sample differs: stored whole
+        *_run("Momentum", ["a b", "c d"]),  # official's samples, sample for sample
+        *hot,
+        *_run("Momentum", ["e f", "g"], temperature=1.1),
+        *_run("ACE", ["a b", "c d"], batch=1),  # same texts, another batch: not the same samples
+    ]
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 2 + 2 + 1 + 2 + 1 + 2
+    assert lines[4] == {
+        "sampler": "Momentum",
+        "nfe": 8,
+        "seed": 0,
+        "temperature": None,
+        "same_samples_as": {"sampler": "official", "nfe": 8, "seed": 0, "temperature": None},
+        "num_samples": 2,
+    }
+    assert lines[7]["same_samples_as"]["temperature"] == 1.1
+    assert read_samples(path) == samples  # expanded in place, every field as written
+    gz = write_samples(tmp_path / "s.jsonl.gz", samples)
+    assert read_samples(gz) == samples
+
+
+def test_a_run_on_two_stretches_of_lines_is_written_whole(tmp_path):
+    first, again = _run("official", ["a"]), _run("official", ["b"])
+    samples = [*first, *_run("untied", ["z"]), *again, *_run("Momentum", ["a"])]
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    assert "same_samples_as" not in path.read_text() and read_samples(path) == samples
+
+
+@pytest.mark.parametrize(
+    ("reference", "message"),
+    [
+        ({"sampler": "HiGS", "nfe": 8, "seed": 0, "temperature": None}, "is not on an earlier line"),
+        ({"sampler": "official", "nfe": 8, "seed": 0, "temperature": None}, "holds 2 samples, the line says 3"),
+    ],
+)
+def test_a_reference_to_a_missing_or_shorter_run_names_the_file_and_line(tmp_path, reference, message):
+    path = write_samples(tmp_path / "s.jsonl", _run("official", ["a b", "c d"]))
+    line = {"sampler": "ACE", "nfe": 8, "seed": 0, "same_samples_as": reference, "num_samples": 3}
+    path.write_text(path.read_text() + json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=f"s.jsonl, line 3: .*{message}"):
+        read_samples(path)
+    line = {**line, "num_samples": 2, "text": "stray"}
+    path.write_text("\n".join(path.read_text().splitlines()[:2] + [json.dumps(line)]) + "\n")
+    with pytest.raises(ValueError, match="line 3: .*got also \\['text'\\]"):
+        read_samples(path)
+
+
 def test_evaluate_samples_and_paired_comparison(evaluator, tmp_path):
     model, tokenizer = evaluator
     official = [Sample("w3 w4 w5 w6", ids=[3, 4, 5, 6], seed=s, sampler="official", nfe=8) for s in range(3)]
