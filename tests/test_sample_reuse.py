@@ -118,3 +118,24 @@ def test_the_command_line_refuses_reuse_samples_where_nothing_is_sampled_here(tm
         main([*argv, "--reuse-samples", report])
     assert main(["benchmark", str(tmp_path / "pipe"), "--reuse-samples", str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such file; give a benchmark report" in capsys.readouterr().err
+
+
+def test_a_sampler_that_draws_officials_samples_is_stored_once_and_lent_whole(tmp_path, pipe, evaluator, counted):
+    from untied_sc.evaluation import read_samples
+
+    neutral = {"official": {}, "untied": {"eta_r": 0.0, "eta_t": 0.0}}  # the official sampler, bit for bit
+    first = run_sweep(pipe, samplers=neutral, output_dir=tmp_path / "first", **OPTIONS, **score(evaluator))
+    path = tmp_path / "first" / "tiny.samples.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    references = [line for line in lines if "same_samples_as" in line]
+    assert len(lines) == 2 * 4 + 2 and [r["same_samples_as"]["sampler"] for r in references] == ["official"] * 2
+    samples = read_samples(path)
+    assert [s.sampler for s in samples] == ["official"] * 4 + ["untied"] * 4 + ["official"] * 4 + ["untied"] * 4
+    assert [s.text for s in samples[:4]] == [s.text for s in samples[4:8]]
+    counted.clear()
+    again = run_sweep(
+        pipe, samplers=neutral, reuse_samples=tmp_path / "first" / "tiny.json", **OPTIONS, **score(evaluator)
+    )
+    assert again["reused_samples"]["runs"] == 4 and counted == [1, 1]  # one batch per sampler sampled again
+    assert [r["gen_ppl"] for r in again["runs"]] == [r["gen_ppl"] for r in first["runs"]]
