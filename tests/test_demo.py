@@ -60,3 +60,33 @@ def test_the_demo_says_why_an_untied_block_equals_the_official_one(langflow_gold
     assert "η_R = η_T = 0: `untied-sc tune` kept the official sampler" in correction_off_note(pipe, 8)
     pipe.scheduler.register_to_config(coefficients_by_steps={"8": {**off["8"], "eta_t": 0.5}})
     assert correction_off_note(pipe, 8) is None
+
+
+def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
+    import json
+    from pathlib import Path
+
+    from untied_sc.demo import equal_entropy_verdict
+
+    def report(frontier: dict, own: dict) -> Path:
+        results = {
+            "seeds": [0, 1, 2],
+            "num_samples": 128,
+            "frontiers": {"by_sampler": {"untied": {"8": frontier}}},
+            "equal_entropy": {"untied": {"8": own}},
+        }
+        (tmp_path / "tiny-equal-entropy-8-baselines.json").write_text(json.dumps(results))
+        return tmp_path
+
+    folder = Path("hub_artifacts/tiny")
+    assert equal_entropy_verdict(folder, 8, tmp_path) is None  # no report: no verdict
+    at_official = {"ratio": 0.66, "ratio_ci": [0.63, 0.69]}
+    line = equal_entropy_verdict(folder, 8, report(at_official, {"ratio": 0.7, "ratio_ci": [0.6, 0.8]}))
+    assert "(tiny-equal-entropy-8-baselines.json, 3 seeds × 128 pairs)" in line
+    assert line.endswith("0.660 [0.630, 0.690] of official's at official's entropy: untied did better.")
+    # a frontier that does not reach official's entropy: read at untied's own entropy on official's curve
+    own = {"ratio": 1.2, "ratio_ci": [1.05, 1.4], "entropy": 4.24}
+    line = equal_entropy_verdict(folder, 8, report({"ratio": None, "ratio_ci": None}, own))
+    assert "at untied's own entropy (4.24 nats; official's is lower): official did better." in line
+    line = equal_entropy_verdict(folder, 8, report({"ratio": 0.97, "ratio_ci": [0.9, 1.04]}, own))
+    assert line.endswith(": no clear difference.") and equal_entropy_verdict(folder, 16, tmp_path) is None

@@ -6,7 +6,8 @@ For every pipeline folder under `--artifacts` (each with a `model_index.json`): 
 and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
 same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
 them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, float32): GenPPL, unigram entropy and Rep-4 under
-the model family's protocol.
+the model family's protocol. The summary says which sampler did better by the model's committed equal-entropy
+benchmark at that NFE (a few samples are a glimpse; their GenPPL is comparable only at similar entropy).
 """
 
 import argparse
@@ -65,6 +66,31 @@ def reference_scores(folder: Path, results: Path = Path("benchmarks/results")) -
 
     rows = json.loads(path.read_text()).get("rows", [])
     return next((row for row in rows if row.get("sampler") == "held-out reference text"), None)
+
+
+def equal_entropy_verdict(folder: Path, steps: int, results: Path = Path("benchmarks/results")) -> str | None:
+    """Which sampler did better, from the model's committed equal-entropy benchmark at `steps` (3 seeds × 128 pairs;
+    `<name>-equal-entropy-<steps>-baselines.json`): untied's GenPPL ratio to official at official's entropy on its
+    own frontier, or, where its frontier does not reach official's entropy, at its own entropy on official's curve.
+    `None` when there is no such report."""
+    path = results / f"{folder.name}-equal-entropy-{steps}-baselines.json"
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    frontier = report.get("frontiers", {}).get("by_sampler", {}).get("untied", {}).get(str(steps)) or {}
+    own = report.get("equal_entropy", {}).get("untied", {}).get(str(steps)) or {}
+    if frontier.get("ratio") is not None and frontier.get("ratio_ci"):
+        row, where = frontier, "at official's entropy"
+    elif own.get("ratio") is not None and own.get("ratio_ci"):
+        row, where = own, f"at untied's own entropy ({own['entropy']:.2f} nats; official's is lower)"
+    else:
+        return None
+    low, high = row["ratio_ci"]
+    verdict = "untied did better" if high < 1 else "official did better" if low > 1 else "no clear difference"
+    return (
+        f"At equal entropy ({path.name}, {len(report['seeds'])} seeds × {report['num_samples']} pairs): untied's "
+        f"GenPPL is {row['ratio']:.3f} [{low:.3f}, {high:.3f}] of official's {where}: {verdict}."
+    )
 
 
 def correction_off_note(pipe, steps: int) -> str | None:
@@ -134,9 +160,15 @@ def main(argv: list[str] | None = None) -> int:
             for name, scores in scored.items()
             if name != "official"
         ]
+        verdict = equal_entropy_verdict(folder, args.steps)
         summary.append(
             f"{folder.name}: official GenPPL {official['gen_ppl']:.1f} (entropy {official['entropy']:.2f}) vs "
             + "; ".join(parts)
+            + "\n  "
+            + (
+                verdict
+                or "No equal-entropy benchmark of this model at this NFE: compare GenPPL only at similar entropy."
+            )
         )
     print(f"\n=== Summary ({args.steps} steps, {args.batch_size} samples per sampler: a glimpse, not a benchmark) ===")
     for line in summary:
