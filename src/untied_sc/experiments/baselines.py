@@ -48,6 +48,7 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
                 "chosen_scores": dict(record["chosen_scores"]),
                 "best_vs_official": record["best_vs_official"],
                 "on_edge": record["on_edge"],
+                "edges": dict(record["edges"]),
                 "outcome": record["outcome"],
             }
             continue

@@ -271,7 +271,8 @@ def _knob_lines(results: dict) -> list[str]:
     if "max_entropy_drop" in tuning:
         return _grid_knob_lines(tuning)
     entries = [record for entry in tuning["samplers"].values() for record in entry["by_steps"].values()]
-    rule = entries[0]["rule"] if entries else ""
+    entries += [record for by_nfe in tuning.get("untied", {}).values() for record in by_nfe.values() if record]
+    rule = next((record["rule"] for record in entries if "rule" in record), "")  # untied alone: its own record's
     lines = [
         "",
         "## Samplers tuned on the tuning bank",
@@ -303,20 +304,26 @@ def _knob_lines(results: dict) -> list[str]:
                 f"{record.get('candidates_tried', '')} | {_knob_value(record['chosen'])} | {scores['gen_ppl']:.2f} | "
                 f"{scores['entropy']:.3f} | "
                 f"{_ratio_text(comparison.get('ratio'), comparison.get('ratio_ci')) if comparison else ''} | "
-                f"{'on an edge' if record.get('on_edge') else ''} | {record['outcome']} |"
+                f"{_edges_text(record)} | {record['outcome']} |"
             )
     for sampler, entry in tuning["samplers"].items():
         for nfe, record in entry["by_steps"].items():
             scores = record["chosen_scores"]
             comparison = record.get("best_vs_official") or {}
-            edges = "; ".join(f"{name}: {state}" for name, state in record["edges"].items())
             lines.append(
                 f"| {sampler} | {nfe} | the same | {record['candidates_tried']} | {_knob_value(record['chosen'])} | "
                 f"{scores['gen_ppl']:.2f} | {scores['entropy']:.3f} | "
                 f"{_ratio_text(comparison.get('ratio'), comparison.get('ratio_ci')) if comparison else ''} | "
-                f"{edges} | {record['outcome']} |"
+                f"{_edges_text(record)} | {record['outcome']} |"
             )
     return lines
+
+
+def _edges_text(record: dict) -> str:
+    """Where the pick lies on each knob's line (the one rule's records), or only whether it is on an edge."""
+    if "edges" in record:
+        return "; ".join(f"{name}: {state}" for name, state in record["edges"].items())
+    return "on an edge" if record.get("on_edge") else ""
 
 
 def _rescored_knob_note(results: dict) -> str:
