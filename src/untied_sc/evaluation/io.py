@@ -177,12 +177,12 @@ def read_samples(path: str | os.PathLike) -> list[Sample]:
                 record = json.loads(line)
                 records = _expand_reference(record, runs) if SAME_SAMPLES_AS in record else [record]
                 samples.extend(Sample.from_dict(r) for r in records)
-            except (json.JSONDecodeError, ValueError, TypeError) as error:
+                key = _stored_key(records[0])
+                if key != last_key:
+                    runs[key] = [] if key not in runs else None
+                    last_key = key
+            except (json.JSONDecodeError, ValueError, TypeError) as error:  # TypeError: a run key that is a list
                 raise ValueError(f"{path}, line {number}: {error}") from error
-            key = _stored_key(records[0])
-            if key != last_key:
-                runs[key] = [] if key not in runs else None
-                last_key = key
             if runs[key] is not None:
                 runs[key].extend(records)
     return samples
