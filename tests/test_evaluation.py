@@ -21,6 +21,7 @@ from untied_sc.evaluation import (
     distinct_n,
     elf_token_weights,
     equal_entropy_ratio,
+    evaluate_runs,
     evaluate_samples,
     gen_ppl_on_curve,
     generative_perplexity,
@@ -496,6 +497,31 @@ def test_evaluate_samples_and_paired_comparison(evaluator, tmp_path):
         compare_results(a, {**b, "per_sample": b["per_sample"][::-1]})
     with pytest.raises(ValueError, match="'seed' and 'batch'"):
         compare_results(a, b, unit="batch")  # these samples record no batch
+
+
+def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(evaluator, tmp_path, monkeypatch):
+    # A comparison sampler that its tuning switched off draws official's texts: its run is scored once, and its
+    # result still names its own sampler, exactly as scoring it alone would.
+    import untied_sc.evaluation.io as io
+
+    model, tokenizer = evaluator
+    texts = ["w3 w4 w5 w6", "w7 w8 w9"]
+    samples = _run("official", texts) + _run("untied", ["w3 w3 w3", "w5 w6"]) + _run("ACE", texts)
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    calls = []
+    scorer = io.generative_perplexity
+    monkeypatch.setattr(
+        io, "generative_perplexity", lambda texts, *a, **k: calls.append(texts) or scorer(texts, *a, **k)
+    )
+    runs = evaluate_runs(path, evaluator=(model, tokenizer), protocol="langflow")
+    assert calls == [texts, ["w3 w3 w3", "w5 w6"]]
+    assert [run["run"]["sampler"] for run in runs] == ["official", "untied", "ACE"]
+    for run, sampler in zip(runs, ("official", "untied", "ACE"), strict=True):
+        alone = evaluate_samples(
+            [s for s in read_samples(path) if s.sampler == sampler], evaluator=(model, tokenizer), protocol="langflow"
+        )
+        assert {key: value for key, value in run.items() if key != "run"} == alone
+    assert runs[2]["samplers"] == ["ACE"] and {r["sampler"] for r in runs[2]["per_sample"]} == {"ACE"}
 
 
 def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsys):
