@@ -9,7 +9,9 @@ Under the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF) and the model fam
 - per NFE, the official sampler with self-conditioning (as trained), the official sampler with self-conditioning
   off (the network always gets the zero self-conditioning input), and the untied sampler (the folder's statistics).
 Every sampler at one NFE draws batch b from `torch.Generator().manual_seed(seed * 1_000_003 + b)` (matched pairs).
-Writes benchmarks/results/<model>-quality.json and .md.
+Writes benchmarks/results/<model>-quality.json and .md, and every scored text in <model>-quality.samples.jsonl.gz (one
+run per table row, named by its row), so `untied-sc evaluate` scores the table again; existing files are refused
+unless --overwrite.
 """
 
 import argparse
@@ -22,7 +24,7 @@ import torch
 from untied_sc import UntiedSelfConditioningScheduler
 from untied_sc.evaluation import evaluate_samples, load_evaluator
 from untied_sc.evaluation.evaluator import describe_evaluator
-from untied_sc.evaluation.io import Sample
+from untied_sc.evaluation.io import Sample, write_samples
 from untied_sc.evaluation.sampling import build_scheduler, family_of, generate
 from untied_sc.pipelines import load_pipeline
 from untied_sc.training.data import fixed_windows, load_split_tokens
@@ -70,7 +72,15 @@ def main() -> None:
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="Evaluator dtype (auto: by the CPU)."
     )
     parser.add_argument("--output-dir", default="benchmarks/results")
+    parser.add_argument("--overwrite", action="store_true", help="Replace the output files if they exist.")
     args = parser.parse_args()
+
+    out = Path(args.output_dir)
+    name = Path(args.pipeline.rstrip("/")).name
+    outputs = [out / f"{name}-quality{suffix}" for suffix in (".json", ".md", ".samples.jsonl.gz")]
+    existing = [str(path) for path in outputs if path.exists()]
+    if existing and not args.overwrite:
+        raise SystemExit(f"{', '.join(existing)} exist; pass --overwrite to replace them, or another --output-dir.")
 
     began = time.perf_counter()
     pipe = load_pipeline(args.pipeline)
@@ -78,12 +88,22 @@ def main() -> None:
     family = family_of(pipe)
     evaluator = load_evaluator(dtype=args.dtype)
     dtype = str(evaluator[0].dtype).removeprefix("torch.")  # the one "auto" chose
-    name = Path(args.pipeline.rstrip("/")).name
     corpus = Path(args.corpus_dir)
-    rows = []
+    rows, stored = [], []
 
     def score(label: str, texts: list[str], ids=None, nfe=None, seconds=None) -> None:
-        samples = [Sample(text=t, ids=None if ids is None else i) for t, i in zip(texts, ids or texts, strict=True)]
+        samples = [
+            Sample(
+                text=t,
+                ids=None if ids is None else i,
+                seed=args.seed,
+                batch=None if nfe is None else index // args.batch_size,  # generated texts: the batch that drew it
+                sampler=label,
+                nfe=nfe,
+            )
+            for index, (t, i) in enumerate(zip(texts, ids or texts, strict=True))
+        ]
+        stored.extend(samples)
         result = evaluate_samples(samples, evaluator=evaluator, protocol=family)
         rows.append(
             {
@@ -131,13 +151,15 @@ def main() -> None:
         "num_samples": args.num_samples,
         "seed": args.seed,
         "rows": rows,
+        "samples_file": outputs[2].name,
         "command": f"python benchmarks/model_quality.py {args.pipeline} --nfe {' '.join(map(str, args.nfe))} "
+        f"--batch-size {args.batch_size} "
         f"--num-samples {args.num_samples} --seed {args.seed} --dtype {args.dtype}",
         "wall_seconds": time.perf_counter() - began,
     }
-    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}-quality.json").write_text(json.dumps(results, indent=2) + "\n")
+    outputs[0].write_text(json.dumps(results, indent=2) + "\n")
+    write_samples(outputs[2], stored)
     lines = [
         f"# {name}: sample quality against held-out text and a unigram baseline",
         "",
@@ -154,7 +176,7 @@ def main() -> None:
             f"| {row['sampler']} | {row['nfe'] or ''} | {row['gen_ppl']:.1f} | {row['entropy_evaluator_ids']:.3f} "
             f"| {row['rep_4']:.3f} | {row['distinct_2']:.3f} |"
         )
-    (out / f"{name}-quality.md").write_text("\n".join(lines) + "\n")
+    outputs[1].write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
