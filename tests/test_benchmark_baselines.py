@@ -553,6 +553,26 @@ def test_rescore_scores_the_same_runs_under_a_second_evaluator_and_sets_the_head
     assert _dumped(again["evaluator_control"]) == _dumped(control)
 
 
+def test_a_rescore_with_a_parts_folder_reads_back_what_it_scored(tiny_report, second_evaluator, tmp_path, capsys):
+    parts, out = tmp_path / "parts", tmp_path / "rescored"
+    argv = ["benchmark", "--rescore", str(tiny_report), "--evaluator", str(second_evaluator), "--dtype", "float32"]
+    argv += ["--output-dir", str(out), "--num-resamples", "50", "--no-progress", "--score-parts-dir", str(parts)]
+    assert main(argv) == 0
+    name = f"tiny-{second_evaluator.name}"
+    first = json.loads((out / f"{name}.json").read_text())
+    written = first["score_parts"]["written"]
+    assert first["score_parts"]["read"] == 0 and written == len(list(parts.iterdir())) > 0
+    assert main([*argv, "--overwrite"]) == 0  # as a resumed run would: every run read back, none scored
+    again = json.loads((out / f"{name}.json").read_text())
+    assert again["score_parts"] == {"folder": str(parts), "read": written, "written": 0}
+    assert _dumped(again["runs"]) == _dumped(first["runs"])
+    assert f"Scores of {written} runs were read from the parts folder {parts}" in (out / f"{name}.md").read_text()
+    capsys.readouterr()
+    generate = ["benchmark", str(tiny_report.parent), "--generate-only", "--score-parts-dir", str(parts)]
+    with pytest.raises(SystemExit, match="--generate-only scores none"):
+        main(generate)
+
+
 def test_rescore_with_the_report_s_own_evaluator_gives_back_the_report(tiny_report, evaluator, tmp_path):
     from untied_sc.experiments.rescore import rescore_report
 

@@ -297,6 +297,7 @@ SCORING_OPTIONS = (
     "dtype",
     "cache_dir",
     "reuse_scores",
+    "score_parts_dir",
 )
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
@@ -397,6 +398,13 @@ def add_benchmark_arguments(parser):
         "already scored with this evaluator, dtype and protocol; one of them is scored again as a check. Adding an "
         "NFE part (--from), a temperature or a sampler (sampling again), or runs to a --rescore then scores only the "
         "new runs (and, with --from, the tuning bank).",
+    )
+    parser.add_argument(
+        "--score-parts-dir",
+        metavar="DIR",
+        help="Keep every run scored here in DIR, a file each, as soon as it is scored; a later run with the same "
+        "folder reads them instead of scoring again, so a stopped scoring (a long --rescore on a CPU) resumes. Parts "
+        "are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size and --max-length.",
     )
     parser.add_argument(
         "--reuse-samples",
@@ -602,6 +610,7 @@ def _rescore(args, name: str) -> dict:
         cache_dir=args.cache_dir,
         device=args.device or "cpu",
         dtype=args.dtype,
+        score_parts_dir=args.score_parts_dir,
         **({"reuse_scores": args.reuse_scores} if args.reuse_scores else {}),
     )
     print(format_markdown(results))
@@ -799,6 +808,8 @@ def _check_sweep_arguments(args) -> str:
             "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
             "run's samples for --from to score again, which the parts do not keep. Drop one of them."
         )
+    if args.score_parts_dir and args.generate_only:
+        raise SystemExit("--score-parts-dir keeps scored runs, and --generate-only scores none: drop one of them.")
     if args.reuse_samples:
         _check_reuse_samples(args)
     if args.samplers:
@@ -851,6 +862,7 @@ def benchmark_command(args) -> dict | None:
         "output_dir": args.output_dir,
         "cache_dir": args.cache_dir,
         "dtype": args.dtype,
+        "score_parts_dir": args.score_parts_dir,
     }
     state = process_state(args.device)
     silence_other_processes(state)

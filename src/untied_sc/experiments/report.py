@@ -568,6 +568,14 @@ def _provenance_lines(results: dict) -> list[str]:
             f"{reused['checked_difference']:.1g} (relative NLL).",
             "",
         ]
+    parts = results.get("score_parts")
+    if parts and parts["read"]:
+        lines += [
+            f"Scores of {parts['read']} runs were read from the parts folder {parts['folder']} (`--score-parts-dir`: "
+            f"each run as an earlier, stopped scoring of the same samples under the same evaluator and settings wrote "
+            f"it); {parts['written']} runs were scored here. The scoring time counts this process only.",
+            "",
+        ]
     lent = results.get("reused_samples")
     if lent:
         checked = "; ".join(lent["checked_runs"]) or "none"

@@ -26,6 +26,7 @@ import sys
 import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -58,6 +59,7 @@ from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .sample_reuse import ReusableSamples, check_settings, lend_samples, read_report_samples
+from .score_parts import ScoreParts
 from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
 
 
@@ -346,6 +348,7 @@ def score_sweep(
     evaluator_name: str | None = None,
     reuse_scores: str | os.PathLike | ReusableScores | None = None,
     scored: Mapping[tuple, dict] | None = None,
+    score_parts_dir: str | os.PathLike | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
@@ -354,7 +357,8 @@ def score_sweep(
     `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
     `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
     [`score_reuse`]; the first such run is scored again as a check); `scored` holds runs already scored here with this
-    evaluator (`untied-sc evaluate`'s), by [`samples_key`], as [`evaluate_samples`] returns them."""
+    evaluator (`untied-sc evaluate`'s), by [`samples_key`], as [`evaluate_samples`] returns them; `score_parts_dir`
+    keeps every run scored here as a file, read back instead of scored again by a later call ([`ScoreParts`])."""
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
     if main_only:
@@ -380,22 +384,28 @@ def score_sweep(
     # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
     # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
     scored = dict(scored or {})
+    parts = None
+    if score_parts_dir is not None:
+        parts = ScoreParts(Path(score_parts_dir), description, protocol, eval_batch_size, max_length)
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
         key = samples_key(run["samples"])
         if key not in scored:
+            name = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
+
+            def score(samples=run["samples"]) -> dict:
+                return evaluate_samples(
+                    samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
+                )
+
+            if parts is not None:
+                score = partial(parts.scored, run["samples"], score, name)
             scored[key], reused = lend_or_score(
                 reusable.by_samples.get(key) if reusable is not None else None,
                 reused,
-                lambda run=run: evaluate_samples(
-                    run["samples"],
-                    evaluator=evaluator,
-                    protocol=protocol,
-                    batch_size=eval_batch_size,
-                    max_length=max_length,
-                ),
+                score,
                 lambda result: [r["nll_sum"] for r in result["per_sample"]],
                 reusable.path if reusable is not None else None,
-                f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}",
+                name,
             )
         result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
@@ -425,6 +435,7 @@ def score_sweep(
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
         **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
         **({"reused_scores": reused} if reused is not None else {}),
+        **({"score_parts": parts.record()} if parts is not None else {}),
         **({"reused_samples": generation["reused_samples"]} if "reused_samples" in generation else {}),
         # --experiment baselines scored on another machine: the tuning bank's scores, for a later --reuse-scores
         **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
@@ -467,6 +478,7 @@ def run_sweep(
     knob_tuning: dict | None = None,
     reuse_samples: str | os.PathLike | ReusableSamples | None = None,
     reuse_scores: str | os.PathLike | ReusableScores | None = None,
+    score_parts_dir: str | os.PathLike | None = None,
     **evaluator_kwargs,
 ) -> dict | None:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
@@ -510,6 +522,8 @@ def run_sweep(
             same runs here ([`generate_sweep`]).
         reuse_scores (`str` or `os.PathLike`, *optional*): an earlier report of this evaluator whose scores are lent
             to the runs whose samples it holds ([`score_sweep`]).
+        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every scored run, so that a
+            stopped scoring resumes ([`score_sweep`], [`ScoreParts`]).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -550,5 +564,6 @@ def run_sweep(
         output_dir=output_dir,
         progress=progress,
         reuse_scores=reuse_scores,
+        score_parts_dir=score_parts_dir,
         **evaluator_kwargs,
     )
