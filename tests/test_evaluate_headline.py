@@ -152,3 +152,15 @@ def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_sa
     result, _ = _evaluate(samples, report["evaluator"], tmp_path / "b.json", capsys)
     assert result["headline"]["report"] == str(folder / "tiny.json") and result["headline"]["reproduced"] is True
     assert len(result["runs"]) == len(json.loads((folder / "tiny-second.json").read_text())["runs"]) + 2 * 2
+
+
+def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_check(report, tmp_path):
+    from untied_sc.experiments.rescore import reports_of_samples
+
+    samples = report["samples"]
+    assert [path for path, _ in reports_of_samples(samples)][0] == report["json"]
+    quality = tmp_path / "tiny-quality.samples.jsonl.gz"
+    shutil.copy(samples, quality)
+    # `benchmarks/model_quality.py` writes its rows beside its samples: a record, not a benchmark report
+    (tmp_path / "tiny-quality.json").write_text(json.dumps({"model": "tiny", "family": "langflow", "rows": []}))
+    assert reports_of_samples(quality) == []

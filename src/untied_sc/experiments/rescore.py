@@ -281,7 +281,7 @@ SAMPLES_SUFFIX = ".samples.jsonl.gz"
 def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict]]:
     """The benchmark reports beside a samples file that score it, each with its contents, read once: `<model>.json`
     for `<model>.samples.jsonl.gz` first, then the rescorings (`--rescore`) whose `samples_file` names it; none for
-    another kind of file."""
+    another kind of file, or beside another kind of record (`benchmarks/model_quality.py`'s has rows, not runs)."""
     samples_path = Path(samples_path)
     if not samples_path.name.endswith(SAMPLES_SUFFIX):
         return []
@@ -295,7 +295,7 @@ def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict
         if not isinstance(report, dict):
             continue
         names = report.get("samples_file")
-        if candidate == own or (
+        if (candidate == own and "runs" in report) or (
             report.get("rescored_from") and names and (candidate.parent / names).resolve() == samples_path.resolve()
         ):
             found.append((candidate, report))
