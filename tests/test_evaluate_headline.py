@@ -77,12 +77,15 @@ def test_evaluate_reproduces_the_reports_headline_from_its_samples(report, tmp_p
     result, printed = _evaluate(report["samples"], report["evaluator"], tmp_path / "eval.json", capsys)
     saved = json.loads(report["json"].read_text())
     headline = result["headline"]
-    assert headline["report"] == str(report["json"]) and headline["reading"] == "frontier"
+    # the tiny model's frontier may not reach official's entropy: the headline then reads official's curve
+    reached = saved["frontiers"]["by_sampler"]["untied"]["8"]["ratio"] is not None
+    assert headline["report"] == str(report["json"])
+    assert headline["reading"] == ("frontier" if reached else "baseline curve")
     assert headline["reproduced"] is True and headline["max_relative_difference"] <= 1e-4
     assert headline["unmatched"] == []
     row = headline["by_sampler"]["untied"]["8"]
-    reported = saved["frontiers"]["by_sampler"]["untied"]["8"]
-    for key in ("ratio", "ratio_ci"):  # the tiny model's frontier may not reach official's entropy: then both None
+    reported = (saved["frontiers"]["by_sampler"] if reached else saved["equal_entropy"])["untied"]["8"]
+    for key in ("ratio", "ratio_ci"):  # None where the tiny samplers lie outside that curve too
         assert (row[key] is None and reported[key] is None) or row[key] == pytest.approx(reported[key], rel=1e-4)
     cell = saved["aggregates"]["paired"]["untied"]["8"]
     assert row["raw_ratio"] == pytest.approx(cell["gen_ppl_ratio"], rel=1e-4)
@@ -164,3 +167,19 @@ def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_
     # `benchmarks/model_quality.py` writes its rows beside its samples: a record, not a benchmark report
     (tmp_path / "tiny-quality.json").write_text(json.dumps({"model": "tiny", "family": "langflow", "rows": []}))
     assert reports_of_samples(quality) == []
+
+
+def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_baseline_entropy():
+    from untied_sc.experiments.rescore import headline_ratios
+
+    paired = {"untied": {"8": {"gen_ppl_ratio": 2.2, "gen_ppl_ratio_ci": [2.0, 2.4]}}}
+    curve = {"untied": {"8": {"ratio": 0.46, "ratio_ci": [0.45, 0.48]}}}
+    outside = {"by_sampler": {"untied": {"8": {"ratio": None, "ratio_ci": None}}}}
+    results = {"aggregates": {"paired": paired}, "equal_entropy": curve, "frontiers": outside}
+    reading, rows = headline_ratios(results)
+    assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
+    assert rows["untied"]["8"]["raw_ratio"] == 2.2 and rows["untied"]["8"]["raw_ratio_ci"] == [2.0, 2.4]
+    reached = {"by_sampler": {"untied": {"8": {"ratio": 0.7, "ratio_ci": [0.6, 0.8]}}}}
+    reading, rows = headline_ratios({**results, "frontiers": reached})
+    assert reading == "frontier" and rows["untied"]["8"]["ratio"] == 0.7
+    assert headline_ratios({"aggregates": {"paired": paired}})[0] is None

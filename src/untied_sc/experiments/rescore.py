@@ -188,11 +188,13 @@ def _ranks(values: Sequence[float]) -> list[float]:
 def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict]]]:
     """Each sampler's headline per NFE: the GenPPL ratio to the baseline at equal entropy with its interval, beside
     the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
-    on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else the baseline's
-    curve at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only)."""
+    on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else, and where no
+    frontier reaches the baseline's entropy (ELF-small at 8 NFE: every sampler raises entropy), the baseline's curve
+    at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only)."""
     frontiers = (results.get("frontiers") or {}).get("by_sampler") or {}
-    reading = "frontier" if frontiers else "baseline curve" if results.get("equal_entropy") else None
-    rows = frontiers if frontiers else results.get("equal_entropy") or {}
+    reached = any(row.get("ratio") is not None for by_nfe in frontiers.values() for row in by_nfe.values())
+    reading = "frontier" if reached else "baseline curve" if results.get("equal_entropy") else None
+    rows = frontiers if reading == "frontier" else results.get("equal_entropy") or {}
     out: dict[str, dict[str, dict]] = {}
     for sampler, by_nfe in results["aggregates"]["paired"].items():
         for nfe, cell in by_nfe.items():
