@@ -326,7 +326,8 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
     Samples are grouped by [`run_key`] in file order; each group is scored with [`evaluate_samples`] (`options` are its
     keyword arguments; `cache_dir`, `device`, `dtype` load a named evaluator once), so each result equals the report's
     record of that run. A run whose texts repeat an earlier run's (a comparison sampler that its tuning switched off
-    draws official's samples) is not passed through the evaluator again: its result is made from the same scores. Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
+    draws official's samples) is not passed through the evaluator again: its result is made from the same scores.
+    Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
     """
     if isinstance(samples, (str, os.PathLike)):
         samples = read_samples(samples)
@@ -336,6 +337,7 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
         loading = {key: options.pop(key) for key in ("cache_dir", "device", "dtype") if key in options}
         evaluator = load_evaluator(evaluator, **loading)
     model, tokenizer = evaluator
+    evaluator_name = name or getattr(model, "name_or_path", None) or type(model).__name__
     summary = {"repetition_n": options.pop("repetition_n", 4), "distinct": options.pop("distinct", (1, 2, 3, 4))}
     scored: dict[tuple[str, ...], object] = {}  # texts -> the evaluator's scores of them
     results = []
@@ -343,7 +345,6 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
         texts = tuple(sample.text for sample in group)
         if texts not in scored:  # a run that repeats another's texts (a sampler run neutral) is scored once
             scored[texts] = generative_perplexity(list(texts), model, tokenizer, **options)
-        evaluator_name = name or getattr(model, "name_or_path", None) or type(model).__name__
         result = _summary(group, scored[texts], options.get("protocol", "elf"), evaluator_name, **summary)
         results.append({"run": key, **result, **({"evaluator": name} if name else {})})
     return results
