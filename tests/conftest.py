@@ -1,5 +1,6 @@
 """Shared helpers: golden fixtures of the official code, and tiny models."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -25,6 +26,16 @@ class Golden:
         self.weights = {k.removeprefix("weight."): v for k, v in tensors.items() if k.startswith("weight.")}
         self.inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
         self.outputs = {k.removeprefix("output."): v for k, v in tensors.items() if k.startswith("output.")}
+
+
+def benchmark_script(name: str):
+    """The module of `benchmarks/<name>.py` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def elf_from_golden(golden: Golden):

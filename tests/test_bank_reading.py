@@ -1,8 +1,6 @@
 """benchmarks/bank_reading.py on a parts folder the tuner wrote: it reads any candidate as the tuner's record does."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,19 +8,13 @@ from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.calibration.tune import tune_coefficients
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 
-from .conftest import langflow_from_golden
+from .conftest import benchmark_script, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
-
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bank_reading.py"
 
 
 @pytest.fixture(scope="module")
 def bank_reading():
-    spec = importlib.util.spec_from_file_location("bank_reading", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("bank_reading")
 
 
 @pytest.fixture(scope="module")

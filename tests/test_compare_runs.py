@@ -1,21 +1,16 @@
 """benchmarks/compare_runs.py on hand-made run logs: which steps it compares and the gaps it reports."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_runs.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def compare_runs():
-    spec = importlib.util.spec_from_file_location("compare_runs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("compare_runs")
 
 
 def write_log(folder: Path, rows: list[dict]) -> Path:

@@ -1,20 +1,13 @@
 """benchmarks/side_by_side.py's measurement helpers: the interleaving order and the paired ratios."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "side_by_side.py"
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def side_by_side():
-    spec = importlib.util.spec_from_file_location("side_by_side", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("side_by_side")
 
 
 def test_rounds_rotate_so_every_variant_holds_every_position_equally_often(side_by_side):
