@@ -83,7 +83,13 @@ def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity
         )
         assert len(drawn) == 2  # official and untied at NFE 8
         assert [x for point in drawn for x in point] == pytest.approx([x for point in expected for x in point])
-        assert plane.get_legend_handles_labels()[1] == ["official", "untied", "NFE 8"]
+        assert plane.get_legend_handles_labels()[1] == ["official", "untied"]  # one NFE: no colour key
+        # one NFE: each sampler's point has its colour in the left panel
+        from matplotlib.colors import to_rgba
+
+        left_colours = [to_rgba(bars.lines[0].get_color()) for bars in figure.axes[0].containers]
+        point_colours = [to_rgba(c.get_facecolor()[0]) for c in plane.collections if len(c.get_offsets())]
+        assert point_colours == left_colours and len(set(point_colours)) == 2
     finally:
         pyplot().close(figure)
 

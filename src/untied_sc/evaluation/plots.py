@@ -37,8 +37,8 @@ def benchmark_figure(results: dict):
     """The figure of a [`run_sweep`] result: the paper's main-results figure and the GenPPL–entropy plane.
 
     Left: GenPPL vs NFE per sampler (mean ± SE over seeds, log-2 NFE axis), each point annotated with its entropy.
-    Right: GenPPL vs entropy, every sampler's main runs as markers (one colour per NFE, one shape per sampler, a
-    sampler's NFEs joined by a faint line), so a GenPPL gain bought with lost entropy shows; with a diversity sweep,
+    Right: GenPPL vs entropy, every sampler's main runs as markers (one colour per NFE, or per sampler when there is
+    one NFE; one shape per sampler; a sampler's NFEs joined by a faint line), so a GenPPL gain bought with lost entropy shows; with a diversity sweep,
     one curve per (sampler, NFE) over the knob values too, so samplers can be compared at equal entropy.
     """
     plt = pyplot()
@@ -67,16 +67,22 @@ def benchmark_figure(results: dict):
     left.grid(alpha=0.3)
 
     right = axes[0][1]
-    # One colour per NFE, one marker shape per sampler: a sampler's point sits on the curve of its own NFE.
+    # Several NFEs: one colour per NFE, one marker shape per sampler, so a sampler's point sits on the curve of its
+    # own NFE. One NFE: the left panel's colour per sampler, so each frontier is told apart at a glance.
     nfe_order = sorted({int(n) for by_nfe in (*curves.values(), *by_sampler.values()) for n in by_nfe})
-    colour = {n: f"C{index % 10}" for index, n in enumerate(nfe_order)}
+    sampler_order = list(dict.fromkeys([*by_sampler, *curves]))
+
+    def colour(sampler: str, nfe: int) -> str:
+        index = sampler_order.index(sampler) if len(nfe_order) == 1 else nfe_order.index(nfe)
+        return f"C{index % 10}"
+
     for sampler, by_nfe in curves.items():
         for nfe, points in by_nfe.items():
             swept = [p for p in points if p[knob] is not None and p["entropy"]["mean"] is not None]
             xs = [p["entropy"]["mean"] for p in swept]
             ys = [p["gen_ppl"]["mean"] for p in swept]
             label = f"{sampler} NFE {nfe} ({knob} sweep)"
-            right.plot(xs, ys, marker=".", color=colour[int(nfe)], label=label)
+            right.plot(xs, ys, marker=".", color=colour(sampler, int(nfe)), label=label)
             for p, x, y in zip(swept, xs, ys, strict=True):
                 right.annotate(f"{p[knob]:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
     markers = "osD^v<>P*X"
@@ -89,10 +95,10 @@ def benchmark_figure(results: dict):
         ]
         right.plot([x for _, x, _ in drawn], [y for _, _, y in drawn], color="black", alpha=0.15, linewidth=0.8)
         for nfe, x, y in drawn:
-            right.scatter(x, y, marker=marker, s=36, color=colour[nfe], edgecolors="black", zorder=3)
+            right.scatter(x, y, marker=marker, s=36, color=colour(sampler, nfe), edgecolors="black", zorder=3)
         right.scatter([], [], marker=marker, s=36, color="white", edgecolors="black", label=sampler)
-    for nfe in nfe_order:  # the colour key
-        right.scatter([], [], marker="s", s=36, color=colour[nfe], label=f"NFE {nfe}")
+    for nfe in nfe_order if len(nfe_order) > 1 else ():  # the colour key
+        right.scatter([], [], marker="s", s=36, color=colour("", nfe), label=f"NFE {nfe}")
     right.set_xlabel("unigram entropy (nats)")
     right.set_ylabel("GenPPL")
     right.set_title(f"GenPPL vs entropy{f' ({knob} sweep)' if curves else ''}: lower right is better")
