@@ -97,3 +97,29 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
     assert out["by_sampler"]["HiGS"]["8"]["ratio"] == pytest.approx(0.9, rel=1e-6)
     (head,) = out["head_to_head"]["8"]
     assert head["sampler"] == "untied" and head["against"] == "HiGS" and head["ratio"] == pytest.approx(0.7 / 0.9)
+
+
+def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_is_none():
+    from untied_sc.experiments.report import _frontier_lines
+
+    runs = []
+    for seed in (0, 1):
+        for name in ("official", "Momentum"):  # Momentum switched off: official's samples
+            runs.append(_record(name, 8, seed, None, 100.0, 5.0))
+            runs += [_record(name, 8, seed, t, 100 * math.exp(5.5 * (t - 1)), 4 + t) for t in (0.9, 1.1)]
+        runs.append(_record("untied", 8, seed, None, 100.0, 6.0))  # its frontier lies above official's entropy
+        runs += [_record("untied", 8, seed, t, 100 * math.exp(t), 5.5 + t) for t in (0.9, 1.1)]
+    samplers = {"official": {"scheduler": "official"}, "untied": {"scheduler": "untied"}}
+    results = {"samplers": {**samplers, "Momentum": {"scheduler": "momentum"}}, "aggregates": {"paired": {}}}
+    out = frontier_comparison(results, runs, "temperature", num_resamples=50)
+    assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
+    assert out["by_sampler"]["untied"]["8"]["ratio"] is None and out["head_to_head"] == {}
+    report = {"frontiers": out, "baseline": "official", "diversity_knob": "temperature", **results}
+    lines = "\n".join(_frontier_lines({**report, "num_resamples": 50}))
+    assert "- NFE 8: none: no other method has a reading at official's entropy" in lines
+    # without a rival at all (only untied swept) there is no head-to-head paragraph
+    only = frontier_comparison(
+        {"samplers": samplers, "aggregates": {"paired": {}}}, runs, "temperature", num_resamples=50
+    )
+    alone = _frontier_lines({**report, "frontiers": only, "samplers": samplers, "num_resamples": 50})
+    assert not any("Head to head" in line for line in alone)

@@ -403,7 +403,8 @@ def frontier_comparison(
     Each sampler swept over the diversity knob, read on its own frontier (its main run and its swept runs) at the
     baseline's entropy (the baseline's main run): the GenPPL ratio to the baseline at equal entropy ([`frontier_ratio`],
     both re-fitted on every resample), beside the raw paired ratio; and each untied sampler against the best other
-    sampler (the lowest ratio at equal entropy), both read on their own frontiers at that entropy.
+    sampler (the lowest ratio at equal entropy; a sampler whose main runs are the baseline's is not one), both read
+    on their own frontiers at that entropy.
 
     Returns `{"by_sampler": {sampler: {nfe: row}}, "head_to_head": {nfe: [row, ...]}}`; empty dicts when no sampler
     but the baseline was swept.
@@ -439,10 +440,13 @@ def frontier_comparison(
             )
             by_sampler.setdefault(sampler, {})[nfe] = row
         untied = [name for name in frontiers if samplers[name].get("scheduler", "untied") == "untied"]
+        # A method switched off (its main runs are the baseline's, sample for sample) is the baseline, not a rival.
         others = [
             (row["ratio"], name)
             for name in frontiers
-            if name not in untied and (row := by_sampler[name][nfe])["ratio"] is not None
+            if name not in untied
+            and frontiers[name][0] != reference
+            and (row := by_sampler[name][nfe])["ratio"] is not None
         ]
         if not others:
             continue

@@ -482,13 +482,25 @@ def _frontier_lines(results: dict) -> list[str]:
                 f"| {sampler} | {nfe} | {_ratio_text(row['ratio'], row['ratio_ci'])} | "
                 f"{_ratio_text(row.get('raw_ratio'), row.get('raw_ratio_ci'))} | {span_text} | {row['points']} |"
             )
-    heads = [(nfe, row) for nfe, rows in frontiers.get("head_to_head", {}).items() for row in rows]
-    if heads:
+    heads = frontiers.get("head_to_head", {})
+    samplers = results.get("samplers") or {}
+    untied = [
+        name for name in frontiers["by_sampler"] if samplers.get(name, {}).get("scheduler", "untied") == "untied"
+    ]
+    has_rivals = len(untied) < len(frontiers["by_sampler"])
+    nfes = sorted({nfe for name in untied for nfe in frontiers["by_sampler"][name]} | set(heads), key=int)
+    if heads or (has_rivals and nfes):
         lines += ["", f"Head to head at {baseline}'s entropy (both on their own frontiers):", ""]
-        for nfe, row in heads:
+    for nfe in nfes:
+        for row in heads.get(nfe, []):
             lines.append(
                 f"- NFE {nfe}: {row['sampler']} / {row['against']} (the best other there): GenPPL ratio "
                 f"{_ratio_text(row['ratio'], row['ratio_ci'])}"
+            )
+        if nfe not in heads and has_rivals:
+            lines.append(
+                f"- NFE {nfe}: none: no other method has a reading at {baseline}'s entropy on its own frontier (a "
+                f"method switched off runs {baseline}'s samples and is not counted)"
             )
     return lines
 
