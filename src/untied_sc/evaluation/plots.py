@@ -38,8 +38,9 @@ def benchmark_figure(results: dict):
 
     Left: GenPPL vs NFE per sampler (mean ± SE over seeds, log-2 NFE axis), each point annotated with its entropy.
     Right: GenPPL vs entropy, every sampler's main runs as markers (one colour per NFE, or per sampler when there is
-    one NFE; one shape per sampler; a sampler's NFEs joined by a faint line), so a GenPPL gain bought with lost entropy shows; with a diversity sweep,
-    one curve per (sampler, NFE) over the knob values too, so samplers can be compared at equal entropy.
+    one NFE; one shape per sampler; a sampler's NFEs joined by a faint line), so a GenPPL gain bought with lost
+    entropy shows; with a diversity sweep, one curve per (sampler, NFE) over the knob values too, so samplers can be
+    compared at equal entropy.
     """
     plt = pyplot()
     curves = results.get("diversity_curves") or {}
