@@ -407,7 +407,8 @@ def frontier_comparison(
     on their own frontiers at that entropy.
 
     Returns `{"by_sampler": {sampler: {nfe: row}}, "head_to_head": {nfe: [row, ...]}}`; empty dicts when no sampler
-    but the baseline was swept.
+    but the baseline was swept. An NFE with an untied sampler and another method has a `head_to_head` entry, empty
+    when no other method has a reading there.
     """
     samplers = results.get("samplers") or {}
     paired = results.get("aggregates", {}).get("paired", {})
@@ -448,12 +449,15 @@ def frontier_comparison(
             and frontiers[name][0] != reference
             and (row := by_sampler[name][nfe])["ratio"] is not None
         ]
+        if not untied or len(untied) == len(frontiers):
+            continue  # nothing to set against each other
+        head_to_head[nfe] = []  # stays empty where no other method has a reading: the report says so
         if not others:
             continue
         best = min(others)[1]
         for name in untied:
             row = frontier_ratio(frontiers[name], reference, frontiers[best], **options)
-            head_to_head.setdefault(nfe, []).append({"sampler": name, "against": best, **row})
+            head_to_head[nfe].append({"sampler": name, "against": best, **row})
     return {"by_sampler": by_sampler, "head_to_head": head_to_head}
 
 

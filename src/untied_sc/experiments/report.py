@@ -483,21 +483,15 @@ def _frontier_lines(results: dict) -> list[str]:
                 f"{_ratio_text(row.get('raw_ratio'), row.get('raw_ratio_ci'))} | {span_text} | {row['points']} |"
             )
     heads = frontiers.get("head_to_head", {})
-    samplers = results.get("samplers") or {}
-    untied = [
-        name for name in frontiers["by_sampler"] if samplers.get(name, {}).get("scheduler", "untied") == "untied"
-    ]
-    has_rivals = len(untied) < len(frontiers["by_sampler"])
-    nfes = sorted({nfe for name in untied for nfe in frontiers["by_sampler"][name]} | set(heads), key=int)
-    if heads or (has_rivals and nfes):
+    if heads:
         lines += ["", f"Head to head at {baseline}'s entropy (both on their own frontiers):", ""]
-    for nfe in nfes:
-        for row in heads.get(nfe, []):
+    for nfe, rows in heads.items():
+        for row in rows:
             lines.append(
                 f"- NFE {nfe}: {row['sampler']} / {row['against']} (the best other there): GenPPL ratio "
                 f"{_ratio_text(row['ratio'], row['ratio_ci'])}"
             )
-        if nfe not in heads and has_rivals:
+        if not rows:
             lines.append(
                 f"- NFE {nfe}: none: no other method has a reading at {baseline}'s entropy on its own frontier (a "
                 f"method switched off runs {baseline}'s samples and is not counted)"
