@@ -98,8 +98,9 @@ def benchmark_figure(results: dict):
         for nfe, x, y in drawn:
             right.scatter(x, y, marker=marker, s=36, color=colour(sampler, nfe), edgecolors="black", zorder=3)
         right.scatter([], [], marker=marker, s=36, color="white", edgecolors="black", label=sampler)
-    for nfe in nfe_order if len(nfe_order) > 1 else ():  # the colour key
-        right.scatter([], [], marker="s", s=36, color=colour("", nfe), label=f"NFE {nfe}")
+    if len(nfe_order) > 1:  # the colour key
+        for nfe in nfe_order:
+            right.scatter([], [], marker="s", s=36, color=colour("", nfe), label=f"NFE {nfe}")
     right.set_xlabel("unigram entropy (nats)")
     right.set_ylabel("GenPPL")
     right.set_title(f"GenPPL vs entropy{f' ({knob} sweep)' if curves else ''}: lower right is better")
