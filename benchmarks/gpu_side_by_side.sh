@@ -6,6 +6,7 @@
 # Here, before the call: the official checkouts and einops inside the checkout, git-ignored, so that they can travel
 # (they are never committed), the diffusers wheel, and the slim tree (the bundled models are not needed):
 #   mkdir -p .official && cp -r /path/ELF .official/elf && cp -r /path/LangFlow .official/langflow
+#   for r in elf langflow; do git -C .official/$r rev-parse HEAD > .official/$r/COMMIT; done  # .git does not travel
 #   .venv/bin/pip download -q einops --no-deps -d /tmp/e && unzip -q -o /tmp/e/einops-*.whl -d .official/pydeps
 #   .venv/bin/pip download -q "diffusers==$(.venv/bin/python -c 'import diffusers; print(diffusers.__version__)')" \
 #       --no-deps -d .whl

@@ -171,11 +171,22 @@ def git_state(path: Path) -> dict:
         out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30)
         return out.stdout.strip() if out.returncode == 0 else ""
 
+    commit = git("rev-parse", "HEAD")
+    if commit:
+        return {
+            "path": str(path),
+            "commit": commit,
+            "branch": git("rev-parse", "--abbrev-ref", "HEAD") or None,
+            "tracked_files_modified": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    # A copy that travelled without its git folder (a device call): the commit stamped into it when it was packed,
+    # and None where git cannot tell whether its files were changed.
+    stamp = path / "COMMIT"
     return {
         "path": str(path),
-        "commit": git("rev-parse", "HEAD") or None,
-        "branch": git("rev-parse", "--abbrev-ref", "HEAD") or None,
-        "tracked_files_modified": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": stamp.read_text().strip() if stamp.is_file() else None,
+        "branch": None,
+        "tracked_files_modified": None,
     }
 
 
@@ -594,7 +605,12 @@ def markdown(report: dict) -> str:
         f"- torch {m['torch']}, Python {m['python']}; dtype: {report['dtype']}",
         f"- Official code: ELF `{report['official']['elf']['commit']}` ({report['official']['elf']['branch']}), "
         f"LangFlow `{report['official']['langflow']['commit']}` ({report['official']['langflow']['branch']}); "
-        "imported from the checkouts at run time, unpatched",
+        "imported from the checkouts at run time, "
+        + (
+            "unpatched"
+            if all(report["official"][name]["tracked_files_modified"] is False for name in ("elf", "langflow"))
+            else "copies carried without git: commits from the stamp written when they were packed"
+        ),
         f"- Command: `{report['command']}`",
         f"- Memory: {report['memory_measure']}",
         "",
