@@ -176,6 +176,56 @@ def test_a_float16_model_with_float32_statistics_says_why_they_do_not_match(tiny
         statistics.check_model(tiny_langflow.to(torch.float16))
 
 
+def _counting_fingerprints(monkeypatch) -> list:
+    """Counts the hashes `check_model` takes (each copies the input projections to the host)."""
+    import untied_sc.schedulers.sampler_statistics as module
+
+    hashed, original = [], module.model_fingerprint
+
+    def counted(model):
+        hashed.append(model)
+        return original(model)
+
+    monkeypatch.setattr(module, "model_fingerprint", counted)
+    return hashed
+
+
+def test_a_matched_model_is_not_hashed_again_until_its_weights_change(tiny_langflow, monkeypatch):
+    projection = tiny_langflow.backbone.self_cond_proj.weight
+    with torch.no_grad():
+        projection.copy_(torch.randn(projection.shape, generator=torch.Generator().manual_seed(0)))
+    statistics = random_statistics(tiny_langflow, "langflow", steps=(4,))
+    hashed = _counting_fingerprints(monkeypatch)
+    for _ in range(3):
+        statistics.check_model(tiny_langflow)
+    assert hashed == []  # matched when built: no call copies the weights again
+    with torch.no_grad():
+        projection.mul_(1.5)  # an in-place write bumps the version counter
+    with pytest.raises(ValueError, match="belong to another model"):
+        statistics.check_model(tiny_langflow)
+    assert len(hashed) == 1
+
+
+def test_an_equal_copy_of_the_model_is_hashed_once_then_matched(tiny_langflow, monkeypatch):
+    import copy
+    import pickle
+
+    statistics = random_statistics(tiny_langflow, "langflow", steps=(4,))
+    hashed = _counting_fingerprints(monkeypatch)
+    twin = copy.deepcopy(tiny_langflow)  # other tensors, equal values
+    statistics.check_model(twin)
+    statistics.check_model(twin)
+    assert len(hashed) == 1
+    revived = pickle.loads(pickle.dumps(statistics))  # the match is not carried: the copy hashes again
+    revived.check_model(twin)
+    assert len(hashed) == 2 and torch.equal(revived.basis, statistics.basis)
+    tiny_langflow.backbone.self_cond_proj.weight = torch.nn.Parameter(  # a new tensor in the old one's place
+        tiny_langflow.backbone.self_cond_proj.weight.detach() + 1
+    )
+    with pytest.raises(ValueError, match="belong to another model"):
+        statistics.check_model(tiny_langflow)
+
+
 def test_an_int_generator_is_refused_with_the_seeded_generator_to_pass(langflow_pipe):
     with pytest.raises(TypeError, match=r"torch.Generator\(\).manual_seed\(0\)"):
         sample(langflow_pipe, generator=0)

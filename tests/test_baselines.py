@@ -356,6 +356,10 @@ def test_ace_direction_refuses_another_model(golden_elf, tiny_langflow):
         statistics.check_model(other)
     carried = statistics.for_model(other)  # deliberate reuse, as ACE's recipe reuses ELF-B's direction
     carried.check_model(other)
+    with torch.no_grad():  # matched once; a later in-place write is still caught
+        other.self_cond_proj.weight.add_(1.0)
+    with pytest.raises(ValueError, match="fingerprint"):
+        carried.check_model(other)
     assert carried.config.estimated_fingerprint == statistics.config.model_fingerprint
     assert torch.equal(carried.direction, statistics.direction)
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..evaluation.metrics import word_repetition
 from ..evaluation.sampling import batch_seed, build_scheduler, family_of
-from ..schedulers.sampler_statistics import SOLVERS, latent_width, model_family, model_fingerprint
+from ..schedulers.sampler_statistics import SOLVERS, MatchedWeights, latent_width, model_family, model_fingerprint
 from ..seeds import LEGACY_SPACE, check_seed
 
 
@@ -135,6 +135,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 f"This ACE direction has format version {format_version}; this untied-sc reads version "
                 f"{FORMAT_VERSION}. Re-estimate it with `untied_sc.calibration.ace.estimate_ace_direction`."
             )
+        self._matched_weights = MatchedWeights()
         self.register_buffer("direction", torch.zeros(latent_dim))
 
     def forward(self) -> None:
@@ -166,6 +167,8 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 f"The ACE direction has width {self.config.latent_dim}, the model's latent has {width}: it belongs "
                 "to another model. Estimate one for this model with `estimate_ace_direction`."
             )
+        if self._matched_weights.holds(model):
+            return
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
             raise ValueError(
@@ -174,6 +177,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 "changed). Estimate one with `estimate_ace_direction`, or carry this one over deliberately with "
                 "`ace_statistics.for_model(model)` (ACE's recipe reuses ELF-B's direction for larger ELF models)."
             )
+        self._matched_weights.remember(model)
 
     def for_model(self, model: torch.nn.Module) -> "ACEStatistics":
         """

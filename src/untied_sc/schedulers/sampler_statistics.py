@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,39 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+class MatchedWeights:
+    """
+    The input-projection weights a fingerprint last matched, held without reading them: weak references to the tensors
+    and each one's storage, version counter (every in-place write bumps it, `load_state_dict` included), dtype and
+    device. Hashing the weights copies them to the host, a device sync per pipeline call on a GPU; while they are the
+    same tensors in the same state, the match stands. A copy or a pickle forgets it, and the next check hashes again.
+    """
+
+    def __init__(self):
+        self._references: tuple = ()
+        self._state: tuple | None = None
+
+    @staticmethod
+    def _state_of(weights: list[torch.Tensor]) -> tuple:
+        return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+
+    def holds(self, model: torch.nn.Module) -> bool:
+        weights = input_projection_weights(model)
+        return (
+            self._state is not None
+            and len(weights) == len(self._references)
+            and all(reference() is weight for reference, weight in zip(self._references, weights, strict=True))
+            and self._state == self._state_of(weights)
+        )
+
+    def remember(self, model: torch.nn.Module) -> None:
+        weights = input_projection_weights(model)
+        self._references, self._state = tuple(weakref.ref(w) for w in weights), self._state_of(weights)
+
+    def __getstate__(self) -> dict:
+        return {"_references": (), "_state": None}
 
 
 @dataclass
@@ -120,6 +154,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"{READABLE_VERSIONS}. Recalibrate with `untied-sc calibrate PIPELINE_DIR --nfe "
                 f"{' '.join(map(str, sorted(calibrated_steps or [8])))}` or install a matching untied-sc."
             )
+        self._matched_weights = MatchedWeights()
         self.register_buffer("basis", torch.zeros(latent_dim, rank))
         self.register_buffer("rho_sq", torch.zeros(rank))
         self.register_buffer("base_scales", torch.ones(2))
@@ -312,6 +347,8 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
                 f"belong to another model. Recalibrate with {self._recalibrate_command()}."
             )
+        if self._matched_weights.holds(model):
+            return
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
             dtypes = {weight.dtype for weight in input_projection_weights(model)} - {torch.float32}
@@ -329,3 +366,4 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
                 f"weights changed). Recalibrate with {self._recalibrate_command()}."
             )
+        self._matched_weights.remember(model)
