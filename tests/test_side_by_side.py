@@ -27,3 +27,32 @@ def test_ratios_are_paired_per_round_then_summarised(side_by_side):
     assert side_by_side.spread(ratios) == {"min": 1.0, "median": 2.0, "max": 4.0}
     with pytest.raises(ValueError, match="unpaired"):
         side_by_side.paired_ratios([1.0], [1.0, 2.0])
+
+
+def test_a_checkout_carried_without_git_is_named_by_its_stamp(side_by_side, tmp_path):
+    import subprocess
+
+    checkout = tmp_path / "repo"
+    checkout.mkdir()
+    run = {"cwd": checkout, "check": True, "capture_output": True}
+    subprocess.run(["git", "init", "-q"], **run)
+    (checkout / "a.py").write_text("x = 1\n")
+    subprocess.run(["git", "add", "a.py"], **run)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a"], **run)
+    state = side_by_side.git_state(checkout)
+    assert len(state["commit"]) == 40 and state["tracked_files_modified"] is False
+    (checkout / "a.py").write_text("x = 2\n")
+    assert side_by_side.git_state(checkout)["tracked_files_modified"] is True
+
+    copy = tmp_path / "carried"  # what a device call receives: the files, no .git
+    copy.mkdir()
+    (copy / "a.py").write_text("x = 1\n")
+    assert side_by_side.git_state(copy) == {
+        "path": str(copy),
+        "commit": None,
+        "branch": None,
+        "tracked_files_modified": None,
+    }
+    (copy / "COMMIT").write_text(state["commit"] + "\n")
+    carried = side_by_side.git_state(copy)
+    assert carried["commit"] == state["commit"] and carried["tracked_files_modified"] is None
