@@ -57,7 +57,7 @@ $PYTHON -c "import torch, transformers, diffusers; print('torch', torch.__versio
 rm -rf "$WORK/runs" "$WORK/corpus" "$WORK/pieces" "$WORK/tokens"; mkdir -p "$WORK/runs" "$WORK/corpus" "$WORK/pieces"
 for split in train validation heldout; do unxz_to "$PACK/corpus/$split.txt.xz" "$WORK/corpus/$split.txt" || return 4; done
 
-# The recipes (docs/training.md and docs/training-elf.md say why). Both fix their step count from the first timed
+# The recipes (docs/training.md and docs/training-elf.md say why; LangFlow's SC probability 0.75: the second GPU run). Both fix their step count from the first timed
 # steps so that the cosine schedule ends with the budget; a retrain passes the count they settled on as --max-steps.
 COMMON=(--device "$DEVICE" --corpus-dir "$WORK/corpus" --budget-minutes "$BUDGET_MIN" --batch-size 256
         --warmup-steps 500 --no-progress)
@@ -67,7 +67,7 @@ train() {
     langflow-v2)
       $PYTHON -m untied_sc.training.langflow train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --tokenizer-dir "$PACK/tokenizer-8k" --token-cache-dir "$WORK/tokens" \
-        --hidden-size 384 --num-layers 6 --num-attention-heads 6 --lr 1e-3 $LF_ARGS ;;
+        --hidden-size 384 --num-layers 6 --num-attention-heads 6 --lr 1e-3 --sc-prob 0.75 $LF_ARGS ;;
     elf-v2)
       $PYTHON -m untied_sc.training.elf train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --encoder-dir "$PACK/minilm-fp16" --latent-cache-dir none \
