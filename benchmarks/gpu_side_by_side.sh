@@ -1,7 +1,8 @@
 #!/bin/bash
 # On one lent GPU: our pipelines against the official ELF and LangFlow code at their full shapes (ELF-B, LangFlow OWT,
 # L = 1024), bf16 autocast on every side, batch 4 and 32, 8 NFE: once with our noise drawn by a CPU generator, once by a
-# CUDA generator. JSON + Markdown come back in $OUT (benchmarks/side_by_side.py says what is timed).
+# CUDA generator. JSON + Markdown come back in $OUT (benchmarks/side_by_side.py says what is timed), and where a
+# pipeline call waits for the GPU (benchmarks/host_syncs.py). GENERATORS=cuda skips the CPU-generator pass.
 #
 # Here, before the call: the official checkouts and einops inside the checkout, git-ignored, so that they can travel
 # (they are never committed), the diffusers wheel, and the slim tree (the bundled models are not needed):
@@ -34,5 +35,9 @@ for generator in $GENERATORS; do
     --output "$OUT/side-by-side-$DEVICE-generator-$generator.json" 2>&1 | tee "$OUT/side-by-side-$generator.log" \
     | grep -v -E "^  (ELF|LangFlow)" || status=$?
 done
+# Where a call waits for the GPU (host reads of device values, copies), per sampler: small networks, seconds
+$PYTHON benchmarks/host_syncs.py --device "$DEVICE" --output "$OUT/host-syncs-$DEVICE.json" > "$OUT/host-syncs.log" 2>&1 \
+  || status=$?
+tail -40 "$OUT/host-syncs.log"
 ls -la "$OUT"
 exit $status

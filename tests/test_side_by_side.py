@@ -56,3 +56,27 @@ def test_a_checkout_carried_without_git_is_named_by_its_stamp(side_by_side, tmp_
     (copy / "COMMIT").write_text(state["commit"] + "\n")
     carried = side_by_side.git_state(copy)
     assert carried["commit"] == state["commit"] and carried["tracked_files_modified"] is None
+
+
+def test_host_syncs_records_host_reads_with_the_line_that_made_them():
+    host_syncs = benchmark_script("host_syncs")
+    import torch
+
+    x = torch.arange(4.0)
+    with host_syncs.HostSyncs(device_only=False) as mode:
+        value = x.sum().item()
+        flag = bool((x > 1).any())
+    assert value == 6.0 and flag
+    assert sorted(
+        (event, kind, where.split(": ", 1)[1], count) for (event, kind, _, where), count in mode.events.items()
+    ) == [
+        ("read", "_local_scalar_dense", "flag = bool((x > 1).any())", 1),
+        ("read", "_local_scalar_dense", "value = x.sum().item()", 1),
+    ]
+    with host_syncs.HostSyncs(device_only=True) as mode:  # on the CPU nothing waits for a device
+        x.sum().item()
+    assert not mode.events
+    meta = torch.empty(2, device="meta")
+    assert host_syncs._devices("copy_", (meta, x), {}) == (x.device, meta.device)
+    assert host_syncs._devices("_to_copy", (meta,), {"device": "cpu"}) == (meta.device, torch.device("cpu"))
+    assert host_syncs._devices("_to_copy", (meta,), {"dtype": torch.float16}) is None
