@@ -167,7 +167,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 f"The ACE direction has width {self.config.latent_dim}, the model's latent has {width}: it belongs "
                 "to another model. Estimate one for this model with `estimate_ace_direction`."
             )
-        if self._matched_weights.holds(model):
+        if self._matched_weights.holds(model, self.config.model_fingerprint):
             return
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
@@ -177,7 +177,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
                 "changed). Estimate one with `estimate_ace_direction`, or carry this one over deliberately with "
                 "`ace_statistics.for_model(model)` (ACE's recipe reuses ELF-B's direction for larger ELF models)."
             )
-        self._matched_weights.remember(model)
+        self._matched_weights.remember(model, fingerprint)
 
     def for_model(self, model: torch.nn.Module) -> "ACEStatistics":
         """

@@ -59,35 +59,38 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 class MatchedWeights:
     """
-    The input-projection weights a fingerprint last matched, held without reading them: weak references to the tensors
-    and each one's storage, version counter (every in-place write bumps it, `load_state_dict` included), dtype and
-    device. Hashing the weights copies them to the host, a device sync per pipeline call on a GPU; while they are the
+    The input-projection weights a fingerprint last matched, held without reading them: the fingerprint, weak
+    references to the tensors and each one's storage, version counter (every in-place write bumps it, `load_state_dict`
+    included), dtype and device. Hashing the weights copies them to the host, a device sync per pipeline call on a GPU; while they are the
     same tensors in the same state, the match stands. A copy or a pickle forgets it, and the next check hashes again.
     """
 
     def __init__(self):
         self._references: tuple = ()
         self._state: tuple | None = None
+        self._fingerprint: str | None = None
 
     @staticmethod
     def _state_of(weights: list[torch.Tensor]) -> tuple:
         return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
 
-    def holds(self, model: torch.nn.Module) -> bool:
+    def holds(self, model: torch.nn.Module, fingerprint: str) -> bool:
         weights = input_projection_weights(model)
         return (
             self._state is not None
+            and self._fingerprint == fingerprint
             and len(weights) == len(self._references)
             and all(reference() is weight for reference, weight in zip(self._references, weights, strict=True))
             and self._state == self._state_of(weights)
         )
 
-    def remember(self, model: torch.nn.Module) -> None:
+    def remember(self, model: torch.nn.Module, fingerprint: str) -> None:
         weights = input_projection_weights(model)
         self._references, self._state = tuple(weakref.ref(w) for w in weights), self._state_of(weights)
+        self._fingerprint = fingerprint
 
     def __getstate__(self) -> dict:
-        return {"_references": (), "_state": None}
+        return {"_references": (), "_state": None, "_fingerprint": None}
 
 
 @dataclass
@@ -347,7 +350,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
                 f"belong to another model. Recalibrate with {self._recalibrate_command()}."
             )
-        if self._matched_weights.holds(model):
+        if self._matched_weights.holds(model, self.config.model_fingerprint):
             return
         fingerprint = model_fingerprint(model)
         if fingerprint != self.config.model_fingerprint:
@@ -366,4 +369,4 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
                 f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
                 f"weights changed). Recalibrate with {self._recalibrate_command()}."
             )
-        self._matched_weights.remember(model)
+        self._matched_weights.remember(model, fingerprint)
