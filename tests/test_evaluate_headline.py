@@ -183,3 +183,13 @@ def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_bas
     reading, rows = headline_ratios({**results, "frontiers": reached})
     assert reading == "frontier" and rows["untied"]["8"]["ratio"] == 0.7
     assert headline_ratios({"aggregates": {"paired": paired}})[0] is None
+    # a method its tuning switched off runs the baseline's samples: its frontier "reaches" trivially, and is not read
+    neutral = {"ratio": 1.0, "ratio_ci": [1.0, 1.0], "switched_off": True}
+    off = {"by_sampler": {**outside["by_sampler"], "Momentum": {"8": neutral}}}
+    paired_off = {**paired, "Momentum": {"8": {"gen_ppl_ratio": 1.0, "gen_ppl_ratio_ci": [1.0, 1.0]}}}
+    reading, rows = headline_ratios({**results, "aggregates": {"paired": paired_off}, "frontiers": off})
+    assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
+    reading, _ = headline_ratios(
+        {**results, "frontiers": {"by_sampler": {"Momentum": {"8": {**neutral, "switched_off": False}}}}}
+    )
+    assert reading == "frontier"

@@ -113,6 +113,7 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
     results = {"samplers": {**samplers, "Momentum": {"scheduler": "momentum"}}, "aggregates": {"paired": {}}}
     out = frontier_comparison(results, runs, "temperature", num_resamples=50)
     assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
+    assert out["by_sampler"]["Momentum"]["8"]["switched_off"] and not out["by_sampler"]["untied"]["8"]["switched_off"]
     assert out["by_sampler"]["untied"]["8"]["ratio"] is None and out["head_to_head"] == {"8": []}
     report = {"frontiers": out, "baseline": "official", "diversity_knob": "temperature", **results}
     lines = "\n".join(_frontier_lines({**report, "num_resamples": 50}))

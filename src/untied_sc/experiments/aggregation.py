@@ -438,16 +438,16 @@ def frontier_comparison(
                 frontier_entropy_range=[min(entropies), max(entropies)] if entropies else None,
                 raw_ratio=raw.get("gen_ppl_ratio"),
                 raw_ratio_ci=raw.get("gen_ppl_ratio_ci"),
+                # its main runs are the baseline's, sample for sample: its frontier is the baseline's own
+                switched_off=frontier[0] == reference,
             )
             by_sampler.setdefault(sampler, {})[nfe] = row
         untied = [name for name in frontiers if samplers[name].get("scheduler", "untied") == "untied"]
-        # A method switched off (its main runs are the baseline's, sample for sample) is the baseline, not a rival.
+        # A method switched off is the baseline, not a rival.
         others = [
             (row["ratio"], name)
             for name in frontiers
-            if name not in untied
-            and frontiers[name][0] != reference
-            and (row := by_sampler[name][nfe])["ratio"] is not None
+            if name not in untied and not (row := by_sampler[name][nfe])["switched_off"] and row["ratio"] is not None
         ]
         if not untied or len(untied) == len(frontiers):
             continue  # nothing to set against each other

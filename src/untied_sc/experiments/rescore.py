@@ -190,9 +190,15 @@ def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict
     the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
     on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else, and where no
     frontier reaches the baseline's entropy (ELF-small at 8 NFE: every sampler raises entropy), the baseline's curve
-    at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only)."""
+    at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only). A method its tuning switched
+    off runs the baseline's samples, so its frontier is the baseline's own and reaches the baseline's entropy
+    trivially: it does not count as a frontier that reaches it."""
     frontiers = (results.get("frontiers") or {}).get("by_sampler") or {}
-    reached = any(row.get("ratio") is not None for by_nfe in frontiers.values() for row in by_nfe.values())
+    reached = any(
+        row.get("ratio") is not None and not row.get("switched_off")
+        for by_nfe in frontiers.values()
+        for row in by_nfe.values()
+    )
     reading = "frontier" if reached else "baseline curve" if results.get("equal_entropy") else None
     rows = frontiers if reading == "frontier" else results.get("equal_entropy") or {}
     out: dict[str, dict[str, dict]] = {}
