@@ -77,29 +77,24 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# Small networks: the waits depend on the code path, not on the shape.
+TINY_ELF = {"latent_dim": 64, "max_length": 32, "hidden_size": 64, "num_layers": 1, "num_attention_heads": 4}
+TINY_ELF |= {"intermediate_size": 128, "bottleneck_dim": 32, "vocab_size": 100}
+TINY_LANGFLOW = {"vocab_size": 100, "hidden_size": 64, "cond_dim": 16, "num_layers": 1, "num_attention_heads": 4}
+TINY_LANGFLOW |= {"max_length": 32}
+
+
 def tiny_models():
     from untied_sc import ELFTransformerModel, LangFlowTransformerModel
 
     torch.manual_seed(0)
-    elf = ELFTransformerModel(
-        latent_dim=64,
-        max_length=32,
-        hidden_size=64,
-        num_layers=1,
-        num_attention_heads=4,
-        intermediate_size=128,
-        bottleneck_dim=32,
-        vocab_size=100,
-    )
-    langflow = LangFlowTransformerModel(
-        vocab_size=100, hidden_size=64, cond_dim=16, num_layers=1, num_attention_heads=4, max_length=32
-    )
+    models = {"elf": ELFTransformerModel(**TINY_ELF), "langflow": LangFlowTransformerModel(**TINY_LANGFLOW)}
     with torch.no_grad():  # zero-initialised self-conditioning paths would leave the overlap basis empty
-        for model in (elf, langflow):
+        for model in models.values():
             for parameter in model.parameters():
                 if parameter.ndim >= 2 and not parameter.any():
                     parameter.normal_(0.0, 0.02)
-    return {"elf": elf.eval(), "langflow": langflow.eval()}
+    return {family: model.eval() for family, model in models.items()}
 
 
 def record(pipe, device: torch.device, batch: int, nfe: int) -> list[dict]:
