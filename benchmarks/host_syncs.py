@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import REPO, build_pipelines, git_state, machine_description  # noqa: E402
+from side_by_side import REPO, build_pipelines, fill_zero_initialised, git_state, machine_description  # noqa: E402
 
 
 READS = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero"}
@@ -89,11 +89,8 @@ def tiny_models():
 
     torch.manual_seed(0)
     models = {"elf": ELFTransformerModel(**TINY_ELF), "langflow": LangFlowTransformerModel(**TINY_LANGFLOW)}
-    with torch.no_grad():  # zero-initialised self-conditioning paths would leave the overlap basis empty
-        for model in models.values():
-            for parameter in model.parameters():
-                if parameter.ndim >= 2 and not parameter.any():
-                    parameter.normal_(0.0, 0.02)
+    for seed, model in enumerate(models.values()):  # zero self-conditioning paths would leave the overlap basis empty
+        fill_zero_initialised(model, seed)
     return {family: model.eval() for family, model in models.items()}
 
 
