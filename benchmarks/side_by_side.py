@@ -594,6 +594,16 @@ def _ratio(s: dict) -> str:
     return f"{s['median']:.3f} ({s['min']:.3f}–{s['max']:.3f})"
 
 
+def _patch_state(official: dict) -> str:
+    """What the report can say of the official checkouts' files: unpatched, modified, or not known (no git)."""
+    modified = {official[name]["tracked_files_modified"] for name in ("elf", "langflow")}
+    if modified == {False}:
+        return "unpatched"
+    if True in modified:
+        return "WITH MODIFIED TRACKED FILES (the official code must be unpatched)"
+    return "copies carried without git: commits from the stamp written when they were packed"
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     cpu = f"{m['cpu']} ({m['torch_threads']} torch thread(s); ISA flags: {', '.join(m['cpu_isa_flags'])})"
@@ -605,12 +615,7 @@ def markdown(report: dict) -> str:
         f"- torch {m['torch']}, Python {m['python']}; dtype: {report['dtype']}",
         f"- Official code: ELF `{report['official']['elf']['commit']}` ({report['official']['elf']['branch']}), "
         f"LangFlow `{report['official']['langflow']['commit']}` ({report['official']['langflow']['branch']}); "
-        "imported from the checkouts at run time, "
-        + (
-            "unpatched"
-            if all(report["official"][name]["tracked_files_modified"] is False for name in ("elf", "langflow"))
-            else "copies carried without git: commits from the stamp written when they were packed"
-        ),
+        f"imported from the checkouts at run time, {_patch_state(report['official'])}",
         f"- Command: `{report['command']}`",
         f"- Memory: {report['memory_measure']}",
         "",
