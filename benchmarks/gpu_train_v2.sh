@@ -57,8 +57,9 @@ $PYTHON -c "import torch, transformers, diffusers; print('torch', torch.__versio
 rm -rf "$WORK/runs" "$WORK/corpus" "$WORK/pieces" "$WORK/tokens"; mkdir -p "$WORK/runs" "$WORK/corpus" "$WORK/pieces"
 for split in train validation heldout; do unxz_to "$PACK/corpus/$split.txt.xz" "$WORK/corpus/$split.txt" || return 4; done
 
-# The recipes (docs/training.md and docs/training-elf.md say why; LangFlow's SC probability 0.75: the second GPU run). Both fix their step count from the first timed
-# steps so that the cosine schedule ends with the budget; a retrain passes the count they settled on as --max-steps.
+# The recipes (docs/training.md and docs/training-elf.md say why; LangFlow's SC probability 0.75: the second GPU
+# run). Both fix their step count from the first timed steps so that the cosine schedule ends with the budget; a
+# retrain passes the count they settled on as --max-steps.
 COMMON=(--device "$DEVICE" --corpus-dir "$WORK/corpus" --budget-minutes "$BUDGET_MIN" --batch-size 256
         --warmup-steps 500 --no-progress)
 train() {

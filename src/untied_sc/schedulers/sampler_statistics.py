@@ -61,8 +61,9 @@ class MatchedWeights:
     """
     The input-projection weights a fingerprint last matched, held without reading them: the fingerprint, weak
     references to the tensors and each one's storage, version counter (every in-place write bumps it, `load_state_dict`
-    included), dtype and device. Hashing the weights copies them to the host, a device sync per pipeline call on a GPU; while they are the
-    same tensors in the same state, the match stands. A copy or a pickle forgets it, and the next check hashes again.
+    included), dtype and device. Hashing the weights copies them to the host, a device sync per pipeline call on a
+    GPU; while they are the same tensors in the same state, the match stands. A copy or a pickle forgets it, and the
+    next check hashes again.
     """
 
     def __init__(self):
