@@ -36,8 +36,8 @@ for generator in $GENERATORS; do
     | grep -v -E "^  (ELF|LangFlow)" || status=$?
 done
 # Where a call waits for the GPU (host reads of device values, copies), per sampler: small networks, seconds
-$PYTHON benchmarks/host_syncs.py --device "$DEVICE" --output "$OUT/host-syncs-$DEVICE.json" > "$OUT/host-syncs.log" 2>&1 \
-  || status=$?
+$PYTHON benchmarks/host_syncs.py --device "$DEVICE" --output "$OUT/host-syncs-$DEVICE.json" \
+  > "$OUT/host-syncs.log" 2>&1 || status=$?
 tail -40 "$OUT/host-syncs.log"
 ls -la "$OUT"
 exit $status
