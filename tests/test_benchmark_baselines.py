@@ -4,6 +4,7 @@ pipeline component; tiny golden pipelines under a tiny evaluator."""
 
 import copy
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -205,7 +206,11 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     assert main([*argv, "--output-dir", str(tmp_path / "one"), "--num-resamples", "20"]) == 0
     one = json.loads((tmp_path / "one" / "tiny-elf-baselines.json").read_text())
     assert set(one["knob_tuning"]["samplers"]) == set(BASELINE_METHODS)
-    assert "## Samplers tuned on the tuning bank" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "## Samplers tuned on the tuning bank" in captured.out
+    # without bars, a line per scored bank run: each comparison method's candidates and official's curve
+    logged = re.findall(r" NFE 8 \{'scheduler': '(\w+)'", captured.err)
+    assert {"official", "momentum", "ace", "higs", "higs_ace", "multistep"} <= set(logged)
     # no evaluator where the bank is sampled: refused (the search needs the scores as it goes)
     with pytest.raises(SystemExit, match="needs --tune-here"):
         main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only"])

@@ -85,6 +85,7 @@ def tune_knobs(
     parts_dir: str | Path | None = None,
     on_sampled: Callable | None = None,
     evaluator_name: str | None = None,
+    log: Callable[[str], None] | None = None,
     **evaluator_kwargs,
 ) -> list[SearchResult]:
     """
@@ -102,6 +103,7 @@ def tune_knobs(
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
         evaluator_name (`str`, *optional*): how the bank (and its parts folder) names a loaded `evaluator`
             (default: its model's name; a name given as `evaluator` is its own).
+        log (*optional*): gets a line per scored run, as [`tune_coefficients`]' (a long run without progress bars).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -122,6 +124,7 @@ def tune_knobs(
         eval_batch_size,
         parts_dir,
         on_sampled,
+        log=log,
         evaluator_name=evaluator_name,
         **evaluator_kwargs,
     ) as scorer:

@@ -13,7 +13,7 @@ its retained throughput reads exactly 1.
 """
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tqdm.auto import tqdm
@@ -71,6 +71,7 @@ def generate_baseline_candidates(
     evaluator_name: str | None = None,
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
+    log: Callable[[str], None] | None = None,
     **sweep_kwargs,
 ) -> dict:
     """
@@ -94,6 +95,7 @@ def generate_baseline_candidates(
         evaluator: an evaluator name or a loaded `(model, tokenizer)` pair (required: the search needs scores).
         protocol, eval_batch_size: the bank's scoring (protocol default: the model's family).
         evaluator_name (`str`, *optional*): how the record names a loaded `evaluator` (default: its model's name).
+        log (*optional*): gets a line per scored bank run (a long run without progress bars).
         **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_samplers`, `diversity_nfe` for
             [`generate_sweep`].
 
@@ -156,6 +158,7 @@ def generate_baseline_candidates(
         extrapolate=extrapolate,
         on_sampled=keep,
         evaluator_name=evaluator_name,
+        log=log,
     )
     bank_seconds = time.perf_counter() - began
     candidates = {

@@ -8,7 +8,7 @@ command reproduces the whole comparison.
 """
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -106,6 +106,7 @@ def tune_baselines(
     parts_dir=None,
     on_sampled=None,
     evaluator_name: str | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, dict], dict]:
     """
     Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
@@ -132,6 +133,7 @@ def tune_baselines(
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
         evaluator_name (`str`, *optional*): how the bank names a loaded `evaluator`: the name the user gave (as
             `untied-sc tune` records it, so that both share a parts folder); default: its model's name.
+        log (*optional*): gets a line per scored bank run (a long run without progress bars).
 
     Returns:
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
@@ -164,6 +166,7 @@ def tune_baselines(
         parts_dir=parts_dir,
         on_sampled=on_sampled,
         evaluator_name=evaluator_name,
+        log=log,
     )
     bank = {
         "seed": tune_seed,

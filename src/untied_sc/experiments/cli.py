@@ -452,7 +452,11 @@ def add_benchmark_arguments(parser):
     )
     parser.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)
     parser.add_argument("--cache-dir", help="Evaluator cache folder (default ~/.cache/untied-sc/evaluators).")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="No progress bars; the tuning bank's scored runs are logged instead, a timestamped line each.",
+    )
     return parser
 
 
@@ -695,10 +699,19 @@ def _tune_baselines(args, sweep: dict, state):
         source=args.pipeline,
         parts_dir=args.tune_parts_dir,
         evaluator_name=args.evaluator,
+        log=_tuning_log(args),
     )
     record["evaluator"] = args.evaluator
     sweep.update(samplers=samplers, knob_tuning=record)
     return pipe
+
+
+def _tuning_log(args):
+    """With `--no-progress`, a timestamped line on standard error per scored bank run (as `untied-sc tune`'s): a
+    tuning of an hour or more on a CPU is otherwise silent."""
+    from ..calibration.tune import stderr_log
+
+    return stderr_log if args.no_progress else None
 
 
 def _default_frontier(sweep: dict, pipe) -> None:
@@ -734,6 +747,7 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
         budget=args.tune_budget,
         confidence=args.confidence,
         progress=sweep["progress"],
+        log=_tuning_log(args),
         source=args.pipeline,
         name=sweep["name"],
         command=sweep["command"],
