@@ -4,6 +4,7 @@ import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.demo import main, sample_both
+from untied_sc.hardware import auto_dtype_name
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -40,7 +41,9 @@ def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow
     assert "(langflow protocol: generator ids), word Rep-4" in out and ", token Rep-4 " in out
     lines = out.splitlines()
     assert lines[0].startswith("Loading the evaluator") and lines[1].startswith("Evaluator: ")
-    assert "run in float32" in lines[1] and "lower reads as more fluent, but only at similar entropy" in out
+    # the evaluator's "auto" dtype: bfloat16 on a CPU that computes it natively, float32 where it is emulated
+    assert f"run in {auto_dtype_name('cpu')}" in lines[1]
+    assert "lower reads as more fluent, but only at similar entropy" in out
     assert "scoring official (2 samples)..." in out
     summary = out[out.index("=== Summary (8 steps, 2 samples per sampler") :]
     line = next(line for line in summary.splitlines() if line.startswith("tiny: official GenPPL"))

@@ -362,6 +362,8 @@ def test_compiled_step_equals_the_eager_step(family):
     pipe.scheduler.compile_step(fullgraph=True)
     compiled = [_sample(pipe, batch_size=b) for b in (3, 2, 4)]
     for got, expected in zip(compiled, eager, strict=True):
-        assert_close(got.latents, expected.latents, "latents", rtol=1e-5)
+        # inductor's kernels fuse the step's float32 arithmetic in an order of the CPU class's choosing; through 8
+        # network calls that grows to ~1e-4 relative on an AVX-512 CPU (a few entries; under 1e-5 on AVX2 CPUs)
+        assert_close(got.latents, expected.latents, "latents", rtol=1e-4)
         assert torch.equal(got.sequences, expected.sequences)
     assert counters["stats"]["unique_graphs"] == 2
