@@ -19,7 +19,7 @@ import untied_sc
 from untied_sc import ELFPipeline, ELFScheduler, UntiedSelfConditioningScheduler
 from untied_sc.cli import main
 from untied_sc.distributed import batch_shard, gather_in_order, shard_batches, slowest_process_seconds
-from untied_sc.evaluation.io import read_samples
+from untied_sc.evaluation.io import Sample, read_samples, write_samples
 from untied_sc.evaluation.sampling import batch_seed
 
 from .conftest import elf_from_golden
@@ -174,3 +174,43 @@ def test_benchmark_generate_only_with_two_processes_writes_the_one_process_gener
     assert [(s["text"], s["ids"], s["batch"]) for s in generated] == [
         (s["text"], s["ids"], s["batch"]) for s in untied
     ]
+
+
+def test_evaluate_with_two_processes_writes_the_one_process_scores_of_a_report(tmp_path):
+    # Both runs under torchrun, so that both processes compute with the same number of threads; the file is scored
+    # run by run (four distinct runs dealt 0 2 | 1 3, and a fifth that repeats the first's texts).
+    from .test_evaluation import EOS, VOCAB_SIZE, tiny_evaluator_tokenizer
+    from .tiny import tiny_llama
+
+    folder = tmp_path / "evaluator"
+    tiny_llama(VOCAB_SIZE, EOS).save_pretrained(folder)
+    tiny_evaluator_tokenizer().save_pretrained(folder)
+    words = [f"w{i}" for i in range(2, VOCAB_SIZE)]
+    samples = [
+        Sample(
+            " ".join(words[(3 * run + b) % 20 : (3 * run + b) % 20 + 2 + b]),
+            seed=seed,
+            batch=b,
+            sampler=sampler,
+            nfe=8,
+        )
+        for run, (sampler, seed) in enumerate([("official", 0), ("official", 1), ("untied", 0), ("untied", 1)])
+        for b in range(3)
+    ]
+    samples += [Sample(s.text, seed=s.seed, batch=s.batch, sampler="ACE", nfe=8) for s in samples[:3]]
+    path = write_samples(tmp_path / "report.samples.jsonl.gz", samples)
+    argv = ["-m", "untied_sc.cli", "evaluate", str(path), "--evaluator", str(folder), "--protocol", "elf"]
+    one = torchrun(*argv, "--output", str(tmp_path / "one.json"), processes=1)
+    two = torchrun(*argv, "--output", str(tmp_path / "two.json"))
+    assert two.stdout.count("Wrote") == 1 and two.stdout.count("sampler ACE, nfe 8, seed 0: elf GenPPL") == 1
+    assert (tmp_path / "two.json").read_text() == (tmp_path / "one.json").read_text()
+    written = json.loads((tmp_path / "one.json").read_text())["runs"]
+    assert [(run["run"]["sampler"], run["run"]["seed"]) for run in written] == [
+        ("official", 0),
+        ("official", 1),
+        ("untied", 0),
+        ("untied", 1),
+        ("ACE", 0),
+    ]
+    assert len({run["gen_ppl"] for run in written}) == 4 and written[4]["gen_ppl"] == written[0]["gen_ppl"]
+    assert one.stdout.count("Wrote") == 1

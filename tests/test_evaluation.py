@@ -524,6 +524,63 @@ def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(eval
     assert runs[2]["samplers"] == ["ACE"] and {r["sampler"] for r in runs[2]["per_sample"]} == {"ACE"}
 
 
+class _Process:
+    """What the sharding reads of an accelerate state: this process's index and the number of processes."""
+
+    def __init__(self, process_index: int, num_processes: int):
+        self.process_index, self.num_processes = process_index, num_processes
+
+
+class _Gathered(Exception):
+    pass
+
+
+@pytest.mark.parametrize("process_index", [0, 1])
+def test_each_of_two_processes_scores_every_other_distinct_run_and_gathers_them(
+    evaluator, tmp_path, monkeypatch, process_index
+):
+    # Distinct runs 0 1 2 3 (official, untied, momentum, HiGS) are dealt 0 2 | 1 3; ACE repeats official's texts and
+    # is scored by no one again. What a process scores is handed to accelerate's gather, keyed by distinct run.
+    import untied_sc.distributed as distributed
+    import untied_sc.evaluation.io as io
+
+    model, tokenizer = evaluator
+    texts = [["w3 w4 w5", "w6 w7"], ["w3 w3 w3", "w5 w6"], ["w8 w9", "w9 w9"], ["w10 w11", "w12"]]
+    samplers = ["official", "untied", "momentum", "HiGS"]
+    samples = [s for sampler, run in zip(samplers, texts, strict=True) for s in _run(sampler, run)]
+    samples += _run("ACE", texts[0])
+    calls, scorer = [], io.generative_perplexity
+    monkeypatch.setattr(
+        io, "generative_perplexity", lambda texts, *a, **k: calls.append(texts) or scorer(texts, *a, **k)
+    )
+
+    def gather_object(pairs):
+        raise _Gathered(pairs)
+
+    monkeypatch.setattr(distributed, "gather_object", gather_object)
+    with pytest.raises(_Gathered) as gathered:
+        evaluate_runs(samples, evaluator=(model, tokenizer), protocol="langflow", state=_Process(process_index, 2))
+    mine = [process_index, process_index + 2]
+    assert calls == [texts[i] for i in mine]
+    assert [index for index, _ in gathered.value.args[0]] == mine
+
+
+def test_evaluate_command_refuses_several_processes_for_a_file_scored_whole(evaluator, tmp_path, monkeypatch):
+    import untied_sc.distributed as distributed
+
+    write_samples(tmp_path / "a.jsonl", _run("untied", ["w3 w4", "w5"]))
+    monkeypatch.setattr(distributed, "process_state", lambda device=None: _Process(0, 2))
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    for extra, reason in (([], "holds one run"), (["--baseline", str(tmp_path / "a.jsonl")], "--baseline")):
+        args = parser.parse_args(
+            [str(tmp_path / "a.jsonl"), "--evaluator", "no-such-evaluator", "--protocol", "langflow", *extra]
+        )
+        with pytest.raises(ValueError, match=f"{reason}.*as one process") as refused:
+            evaluate_command(args)  # refused before the evaluator loads: its name does not exist
+        assert str(tmp_path / "a.jsonl") in str(refused.value)
+    assert not (tmp_path / "a.jsonl.eval-langflow.json").exists()
+
+
 def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsys):
     model, tokenizer = evaluator
     model.save_pretrained(tmp_path / "evaluator")

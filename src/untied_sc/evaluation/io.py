@@ -320,15 +320,23 @@ def group_runs(samples: Sequence[Sample]) -> list[tuple[dict, list[Sample]]]:
     return list(groups.values())
 
 
-def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smollm2-135m", **options) -> list[dict]:
+def evaluate_runs(
+    samples: str | os.PathLike | Sequence[Sample], evaluator="smollm2-135m", state=None, **options
+) -> list[dict]:
     """Scores every run of a samples file apart (a benchmark report's `<report>.samples.jsonl.gz` holds many).
 
     Samples are grouped by [`run_key`] in file order; each group is scored with [`evaluate_samples`] (`options` are its
     keyword arguments; `cache_dir`, `device`, `dtype` load a named evaluator once), so each result equals the report's
     record of that run. A run whose texts repeat an earlier run's (a comparison sampler that its tuning switched off
     draws official's samples) is not passed through the evaluator again: its result is made from the same scores.
+
+    With a `state` of several processes ([`untied_sc.distributed.process_state`], e.g. under `accelerate launch` or
+    `torchrun`), the distinct runs are dealt out by index (run r to process r mod N), each scored whole by one process,
+    and every process receives all scores in run order: the results equal one process's, whatever N.
     Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
     """
+    from ..distributed import gather_in_order, shard_batches
+
     if isinstance(samples, (str, os.PathLike)):
         samples = read_samples(samples)
     name = None
@@ -339,13 +347,20 @@ def evaluate_runs(samples: str | os.PathLike | Sequence[Sample], evaluator="smol
     model, tokenizer = evaluator
     evaluator_name = name or getattr(model, "name_or_path", None) or type(model).__name__
     summary = {"repetition_n": options.pop("repetition_n", 4), "distinct": options.pop("distinct", (1, 2, 3, 4))}
-    scored: dict[tuple[str, ...], object] = {}  # texts -> the evaluator's scores of them
+    groups = group_runs(samples)
+    distinct: dict[tuple[str, ...], int] = {}  # texts -> their index among the distinct runs
+    for _, group in groups:
+        distinct.setdefault(tuple(sample.text for sample in group), len(distinct))
+    texts_of = list(distinct)
+    mine = {
+        index: generative_perplexity(list(texts_of[index]), model, tokenizer, **options)
+        for index in shard_batches(len(texts_of), state)
+    }
+    scores = gather_in_order(mine, state)
     results = []
-    for key, group in group_runs(samples):
+    for key, group in groups:
         texts = tuple(sample.text for sample in group)
-        if texts not in scored:  # a run that repeats another's texts (a sampler run neutral) is scored once
-            scored[texts] = generative_perplexity(list(texts), model, tokenizer, **options)
-        result = _summary(group, scored[texts], options.get("protocol", "elf"), evaluator_name, **summary)
+        result = _summary(group, scores[distinct[texts]], options.get("protocol", "elf"), evaluator_name, **summary)
         results.append({"run": key, **result, **({"evaluator": name} if name else {})})
     return results
 

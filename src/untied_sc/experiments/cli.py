@@ -146,7 +146,9 @@ def evaluate_command(args: argparse.Namespace) -> dict:
 
     Without `--baseline`, a file that holds several runs (a benchmark report's samples) is scored run by run, with the
     report's numbers, and the report's headline is computed again from those scores and checked against the report
-    ([`_report_headline`]); with it, each file is scored whole and the two are paired sample by sample.
+    ([`_report_headline`]); with it, each file is scored whole and the two are paired sample by sample. Started as
+    several processes (`accelerate launch`, `torchrun`), the runs are split between them (each process on its own
+    device) and the main process alone prints and writes; the scores equal one process's.
     """
     # Everything that needs no model is checked first, before torch and the evaluator load.
     protocol = _evaluate_protocol(args)
@@ -154,11 +156,23 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
 
+    from ..distributed import is_main_process, process_device, process_rank, process_state, silence_other_processes
     from ..evaluation.evaluator import describe_evaluator, load_evaluator
     from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
     samples = read_samples(args.samples)
-    evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device, dtype=args.dtype)
+    by_runs = not args.baseline and len(group_runs(samples)) > 1
+    state = process_state(args.device)
+    num_processes = process_rank(state)[1]
+    if num_processes > 1 and not by_runs:
+        raise ValueError(
+            f"{args.samples}: several processes split a benchmark report's samples by run, but "
+            + ("--baseline pairs two files, each scored whole" if args.baseline else "this file holds one run")
+            + "; run this command as one process (without torchrun or accelerate launch)."
+        )
+    silence_other_processes(state)
+    device = process_device(state, args.device)
+    evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=device, dtype=args.dtype)
     options = {
         "evaluator": evaluator,
         "protocol": protocol,
@@ -167,8 +181,10 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         "context_size": args.context_size,
     }
     described = describe_evaluator(args.evaluator, evaluator[0].dtype)  # the dtype "auto" chose
-    if not args.baseline and len(group_runs(samples)) > 1:
-        runs = evaluate_runs(samples, **options)
+    if by_runs:
+        runs = evaluate_runs(samples, state=state, **options)
+        if not is_main_process(state):
+            return {"runs": runs}  # the main process prints, checks the headline and writes the file
         for run in runs:
             run["evaluator"] = described
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
