@@ -193,3 +193,48 @@ def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_bas
         {**results, "frontiers": {"by_sampler": {"Momentum": {"8": {**neutral, "switched_off": False}}}}}
     )
     assert reading == "frontier"
+
+
+def test_the_head_to_head_is_checked_number_by_number_too():
+    from untied_sc.experiments.rescore import compare_headlines
+
+    paired = {"untied": {"16": {"gen_ppl_ratio": 0.9, "gen_ppl_ratio_ci": [0.8, 1.0]}}}
+    frontier = {"untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79]}}}
+    head = {"sampler": "untied", "against": "HiGS", "ratio": 0.96, "ratio_ci": [0.92, 0.99], "entropy": 4.4}
+    report = {"aggregates": {"paired": paired}, "frontiers": {"by_sampler": frontier, "head_to_head": {"16": [head]}}}
+    check = compare_headlines(report, report)
+    assert check["reproduced"] is True and check["max_relative_difference"] == 0.0
+    assert check["head_to_head"] == {"16": {"untied vs HiGS": {"ratio": 0.96, "ratio_ci": [0.92, 0.99]}}}
+    # an interval bound of the head to head off by 1 %: not reproduced, and by how much
+    edited = json.loads(json.dumps(report))
+    edited["frontiers"]["head_to_head"]["16"][0]["ratio_ci"][1] *= 1.01
+    check = compare_headlines(report, edited)
+    assert check["reproduced"] is False
+    assert check["max_relative_difference"] == pytest.approx(0.01 / 1.01)
+    # a head to head that only the report gives (or a rival that changed) is named, not passed over
+    alone = {**report, "frontiers": {"by_sampler": frontier, "head_to_head": {"16": []}}}
+    check = compare_headlines(alone, report)
+    assert (
+        check["reproduced"] is False and ["head to head", "16", "untied vs HiGS", "ratio", "0"] in check["unmatched"]
+    )
+    other = json.loads(json.dumps(report))
+    other["frontiers"]["head_to_head"]["16"][0]["against"] = "DPM-Solver++(2M)"
+    assert compare_headlines(other, report)["reproduced"] is False
+
+
+def test_evaluate_prints_and_checks_the_reports_head_to_head(report, tmp_path, capsys):
+    # The tiny report sets untied against no other method; beside a copy that claims a head to head, the check names
+    # the claim as given by the report alone and fails
+    folder = tmp_path / "claimed"
+    folder.mkdir()
+    shutil.copy(report["samples"], folder / "tiny.samples.jsonl.gz")
+    claimed = json.loads(report["json"].read_text())
+    head = {"sampler": "untied", "against": "HiGS", "ratio": 0.9, "ratio_ci": [0.8, 1.0]}
+    claimed["frontiers"]["head_to_head"] = {"8": [head]}
+    (folder / "tiny.json").write_text(json.dumps(claimed))
+    result, printed = _evaluate(folder / "tiny.samples.jsonl.gz", report["evaluator"], tmp_path / "e.json", capsys)
+    assert result["headline"]["reproduced"] is False
+    assert result["headline"]["reported_head_to_head"] == {
+        "8": {"untied vs HiGS": {"ratio": 0.9, "ratio_ci": [0.8, 1.0]}}
+    }
+    assert "Does NOT reproduce" in printed and "untied vs HiGS" in printed

@@ -224,9 +224,10 @@ def _ratio_text(ratio, interval) -> str:
 def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evaluator, described: str) -> dict | None:
     """
     The samples file of a benchmark report: the report's headline (each sampler's GenPPL ratio at equal entropy and
-    raw, with intervals, [`headline_ratios`]) computed again from `runs`, the run-by-run scores just made, exactly as
-    `benchmark --rescore` computes it, and checked number by number against the report beside the file that this
-    evaluator and dtype scored (`<model>.json`, or one of its rescorings). `None` for a file of no report.
+    raw, with intervals, [`headline_ratios`]; untied against the best other method, [`head_to_head_ratios`]) computed
+    again from `runs`, the run-by-run scores just made, exactly as `benchmark --rescore` computes it, and checked
+    number by number against the report beside the file that this evaluator and dtype scored (`<model>.json`, or one
+    of its rescorings). `None` for a file of no report.
     """
     from ..evaluation.io import group_runs
     from .rescore import HEADLINE_TOLERANCE, compare_headlines, reports_of_samples, rescore_report
@@ -269,6 +270,13 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
                 was = check["reported"].get(sampler, {}).get(nfe) or {}
                 line += f" (report: {_ratio_text(was.get('ratio'), was.get('ratio_ci'))}, raw "
                 line += f"{_ratio_text(was.get('raw_ratio'), was.get('raw_ratio_ci'))})"
+            print(line)
+    for nfe, by_pair in check["head_to_head"].items():
+        for pair, row in by_pair.items():
+            line = f"  head to head, NFE {nfe}, {pair} at equal entropy: {_ratio_text(row['ratio'], row['ratio_ci'])}"
+            if reference is not None:
+                was = check["reported_head_to_head"].get(nfe, {}).get(pair) or {}
+                line += f" (report: {_ratio_text(was.get('ratio'), was.get('ratio_ci'))})"
             print(line)
     if reference is None:
         scored_by = "; ".join(f"{path.name}: {report.get('evaluator_description')}" for path, report in reports)

@@ -310,6 +310,19 @@ def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict
     return found
 
 
+def head_to_head_ratios(results: dict) -> dict[str, dict[str, dict]]:
+    """The report's head to head at equal entropy (each untied sampler against the best other method, both on their
+    own frontiers): `{nfe: {"<sampler> vs <against>": {"ratio", "ratio_ci"}}}`; empty where there is none."""
+    rows = ((results.get("frontiers") or {}).get("head_to_head")) or {}
+    return {
+        nfe: {
+            f"{row['sampler']} vs {row['against']}": {key: row.get(key) for key in ("ratio", "ratio_ci")} for row in by
+        }
+        for nfe, by in rows.items()
+        if by
+    }
+
+
 def _flat_numbers(by_sampler: dict) -> dict[tuple, float | None]:
     """Every number of a [`headline_ratios`] table by (sampler, NFE, field, position)."""
     numbers = {}
@@ -324,11 +337,16 @@ def _flat_numbers(by_sampler: dict) -> dict[tuple, float | None]:
 
 
 def compare_headlines(computed: dict, report: dict) -> dict:
-    """[`headline_ratios`] of freshly scored runs against a report's: the largest relative difference over every
-    number both give, the numbers only one gives, and whether the report is reproduced ([`HEADLINE_TOLERANCE`])."""
+    """[`headline_ratios`] and [`head_to_head_ratios`] of freshly scored runs against a report's: the largest relative
+    difference over every number both give, the numbers only one gives, and whether the report is reproduced
+    ([`HEADLINE_TOLERANCE`])."""
     reading, ours = headline_ratios(computed)
     report_reading, theirs = headline_ratios(report)
+    heads, reported_heads = head_to_head_ratios(computed), head_to_head_ratios(report)
     mine, reported = _flat_numbers(ours), _flat_numbers(theirs)
+    # keyed apart from the samplers' rows: ("head to head", NFE, pair, field, position)
+    mine.update({("head to head", *key): value for key, value in _flat_numbers(heads).items()})
+    reported.update({("head to head", *key): value for key, value in _flat_numbers(reported_heads).items()})
     largest, unmatched = 0.0, []
     for key in sorted(set(mine) | set(reported), key=str):
         a, b = mine.get(key), reported.get(key)
@@ -341,6 +359,8 @@ def compare_headlines(computed: dict, report: dict) -> dict:
         "reading": reading,
         "by_sampler": ours,
         "reported": theirs,
+        "head_to_head": heads,
+        "reported_head_to_head": reported_heads,
         "max_relative_difference": largest,
         "unmatched": unmatched,
         "reproduced": reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
