@@ -609,7 +609,13 @@ def test_evaluate_command_on_a_local_evaluator_folder(evaluator, tmp_path, capsy
     result = evaluate_command(args)
     assert [run["run"] for run in result["runs"]] == [{"sampler": "official", "nfe": 8, "seed": s} for s in (0, 1)]
     assert [run["num_samples"] for run in result["runs"]] == [2, 2]
-    assert "sampler official, nfe 8, seed 1: elf GenPPL" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "sampler official, nfe 8, seed 1: elf GenPPL" in captured.out
+    assert "scoring runs" in captured.err  # a bar over the runs: a report's scoring can take hours
+    quiet = [str(tmp_path / "report.samples.jsonl.gz"), "--evaluator", str(tmp_path / "evaluator"), "--no-progress"]
+    evaluate_command(parser.parse_args([*quiet, "--output", str(tmp_path / "quiet.json")]))
+    assert "scoring runs" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "quiet.json").read_text())["runs"] == result["runs"]
 
 
 def test_missing_offline_evaluator_packages_give_the_pip_command(monkeypatch, tmp_path):

@@ -321,7 +321,11 @@ def group_runs(samples: Sequence[Sample]) -> list[tuple[dict, list[Sample]]]:
 
 
 def evaluate_runs(
-    samples: str | os.PathLike | Sequence[Sample], evaluator="smollm2-135m", state=None, **options
+    samples: str | os.PathLike | Sequence[Sample],
+    evaluator="smollm2-135m",
+    state=None,
+    progress: bool = False,
+    **options,
 ) -> list[dict]:
     """Scores every run of a samples file apart (a benchmark report's `<report>.samples.jsonl.gz` holds many).
 
@@ -332,10 +336,11 @@ def evaluate_runs(
 
     With a `state` of several processes ([`untied_sc.distributed.process_state`], e.g. under `accelerate launch` or
     `torchrun`), the distinct runs are dealt out by index (run r to process r mod N), each scored whole by one process,
-    and every process receives all scores in run order: the results equal one process's, whatever N.
+    and every process receives all scores in run order: the results equal one process's, whatever N. `progress` shows
+    a bar over the (main process's) runs to score.
     Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
     """
-    from ..distributed import gather_in_order, shard_batches
+    from ..distributed import gather_in_order, main_process_progress, shard_batches
 
     if isinstance(samples, (str, os.PathLike)):
         samples = read_samples(samples)
@@ -354,7 +359,7 @@ def evaluate_runs(
     texts_of = list(distinct)
     mine = {
         index: generative_perplexity(list(texts_of[index]), model, tokenizer, **options)
-        for index in shard_batches(len(texts_of), state)
+        for index in main_process_progress(shard_batches(len(texts_of), state), state, progress, desc="scoring runs")
     }
     scores = gather_in_order(mine, state)
     results = []

@@ -101,6 +101,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--seed", type=int, default=0, help="Seed of the bootstrap resampling.")
     parser.add_argument("--output", help="JSON file to write (default: <samples>.eval-<protocol>.json).")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar over a report's runs.")
     return parser
 
 
@@ -182,7 +183,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     }
     described = describe_evaluator(args.evaluator, evaluator[0].dtype)  # the dtype "auto" chose
     if by_runs:
-        runs = evaluate_runs(samples, state=state, **options)
+        runs = evaluate_runs(samples, state=state, progress=not args.no_progress, **options)
         if not is_main_process(state):
             return {"runs": runs}  # the main process prints, checks the headline and writes the file
         for run in runs:
