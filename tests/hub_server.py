@@ -54,6 +54,10 @@ def init_repo(folder: Path) -> None:
 
 
 def commit_all(folder: Path, message: str) -> str:
+    # The index is emptied first so that `add` hashes every file: git trusts a file whose stat matches its index entry,
+    # and a file replaced within the same second by one of the same size (its inode reused, its older mtime kept by
+    # the copy) matches, so the commit would silently keep the old content.
+    _git(folder, "rm", "-r", "-q", "--cached", "--ignore-unmatch", ".")
     _git(folder, "add", "-A")
     _git(folder, "commit", "-q", "--allow-empty", "-m", message)
     return _git(folder, "rev-parse", "HEAD")
