@@ -3,6 +3,7 @@
 import argparse
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -524,13 +525,6 @@ def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(eval
     assert runs[2]["samplers"] == ["ACE"] and {r["sampler"] for r in runs[2]["per_sample"]} == {"ACE"}
 
 
-class _Process:
-    """What the sharding reads of an accelerate state: this process's index and the number of processes."""
-
-    def __init__(self, process_index: int, num_processes: int):
-        self.process_index, self.num_processes = process_index, num_processes
-
-
 class _Gathered(Exception):
     pass
 
@@ -559,7 +553,12 @@ def test_each_of_two_processes_scores_every_other_distinct_run_and_gathers_them(
 
     monkeypatch.setattr(distributed, "gather_object", gather_object)
     with pytest.raises(_Gathered) as gathered:
-        evaluate_runs(samples, evaluator=(model, tokenizer), protocol="langflow", state=_Process(process_index, 2))
+        evaluate_runs(
+            samples,
+            evaluator=(model, tokenizer),
+            protocol="langflow",
+            state=SimpleNamespace(process_index=process_index, num_processes=2),
+        )
     mine = [process_index, process_index + 2]
     assert calls == [texts[i] for i in mine]
     assert [index for index, _ in gathered.value.args[0]] == mine
@@ -569,7 +568,9 @@ def test_evaluate_command_refuses_several_processes_for_a_file_scored_whole(eval
     import untied_sc.distributed as distributed
 
     write_samples(tmp_path / "a.jsonl", _run("untied", ["w3 w4", "w5"]))
-    monkeypatch.setattr(distributed, "process_state", lambda device=None: _Process(0, 2))
+    monkeypatch.setattr(
+        distributed, "process_state", lambda device=None: SimpleNamespace(process_index=0, num_processes=2)
+    )
     parser = add_evaluate_arguments(argparse.ArgumentParser())
     for extra, reason in (([], "holds one run"), (["--baseline", str(tmp_path / "a.jsonl")], "--baseline")):
         args = parser.parse_args(
