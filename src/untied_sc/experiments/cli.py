@@ -102,6 +102,14 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--output", help="JSON file to write (default: <samples>.eval-<protocol>.json).")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar over a report's runs.")
+    parser.add_argument(
+        "--score-parts-dir",
+        metavar="DIR",
+        help="A report's samples: keep every run scored here in DIR, a file each, as soon as it is scored; the same "
+        "command with the same folder reads them instead of scoring again, so a stopped check (an hour on a CPU) "
+        "resumes. Parts are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size, "
+        "--max-length and --context-size; benchmark --score-parts-dir keeps the same parts.",
+    )
     return parser
 
 
@@ -157,7 +165,14 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
 
-    from ..distributed import is_main_process, process_device, process_rank, process_state, silence_other_processes
+    from ..distributed import (
+        gather_in_order,
+        is_main_process,
+        process_device,
+        process_rank,
+        process_state,
+        silence_other_processes,
+    )
     from ..evaluation.evaluator import describe_evaluator, load_evaluator
     from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
@@ -165,12 +180,19 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     by_runs = not args.baseline and len(group_runs(samples)) > 1
     state = process_state(args.device)
     num_processes = process_rank(state)[1]
+    whole = "--baseline pairs two files, each scored whole" if args.baseline else "this file holds one run"
     if num_processes > 1 and not by_runs:
         raise ValueError(
-            f"{args.samples}: several processes split a benchmark report's samples by run, but "
-            + ("--baseline pairs two files, each scored whole" if args.baseline else "this file holds one run")
-            + "; run this command as one process (without torchrun or accelerate launch)."
+            f"{args.samples}: several processes split a benchmark report's samples by run, but {whole}; run this "
+            "command as one process (without torchrun or accelerate launch)."
         )
+    if args.score_parts_dir and not by_runs:
+        raise ValueError(
+            f"{args.samples}: --score-parts-dir keeps a benchmark report's runs one by one, but {whole}; drop "
+            "--score-parts-dir."
+        )
+    if args.score_parts_dir and Path(args.score_parts_dir).exists() and not Path(args.score_parts_dir).is_dir():
+        raise ValueError(f"--score-parts-dir: {args.score_parts_dir} is a file, not a folder; give a folder.")
     silence_other_processes(state)
     device = process_device(state, args.device)
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=device, dtype=args.dtype)
@@ -183,9 +205,28 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     }
     described = describe_evaluator(args.evaluator, evaluator[0].dtype)  # the dtype "auto" chose
     if by_runs:
-        runs = evaluate_runs(samples, state=state, progress=not args.no_progress, **options)
+        parts = None
+        if args.score_parts_dir:
+            from .score_parts import ScoreParts
+
+            parts = ScoreParts(
+                Path(args.score_parts_dir),
+                described,
+                protocol,
+                args.eval_batch_size,
+                args.max_length,
+                args.context_size,
+            )
+        runs = evaluate_runs(samples, state=state, progress=not args.no_progress, parts=parts, **options)
+        if parts is not None:  # every process's count, gathered before the others return
+            counts = gather_in_order({process_rank(state)[0]: (parts.read, parts.written)}, state)
+            read, written = (sum(column) for column in zip(*counts, strict=True))
         if not is_main_process(state):
             return {"runs": runs}  # the main process prints, checks the headline and writes the file
+        if parts is not None:
+            print(
+                f"{parts.folder}: {read} parts read, {written} runs scored here and kept (one for runs of the same samples)"
+            )
         for run in runs:
             run["evaluator"] = described
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())

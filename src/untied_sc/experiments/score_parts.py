@@ -1,10 +1,12 @@
-"""Scored runs kept one file each (`untied-sc benchmark --score-parts-dir`), so that a stopped scoring resumes.
+"""Scored runs kept one file each (`--score-parts-dir` of `untied-sc benchmark` and `evaluate`), so that a stopped
+scoring resumes.
 
 Scoring dominates a benchmark on a CPU (hours for a report under a large evaluator) and a process may be stopped
-before the report is written. With a parts folder every run [`score_sweep`] scores is written there as soon as it is
-scored, named by what decides its scores: its samples ([`samples_fingerprint`]), the evaluator as the report names it
-(its description, dtype included), the protocol, the scoring batch size and the maximum length. A run whose part
-exists is read instead of scored: the same texts under the same scoring give the same numbers. A part holds the
+before the report is written; checking a report from its samples (`evaluate`) takes as long. With a parts folder every
+run [`score_sweep`] or [`evaluate_runs`] scores is written there as soon as it is scored, named by what decides its
+scores: its samples ([`samples_fingerprint`]), the evaluator as the report names it (its description, dtype included),
+the protocol, the scoring batch size, the maximum length and (`evaluate --context-size`) the chunk width. A run whose
+part exists is read instead of scored: the same texts under the same scoring give the same numbers. A part holds the
 [`evaluate_samples`] result and nothing else of the run, so any report whose runs hold those samples can read it.
 """
 
@@ -31,18 +33,22 @@ class ScoreParts:
     protocol: str
     eval_batch_size: int | None
     max_length: int | None
+    context_size: int | None = None
     read: int = 0
     written: int = 0
 
     def identity(self, samples: Sequence[Sample]) -> dict:
         """What decides a run's scores: its samples and this scoring's settings."""
-        return {
+        identity = {
             "samples": samples_fingerprint(samples),
             "evaluator_description": self.evaluator_description,
             "protocol": self.protocol,
             "eval_batch_size": self.eval_batch_size,
             "max_length": self.max_length,
         }
+        if self.context_size is not None:  # `evaluate --context-size`; absent, parts keep the names they had
+            identity["context_size"] = self.context_size
+        return identity
 
     def path(self, samples: Sequence[Sample]) -> Path:
         digest = hashlib.sha256(json.dumps(self.identity(samples), sort_keys=True).encode()).hexdigest()[:24]
