@@ -108,7 +108,8 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         help="A report's samples: keep every run scored here in DIR, a file each, as soon as it is scored; the same "
         "command with the same folder reads them instead of scoring again, so a stopped check (an hour on a CPU) "
         "resumes. Parts are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size, "
-        "--max-length and --context-size; benchmark --score-parts-dir keeps the same parts.",
+        "--max-length and --context-size. They are benchmark --score-parts-dir's parts: a folder the benchmark wrote gives "
+        "its own scores back, so a check takes a folder of its own.",
     )
     return parser
 
