@@ -525,6 +525,22 @@ def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(eval
     assert runs[2]["samplers"] == ["ACE"] and {r["sampler"] for r in runs[2]["per_sample"]} == {"ACE"}
 
 
+def test_a_result_given_another_runs_provenance_is_that_runs_own_result_to_the_byte(evaluator):
+    from untied_sc.evaluation.io import with_provenance
+
+    model, tokenizer = evaluator
+    texts = ["w3 w4 w5 w6", "w7 w8 w9"]
+    official, momentum = _run("official", texts), _run("Momentum", texts, batch=1, seed=3)
+    momentum[1] = Sample(momentum[1].text, ids=momentum[1].ids, seed=3, sampler="Momentum", extra={"index": 1})
+    kept = evaluate_samples(official, evaluator=(model, tokenizer), protocol="elf")
+    own = evaluate_samples(momentum, evaluator=(model, tokenizer), protocol="elf")
+    assert json.dumps(with_provenance(kept, momentum)) == json.dumps(own)  # key order too: the JSON a check writes
+    assert json.dumps(with_provenance(own, official)) == json.dumps(kept)
+    assert own["per_sample"][1].keys().isdisjoint({"batch", "nfe"}) and kept["per_sample"][0]["sampler"] == "official"
+    with pytest.raises(ValueError, match="2 samples cannot be that of 1"):
+        with_provenance(kept, official[:1])
+
+
 class _Gathered(Exception):
     pass
 
