@@ -108,8 +108,8 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         help="A report's samples: keep every run scored here in DIR, a file each, as soon as it is scored; the same "
         "command with the same folder reads them instead of scoring again, so a stopped check (an hour on a CPU) "
         "resumes. Parts are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size, "
-        "--max-length and --context-size. They are benchmark --score-parts-dir's parts: a folder the benchmark wrote gives "
-        "its own scores back, so a check takes a folder of its own.",
+        "--max-length and --context-size. They are benchmark --score-parts-dir's parts: a folder the benchmark "
+        "wrote gives its own scores back, so a check takes a folder of its own.",
     )
     return parser
 
@@ -225,9 +225,8 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         if not is_main_process(state):
             return {"runs": runs}  # the main process prints, checks the headline and writes the file
         if parts is not None:
-            print(
-                f"{parts.folder}: {read} parts read, {written} runs scored here and kept (one for runs of the same samples)"
-            )
+            shared = "one for runs of the same samples"
+            print(f"{parts.folder}: {read} parts read, {written} runs scored here and kept ({shared})")
         for run in runs:
             run["evaluator"] = described
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
