@@ -286,8 +286,7 @@ def _summary(
         "num_samples": len(samples),
         "num_scored": sum(scored),
         "num_dropped": len(samples) - sum(scored),
-        "samplers": sorted({s.sampler for s in samples if s.sampler is not None}),
-        "nfe": sorted({s.nfe for s in samples if s.nfe is not None}),
+        **_run_provenance(samples),
         "gen_ppl": result.gen_ppl,
         "nll_per_token": result.nll_per_token,
         "num_tokens": result.num_tokens,
@@ -305,6 +304,14 @@ def _summary(
     }
 
 
+def _run_provenance(samples: Sequence[Sample]) -> dict:
+    """The samplers and NFE a run's samples come from, as its result names them."""
+    return {
+        "samplers": sorted({s.sampler for s in samples if s.sampler is not None}),
+        "nfe": sorted({s.nfe for s in samples if s.nfe is not None}),
+    }
+
+
 def _provenance(sample: Sample) -> dict:
     """Where a sample comes from, as its per-sample record begins: its seed, batch, sampler and NFE that are set."""
     return {key: getattr(sample, key) for key in PROVENANCE_KEYS if getattr(sample, key) is not None}
@@ -319,12 +326,12 @@ def with_provenance(result: dict, samples: Sequence[Sample]) -> dict:
         {**_provenance(sample), **{k: v for k, v in record.items() if k not in PROVENANCE_KEYS}}
         for sample, record in zip(samples, result["per_sample"], strict=True)
     ]
-    return {
-        **result,
-        "samplers": sorted({s.sampler for s in samples if s.sampler is not None}),
-        "nfe": sorted({s.nfe for s in samples if s.nfe is not None}),
-        "per_sample": per_sample,
-    }
+    return {**result, **_run_provenance(samples), "per_sample": per_sample}
+
+
+def samples_key(samples: Sequence[Sample]) -> tuple:
+    """What makes two runs the same for the evaluator: their texts and token ids, in order."""
+    return tuple((sample.text, tuple(sample.ids or ())) for sample in samples)
 
 
 def run_key(sample: Sample) -> dict:
@@ -383,9 +390,9 @@ def evaluate_runs(
     summary = {"repetition_n": options.pop("repetition_n", 4), "distinct": options.pop("distinct", (1, 2, 3, 4))}
     protocol = options.get("protocol", "elf")
     groups = group_runs(samples)
-    holders: dict[tuple, list[int]] = {}  # samples (texts and ids) -> the runs that hold them, by index in `groups`
+    holders: dict[tuple, list[int]] = {}  # [`samples_key`] -> the runs that hold those samples, by index in `groups`
     for index, (_, group) in enumerate(groups):
-        holders.setdefault(tuple((sample.text, tuple(sample.ids or ())) for sample in group), []).append(index)
+        holders.setdefault(samples_key(group), []).append(index)
     distinct = list(holders.values())
 
     def score_distinct(runs: list[int]) -> list[dict]:

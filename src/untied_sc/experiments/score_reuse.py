@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..evaluation.io import Sample, read_samples
+from ..evaluation.io import Sample, read_samples, samples_key
 from ..input_checks import read_benchmark_report
 from .aggregation import AGGREGATED_METRICS
 
@@ -30,11 +30,6 @@ SPOT_CHECK_TOLERANCE = 1e-4
 
 # Per-sample records a report's run keeps (the intervals and the equal-entropy control resample them).
 PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
-
-
-def samples_key(samples: Sequence[Sample]) -> tuple:
-    """What makes two runs the same for the evaluator: their texts and token ids, in order."""
-    return tuple((sample.text, tuple(sample.ids or ())) for sample in samples)
 
 
 def samples_fingerprint(samples: Sequence[Sample]) -> str:
