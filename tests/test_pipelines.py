@@ -118,10 +118,24 @@ def test_given_latents_and_callbacks(pipes):
     )  # the callback's zeroed latent was used (the last step is no update)
 
 
-def test_random_generator_when_none_is_given(pipes):
-    a = pipes["elf"](batch_size=1, num_inference_steps=8, output_type="latent").latents
-    b = pipes["elf"](batch_size=1, num_inference_steps=8, output_type="latent").latents
-    assert not torch.equal(a, b)
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_no_generator_draws_from_torchs_global_one_as_diffusers(pipes, family):
+    pipe, call = pipes[family], {"batch_size": 2, "num_inference_steps": 8}
+    torch.manual_seed(0)
+    first = pipe(**call)
+    again = pipe(**call)
+    assert not torch.equal(first.latents, again.latents)  # the global generator moved on
+    torch.manual_seed(0)
+    reseeded = pipe(**call)
+    assert reseeded.texts == first.texts
+    assert torch.equal(reseeded.sequences, first.sequences) and torch.equal(reseeded.latents, first.latents)
+    # The global generator is the stream a generator seeded alike gives: the same draws, in the same order.
+    assert torch.equal(_sample(pipe, seed=0, **call).latents, first.latents)
+    # A given generator is untouched by the global seed and leaves the global generator alone.
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    assert torch.equal(_sample(pipe, seed=5, **call).latents, _sample(pipe, seed=5, **call).latents)
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_from_official_builds_working_pipelines(tmp_path, elf_golden, langflow_golden):

@@ -390,15 +390,32 @@ def test_langflow_proposal_comes_from_the_config_unless_given(name):
             case.build(proposal=bad)
 
 
-def test_bare_elf_set_timesteps_draws_a_fresh_grid():
+def test_bare_elf_set_timesteps_draws_from_torchs_global_generator():
+    # As diffusers' `generator=None`: torch's global generator, so the global seed fixes the grid. The grid is drawn
+    # from a copy of it (the official CPU stream), exactly as from a generator in the same state.
+    torch.manual_seed(0)
     scheduler = ELFScheduler()
     scheduler.set_timesteps(STEPS)
     first = scheduler.timesteps
+    explicit = ELFScheduler()
+    explicit.set_timesteps(STEPS, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(first, explicit.timesteps)
+    torch.manual_seed(1)
     scheduler.set_timesteps(STEPS)
-    assert not torch.equal(first, scheduler.timesteps)  # seeded afresh each time, as diffusers' `generator=None`
+    assert not torch.equal(first, scheduler.timesteps)
+    torch.manual_seed(0)
+    fresh = ELFScheduler()
+    fresh.set_timesteps(STEPS)
+    assert torch.equal(first, fresh.timesteps)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
     seeded = [ELFScheduler() for _ in range(2)]
     for s in seeded:
         s.set_timesteps(STEPS, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(seeded[0].timesteps, seeded[1].timesteps)
+    assert torch.equal(torch.get_rng_state(), before)  # a given generator leaves the global one alone
+    torch.manual_seed(1)
+    seeded[1].set_timesteps(STEPS, generator=torch.Generator().manual_seed(3))
     assert torch.equal(seeded[0].timesteps, seeded[1].timesteps)
 
 

@@ -111,8 +111,8 @@ class ELFPipeline(LanguageFlowPipeline):
         Args:
             batch_size (`int`, defaults to 1): number of samples.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
-            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: a freshly seeded
-                CPU one). The batch shares one random time grid. A CPU generator gives the official CPU run bit for
+            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: torch's global
+                generator of the execution device, as diffusers). The batch shares one random time grid. A CPU generator gives the official CPU run bit for
                 bit on any device (on a GPU the re-noising draws are made ahead on a background thread while the
                 network runs: same numbers); a CUDA generator draws the grid, z_0, the noise and the decode's
                 uniforms on its GPU, in the official order (the official code on CUDA): reproducible for a seed,

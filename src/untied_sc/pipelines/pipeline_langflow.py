@@ -52,8 +52,8 @@ class LangFlowPipeline(LanguageFlowPipeline):
             batch_size (`int`, defaults to 1): number of samples.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2); the last
                 one is the final evaluation whose logits give the tokens.
-            generator (`torch.Generator`, *optional*): z_0, the only random draw, comes from it (`None`: a freshly
-                seeded CPU one), on the generator's device: a CPU generator gives the official CPU z_0 on any
+            generator (`torch.Generator`, *optional*): z_0, the only random draw, comes from it (`None`: torch's
+                global generator of the execution device, as diffusers), on the generator's device: a CPU generator gives the official CPU z_0 on any
                 device; a CUDA one draws z_0 on its GPU (what the official code does on CUDA, from the CUDA RNG).
             latents (`torch.Tensor` of shape `(batch_size, length, hidden_size)`, *optional*): the initial latent
                 z_0.

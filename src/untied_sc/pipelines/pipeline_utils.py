@@ -25,7 +25,7 @@ from ..calibration import apply_calibration, calibrate_pipeline
 from ..hardware import warn_if_emulated_bfloat16
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.coefficients import entropy_matched_setting
-from ..schedulers.noise import draw_normal, settle
+from ..schedulers.noise import draw_normal, global_generator, settle
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 
@@ -450,14 +450,14 @@ class LanguageFlowPipeline(DiffusionPipeline):
     ) -> tuple[int, int, torch.Generator | list[torch.Generator]]:
         """
         A call's inputs checked (sizes given as numpy integers taken as ints), and its generator: the one given, or for
-        `None` a freshly seeded CPU one, so that the loop and the decode after it draw from the same stream.
+        `None` torch's global generator of the execution device (as diffusers: `torch.manual_seed` makes the call
+        reproducible), so that the loop and the decode after it draw from the same stream.
         """
         batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
         self.check_inputs(batch_size, num_inference_steps, latents, output_type, callback_tensor_inputs)
         check_generator_input(generator, batch_size)
         if generator is None:
-            generator = torch.Generator()
-            generator.seed()
+            generator = global_generator(self._execution_device)
         return batch_size, num_inference_steps, generator
 
     def prepare_latents(self, batch_size, generator, latents, device, scheduler=None) -> torch.Tensor:
@@ -518,9 +518,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         Args:
             batch_size (`int`, defaults to 1): number of trajectories.
             num_inference_steps (`int`, defaults to 32): NFE, the number of network evaluations (≥ 2).
-            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: a freshly seeded
-                CPU one). Draw order: the scheduler's `set_timesteps`, z_0, then the steps' draws. A CPU generator
-                gives the official CPU stream bit for bit on any device (on a GPU, ELF's noise is drawn ahead while
+            generator (`torch.Generator`, *optional*): every random draw comes from it (`None`: torch's global
+                generator of the execution device, as diffusers). Draw order: the scheduler's `set_timesteps`, z_0,
+                then the steps' draws. A CPU generator gives the official CPU stream bit for bit on any device (on a GPU, ELF's noise is drawn ahead while
                 the network runs: same numbers); a CUDA generator draws everything on its GPU, a device stream that
                 reproduces itself for a seed but not the CPU numbers (docs/algorithm.md §2.1).
             latents (`torch.Tensor` of shape `(batch_size, length, dim)`, *optional*): the initial latent z_0.

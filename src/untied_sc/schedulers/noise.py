@@ -41,6 +41,19 @@ def check_generator(generator: torch.Generator) -> None:
         )
 
 
+def global_generator(device: str | torch.device | None = None) -> torch.Generator:
+    """
+    torch's own generator for `device` (the one `torch.manual_seed` seeds): what diffusers draws from when a call gets
+    no generator, so that `torch.manual_seed(0)` makes it reproducible. CUDA devices have their own; every other
+    device (CPU, or one whose draws are made on the CPU) gets the CPU one.
+    """
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
 def draw_normal(
     shape: Sequence[int], generator: torch.Generator, device: str | torch.device, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:

@@ -10,7 +10,7 @@ from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
 from .contract import check_begin_index, check_timestep
-from .noise import NoiseStream, check_generator, settle
+from .noise import NoiseStream, check_generator, global_generator, settle
 from .outputs import LanguageFlowSchedulerOutput
 from .solvers import ELFSolver
 
@@ -102,8 +102,8 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     generator is the official run on CUDA, one device stream: the grid, then z_0, then the noise, all drawn from
     `generator` on its device.
 
-    Use: `set_timesteps(N, generator=g)` (no generator: a freshly seeded one); then per step `model_input = scale_model_input(z, t)` (the re-noising),
-    the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and `step(x_pred, t, z)`.
+    Use: `set_timesteps(N, generator=g)` (no generator: torch's global one); then per step
+    `model_input = scale_model_input(z, t)` (the re-noising), the network at `t` on `model_input` with self-conditioning input `self_conditioning`, and `step(x_pred, t, z)`.
     The step's noise ε_k is drawn from `g` by the first `scale_model_input` of step k and cached for that step, so
     `scale_model_input` is pure (calling it again gives the same tensor and draws nothing), and `step` re-noises the
     `sample` it is given with the same ε_k: a loop or callback that edits the latent is followed exactly.
@@ -193,11 +193,10 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             generator (`torch.Generator`, *optional*): the sampling generator, CPU or CUDA. CPU (the official CPU
                 stream): the grid is drawn from a copy of it, and the re-noising draws advance it. CUDA (the official
                 CUDA stream): the grid is drawn from it on its device, advancing it, then the re-noising draws.
-                `None` uses a freshly seeded, non-reproducible CPU generator.
+                `None`: torch's global generator of `device` (as diffusers), so `torch.manual_seed` fixes the grid.
         """
         if generator is None:
-            generator = torch.Generator()
-            generator.seed()
+            generator = global_generator(device)
         check_generator(generator)
         self._reset_state()  # an unfinished run's draw ahead goes back to its generator before anything is drawn
         settle(generator)
