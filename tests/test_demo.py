@@ -4,13 +4,12 @@ import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.demo import main, sample_both
-from untied_sc.hardware import auto_dtype_name
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
 
 
-def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow_golden, capsys):
+def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow_golden, capsys, monkeypatch):
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
@@ -33,21 +32,30 @@ def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow
         "--batch-size",
         "2",
     ]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
+    capsys.readouterr()  # what saving the evaluator printed
+    monkeypatch.chdir(tmp_path)  # no benchmarks/results here or beside the artifacts: it says where it looked
+    assert main([*argv, "--results", str(tmp_path / "none")]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
     assert "=== tiny (LangFlowPipeline), 8 steps, seed 0 ===" in out
     for name in results:
-        assert f"--- {name}: GenPPL" in out
+        assert f"--- {name} (2 samples): GenPPL" in out
     assert "(langflow protocol: generator ids), word Rep-4" in out and ", token Rep-4 " in out
     lines = out.splitlines()
-    assert lines[0].startswith("Loading the evaluator") and lines[1].startswith("Evaluator: ")
-    # the evaluator's "auto" dtype: bfloat16 on a CPU that computes it natively, float32 where it is emulated
-    assert f"run in {auto_dtype_name('cpu')}" in lines[1]
+    assert (
+        lines[0] == f"No committed benchmarks found (looked in {tmp_path / 'none'}): the summary gives the demo's "
+        "own samples only; pass --results benchmarks/results of a checkout for the verdicts."
+    )
+    assert lines[1].startswith("Loading the evaluator") and lines[2].startswith("Evaluator: ")
+    assert "run in float32" in lines[2]  # the committed benchmarks' dtype, and the one it really ran in
     assert "lower reads as more fluent, but only at similar entropy" in out
-    assert "scoring official (2 samples)..." in out
-    summary = out[out.index("=== Summary (8 steps, 2 samples per sampler") :]
-    line = next(line for line in summary.splitlines() if line.startswith("tiny: official GenPPL"))
-    assert "untied (langflow-lm1b preset)" in line and "(×" in line
+    # progress: one bar per model on stderr, redrawn in place, none of the pipelines' per-step bars
+    assert "tiny" in captured.err and captured.err.count("\n") <= 2
+    summary = out[out.index("=== Summary (8 steps) ===") :]
+    line = next(line for line in summary.splitlines() if "These 2 samples per sampler" in line)
+    assert "(a glimpse at their own entropies, no interval): official GenPPL" in line
+    assert "untied (langflow-lm1b preset)" in line and "official's, entropy" in line
+    assert "No equal-entropy benchmark of this model at this NFE" in summary
     assert summary.rstrip().endswith("docs/results.md.")
     assert main(["--artifacts", str(tmp_path / "empty")]) == 1
 
@@ -86,10 +94,29 @@ def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
     at_official = {"ratio": 0.66, "ratio_ci": [0.63, 0.69]}
     line = equal_entropy_verdict(folder, 8, report(at_official, {"ratio": 0.7, "ratio_ci": [0.6, 0.8]}))
     assert "(tiny-equal-entropy-8-baselines.json, 3 seeds × 128 pairs)" in line
-    assert line.endswith("0.660 [0.630, 0.690] of official's at official's entropy: untied did better.")
+    assert line.endswith(
+        "0.660 of official's (95 % interval [0.630, 0.690]) at official's entropy: untied did better."
+    )
     # a frontier that does not reach official's entropy: read at untied's own entropy on official's curve
     own = {"ratio": 1.2, "ratio_ci": [1.05, 1.4], "entropy": 4.24}
     line = equal_entropy_verdict(folder, 8, report({"ratio": None, "ratio_ci": None}, own))
     assert "at untied's own entropy (4.24 nats; official's is lower): official did better." in line
     line = equal_entropy_verdict(folder, 8, report({"ratio": 0.97, "ratio_ci": [0.9, 1.04]}, own))
     assert line.endswith(": no clear difference.") and equal_entropy_verdict(folder, 16, tmp_path) is None
+
+
+def test_the_demo_finds_the_benchmarks_wherever_it_is_run_from(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from untied_sc.demo import find_results, results_candidates
+
+    checkout = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)  # outside the clone
+    assert find_results(checkout / "hub_artifacts") == checkout / "benchmarks" / "results"
+    assert find_results(tmp_path / "artifacts") == checkout / "benchmarks" / "results"  # the source checkout
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "mine" / "artifacts").mkdir(parents=True)
+    assert find_results(tmp_path / "mine" / "artifacts") == tmp_path / "benchmarks" / "results"  # the working dir
+    (tmp_path / "mine" / "benchmarks" / "results").mkdir(parents=True)
+    assert find_results(tmp_path / "mine" / "artifacts") == tmp_path / "mine" / "benchmarks" / "results"
+    assert results_candidates(tmp_path / "mine" / "artifacts")[0] == tmp_path / "mine" / "benchmarks" / "results"

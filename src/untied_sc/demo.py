@@ -1,13 +1,15 @@
 """`make demo`: official vs untied sampling at 8 steps on the bundled pipelines, with samples and metrics.
 
-    python -m untied_sc.demo [--artifacts hub_artifacts] [--steps 8] [--batch-size 8] [--seed 0]
+    python -m untied_sc.demo [--artifacts hub_artifacts] [--steps 8] [--batch-size 8] [--seed 0] [--results DIR]
 
 For every pipeline folder under `--artifacts` (each with a `model_index.json`): sample with the official scheduler
 and with `UntiedSelfConditioningScheduler` (the folder's tuned coefficients, and the paper's closest preset) from the
 same generator seed (so all start from the same latent and random stream), print the samples side by side, and score
-them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, float32): GenPPL, unigram entropy and Rep-4 under
-the model family's protocol. The summary says which sampler did better by the model's committed equal-entropy
-benchmark at that NFE (a few samples are a glimpse; their GenPPL is comparable only at similar entropy).
+them with the offline evaluator (SmolLM2-135M-Instruct, Q4_1 GGUF, in float32 as the committed benchmarks):
+GenPPL, unigram entropy and Rep-4 under the model family's protocol. The summary tells apart the demo's own few
+samples (a glimpse, no interval) and the verdict of the model's committed equal-entropy benchmark at that NFE (which
+sampler did better, with its 95 % interval), found in `--results` or, by default, the `benchmarks/results` folder
+beside the artifacts, in the working directory or in the source checkout.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from .calibration.calibrate import DEFAULT_PRESET
 from .evaluation import Sample, evaluate_samples, load_evaluator
@@ -32,18 +35,23 @@ def find_pipelines(artifacts: Path) -> list[Path]:
     return sorted(index.parent for index in Path(artifacts).glob("*/model_index.json"))
 
 
-def sample_both(pipe, steps: int, batch_size: int, seed: int) -> dict:
-    """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed."""
+def sample_both(pipe, steps: int, batch_size: int, seed: int, progress=None) -> dict:
+    """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed.
+    `progress` (a tqdm bar, optional) is told each sampler's name as it starts."""
     official_scheduler = pipe.scheduler
     preset = DEFAULT_PRESET[pipe.family]
     overrides = {"official": None, "untied": {}, f"untied ({preset} preset)": {"coefficients": preset}}
     results = {}
     try:
         for name, config in overrides.items():
+            if progress is not None:
+                progress.set_postfix_str(f"sampling {name}")
             if config is not None:
                 pipe.scheduler = UntiedSelfConditioningScheduler.from_config(official_scheduler.config, **config)
             generator = torch.Generator().manual_seed(seed)
             results[name] = pipe(batch_size=batch_size, num_inference_steps=steps, generator=generator)
+            if progress is not None:
+                progress.update()
     finally:
         pipe.scheduler = official_scheduler
     return results
@@ -58,7 +66,26 @@ How to read the numbers:
 Each block starts from the same seed, so official and untied begin from the same latent and random stream."""
 
 
-def reference_scores(folder: Path, results: Path = Path("benchmarks/results")) -> dict | None:
+RESULTS = Path("benchmarks") / "results"
+
+
+def results_candidates(artifacts: Path) -> list[Path]:
+    """Where the committed benchmarks may be, in order: beside the artifacts folder (a checkout's `hub_artifacts`),
+    in the working directory, in the source checkout this module runs from."""
+    places = [
+        Path(artifacts).resolve().parent / RESULTS,
+        Path.cwd() / RESULTS,
+        Path(__file__).resolve().parents[2] / RESULTS,
+    ]
+    return list(dict.fromkeys(places))
+
+
+def find_results(artifacts: Path) -> Path | None:
+    """The first of [`results_candidates`] that exists, or `None`."""
+    return next((place for place in results_candidates(artifacts) if place.is_dir()), None)
+
+
+def reference_scores(folder: Path, results: Path = RESULTS) -> dict | None:
     """The held-out text's scores for a bundled model (`benchmarks/results/<name>-quality.json`), for scale."""
     path = results / f"{folder.name}-quality.json"
     if not path.is_file():
@@ -68,7 +95,7 @@ def reference_scores(folder: Path, results: Path = Path("benchmarks/results")) -
     return next((row for row in rows if row.get("sampler") == "held-out reference text"), None)
 
 
-def equal_entropy_verdict(folder: Path, steps: int, results: Path = Path("benchmarks/results")) -> str | None:
+def equal_entropy_verdict(folder: Path, steps: int, results: Path = RESULTS) -> str | None:
     """Which sampler did better, from the model's committed equal-entropy benchmark at `steps` (3 seeds × 128 pairs;
     `<name>-equal-entropy-<steps>-baselines.json`): untied's GenPPL ratio to official at official's entropy on its
     own frontier, or, where its frontier does not reach official's entropy, at its own entropy on official's curve.
@@ -88,8 +115,9 @@ def equal_entropy_verdict(folder: Path, steps: int, results: Path = Path("benchm
     low, high = row["ratio_ci"]
     verdict = "untied did better" if high < 1 else "official did better" if low > 1 else "no clear difference"
     return (
-        f"At equal entropy ({path.name}, {len(report['seeds'])} seeds × {report['num_samples']} pairs): untied's "
-        f"GenPPL is {row['ratio']:.3f} [{low:.3f}, {high:.3f}] of official's {where}: {verdict}."
+        f"The benchmark at equal entropy ({path.name}, {len(report['seeds'])} seeds × {report['num_samples']} "
+        f"pairs): untied's GenPPL is {row['ratio']:.3f} of official's (95 % interval [{low:.3f}, {high:.3f}]) "
+        f"{where}: {verdict}."
     )
 
 
@@ -106,6 +134,18 @@ def correction_off_note(pipe, steps: int) -> str | None:
     )
 
 
+def glimpse_line(scored: dict) -> str:
+    """The demo's own samples, each untied block against official: raw GenPPL ratio and both entropies."""
+    official = scored["official"]
+    parts = [
+        f"{name} {scores['gen_ppl']:.1f} (×{scores['gen_ppl'] / official['gen_ppl']:.2f} official's, entropy "
+        f"{scores['entropy']:.2f})"
+        for name, scores in scored.items()
+        if name != "official"
+    ]
+    return f"official GenPPL {official['gen_ppl']:.1f} (entropy {official['entropy']:.2f}) vs " + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -115,6 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="Samples per sampler.")
     parser.add_argument("--seed", type=int, default=0, help="Generator seed (the same for every sampler).")
     parser.add_argument("--evaluator", default="smollm2-135m", help="Evaluator name or folder.")
+    parser.add_argument(
+        "--dtype", default="float32", help="Evaluator dtype (float32: as the committed benchmarks; or auto, bfloat16)."
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="Folder of the committed benchmarks (default: benchmarks/results beside the artifacts folder, in the "
+        "working directory, or in the source checkout).",
+    )
     parser.add_argument("--show", type=int, default=5, help="Samples printed per sampler.")
     args = parser.parse_args(argv)
 
@@ -122,16 +172,25 @@ def main(argv: list[str] | None = None) -> int:
     if not folders:
         print(f"No pipeline folders (with model_index.json) under {args.artifacts}/.", file=sys.stderr)
         return 1
+    results = args.results if args.results is not None else find_results(Path(args.artifacts))
+    if results is None or not results.is_dir():
+        looked = [args.results] if args.results is not None else results_candidates(Path(args.artifacts))
+        results = None
+        print(
+            "No committed benchmarks found (looked in " + ", ".join(str(place) for place in looked) + "): the summary "
+            "gives the demo's own samples only; pass --results benchmarks/results of a checkout for the verdicts."
+        )
     print("Loading the evaluator (the first run converts its GGUF weights, about a minute)...", flush=True)
-    evaluator = load_evaluator(args.evaluator)
+    evaluator = load_evaluator(args.evaluator, dtype=args.dtype)
     print(f"Evaluator: {describe_evaluator(args.evaluator, next(evaluator[0].parameters()).dtype)}")
     print(EXPLANATION)
     summary = []
     for folder in folders:
         pipe = load_pipeline(folder)
+        pipe.set_progress_bar_config(disable=True)  # one bar per model below, not one per sampling loop
         protocol = "elf" if type(pipe).__name__ == "ELFPipeline" else "langflow"
         print(f"\n=== {folder.name} ({type(pipe).__name__}), {args.steps} steps, seed {args.seed} ===")
-        reference = reference_scores(folder)
+        reference = reference_scores(folder, results) if results is not None else None
         if reference is not None:
             print(
                 f"For scale: held-out text scores GenPPL {reference['gen_ppl']:.1f} under this evaluator "
@@ -140,37 +199,34 @@ def main(argv: list[str] | None = None) -> int:
         note = correction_off_note(pipe, args.steps)
         if note:
             print(textwrap.fill(note, 118))
-        results = sample_both(pipe, args.steps, args.batch_size, args.seed)
-        scored = {}
-        for name, output in results.items():
-            print(f"scoring {name} ({len(output.texts)} samples)...", flush=True)
-            samples = [Sample(text=t, ids=i.tolist()) for t, i in zip(output.texts, output.sequences, strict=True)]
-            scores = scored[name] = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
+        with tqdm(total=6, desc=folder.name, leave=False, file=sys.stderr, dynamic_ncols=True) as progress:
+            outputs = sample_both(pipe, args.steps, args.batch_size, args.seed, progress)
+            scored = {}
+            for name, output in outputs.items():
+                progress.set_postfix_str(f"scoring {name}")
+                samples = [Sample(text=t, ids=i.tolist()) for t, i in zip(output.texts, output.sequences, strict=True)]
+                scored[name] = evaluate_samples(samples, evaluator=evaluator, protocol=protocol)
+                progress.update()
+        for name, output in outputs.items():
+            scores = scored[name]
             print(
-                f"\n--- {name}: GenPPL {scores['gen_ppl']:.1f}, unigram entropy {scores['entropy']:.2f} "
-                f"({protocol} protocol: {ENTROPY_IDS[protocol]} ids), word Rep-4 {scores['rep_4']:.3f}, "
-                f"token Rep-4 {scores['token_rep_4']:.3f}"
+                f"\n--- {name} ({len(output.texts)} samples): GenPPL {scores['gen_ppl']:.1f}, unigram entropy "
+                f"{scores['entropy']:.2f} ({protocol} protocol: {ENTROPY_IDS[protocol]} ids), word Rep-4 "
+                f"{scores['rep_4']:.3f}, token Rep-4 {scores['token_rep_4']:.3f}"
             )
             for text in output.texts[: args.show]:
                 print(textwrap.indent(textwrap.fill(text, 110), "  | "), end="\n\n")
-        official = scored["official"]
-        parts = [
-            f"{name} {scores['gen_ppl']:.1f} (×{scores['gen_ppl'] / official['gen_ppl']:.2f}, entropy "
-            f"{scores['entropy']:.2f})"
-            for name, scores in scored.items()
-            if name != "official"
-        ]
-        verdict = equal_entropy_verdict(folder, args.steps)
+        verdict = equal_entropy_verdict(folder, args.steps, results) if results is not None else None
         summary.append(
-            f"{folder.name}: official GenPPL {official['gen_ppl']:.1f} (entropy {official['entropy']:.2f}) vs "
-            + "; ".join(parts)
-            + "\n  "
+            f"{folder.name}:\n  These {args.batch_size} samples per sampler (a glimpse at their own entropies, no "
+            f"interval): {glimpse_line(scored)}.\n  "
             + (
-                verdict
-                or "No equal-entropy benchmark of this model at this NFE: compare GenPPL only at similar entropy."
+                verdict + " That measurement decides; a few samples at other entropies can read otherwise."
+                if verdict
+                else "No equal-entropy benchmark of this model at this NFE: compare GenPPL only at similar entropy."
             )
         )
-    print(f"\n=== Summary ({args.steps} steps, {args.batch_size} samples per sampler: a glimpse, not a benchmark) ===")
+    print(f"\n=== Summary ({args.steps} steps) ===")
     for line in summary:
         print(line)
     print("Benchmarks with paired confidence intervals over thousands of samples: docs/results.md.")
