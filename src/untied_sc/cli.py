@@ -155,7 +155,9 @@ def _calibrate(args: argparse.Namespace) -> None:
         print(format_summary(result))
         print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
         if args.push_to_hub:
-            pipe.push_to_hub(args.push_to_hub)
+            from .hub import push_folder
+
+            push_folder(pipe, args.push_to_hub, folder)
             print(f"Pushed to {args.push_to_hub}")
     wait_for_everyone(state)  # the other processes return once the files are written
 
@@ -508,12 +510,28 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     """Errors `main` reports in one line (exit status 2) rather than with a traceback."""
     errors = (ValueError, FileNotFoundError, FileExistsError, ImportError)
     convert = sys.modules.get("untied_sc.models.convert")  # only a handler that imported it can raise its error
-    return errors + ((convert.UnsafeCheckpointError,) if convert is not None else ())
+    hub = sys.modules.get("untied_sc.hub")
+    return (
+        errors
+        + ((convert.UnsafeCheckpointError,) if convert is not None else ())
+        + ((hub.HubPushError,) if hub is not None else ())
+    )
+
+
+def _check_devices(args: argparse.Namespace) -> None:
+    """A CUDA device option on a machine without one: refused before anything loads."""
+    for option in ("device", "generator_device"):
+        value = getattr(args, option, None)
+        if isinstance(value, str) and value.startswith("cuda"):
+            from .hardware import check_device
+
+            check_device(value, f"--{option.replace('_', '-')} {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_devices(args)
         args.handler(args)
     except Exception as error:
         if not isinstance(error, _reported_errors()):

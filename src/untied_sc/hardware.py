@@ -58,3 +58,40 @@ def auto_dtype_name(device: str = "cpu", cpuinfo: str | None = None) -> str:
 
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     return "float32"
+
+
+def device_problem(device) -> str | None:
+    """
+    Why `device` (a name such as `"cuda:1"` or a `torch.device`) cannot be used on this machine, or `None` when it
+    can (or is not a CUDA device: other kinds are left to torch). Checked before any work, so that a missing GPU is
+    one clear sentence instead of torch's "Torch not compiled with CUDA enabled" assertion deep in a load.
+    """
+    import torch
+
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        return f"{device!r} is not a device name ({error}); use cpu, cuda or cuda:N"
+    if device.type != "cuda":
+        return None
+    if not torch.backends.cuda.is_built():
+        return (
+            f"{device} was asked for, but this torch ({torch.__version__}) is built without CUDA. Use the CPU "
+            "(--device cpu, or leave the device out), or install a CUDA build of torch "
+            '(make test TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>")'
+        )
+    count = torch.cuda.device_count()
+    if count == 0:
+        return (
+            f"{device} was asked for, but no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, the driver); use --device cpu"
+        )
+    if device.index is not None and device.index >= count:
+        return f"{device} was asked for, but this machine has {count} CUDA GPU(s): cuda:0 to cuda:{count - 1}"
+    return None
+
+
+def check_device(device, what: str = "device") -> None:
+    """Raises `ValueError` with [`device_problem`]'s sentence, naming `what` asked for it."""
+    problem = device_problem(device)
+    if problem is not None:
+        raise ValueError(f"{what}: {problem}.")

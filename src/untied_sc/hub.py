@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
@@ -17,6 +18,51 @@ def hub_offline() -> bool:
     return value.upper() in {"1", "ON", "YES", "TRUE"}
 
 
+def endpoint_problem(endpoint: str | None = None) -> str | None:
+    """
+    Why the Hub endpoint (`HF_ENDPOINT`, as huggingface_hub read it) cannot be reached as it is written, or `None`:
+    without a scheme (`127.0.0.1:9`) every request fails deep in the HTTP client with "UnsupportedProtocol".
+    """
+    endpoint = constants.ENDPOINT if endpoint is None else endpoint
+    parsed = urlparse(endpoint)
+    if parsed.scheme in ("http", "https") and parsed.netloc:
+        return None
+    return (
+        f"HF_ENDPOINT={endpoint!r} is not a URL: it needs a scheme and a host, e.g. "
+        f"'http://{endpoint.split('://')[-1] or '127.0.0.1:8080'}' or 'https://huggingface.co' (or unset it)"
+    )
+
+
+def check_endpoint() -> None:
+    """Raises `ValueError` with [`endpoint_problem`]'s sentence before any request is made."""
+    problem = endpoint_problem()
+    if problem is not None:
+        raise ValueError(f"{problem}.")
+
+
+class HubPushError(RuntimeError):
+    """A push to the Hub failed after the local result was written: the message says where it is kept."""
+
+
+def push_folder(pipe, repo_id: str, folder: str | os.PathLike, **kwargs) -> None:
+    """
+    `pipe.push_to_hub(repo_id, **kwargs)`, for a result already saved in `folder`: a failure (the Hub unreachable,
+    no login, no rights) is one [`HubPushError`] that says the local result is kept, and how to push it later.
+    """
+    check_endpoint()
+    try:
+        pipe.push_to_hub(repo_id, **kwargs)
+    except Exception as error:  # httpx / requests / huggingface_hub errors alike: the local result is what matters
+        cause = error
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise HubPushError(
+            f"Could not push to {repo_id!r} on the Hub at {constants.ENDPOINT} ({type(cause).__name__}: {cause}). "
+            f"The local result is kept in {folder}; push it later with `hf upload {repo_id} {folder}` once the Hub "
+            "can be reached (check the network, HF_ENDPOINT and `hf auth login`)."
+        ) from error
+
+
 def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = None, **hub_kwargs) -> Path:
     """
     Returns `source` if it exists on disk; otherwise takes it as a Hub repo id and returns the downloaded snapshot.
@@ -29,6 +75,8 @@ def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = 
     if str(source).startswith(("/", ".", "~")) or str(source).count("/") != 1:
         raise FileNotFoundError(f"{source!r} is neither an existing path nor a Hub repo id of the form 'owner/name'.")
     hub_kwargs["local_files_only"] = hub_kwargs.get("local_files_only", False) or hub_offline()
+    if not hub_kwargs["local_files_only"]:
+        check_endpoint()
     try:
         return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
     except (OSError, ValueError) as error:  # no network, an unknown repo, a gated one: say what was being fetched

@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,22 +171,30 @@ def read_samples(path: str | os.PathLike) -> list[Sample]:
     samples = []
     runs: dict[tuple, list[dict] | None] = {}  # run keys -> its records (None: on several stretches of lines)
     last_key = None
-    with _open_text(Path(path), "r") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                records = _expand_reference(record, runs) if SAME_SAMPLES_AS in record else [record]
-                samples.extend(Sample.from_dict(r) for r in records)
-                key = _stored_key(records[0])
-                if key != last_key:
-                    runs[key] = [] if key not in runs else None
-                    last_key = key
-            except (json.JSONDecodeError, ValueError, TypeError) as error:  # TypeError: a run key that is a list
-                raise ValueError(f"{path}, line {number}: {error}") from error
-            if runs[key] is not None:
-                runs[key].extend(records)
+    number = 0
+    try:
+        with _open_text(Path(path), "r") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    records = _expand_reference(record, runs) if SAME_SAMPLES_AS in record else [record]
+                    samples.extend(Sample.from_dict(r) for r in records)
+                    key = _stored_key(records[0])
+                    if key != last_key:
+                        runs[key] = [] if key not in runs else None
+                        last_key = key
+                except (json.JSONDecodeError, ValueError, TypeError) as error:  # TypeError: a run key that is a list
+                    raise ValueError(f"{path}, line {number}: {error}") from error
+                if runs[key] is not None:
+                    runs[key].extend(records)
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as error:
+        # a compressed file cut short (a copy or a run stopped mid-write) or not gzip at all
+        raise ValueError(
+            f"{path} cannot be read past line {number} ({type(error).__name__}: {error}): the file is cut short or "
+            "damaged. Copy it again, or write it again (e.g. rerun the `untied-sc generate` that made it)."
+        ) from None
     return samples
 
 

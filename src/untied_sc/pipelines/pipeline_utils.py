@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from .. import schedulers
 from ..calibration import apply_calibration, calibrate_pipeline
-from ..hardware import warn_if_emulated_bfloat16
+from ..hardware import check_device, warn_if_emulated_bfloat16
 from ..hub import HUB_KWARGS, resolve_local
 from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, global_generator, settle
@@ -261,6 +261,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
                 if target is not None and getattr(components, class_name, None) is target:
                     config[component] = [components.__name__, class_name]  # no module file of that name
         return loaded
+
+    def to(self, *args, **kwargs):
+        """
+        diffusers' `to`, with a CUDA device this machine lacks refused first in one sentence (torch's own error is
+        an assertion raised from deep inside the move).
+        """
+        for value in (*args, kwargs.get("device")):
+            if isinstance(value, str | torch.device) and str(value).startswith("cuda"):
+                check_device(value, f"{type(self).__name__}.to({str(value)!r})")
+        return super().to(*args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, overwrite: bool = False, **kwargs) -> None:
         """

@@ -1,0 +1,92 @@
+"""Failures outside the package's control get one clear sentence, not a traceback: a CUDA device this machine lacks,
+a Hub endpoint without a scheme, a Hub that cannot be reached on push (the local result kept), a samples file cut
+short."""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from untied_sc import LangFlowPipeline, LangFlowScheduler
+from untied_sc.cli import main
+from untied_sc.evaluation.io import read_samples
+
+from .conftest import langflow_from_golden
+from .test_hub_http import point_hub_at
+from .tiny import tiny_tokenizer
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+
+
+@pytest.fixture
+def folder(tmp_path, langflow_golden):
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.save_pretrained(tmp_path / "langflow")
+    return tmp_path / "langflow"
+
+
+@NO_CUDA
+@pytest.mark.parametrize("option", ["--device", "--generator-device"])
+def test_a_cuda_device_this_machine_lacks_is_refused_before_loading(tmp_path, folder, capsys, option):
+    out = tmp_path / "samples.jsonl"
+    argv = ["generate", str(folder), "--nfe", "4", "--num-samples", "2", "--out", str(out), option, "cuda"]
+    if option == "--generator-device":
+        argv = ["calibrate", str(folder), "--nfe", "4", "--bank-size", "2", option, "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {option} cuda: cuda was asked for, but " in err
+    assert "--device cpu" in err and "Traceback" not in err
+    assert not out.exists() and not (folder / "sampler_statistics").exists()
+
+
+@NO_CUDA
+def test_pipe_to_cuda_on_a_machine_without_one_says_so(folder):
+    pipe = LangFlowPipeline.from_pretrained(folder)
+    with pytest.raises(ValueError, match=r"LangFlowPipeline.to\('cuda:0'\): cuda:0 was asked for, but "):
+        pipe.to("cuda:0")
+    with pytest.raises(ValueError, match="was asked for"):
+        pipe.to(device=torch.device("cuda"))
+    assert pipe.to("cpu").device.type == "cpu"  # other devices and dtypes move as before
+
+
+def test_a_hub_endpoint_without_a_scheme_is_named_with_the_fix(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    point_hub_at(monkeypatch, "127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"HF_ENDPOINT='127.0.0.1:9' is not a URL: .* 'http://127.0.0.1:9'"):
+        LangFlowPipeline.from_pretrained("owner/model")
+    assert main(["convert", "langflow", "owner/model", str(tmp_path / "out")]) == 2
+    assert "HF_ENDPOINT='127.0.0.1:9' is not a URL" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_push_to_an_unreachable_hub_keeps_the_calibration_and_says_where(folder, monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    point_hub_at(monkeypatch, "http://127.0.0.1:9")  # the discard port: nothing answers there
+    argv = ["calibrate", str(folder), "--nfe", "4", "--bank-size", "2", "--batch-size", "2", "--no-progress"]
+    assert main([*argv, "--push-to-hub", "me/tiny-calibrated"]) == 2
+    err = capsys.readouterr().err
+    assert "error: Could not push to 'me/tiny-calibrated' on the Hub at http://127.0.0.1:9 (" in err
+    assert f"The local result is kept in {folder}" in err and "hf upload me/tiny-calibrated" in err
+    assert "Traceback" not in err
+    statistics = json.loads((folder / "sampler_statistics" / "config.json").read_text())
+    assert statistics["calibrated_steps"] == [4]
+
+
+def test_a_samples_file_cut_short_names_the_file_and_the_line(tmp_path):
+    lines = "".join(json.dumps({"text": f"sample {i} " * 40, "ids": list(range(60))}) + "\n" for i in range(200))
+    whole = tmp_path / "whole.jsonl.gz"
+    with gzip.open(whole, "wt", encoding="utf-8") as handle:
+        handle.write(lines)
+    assert len(read_samples(whole)) == 200
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz cannot be read past line \d+ \(EOFError: .*cut short"):
+        read_samples(cut)
+    garbled = tmp_path / "garbled.jsonl.gz"
+    garbled.write_bytes(b"not gzip at all\n")
+    with pytest.raises(ValueError, match=r"garbled.jsonl.gz cannot be read past line 0 \(BadGzipFile"):
+        read_samples(garbled)
