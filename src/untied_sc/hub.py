@@ -1,5 +1,6 @@
 """Resolving a local path or a Hugging Face Hub repo id to files on disk."""
 
+import difflib
 import os
 from pathlib import Path
 from urllib.parse import urlparse
@@ -80,7 +81,27 @@ def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = 
     try:
         return Path(snapshot_download(str(source), allow_patterns=allow_patterns, **hub_kwargs))
     except (OSError, ValueError) as error:  # no network, an unknown repo, a gated one: say what was being fetched
-        raise FileNotFoundError(fetch_error_message(str(source), hub_kwargs, error)) from error
+        message = fetch_error_message(str(source), hub_kwargs, error)
+        near = close_local_path(str(source))
+        if near is not None:
+            message = f"{source!r} is no path on this machine; did you mean the folder {near}? {message}"
+        raise FileNotFoundError(message) from error
+
+
+def close_local_path(source: str) -> Path | None:
+    """An existing local path one typo away from `source` (`hub_artifact/elf-small` for `hub_artifacts/elf-small`):
+    a mistyped folder looks like a Hub repo id `owner/name`, so the failed fetch names the folder it was likely."""
+    owner, _, name = source.partition("/")
+    try:
+        entries = [entry.name for entry in Path.cwd().iterdir() if entry.is_dir()]
+    except OSError:
+        return None
+    for match in difflib.get_close_matches(owner, entries, n=3, cutoff=0.8):
+        folder = Path(match)
+        names = [entry.name for entry in folder.iterdir()] if folder.is_dir() else []
+        for near in difflib.get_close_matches(name, names, n=1, cutoff=0.8):
+            return folder / near
+    return None
 
 
 def fetch_error_message(repo_id: str, hub_kwargs: dict, error: BaseException) -> str:

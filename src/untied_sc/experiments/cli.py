@@ -178,6 +178,13 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
 
     samples = read_samples(args.samples)
+    baseline_samples = read_samples(args.baseline) if args.baseline else None
+    if baseline_samples is not None and len(baseline_samples) != len(samples):
+        raise ValueError(
+            f"--baseline {args.baseline} holds {len(baseline_samples)} samples and {args.samples} holds "
+            f"{len(samples)}: the pairing goes sample by sample, in order, so both files need the same samples (the "
+            "same seeds and count, e.g. two `untied-sc generate` runs with the same --num-samples and --seed)."
+        )
     by_runs = not args.baseline and len(group_runs(samples)) > 1
     state = process_state(args.device)
     num_processes = process_rank(state)[1]
@@ -240,7 +247,7 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         result["evaluator"] = described
         print(format_result(result))
     if args.baseline:
-        baseline = evaluate_samples(args.baseline, **options)
+        baseline = evaluate_samples(baseline_samples, **options)
         baseline["evaluator"] = described
         print(f"baseline: {format_result(baseline)}")
         unit = args.resampling_unit or ("batch" if protocol == "elf" else "sample")
