@@ -162,7 +162,7 @@ def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str
             check_coefficients(coefficients[n], where=f" at {n} steps")
         return {n: dict(coefficients[n]) for n in steps}
     name = coefficients or DEFAULT_PRESET[solver]
-    check_preset(name)
+    check_preset(name, solver)
     return {n: preset_entry(name, n)[1] for n in steps}
 
 
