@@ -502,16 +502,25 @@ class LanguageFlowPipeline(DiffusionPipeline):
         return noise * getattr(self.scheduler if scheduler is None else scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
-        self, nfe: list[int], bank_size: int = 64, seed: int = CALIBRATION_SEED, batch_size: int = 16, **kwargs
+        self,
+        nfe: list[int],
+        bank_size: int = 64,
+        seed: int = CALIBRATION_SEED,
+        batch_size: int = 16,
+        overwrite: bool = False,
+        **kwargs,
     ) -> "CalibrationResult":  # noqa: F821
         """
         Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see
         [`~untied_sc.calibration.calibrate_pipeline`] for the arguments, and
         [`~untied_sc.calibration.apply_calibration`] for what is installed (the statistics, and the coefficients it
-        ran at into the scheduler config where it has none). Returns the calibration result.
+        ran at into the scheduler config where it has none; `overwrite=True` also replaces an NFE's entry that holds
+        other coefficients than the ones given). It changes this object only: files are written by `save_pretrained`
+        (or `untied-sc calibrate`, which refuses to replace a folder's NFEs without `--overwrite`). Returns the
+        calibration result.
         """
         result = calibrate_pipeline(self, nfe, bank_size=bank_size, seed=seed, batch_size=batch_size, **kwargs)
-        apply_calibration(self, result)
+        apply_calibration(self, result, overwrite=overwrite)
         return result
 
     @property
