@@ -520,3 +520,73 @@ def test_ace_migrate_and_save_sampler_statistics_never_write_through_a_link_out_
     with pytest.raises(ValueError, match=r"ace_statistics is a symbolic link .* `untied-sc ace` would write"):
         check_writes_stay_inside(folder, ["ace_statistics/config.json"], "`untied-sc ace`")
     assert _files(other) == before
+
+
+# ---- two runs writing one output cannot both succeed --------------------------------------------------------------
+
+
+def test_claimed_outputs_refuse_a_second_writer_and_free_the_file_when_done(tmp_path):
+    from untied_sc.output_paths import claimed_outputs, lock_path
+
+    out = tmp_path / "deep" / "samples.jsonl"
+    with claimed_outputs([out], False, "choose another --out"):
+        assert lock_path(out).is_file()
+        with pytest.raises(FileExistsError) as error, claimed_outputs([out], True, "choose another --out"):
+            pass
+        message = str(error.value)
+        assert f"{out} is being written by another run (pid " in message and str(lock_path(out)) in message
+        assert "choose another --out" in message
+        out.write_text("one run's samples\n")
+    assert not lock_path(out).exists()
+    with pytest.raises(FileExistsError, match="exists; pass --overwrite"), claimed_outputs([out], False, "x"):
+        pass
+    with claimed_outputs([out], True, "x"):  # a run that ended (or crashed) leaves no claim behind
+        pass
+    lock_path(out).write_text("pid 1 on a crashed run\n")  # a lock file nobody holds is no claim
+    with claimed_outputs([out], True, "x"):
+        pass
+    with claimed_outputs([out], False, "x", active=False):  # a process that writes nothing claims nothing
+        assert not lock_path(out).exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "evaluate", "benchmark"])
+def test_a_second_run_writing_the_same_output_is_refused_before_any_work(
+    tmp_path, saved, pipeline_calls, command, capsys
+):
+    from untied_sc.evaluation.io import Sample, write_samples
+    from untied_sc.output_paths import claimed_outputs
+
+    samples = tmp_path / "samples.jsonl"
+    write_samples(samples, [Sample("w3 w4 w5"), Sample("w6 w7")])
+    pipeline = str(saved / "tiny-langflow")
+    runs = {
+        "generate": (
+            ["generate", pipeline, "--nfe", "8", "--num-samples", "2", "--out", str(tmp_path / "o.jsonl")],
+            tmp_path / "o.jsonl",
+        ),
+        "evaluate": (
+            [
+                "evaluate",
+                str(samples),
+                "--protocol",
+                "langflow",
+                "--evaluator",
+                str(saved / "evaluator"),
+                "--output",
+                str(tmp_path / "o.json"),
+            ],
+            tmp_path / "o.json",
+        ),
+        "benchmark": (
+            benchmark_argv(saved, tmp_path / "results", "--nfe", "8"),
+            tmp_path / "results" / "tiny-langflow.md",
+        ),
+    }
+    argv, out = runs[command]
+    with claimed_outputs([out], True, "x"):  # another run writing it now
+        assert main([*argv, "--overwrite"]) == 2
+        error = capsys.readouterr().err
+        assert f"{out} is being written by another run" in error and "Wait for that run to finish" in error
+        assert not out.exists() and pipeline_calls == []
+    assert main(argv) == 0  # once that run is done, the file is free
+    assert out.is_file() and "Wrote" in capsys.readouterr().out
