@@ -154,7 +154,7 @@ def test_cli_calibrate_takes_a_preset_or_all_four_explicit_coefficients(langflow
     assert "all four of --eta-r --eta-t --eta-o --alpha together" in capsys.readouterr().err
     assert main([*base, "--nfe", "12", "--coefficients", "elf-b", *explicit]) == 2
     assert "not both" in capsys.readouterr().err
-    assert main([*base, "--nfe", "12", *explicit[:-1], "1.5"]) == 2  # α outside (0, 1]
+    assert main([*base, "--nfe", "12", *explicit[:-1], "1.5", "--overwrite"]) == 2  # α outside (0, 1]
     assert "alpha at 12 steps must lie in (0, 1]" in capsys.readouterr().err
 
 

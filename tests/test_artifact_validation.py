@@ -12,8 +12,10 @@ from tests.tiny import random_statistics, tiny_tokenizer
 from untied_sc import (
     ELFPipeline,
     ELFScheduler,
+    ELFTransformerModel,
     LangFlowPipeline,
     LangFlowScheduler,
+    LangFlowTransformerModel,
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
@@ -291,3 +293,77 @@ def test_a_repo_id_that_cannot_be_fetched_names_itself_and_the_way_out():
 
     with pytest.raises(OSError, match=r"Could not fetch 'someone/not-here' from the Hugging Face Hub .* local file"):
         resolve_local("someone/not-here", local_files_only=True)  # no network needed: the cache has no snapshot
+
+
+# ---- a network config that does not fit its weights --------------------------------------------------------------
+
+
+@pytest.fixture
+def saved_elf(tiny_elf, tmp_path):
+    folder = tmp_path / "elf"
+    ELFPipeline(tiny_elf, ELFScheduler(), tiny_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("family", "field", "value", "weights_value"),
+    [
+        ("langflow", "num_layers", 1, 2),  # a block dropped: diffusers printed the unused names and sampled
+        ("langflow", "num_layers", 3, 2),
+        ("langflow", "hidden_size", 64, 32),
+        ("langflow", "num_attention_heads", 2, 4),  # the rotary table's width fixes the heads
+        ("langflow", "self_conditioning", False, True),
+        ("elf", "num_layers", 1, 2),
+        ("elf", "intermediate_size", 44, 42),
+        ("elf", "num_mode_tokens", 2, 4),
+    ],
+)
+def test_a_network_config_that_does_not_fit_its_weights_is_refused_naming_file_field_and_both_values(
+    saved, saved_elf, family, field, value, weights_value
+):
+    folder = saved if family == "langflow" else saved_elf
+    config_path = folder / "transformer" / "config.json"
+    edit_json(config_path, lambda config: config.update({field: value}))
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    expected = (
+        f"{config_path} does not fit its weights {weights}: {field} = {value!r} in config.json, {weights_value!r}"
+    )
+    fix = f'Fix: set "{field}": {json.dumps(weights_value)} in {config_path}'
+    with pytest.raises(ValueError) as error:
+        load_pipeline(folder)
+    assert expected in str(error.value) and fix in str(error.value)
+    cls = LangFlowTransformerModel if family == "langflow" else ELFTransformerModel
+    with pytest.raises(ValueError, match="does not fit its weights"):  # the model loaded on its own: the same
+        cls.from_pretrained(folder / "transformer")
+    with pytest.raises(ValueError, match="does not fit its weights"):
+        cls.from_pretrained(folder, subfolder="transformer")
+
+
+def test_unused_or_missing_tensors_are_refused_listing_them(saved):
+    weights = saved / "transformer" / "diffusion_pytorch_model.safetensors"
+    edit_tensors(weights, lambda tensors: tensors.update({"backbone.extra.weight": torch.zeros(3)}))
+    with pytest.raises(ValueError, match=r"unused tensors \(1\): backbone.extra.weight"):
+        load_pipeline(saved)
+    edit_tensors(weights, lambda tensors: [tensors.pop("backbone.extra.weight"), tensors.pop("proposal.loc")])
+    with pytest.raises(ValueError, match=r"does not fit its weights .*missing tensors \(1\): proposal.loc"):
+        load_pipeline(saved)
+
+
+def test_a_max_length_other_than_the_trained_one_is_refused_naming_both_files(saved):
+    (saved / "training_info.json").write_text(json.dumps({"config": {"seq_len": 12}}))
+    assert load_pipeline(saved).transformer.config.max_length == 12  # as trained: loads
+    config_path = saved / "transformer" / "config.json"
+    edit_json(config_path, lambda config: config.update({"max_length": 24}))
+    with pytest.raises(ValueError) as error:
+        load_pipeline(saved)
+    message = str(error.value)
+    assert message.startswith(f"{config_path}: max_length = 24, but {saved / 'training_info.json'} records")
+    assert "seq_len 12" in message and f'Fix: set "max_length": 12 in {config_path}' in message
+
+
+@pytest.mark.parametrize("name", ["elf-small", "langflow-small"])
+def test_the_bundled_folders_and_bf16_weights_still_load(name, tmp_path):
+    pipe = load_pipeline(f"hub_artifacts/{name}")  # bf16 safetensors, float32 load
+    folder = tmp_path / name
+    pipe.transformer.to(torch.bfloat16).save_pretrained(folder)
+    assert type(pipe.transformer).from_pretrained(folder, dtype=torch.bfloat16).dtype == torch.bfloat16

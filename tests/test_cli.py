@@ -332,3 +332,261 @@ def test_convert_and_calibrate_never_write_into_an_existing_folder(tmp_path, cap
     assert main(["calibrate", str(tmp_path), "--nfe", "8", "--output", str(taken)]) == 2
     assert "leave out --output to update the pipeline folder in place" in capsys.readouterr().err
     assert (taken / "result.json").read_text() == "{}"
+
+
+# ---- nothing a user made is replaced without --overwrite, nor written through a link ------------------------------
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fails a command that gets as far as loading the pipeline (its refusals come before any work)."""
+    import untied_sc.pipelines
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pipeline was loaded")
+
+    monkeypatch.setattr(untied_sc.pipelines, "load_pipeline", refuse)
+
+
+def calibrate_argv(folder, *extra):
+    return ["calibrate", str(folder), "--bank-size", "2", "--batch-size", "2", "--no-progress", *extra]
+
+
+def test_calibrate_refuses_to_replace_calibrated_nfes_without_overwrite_and_adds_new_ones(tmp_path, saved, capsys):
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", folder)
+    before = _files(folder)
+    for nfe in (["8"], ["8", "12"]):
+        assert main(calibrate_argv(folder, "--nfe", *nfe)) == 2
+        error = capsys.readouterr().err
+        assert f"{folder / 'sampler_statistics'} already holds statistics for NFE 8 (calibrated NFEs: 8)" in error
+        assert "Pass --overwrite to replace them" in error and "--output NEW_FOLDER" in error
+        assert ("(--nfe 12)" in error) == (nfe == ["8", "12"])
+        assert _files(folder) == before
+
+    # a new NFE is added beside the calibrated one without --overwrite, which stays as it was
+    assert main(calibrate_argv(folder, "--nfe", "12")) == 0
+    from untied_sc.pipelines import load_pipeline
+
+    pipe = load_pipeline(folder)
+    old = load_pipeline(saved / "tiny-langflow").sampler_statistics
+    assert pipe.sampler_statistics.config.calibrated_steps == [8, 12]
+    assert pipe.sampler_statistics.config.bank_sizes == {"8": [4, 4], "12": [2, 2]}
+    assert pipe.sampler_statistics.for_steps(8).rms.equal(old.for_steps(8).rms)
+
+    # --overwrite replaces NFE 8, and keeps NFE 12
+    assert main(calibrate_argv(folder, "--nfe", "8", "--overwrite")) == 0
+    config = load_pipeline(folder).sampler_statistics.config
+    assert config.calibrated_steps == [8, 12] and config.bank_sizes == {"8": [2, 2], "12": [2, 2]}
+
+
+def test_calibrate_with_coefficients_refuses_to_replace_tuned_ones_and_overwrite_replaces_them(
+    tmp_path, saved, capsys
+):
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", folder)
+    scheduler_path = folder / "scheduler" / "scheduler_config.json"
+    scheduler = json.loads(scheduler_path.read_text())
+    tuned = {"eta_r": 0.4, "eta_t": 0.3, "eta_o": 1.0, "alpha": 0.7, "temperature": 0.9}
+    scheduler["coefficients_by_steps"] = {"8": tuned}
+    scheduler["tuning_by_steps"] = {"8": {"num_samples": 64}}
+    scheduler_path.write_text(json.dumps(scheduler))
+    shutil.rmtree(folder / "sampler_statistics")  # NFE 8 uncalibrated: only the coefficients are in the way
+    index = json.loads((folder / "model_index.json").read_text())
+    index.pop("sampler_statistics")
+    (folder / "model_index.json").write_text(json.dumps(index))
+    explicit = ["--eta-r", "1.0", "--eta-t", "1.0", "--eta-o", "1.0", "--alpha", "0.5"]
+    assert main(calibrate_argv(folder, "--nfe", "8", *explicit)) == 2
+    error = capsys.readouterr().err
+    assert f"{scheduler_path} already holds tuned coefficients for NFE 8" in error and "--overwrite" in error
+    assert json.loads(scheduler_path.read_text())["coefficients_by_steps"] == {"8": tuned}
+
+    assert main(calibrate_argv(folder, "--nfe", "8", *explicit, "--overwrite")) == 0
+    written = json.loads(scheduler_path.read_text())
+    assert written["coefficients_by_steps"] == {"8": {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.5}}
+    assert not written.get("tuning_by_steps")  # the record of the tuning it replaced went with it
+
+
+def test_pipe_calibrate_keeps_other_coefficients_with_a_warning_unless_overwrite(saved):
+    from untied_sc.pipelines import load_pipeline
+
+    pipe = load_pipeline(saved / "tiny-langflow")
+    kept = dict(pipe.scheduler.config.coefficients_by_steps["8"])
+    explicit = {8: {"eta_r": 1.0, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.5}}
+    options = {"bank_size": 2, "batch_size": 2, "progress": False, "coefficients": explicit}
+    with pytest.warns(UserWarning, match="keeps its coefficients for NFE 8.*overwrite=True"):
+        pipe.calibrate(nfe=[8], **options)
+    assert pipe.scheduler.config.coefficients_by_steps["8"] == kept
+    pipe.calibrate(nfe=[8], overwrite=True, **options)
+    assert pipe.scheduler.config.coefficients_by_steps["8"] == explicit[8]
+
+
+def test_tune_refuses_to_replace_tuned_coefficients_without_overwrite(tmp_path, saved, monkeypatch, capsys):
+    from untied_sc.calibration import tune
+
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", folder)
+    calls = []
+    monkeypatch.setattr(tune, "tune_coefficients", lambda pipe, **options: calls.append(options) or [])
+    argv = ["tune", str(folder), "--nfe", "8", "--num-samples", "2", "--no-progress"]
+    assert main(argv) == 0 and len(calls) == 1  # calibration's (preset) coefficients are tuning's to replace
+
+    scheduler_path = folder / "scheduler" / "scheduler_config.json"
+    scheduler = json.loads(scheduler_path.read_text())
+    scheduler["coefficients_by_steps"]["8"]["temperature"] = 0.93
+    scheduler["tuning_by_steps"] = {"8": {"num_samples": 64}}
+    scheduler_path.write_text(json.dumps(scheduler))
+    before = _files(folder)
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert f"{scheduler_path} already holds tuned coefficients (NFE 8: tuned on 64 samples, temperature 0.93)" in error
+    assert "Pass --overwrite to replace them" in error and "--output NEW_FOLDER" in error
+    assert len(calls) == 1 and _files(folder) == before
+    assert main([*argv, "--overwrite"]) == 0 and len(calls) == 2
+
+
+def test_calibrate_overwrite_replaces_statistics_that_cannot_be_loaded(tmp_path, saved, capsys):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", folder)
+    weights = folder / "sampler_statistics" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    name = next(key for key in tensors if tensors[key].is_floating_point() and tensors[key].numel())
+    tensors[name] = tensors[name].clone().fill_(float("nan"))
+    save_file(tensors, weights)
+    assert main(calibrate_argv(folder, "--nfe", "8")) == 2
+    assert "--overwrite" in capsys.readouterr().err  # refused: NFE 8 is calibrated
+    assert main(calibrate_argv(folder, "--nfe", "8", "--overwrite")) == 0  # as the NaN error tells the user
+    assert "cannot be loaded" in capsys.readouterr().err
+
+    from untied_sc.pipelines import load_pipeline
+
+    assert load_pipeline(folder).sampler_statistics.config.calibrated_steps == [8]
+
+
+@pytest.mark.parametrize(
+    "link", ["sampler_statistics", "scheduler", "scheduler/scheduler_config.json", "model_index.json"]
+)
+def test_calibrate_and_tune_never_write_through_a_link_out_of_the_folder(tmp_path, saved, no_loading, link, capsys):
+    other, folder = tmp_path / "other", tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", other)
+    shutil.copytree(saved / "tiny-langflow", folder)
+    target = other / link
+    path = folder / link
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.symlink_to(target)
+    before = _files(other)
+    for argv in (calibrate_argv(folder, "--nfe", "12"), ["tune", str(folder), "--nfe", "8"]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert f"{path} is a symbolic link to {target} ({target.resolve()}), outside {folder}" in error
+        assert "--output NEW_FOLDER" in error
+    assert _files(other) == before
+
+
+def test_a_link_inside_the_folder_is_followed(tmp_path, saved):
+    folder = tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", folder)
+    (folder / "sampler_statistics").rename(folder / "statistics-v1")
+    (folder / "sampler_statistics").symlink_to("statistics-v1")
+    assert main(calibrate_argv(folder, "--nfe", "12")) == 0
+    assert json.loads((folder / "statistics-v1" / "config.json").read_text())["calibrated_steps"] == [8, 12]
+
+
+def test_ace_migrate_and_save_sampler_statistics_never_write_through_a_link_out_of_the_folder(tmp_path, saved):
+    from untied_sc.input_checks import check_writes_stay_inside
+    from untied_sc.pipelines import load_pipeline
+    from untied_sc.pipelines.loading import save_sampler_statistics
+    from untied_sc.pipelines.migration import migrate_folder
+
+    other, folder = tmp_path / "other", tmp_path / "pipe"
+    shutil.copytree(saved / "tiny-langflow", other)
+    shutil.copytree(saved / "tiny-langflow", folder)
+    pipe = load_pipeline(folder)
+    (folder / "model_index.json").unlink()
+    (folder / "model_index.json").symlink_to(other / "model_index.json")
+    before = _files(other)
+    with pytest.raises(ValueError, match="model_index.json is a symbolic link to .*outside"):
+        save_sampler_statistics(pipe, folder)
+    with pytest.raises(ValueError, match="model_index.json is a symbolic link"):
+        migrate_folder(folder, overwrite=True)
+    assert main(["ace", str(folder)]) == 2
+    (folder / "ace_statistics").symlink_to(other)
+    with pytest.raises(ValueError, match=r"ace_statistics is a symbolic link .* `untied-sc ace` would write"):
+        check_writes_stay_inside(folder, ["ace_statistics/config.json"], "`untied-sc ace`")
+    assert _files(other) == before
+
+
+# ---- two runs writing one output cannot both succeed --------------------------------------------------------------
+
+
+def test_claimed_outputs_refuse_a_second_writer_and_free_the_file_when_done(tmp_path):
+    from untied_sc.output_paths import claimed_outputs, lock_path
+
+    out = tmp_path / "deep" / "samples.jsonl"
+    with claimed_outputs([out], False, "choose another --out"):
+        assert lock_path(out).is_file()
+        with pytest.raises(FileExistsError) as error, claimed_outputs([out], True, "choose another --out"):
+            pass
+        message = str(error.value)
+        assert f"{out} is being written by another run (pid " in message and str(lock_path(out)) in message
+        assert "choose another --out" in message
+        out.write_text("one run's samples\n")
+    assert not lock_path(out).exists()
+    with pytest.raises(FileExistsError, match="exists; pass --overwrite"), claimed_outputs([out], False, "x"):
+        pass
+    with claimed_outputs([out], True, "x"):  # a run that ended (or crashed) leaves no claim behind
+        pass
+    lock_path(out).write_text("pid 1 on a crashed run\n")  # a lock file nobody holds is no claim
+    with claimed_outputs([out], True, "x"):
+        pass
+    with claimed_outputs([out], False, "x", active=False):  # a process that writes nothing claims nothing
+        assert not lock_path(out).exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "evaluate", "benchmark"])
+def test_a_second_run_writing_the_same_output_is_refused_before_any_work(
+    tmp_path, saved, pipeline_calls, command, capsys
+):
+    from untied_sc.evaluation.io import Sample, write_samples
+    from untied_sc.output_paths import claimed_outputs
+
+    samples = tmp_path / "samples.jsonl"
+    write_samples(samples, [Sample("w3 w4 w5"), Sample("w6 w7")])
+    pipeline = str(saved / "tiny-langflow")
+    runs = {
+        "generate": (
+            ["generate", pipeline, "--nfe", "8", "--num-samples", "2", "--out", str(tmp_path / "o.jsonl")],
+            tmp_path / "o.jsonl",
+        ),
+        "evaluate": (
+            [
+                "evaluate",
+                str(samples),
+                "--protocol",
+                "langflow",
+                "--evaluator",
+                str(saved / "evaluator"),
+                "--output",
+                str(tmp_path / "o.json"),
+            ],
+            tmp_path / "o.json",
+        ),
+        "benchmark": (
+            benchmark_argv(saved, tmp_path / "results", "--nfe", "8"),
+            tmp_path / "results" / "tiny-langflow.md",
+        ),
+    }
+    argv, out = runs[command]
+    with claimed_outputs([out], True, "x"):  # another run writing it now
+        assert main([*argv, "--overwrite"]) == 2
+        error = capsys.readouterr().err
+        assert f"{out} is being written by another run" in error and "Wait for that run to finish" in error
+        assert not out.exists() and pipeline_calls == []
+    assert main(argv) == 0  # once that run is done, the file is free
+    assert out.is_file() and "Wrote" in capsys.readouterr().out

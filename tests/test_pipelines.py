@@ -168,6 +168,55 @@ def test_bad_inputs_give_clear_errors(pipes, elf_golden):
         ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer(41))
 
 
+@pytest.mark.parametrize(
+    ("family", "knob"),
+    [("elf", "sc_cfg_scale"), ("elf", "decode_temperature"), ("langflow", "temperature")],
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_knobs_are_refused_before_sampling(pipes, monkeypatch, family, knob, value):
+    pipe = pipes[family]
+    calls = []
+    monkeypatch.setattr(pipe, "_predict", lambda *args, **kwargs: calls.append(1))
+    with pytest.raises(ValueError, match=f"{knob}"):
+        _sample(pipe, **{knob: value})
+    assert calls == []  # refused before the first network call
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_non_finite_latents_are_refused_before_sampling(pipes, monkeypatch, family):
+    pipe = pipes[family]
+    latents = torch.zeros(2, *pipe.latent_shape)
+    latents[1, 3, 0] = float("nan")
+    latents[0, 0, 0] = float("inf")
+    calls = []
+    monkeypatch.setattr(pipe, "_predict", lambda *args, **kwargs: calls.append(1))
+    with pytest.raises(ValueError, match=r"latents hold 2 non-finite value\(s\) \(NaN or ±inf\)"):
+        _sample(pipe, latents=latents)
+    with pytest.raises(ValueError, match="non-finite"):
+        pipe.denoise(2, 8, latents=latents, progress=False)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        ELFPipeline(pipes["elf"].transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=float("nan"))
+    assert calls == []
+
+
+def test_a_coefficient_preset_of_the_other_family_is_refused_with_this_familys_presets(pipes):
+    from untied_sc import UntiedSelfConditioningScheduler
+    from untied_sc.calibration.calibrate import resolve_preset_coefficients
+
+    for family, other, listed in (
+        ("langflow", "elf-b", "langflow-lm1b, langflow-owt"),
+        ("elf", "langflow-owt", "elf-b"),
+    ):
+        config = pipes[family].scheduler.config
+        with pytest.raises(ValueError, match=f"preset '{other}'.*Choose one of the .* presets: {listed}"):
+            UntiedSelfConditioningScheduler.from_config(config, coefficients=other)
+        with pytest.raises(ValueError, match=f"preset '{other}'"):
+            resolve_preset_coefficients(family, [8], other)
+    UntiedSelfConditioningScheduler.from_config(pipes["langflow"].scheduler.config, coefficients="langflow-owt")
+    with pytest.raises(ValueError, match="eta_t must be a finite number"):
+        UntiedSelfConditioningScheduler.from_config(pipes["elf"].scheduler.config, eta_t=float("inf"))
+
+
 # ---- family, signatures, per-call knobs and the SC-CFG default ---------------------------------------------------
 
 

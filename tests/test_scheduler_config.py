@@ -149,8 +149,9 @@ def test_compatibles_are_the_family_and_never_the_other_family(family):
 def test_official_untied_official_swaps_keep_the_untied_keys_without_warnings(family):
     official_cls, untied_cls = FAMILIES[family]
     official = official_cls()
+    preset = {"elf": "elf-b", "langflow": "langflow-owt"}[family]  # a preset of the scheduler's own family
     with diffusers_warnings() as logged:
-        untied = UntiedSelfConditioningScheduler.from_config(official.config, coefficients="elf-b", eta_t=0.25)
+        untied = UntiedSelfConditioningScheduler.from_config(official.config, coefficients=preset, eta_t=0.25)
         back = official_cls.from_config(untied.config)
         again = UntiedSelfConditioningScheduler.from_config(back.config)
         direct = untied_cls.from_config(back.config)
@@ -158,7 +159,7 @@ def test_official_untied_official_swaps_keep_the_untied_keys_without_warnings(fa
     assert type(untied) is untied_cls and type(back) is official_cls and type(again) is untied_cls
     # The official keys are the official config's; the untied ones ride along as hidden config and come back.
     assert {key: back.config[key] for key in _public(official.config)} == _public(official.config)
-    assert back.config["coefficients"] == "elf-b" and back.config["eta_t"] == 0.25
+    assert back.config["coefficients"] == preset and back.config["eta_t"] == 0.25
     assert _public(again.config) == _public(untied.config) == _public(direct.config)
 
 

@@ -29,7 +29,14 @@ from .experiments.cli import (
     register_evaluate_command,
 )
 from .experiments.generate import register_generate_command
-from .input_checks import check_local_pipeline_folder, check_source_exists
+from .input_checks import (
+    check_local_pipeline_folder,
+    check_source_exists,
+    check_writes_stay_inside,
+    pipeline_writes,
+    refuse_replacing_calibration,
+    refuse_replacing_tuning,
+)
 from .judge.cli import register_judge_command
 
 
@@ -80,7 +87,7 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"Wrote {type(model).__name__} ({parameters / 1e6:.1f}M parameters) to {args.output}")
 
 
-def _save_calibration(pipe, source: str, output: str | None) -> str:
+def _save_calibration(pipe, source: str, output: str | None, command: str) -> str:
     """
     In place (no `--output`): only the `sampler_statistics` component and the scheduler config (which holds the
     coefficients) are written; with `--output`: the whole pipeline.
@@ -92,6 +99,9 @@ def _save_calibration(pipe, source: str, output: str | None) -> str:
     if output is not None:
         pipe.save_pretrained(output)
         return output
+    check_writes_stay_inside(
+        source, pipeline_writes(source), f"`untied-sc {command}`"
+    )  # again: the folder may have changed meanwhile
     save_sampler_statistics(pipe, source)
     pipe.scheduler.save_config(Path(source) / "scheduler")
     return source
@@ -102,6 +112,7 @@ def _check_statistics_target(source: str, output: str | None, command: str) -> N
     needs a local pipeline folder."""
     if output is None:
         check_local_pipeline_folder(source, command)
+        check_writes_stay_inside(source, pipeline_writes(source), f"`untied-sc {command}`")
         return
     check_source_exists(source, "a pipeline folder", "PIPELINE")
     _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
@@ -117,11 +128,12 @@ def _calibrate(args: argparse.Namespace) -> None:
         raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
     coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
     _check_statistics_target(args.pipeline, args.output, "calibrate")
+    if args.output is None:  # in place: what the folder holds is kept unless --overwrite says to replace it
+        refuse_replacing_calibration(args.pipeline, args.nfe, args.overwrite, bool(given or args.coefficients))
 
     from .calibration import format_summary
     from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
     from .experiments.cli import torch_dtype
-    from .pipelines import load_pipeline
 
     # Launched with torchrun / accelerate launch: one process per device, the banks' batches split between them.
     state = calibration_process_state(args.device)
@@ -135,7 +147,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         from diffusers.utils import logging as diffusers_logging
 
         diffusers_logging.disable_progress_bar()
-    pipe = load_pipeline(args.pipeline)
+    pipe = _load_for_calibration(args.pipeline, args.overwrite)
     result = pipe.calibrate(
         nfe=args.nfe,
         bank_size=args.bank_size,
@@ -149,9 +161,10 @@ def _calibrate(args: argparse.Namespace) -> None:
         dtype=torch_dtype(args.dtype) if args.dtype else None,
         process_state=state,
         generator_device=args.generator_device,
+        overwrite=args.overwrite,
     )
     if main_process:  # every process holds the same statistics; one writes them
-        folder = _save_calibration(pipe, args.pipeline, args.output)
+        folder = _save_calibration(pipe, args.pipeline, args.output, "calibrate")
         print(format_summary(result))
         print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
         if args.push_to_hub:
@@ -162,8 +175,30 @@ def _calibrate(args: argparse.Namespace) -> None:
     wait_for_everyone(state)  # the other processes return once the files are written
 
 
+def _load_for_calibration(source: str, overwrite: bool):
+    """
+    The pipeline to calibrate. With `--overwrite`, sampler statistics that cannot be loaded (a corrupt file, NaN
+    values) are left out, so that calibrating replaces them, as their error says; the NFEs they held are named.
+    """
+    from .pipelines import load_pipeline
+
+    try:
+        return load_pipeline(source)
+    except ValueError as error:
+        if not overwrite or "sampler statistics" not in str(error):
+            raise
+        print(
+            f"warning: the sampler statistics cannot be loaded ({str(error).splitlines()[0]}); with --overwrite they "
+            "are calibrated afresh: only the NFEs given now will be calibrated.",
+            file=sys.stderr,
+        )
+        return load_pipeline(source, sampler_statistics=None)
+
+
 def _tune(args: argparse.Namespace) -> None:
     _check_statistics_target(args.pipeline, args.output, "tune")
+    if args.output is None:  # in place: tuned values are kept unless --overwrite says to replace them
+        refuse_replacing_tuning(args.pipeline, args.nfe, args.overwrite)
 
     from .calibration.tune import format_tuning, stderr_log, tune_coefficients
     from .pipelines import load_pipeline
@@ -195,7 +230,7 @@ def _tune(args: argparse.Namespace) -> None:
     )
     if args.device != "cpu":
         pipe.to("cpu")  # written as loaded
-    folder = _save_calibration(pipe, args.pipeline, args.output)
+    folder = _save_calibration(pipe, args.pipeline, args.output, "tune")
     print(format_tuning(results))
     nfe = [r.num_inference_steps for r in results]
     print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
@@ -203,6 +238,7 @@ def _tune(args: argparse.Namespace) -> None:
 
 def _ace(args: argparse.Namespace) -> None:
     folder = check_local_pipeline_folder(args.pipeline, "ace", has_output=False)
+    check_writes_stay_inside(folder, pipeline_writes(folder, ("ace_statistics",)), "`untied-sc ace`")
     target = folder / "ace_statistics"
     if target.exists() and not args.overwrite:
         raise ValueError(f"{target} already exists; pass --overwrite to estimate it again and replace it.")
@@ -225,6 +261,7 @@ def _ace(args: argparse.Namespace) -> None:
     statistics = estimate_ace_direction(
         pipe, progress=not args.no_progress, **{key: value for key, value in given.items() if value is not None}
     )
+    check_writes_stay_inside(folder, pipeline_writes(folder, ("ace_statistics",)), "`untied-sc ace`")
     written = save_ace_statistics(statistics.to("cpu"), folder)
     write_remote_code(folder)  # the component's module file, for loading by repo id with diffusers' generic class
     config = statistics.config
@@ -369,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
         "same numbers).",
     )
     calibrate.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    calibrate.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="In place: replace the statistics of NFEs the folder has calibrated already (and, with coefficients "
+        "given, their coefficients). Without it those are refused before any work; new NFEs are added either way.",
+    )
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
     calibrate.set_defaults(handler=_calibrate)
@@ -423,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
     tune.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)
     tune.add_argument("--cache-dir", help="Evaluator cache folder.")
+    tune.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="In place: replace the coefficients and entropy-matching temperature of NFEs tuned already. Without it "
+        "those are refused before any work (calibration's coefficients are replaced either way).",
+    )
     tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     tune.add_argument(
         "--device",

@@ -158,3 +158,150 @@ def read_benchmark_report(path: str | os.PathLike, option: str, remedy: str = ""
             f"so nothing shows which samples its scores belong to.{remedy}"
         )
     return report
+
+
+def _json_record(path: Path) -> dict:
+    """A JSON object file, or `{}` where there is none (or it cannot be read: loading reports that with its name)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+# What `calibrate` / `tune` / `ace` write into a pipeline folder in place (`cli._save_calibration`,
+# `loading.save_sampler_statistics`, `remote_code.write_remote_code`, `ace.save_ace_statistics`), by component.
+STATISTICS_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
+COMPONENT_MODULES = {
+    "sampler_statistics": "untied_sc.schedulers.sampler_statistics",
+    "ace_statistics": "untied_sc.calibration.ace",
+}
+
+
+def pipeline_writes(
+    folder: str | os.PathLike, components: tuple[str, ...] = ("sampler_statistics", "scheduler")
+) -> list[str]:
+    """
+    The files (relative to `folder`) a command writes into a pipeline folder in place, when it writes `components`:
+    each statistics component's files and module file, the scheduler config, and `model_index.json` with the module
+    files `write_remote_code` refreshes beside every package component it lists.
+    """
+    paths = ["model_index.json", "untied_sc_pipeline.py"]
+    for component in components:
+        if component == "scheduler":
+            paths.append("scheduler/scheduler_config.json")
+        else:
+            paths += [f"{component}/{name}" for name in STATISTICS_FILES]
+            paths.append(f"{component}/{COMPONENT_MODULES[component]}.py")
+    index = _json_record(Path(folder) / "model_index.json")
+    for component, value in index.items():
+        if not component.startswith("_") and isinstance(value, list) and len(value) == 2:
+            if isinstance(value[0], str) and value[0].startswith("untied_sc."):
+                paths.append(f"{component}/{value[0]}.py")
+    return list(dict.fromkeys(paths))
+
+
+def check_writes_stay_inside(folder: str | os.PathLike, paths, writer: str) -> None:
+    """
+    Refuses to write `paths` (relative to `folder`) where one of them, or a folder on the way to it, is a symbolic
+    link that leads out of `folder`: the write would go through it into another pipeline's files (or a shared
+    Hub-cache blob). A link that stays inside `folder` is followed as usual. `writer` names what writes (a command,
+    in backquotes).
+    """
+    root = Path(folder).expanduser()
+    inside = root.resolve()
+    for relative in paths:
+        current = root
+        for part in Path(relative).parts:
+            current = current / part
+            if not current.is_symlink():
+                continue
+            target = current.resolve()
+            if target == inside or inside in target.parents:
+                continue
+            raise ValueError(
+                f"{current} is a symbolic link to {os.readlink(current)} ({target}), outside {root}: {writer} "
+                f"would write {relative} through it, into files that are not this pipeline's. Replace the "
+                f"link with a copy of what it points to (`rm {current} && cp -r {target} {current}`), or write the "
+                "result to a new folder with --output NEW_FOLDER."
+            )
+
+
+def _nfe_list(values) -> str:
+    return ", ".join(str(n) for n in sorted(values))
+
+
+def refuse_replacing_calibration(
+    folder: str | os.PathLike, nfe, overwrite: bool, explicit_coefficients: bool = False
+) -> None:
+    """
+    `untied-sc calibrate` in place, before any work: the NFEs asked for are not calibrated in `folder` yet (their
+    statistics would be replaced), and, with coefficients given on the command line, the scheduler config holds none
+    for them (they would be replaced, tuned ones included), unless `overwrite`. NFEs not there yet are added beside
+    the others without it.
+    """
+    if overwrite:
+        return
+    folder = Path(folder)
+    statistics = _json_record(folder / "sampler_statistics" / "config.json")
+    calibrated = [int(n) for n in statistics.get("calibrated_steps") or []]
+    scheduler = _json_record(folder / "scheduler" / "scheduler_config.json")
+    stored = {int(n) for n in scheduler.get("coefficients_by_steps") or {}}
+    tuned = {int(n) for n in scheduler.get("tuning_by_steps") or {}}
+    replaced = sorted(set(nfe) & set(calibrated))
+    coefficients = sorted(set(nfe) & stored) if explicit_coefficients else []
+    if not replaced and not coefficients:
+        return
+    parts = []
+    if replaced:
+        parts.append(
+            f"{folder / 'sampler_statistics'} already holds statistics for NFE {_nfe_list(replaced)} "
+            f"(calibrated NFEs: {_nfe_list(calibrated)})"
+        )
+    if coefficients:
+        kind = "tuned " if set(coefficients) & tuned else ""
+        parts.append(
+            f"{folder / 'scheduler' / 'scheduler_config.json'} already holds {kind}coefficients for NFE "
+            f"{_nfe_list(coefficients)}, which the coefficients given would replace"
+        )
+    new = sorted(set(nfe) - set(replaced) - set(coefficients))
+    only_new = f" (--nfe {' '.join(map(str, new))})" if new else ""
+    raise FileExistsError(
+        f"{'; '.join(parts)}: calibrating again would replace them. Pass --overwrite to replace them, calibrate only "
+        f"NFEs the folder lacks{only_new}, which are added beside the others, or write the result to a new folder "
+        "with --output NEW_FOLDER."
+    )
+
+
+def refuse_replacing_tuning(folder: str | os.PathLike, nfe, overwrite: bool) -> None:
+    """
+    `untied-sc tune` in place, before any work: no NFE asked for holds tuned coefficients yet (a tuning record, or an
+    entropy-matching temperature beside its coefficients), unless `overwrite`. Calibration's coefficients (a preset's)
+    are what tuning starts from and replaces, without it.
+    """
+    if overwrite:
+        return
+    path = Path(folder) / "scheduler" / "scheduler_config.json"
+    scheduler = _json_record(path)
+    records = scheduler.get("tuning_by_steps") or {}
+    entries = scheduler.get("coefficients_by_steps") or {}
+    knobs = ("temperature", "decode_temperature")
+    tuned: dict[int, str] = {}
+    for n in sorted(set(nfe)):
+        record, entry = records.get(str(n)), entries.get(str(n)) or {}
+        knob = next((f"{key} {entry[key]:g}" for key in knobs if isinstance(entry.get(key), int | float)), None)
+        if record is None and knob is None:
+            continue
+        sized = isinstance(record, dict) and "num_samples" in record
+        tuned[n] = (f"NFE {n}: tuned on {record['num_samples']} samples" if sized else f"NFE {n}: tuned") + (
+            f", {knob}" if knob else ""
+        )
+    if not tuned:
+        return
+    untuned = sorted(set(nfe) - set(tuned))
+    only_new = f" (--nfe {' '.join(map(str, untuned))})" if untuned else ""
+    raise FileExistsError(
+        f"{path} already holds tuned coefficients ({'; '.join(tuned.values())}): tuning again would replace them "
+        f"and their entropy-matching temperature. Pass --overwrite to replace them, tune only NFEs not tuned "
+        f"yet{only_new}, or write the result to a new folder with --output NEW_FOLDER."
+    )

@@ -2,6 +2,7 @@
 
 import copy
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -162,7 +163,7 @@ def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str
             check_coefficients(coefficients[n], where=f" at {n} steps")
         return {n: dict(coefficients[n]) for n in steps}
     name = coefficients or DEFAULT_PRESET[solver]
-    check_preset(name)
+    check_preset(name, solver)
     return {n: preset_entry(name, n)[1] for n in steps}
 
 
@@ -345,18 +346,35 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def apply_calibration(pipe, result: CalibrationResult) -> None:
+def apply_calibration(pipe, result: CalibrationResult, overwrite: bool = False) -> None:
     """
     Installs `result` in `pipe`: its statistics become the `sampler_statistics` component, and the coefficients it
     ran at become the scheduler config's `coefficients_by_steps` for every NFE that has none yet (tuned values are
-    kept: `untied-sc tune` chose them for this model).
+    kept: `untied-sc tune` chose them for this model). Where an NFE's entry holds other coefficients than those
+    calibration ran at (given explicitly), `overwrite=True` replaces it, with that NFE's tuned temperature and tuning
+    record; otherwise the entry is kept and a warning names both.
     """
     migrate_pipeline(pipe)  # an old-layout folder's coefficients move to the scheduler config first
     pipe.register_modules(sampler_statistics=result.statistics)
     current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})
-    added = {n: values for n, values in result.coefficients_by_steps.items() if n not in current}
-    if added:
-        pipe.scheduler.register_to_config(coefficients_by_steps={**current, **added})
+    tuning = dict(pipe.scheduler.config.get("tuning_by_steps") or {})
+    changed = {}
+    for n, values in result.coefficients_by_steps.items():
+        held = current.get(n)
+        if held is not None and {name: float(held[name]) for name in values} == values:
+            continue
+        if held is not None and not overwrite:
+            warnings.warn(
+                f"The scheduler config keeps its coefficients for NFE {n} ({held}); calibration ran at {values}. "
+                "Pass `overwrite=True` (CLI: --overwrite) to replace them.",
+                UserWarning,
+                stacklevel=2,
+            )
+            continue
+        changed[n] = dict(values)
+        tuning.pop(n, None)  # the record of a tuning whose result is replaced
+    if changed:
+        pipe.scheduler.register_to_config(coefficients_by_steps={**current, **changed}, tuning_by_steps=tuning or None)
 
 
 def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[float, float] | None]:

@@ -149,6 +149,13 @@ def _diagnose(args: argparse.Namespace) -> None:
     refuse_existing(paths, args.overwrite)
     pyplot()  # matplotlib missing: say so before the work
 
+    from ..output_paths import claimed_outputs
+
+    with claimed_outputs(paths.values(), args.overwrite, "choose another --output-dir"):  # no two runs write them
+        _diagnose_into(args, model, paths)
+
+
+def _diagnose_into(args: argparse.Namespace, model: str, paths: dict[str, Path]) -> None:
     import torch
 
     from ..pipelines import load_pipeline

@@ -167,15 +167,11 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or choose another --output.")
 
     from ..distributed import (
-        gather_in_order,
         is_main_process,
-        process_device,
-        process_rank,
         process_state,
-        silence_other_processes,
     )
-    from ..evaluation.evaluator import describe_evaluator, load_evaluator
-    from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples, group_runs, read_samples
+    from ..evaluation.io import group_runs, read_samples
+    from ..output_paths import claimed_outputs
 
     samples = read_samples(args.samples)
     baseline_samples = read_samples(args.baseline) if args.baseline else None
@@ -187,6 +183,17 @@ def evaluate_command(args: argparse.Namespace) -> dict:
         )
     by_runs = not args.baseline and len(group_runs(samples)) > 1
     state = process_state(args.device)
+    # The main process, which alone writes, holds the output from here to its write: a second run is refused now.
+    with claimed_outputs([output], args.overwrite, "choose another --output", active=is_main_process(state)):
+        return _evaluate_into(args, protocol, output, samples, by_runs, state)
+
+
+def _evaluate_into(args: argparse.Namespace, protocol: str, output: Path, samples, by_runs: bool, state) -> dict:
+    """The scoring of `evaluate_command`, once its output is claimed."""
+    from ..distributed import gather_in_order, is_main_process, process_device, process_rank, silence_other_processes
+    from ..evaluation.evaluator import describe_evaluator, load_evaluator
+    from ..evaluation.io import compare_results, evaluate_runs, evaluate_samples
+
     num_processes = process_rank(state)[1]
     whole = "--baseline pairs two files, each scored whole" if args.baseline else "this file holds one run"
     if num_processes > 1 and not by_runs:
@@ -560,6 +567,9 @@ def benchmark_command_line(args) -> str:
     return shlex.join(words)
 
 
+OTHER_NAME = "give --name NAME (or --output-dir) to write elsewhere"
+
+
 def _refuse_existing_outputs(paths, overwrite: bool) -> None:
     """Before any work: refuses to replace an existing result unless `--overwrite` is given."""
     existing = [str(path) for path in paths if Path(path).exists()]
@@ -579,7 +589,7 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
     return list(report_paths(args.output_dir, name, samples=not args.rescore).values())
 
 
-def _check_generation_scoring(args) -> None:
+def _check_generation_scoring(args) -> str | None:
     """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
     the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
     options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "reuse_samples")
@@ -605,6 +615,7 @@ def _check_generation_scoring(args) -> None:
         model = None  # read_generation says what is wrong with the file
     if args.name or model:
         _refuse_existing_outputs(_benchmark_outputs(args, args.name or model), args.overwrite)
+    return args.name or model
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
@@ -927,14 +938,30 @@ def benchmark_command(args) -> dict | None:
     not split: it runs on the main process only.
     """
     # Everything that needs no model is checked first, before torch loads (see `_check_sweep_arguments`).
+    from ..output_paths import claimed_outputs
+
     if args.rescore:
-        return _rescore(args, _check_rescore(args))
+        name = _check_rescore(args)
+        with claimed_outputs(_benchmark_outputs(args, name), args.overwrite, OTHER_NAME):  # scored in one process
+            return _rescore(args, name)
     if args.from_generation:
-        _check_generation_scoring(args)
+        name = _check_generation_scoring(args)
     else:
         name = _check_sweep_arguments(args)
 
-    from ..distributed import is_main_process, process_state, silence_other_processes
+    from ..distributed import is_main_process, process_state
+
+    state = process_state(args.device)
+    # The main process, which alone writes, holds the result files from here to its last write: a second run of the
+    # same name is refused now (a generation file whose model is unreadable names none: `read_generation` says why).
+    outputs = _benchmark_outputs(args, name) if name else []
+    with claimed_outputs(outputs, args.overwrite, OTHER_NAME, active=is_main_process(state)):
+        return _benchmark_into(args, name, state)
+
+
+def _benchmark_into(args, name: str | None, state) -> dict | None:
+    """The work of `benchmark_command`, once its outputs are claimed."""
+    from ..distributed import is_main_process, silence_other_processes
     from .definitions import select_samplers, with_preset
     from .generation_files import write_generation
     from .report import format_markdown
@@ -951,7 +978,6 @@ def benchmark_command(args) -> dict | None:
         "dtype": args.dtype,
         "score_parts_dir": args.score_parts_dir,
     }
-    state = process_state(args.device)
     silence_other_processes(state)
     if args.from_generation:
         if not is_main_process(state):

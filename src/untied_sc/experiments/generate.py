@@ -135,18 +135,21 @@ def generate_command(args: argparse.Namespace) -> list | None:
     check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")
 
     # keeps `untied-sc --help` and the refusals above torch-free
-    from ..distributed import (
-        describe_processes,
-        is_main_process,
-        process_device,
-        process_state,
-        silence_other_processes,
-    )
-    from ..evaluation.io import write_samples
-    from ..pipelines import load_pipeline
+    from ..distributed import is_main_process, process_state, silence_other_processes
+    from ..output_paths import claimed_outputs
 
     state = process_state(args.device)
     silence_other_processes(state)
+    # The main process, which alone writes, holds --out from here to its last write: a second run is refused now.
+    with claimed_outputs([out], args.overwrite, "choose another --out", active=is_main_process(state)):
+        return _generate_into(args, out, state)
+
+
+def _generate_into(args: argparse.Namespace, out: Path, state) -> list | None:
+    from ..distributed import describe_processes, is_main_process, process_device
+    from ..evaluation.io import write_samples
+    from ..pipelines import load_pipeline
+
     pipe = load_pipeline(args.pipeline)
     pipe.to(process_device(state, args.device))
     samples, seconds = generate_samples(

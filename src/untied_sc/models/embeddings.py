@@ -1,6 +1,8 @@
 """Small pieces shared by both networks: sinusoidal embeddings and the `dtype=` loading alias."""
 
 import math
+import os
+from pathlib import Path
 
 import torch
 
@@ -40,7 +42,11 @@ def broadcast_per_example(
 
 
 class DtypeAliasMixin:
-    """Accepts transformers-5 style `dtype=` in `from_pretrained` as well as diffusers' `torch_dtype=`."""
+    """
+    Accepts transformers-5 style `dtype=` in `from_pretrained` as well as diffusers' `torch_dtype=`, and checks a
+    local folder's `config.json` against its weights first (`convert.check_saved_model`): diffusers would load a
+    config that builds fewer blocks, or other sizes, than the weights hold with a bare list of unused names.
+    """
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
@@ -48,4 +54,10 @@ class DtypeAliasMixin:
             if kwargs.get("torch_dtype") is not None:
                 raise ValueError("Pass either `dtype` or `torch_dtype`, not both.")
             kwargs["torch_dtype"] = kwargs.pop("dtype")
+        if isinstance(pretrained_model_name_or_path, str | os.PathLike):
+            folder = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
+            if folder.is_dir():  # a Hub repo id is checked where a pipeline loads it, from its local snapshot
+                from .convert import check_saved_model  # imports the model classes, which import this module
+
+                check_saved_model(cls, folder, kwargs.get("variant"))
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)

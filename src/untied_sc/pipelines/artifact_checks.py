@@ -88,6 +88,29 @@ def check_statistics_folder(folder: Path) -> None:
         )
 
 
+def check_recorded_length(folder: Path) -> None:
+    """
+    The transformer's `max_length` is the length its training record names (`training_info.json`, which `untied-sc
+    train ... export` writes): no weight of either network fixes it (ELF builds its RoPE tables from it, LangFlow's
+    rotary tables have no length), so a changed value would sample at another length without an error.
+    """
+    record_path, config_path = folder / "training_info.json", folder / "transformer" / "config.json"
+    if not record_path.is_file() or not config_path.is_file():
+        return
+    try:
+        trained = (json.loads(record_path.read_text()).get("config") or {}).get("seq_len")
+        given = json.loads(config_path.read_text()).get("max_length")
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable record says nothing; diffusers reports an unreadable config
+    if isinstance(trained, int) and isinstance(given, int) and trained != given:
+        raise ValueError(
+            f"{config_path}: max_length = {given}, but {record_path} records that the model was trained at seq_len "
+            f"{trained}. The weights do not fix the length, so the network would sample {given}-token sequences "
+            f'without an error, at a length it never saw. Fix: set "max_length": {trained} in {config_path} (or '
+            "restore the config.json saved with these weights)."
+        )
+
+
 def check_scheduler_config(path: Path) -> None:
     """A scheduler config of this package has every numeric setting in range (see `_config_ranges`)."""
     config = json.loads(path.read_text())
@@ -178,6 +201,8 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
             f"`{saved_class}.from_pretrained(...)` (or `untied_sc.pipelines.load_pipeline`, which picks the class)."
         )
     check_index_lists_components(folder, index, pipeline_class, passed)
+    if "transformer" not in passed:
+        check_recorded_length(folder)
     for name, value in index.items():
         if name.startswith("_") or name in passed or not isinstance(value, list) or None in value:
             continue

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from ..hub import HUB_KWARGS, resolve_local
+from ..input_checks import check_writes_stay_inside, pipeline_writes
 from .pipeline_elf import ELFPipeline
 from .pipeline_langflow import LangFlowPipeline
 from .remote_code import saved_class_name, write_remote_code
@@ -37,6 +38,7 @@ def save_sampler_statistics(pipe, folder: str | os.PathLike) -> Path:
     statistics = pipe.sampler_statistics
     if statistics is None:
         raise ValueError("The pipeline has no sampler statistics to save.")
+    check_writes_stay_inside(folder, pipeline_writes(folder, ("sampler_statistics",)), "saving the sampler statistics")
     statistics.save_pretrained(folder / "sampler_statistics")
     index = json.loads(index_path.read_text())
     index["sampler_statistics"] = [type(statistics).__module__, type(statistics).__name__]

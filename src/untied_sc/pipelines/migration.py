@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ..calibration.migrate import migrate_pipeline
+from ..input_checks import check_writes_stay_inside, pipeline_writes
 from .loading import load_pipeline, save_sampler_statistics
 
 
@@ -25,6 +26,8 @@ def migrate_folder(
         )
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; choose a new folder (nothing was written).")
+    if output is None:
+        check_writes_stay_inside(source, pipeline_writes(source), "`untied-sc migrate`")
     pipe = load_pipeline(source)
     if not migrate_pipeline(pipe):
         raise ValueError(f"{source} already has the current layout; nothing to migrate.")

@@ -7,7 +7,13 @@ import torch
 from ..models import load_official_elf
 from ..schedulers import ELFScheduler
 from ..schedulers.noise import settle
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, load_tokenizer
+from .pipeline_utils import (
+    LanguageFlowPipeline,
+    LanguageFlowPipelineOutput,
+    call_diversity,
+    check_finite_number,
+    load_tokenizer,
+)
 
 
 # The SC-CFG scale of the released models: the pipeline's default when neither its config nor (old folders) the
@@ -15,10 +21,10 @@ from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, ca
 DEFAULT_SC_CFG_SCALE = 3.0
 
 
-def _check_sc_cfg_scale(value) -> float:
-    if not isinstance(value, int | float):
-        raise ValueError(f"sc_cfg_scale must be a number or None, got {value!r}.")
-    return float(value)
+def _check_sc_cfg_scale(value, where: str = "sc_cfg_scale") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where} must be a number or None, got {value!r}.")
+    return check_finite_number(where, value, "e.g. 3.0, the released models' SC-CFG scale, or None for the default")
 
 
 def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) -> torch.LongTensor:
@@ -89,7 +95,7 @@ class ELFPipeline(LanguageFlowPipeline):
         super().__init__(transformer, scheduler, tokenizer, sampler_statistics, ace_statistics)
         if sc_cfg_scale is None:  # a folder saved before the pipeline owned w keeps it in the scheduler config
             sc_cfg_scale = scheduler.config.get("sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
-        self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale))
+        self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale, "the pipeline's sc_cfg_scale"))
 
     @torch.no_grad()
     def __call__(
@@ -145,6 +151,7 @@ class ELFPipeline(LanguageFlowPipeline):
             decode_temperature = call_diversity(self.scheduler, "decode_temperature", num_inference_steps, 0.0)
         if not (isinstance(decode_temperature, int | float) and decode_temperature >= 0):
             raise ValueError(f"decode_temperature must be a number ≥ 0 (0: argmax), got {decode_temperature!r}.")
+        check_finite_number("decode_temperature", decode_temperature, "0 takes the argmax, T > 0 draws")
         scale = self._scale(sc_cfg_scale)
         return self._generate(
             batch_size,

@@ -6,7 +6,13 @@ import torch
 
 from ..models import load_official_langflow
 from ..schedulers import LangFlowScheduler
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, load_tokenizer
+from .pipeline_utils import (
+    LanguageFlowPipeline,
+    LanguageFlowPipelineOutput,
+    call_diversity,
+    check_finite_number,
+    load_tokenizer,
+)
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
@@ -79,6 +85,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
             temperature = call_diversity(self.scheduler, "temperature", num_inference_steps, 1.0)
         if not (isinstance(temperature, int | float) and temperature > 0):
             raise ValueError(f"temperature must be a positive number, got {temperature!r}.")
+        check_finite_number("temperature", temperature, "1 is the official sampler")
         return self._generate(
             batch_size,
             num_inference_steps,

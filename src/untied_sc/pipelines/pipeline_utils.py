@@ -4,6 +4,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import math
 import operator
 import os
 import shutil
@@ -162,6 +163,30 @@ def owned_outputs(output: BaseOutput) -> BaseOutput:
     if not any(isinstance(value, torch.Tensor) and value.is_cuda for value in output.values()):
         return output
     return type(output)(**{name: value.clone() for name, value in output.items()})
+
+
+def check_finite_number(name: str, value, hint: str) -> float:
+    """`value` as a float, refused when NaN or ±inf: a non-finite knob runs every step and returns NaN latents and
+    empty (all-pad) texts without an error."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{name} must be a finite number, got {value!r} ({hint}): a NaN or infinite value runs without an error "
+            "and gives NaN latents or meaningless texts."
+        )
+    return value
+
+
+def check_finite_latents(latents: torch.Tensor) -> None:
+    """Initial latents hold no NaN or ±inf: every step would carry them into the output (all-pad texts)."""
+    finite = torch.isfinite(latents)
+    if not bool(finite.all()):
+        count = int((~finite).sum())
+        raise ValueError(
+            f"latents hold {count} non-finite value(s) (NaN or ±inf) of {latents.numel()}: sampling from them gives NaN "
+            "latents and all-pad texts. Pass finite initial latents (e.g. `init_noise_sigma * torch.randn(...)`), or "
+            "leave `latents` out to draw them from the generator."
+        )
 
 
 def check_generator_input(generator, batch_size: int) -> None:
@@ -451,6 +476,8 @@ class LanguageFlowPipeline(DiffusionPipeline):
         expected = (batch_size, *self.latent_shape)
         if latents is not None and tuple(latents.shape) != expected:
             raise ValueError(f"latents have shape {tuple(latents.shape)}, expected {expected} (batch, length, dim).")
+        if latents is not None:
+            check_finite_latents(latents)
         unknown = [name for name in callback_tensor_inputs if name not in self._callback_tensor_inputs]
         if unknown:
             raise ValueError(f"Unknown callback tensor inputs {unknown}; choose from {self._callback_tensor_inputs}.")
@@ -485,16 +512,25 @@ class LanguageFlowPipeline(DiffusionPipeline):
         return noise * getattr(self.scheduler if scheduler is None else scheduler, "init_noise_sigma", 1.0)
 
     def calibrate(
-        self, nfe: list[int], bank_size: int = 64, seed: int = CALIBRATION_SEED, batch_size: int = 16, **kwargs
+        self,
+        nfe: list[int],
+        bank_size: int = 64,
+        seed: int = CALIBRATION_SEED,
+        batch_size: int = 16,
+        overwrite: bool = False,
+        **kwargs,
     ) -> "CalibrationResult":  # noqa: F821
         """
         Computes (or extends) this pipeline's `sampler_statistics` for the NFEs in `nfe`; see
         [`~untied_sc.calibration.calibrate_pipeline`] for the arguments, and
         [`~untied_sc.calibration.apply_calibration`] for what is installed (the statistics, and the coefficients it
-        ran at into the scheduler config where it has none). Returns the calibration result.
+        ran at into the scheduler config where it has none; `overwrite=True` also replaces an NFE's entry that holds
+        other coefficients than the ones given). It changes this object only: files are written by `save_pretrained`
+        (or `untied-sc calibrate`, which refuses to replace a folder's NFEs without `--overwrite`). Returns the
+        calibration result.
         """
         result = calibrate_pipeline(self, nfe, bank_size=bank_size, seed=seed, batch_size=batch_size, **kwargs)
-        apply_calibration(self, result)
+        apply_calibration(self, result, overwrite=overwrite)
         return result
 
     @property
@@ -559,6 +595,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
                 f"{type(self).__name__}.denoise got unknown network arguments {unknown}; this family takes "
                 f"{self._network_knobs()}."
             )
+        for name, value in network_kwargs.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                check_finite_number(name, value, "a network knob of every step")
         batch_size, num_inference_steps, generator = self._checked_call(
             batch_size, num_inference_steps, generator, latents
         )

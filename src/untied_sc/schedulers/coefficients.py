@@ -71,6 +71,12 @@ def check_coefficients(values: Mapping[str, float | None], where: str = "") -> N
                 f"The untied scheduler's {name}{where} must be a number, got {value!r} ({type(value).__name__}): pass "
                 f"e.g. `{name}=1.0`, or leave it out to use the preset's value."
             )
+    for name in COEFFICIENT_NAMES:
+        if values.get(name) is not None and not math.isfinite(float(values[name])):
+            raise ValueError(
+                f"{name}{where} must be a finite number, got {values[name]!r}: a NaN or infinite coefficient runs "
+                "and gives NaN latents. Give a finite value, or leave it out to use the tuned or preset one."
+            )
     for name in ("eta_r", "eta_t", "eta_o"):
         if values.get(name) is not None and not values[name] >= 0:
             raise ValueError(f"{name}{where} must be ≥ 0, got {values[name]}.")
@@ -80,9 +86,36 @@ def check_coefficients(values: Mapping[str, float | None], where: str = "") -> N
         raise ValueError(f"alpha{where} must lie in (0, 1], got {values['alpha']}.")
 
 
-def check_preset(name: str | None) -> None:
-    if name is not None and name not in paper_coefficients():
+FAMILY_NAMES = {"elf": "ELF", "langflow": "LangFlow"}
+
+
+def preset_family(name: str) -> str:
+    """The model family a paper preset was measured on: its name's prefix (`elf-b` → `"elf"`)."""
+    return name.split("-", 1)[0]
+
+
+def family_presets(family: str) -> list[str]:
+    """The paper presets of one model family."""
+    return sorted(name for name in paper_coefficients() if preset_family(name) == family)
+
+
+def check_preset(name: str | None, family: str | None = None, where: str = "") -> None:
+    """
+    `name` is a paper preset, and (with `family`) one of that family's: another family's coefficients were measured
+    for another network and sampler, and would run without complaint but out of their setting.
+    """
+    if name is None:
+        return
+    if name not in paper_coefficients():
         raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
+    if family is not None and preset_family(name) != family:
+        owner = FAMILY_NAMES.get(preset_family(name), preset_family(name))
+        raise ValueError(
+            f"Coefficient preset {name!r}{where} is the paper's {owner} preset, but this is a "
+            f"{FAMILY_NAMES.get(family, family)} sampler: another family's coefficients would run out of their "
+            f"setting. Choose one of the {FAMILY_NAMES.get(family, family)} presets: "
+            f"{', '.join(family_presets(family))} (or leave coefficients out to use the tuned or calibrated ones)."
+        )
 
 
 # The pipeline-call knob that moves each family's entropy, as an entry of `coefficients_by_steps` may store it, with

@@ -90,7 +90,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         seed = config.direction_seed
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"direction_seed must be an integer ≥ 0, got {seed!r}.")
-        check_preset(config.coefficients)
+        check_preset(config.coefficients, self.family, f" (in {type(self).__name__}'s config)")
         check_coefficients(config)
         if config.coefficients_by_steps is not None:  # stored as JSON gives it back: string NFEs, plain floats
             self.register_to_config(coefficients_by_steps=coefficients_table(config.coefficients_by_steps))
