@@ -251,6 +251,18 @@ def langflow_config_from_official(official: dict) -> dict:
     }
 
 
+def check_langflow_folder(folder: Path) -> tuple[Path, Path]:
+    """An official LangFlow folder's `config.json` and `model.safetensors`; a missing one is an error naming both."""
+    config_file, weights_file = folder / "config.json", folder / "model.safetensors"
+    for file in (config_file, weights_file):
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {file.name}; an official LangFlow folder holds both config.json and "
+                "model.safetensors (as the Hub repos Continuous-Rivals-Discrete/langflow-* do)."
+            )
+    return config_file, weights_file
+
+
 def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowTransformerModel:
     """
     Builds a [`LangFlowTransformerModel`] from an official LangFlow folder (`config.json` + `model.safetensors`).
@@ -263,10 +275,7 @@ def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowT
     The Gumbel proposal's `loc` and `scale` come from the weights (`proposal.*`), not from `config.json`.
     """
     folder = resolve_local(source, LANGFLOW_HUB_PATTERNS, **hub_kwargs)
-    config_file, weights_file = folder / "config.json", folder / "model.safetensors"
-    for file in (config_file, weights_file):
-        if not file.is_file():
-            raise FileNotFoundError(f"{folder} has no {file.name}; an official LangFlow folder holds both files.")
+    config_file, weights_file = check_langflow_folder(folder)
     try:
         official = json.loads(config_file.read_text())
     except json.JSONDecodeError as error:

@@ -16,6 +16,7 @@ from ..hub import HUB_KWARGS, fetch_error_message, hub_offline, resolve_local
 from ..models.convert import (
     ELF_HUB_PATTERNS,
     LANGFLOW_HUB_PATTERNS,
+    check_langflow_folder,
     load_official_elf,
     load_official_langflow,
     newest_checkpoint,
@@ -64,14 +65,15 @@ def _tokenizer_name(tokenizer) -> Sourced[str] | None:
 def load_named_tokenizer(name: Sourced[str]) -> PreTrainedTokenizerBase:
     """The tokenizer `name` names (a Hub id through the Hugging Face cache, or a folder), with a clear error."""
     try:
-        return AutoTokenizer.from_pretrained(name.value)
+        # HF_HUB_OFFLINE read now (huggingface_hub reads it once, at import): offline, only the cache is asked
+        return AutoTokenizer.from_pretrained(name.value, local_files_only=hub_offline())
     except (OSError, ValueError) as error:
         if Path(name.value).expanduser().exists():
             cause = f"the folder is not a tokenizer ({type(error).__name__}: {error})"
         else:  # a Hub id: say which endpoint, whether offline, and the cache
             cause = fetch_error_message(name.value, {"local_files_only": hub_offline()}, error)
         raise ValueError(
-            f"The tokenizer {name.value!r} ({name.source}) could not be loaded: {cause}. Pass --tokenizer "
+            f"The tokenizer {name.value!r} ({name.source}) could not be loaded: {cause.rstrip('.')}. Pass --tokenizer "
             "NAME_OR_PATH (tokenizer=): a tokenizer folder, or a Hub id that is cached or reachable."
         ) from None
 
@@ -179,6 +181,7 @@ def build_langflow(cls, source, tokenizer=None, official_id: str | None = None, 
     """[`LangFlowPipeline.from_official`]'s body (`cls`: the pipeline class)."""
     hub_kwargs, load_kwargs = _split_hub_kwargs(kwargs)
     origin, folder = _resolve(source, "langflow", official_id, hub_kwargs)
+    check_langflow_folder(folder)  # the layout before any tokenizer download
     given = _tokenizer_name(tokenizer)
     settings = langflow_settings(origin, folder, tokenizer if given is None else given.value)
     loaded_tokenizer, tokenizer_name = _tokenizer(tokenizer, settings)
