@@ -6,7 +6,8 @@ see test_pipelines_official.py) are put in each official on-disk format: ELF's t
 writes, whose `sampling_configs` name the fixture's γ and SC-CFG scale), LangFlow's `config.json` +
 `model.safetensors`. Each is converted by the command line, loaded with `from_pretrained`, and sampled with the
 fixture's seed: the official sampler must give the recorded tokens, and the untied sampler at η = 0 the same bit
-for bit.
+for bit. `elf_pd_sample_nfe{8,16}` record the official sampler of ELF's distillation branch at ELF-B-PD's settings
+(`tests/fixtures/make_pd_sampler_fixtures.py`), which a copy converted as ELF-B-PD-owt-torch must reproduce.
 """
 
 import dataclasses
@@ -334,25 +335,60 @@ def test_a_local_copy_named_by_official_id_takes_the_tables_per_step_settings(tm
         assert set(seen) == {2.5 if nfe == 8 else 2.0} and len(seen) == nfe + 1
 
 
-def test_pd_settings_reproduce_the_official_sampler_recording_path(tmp_path, tiny_released, monkeypatch):
+@pytest.fixture
+def converted_pd(tmp_path, tiny_released) -> Path:
+    """The recordings' weights as the ELF-B-PD repo lays them out (a checkpoint, no config.yml), converted as a copy
+    of ELF-B-PD-owt-torch: the table's per-NFE settings apply."""
+    source = official_elf_checkpoint(tmp_path / "pd" / "checkpoint_5", _golden("elf_pd", 8).weights).parent
+    args = ["--official-id", "embedded-language-flows/ELF-B-PD-owt-torch"]
+    assert (
+        main(["convert", "elf", str(source), str(tmp_path / "out"), *args, "--tokenizer", _tokenizer(tmp_path)]) == 0
+    )
+    return tmp_path / "out"
+
+
+def _tokenizer(tmp_path: Path) -> str:
+    return tiny_tokenizer_folder(tmp_path / "tokenizer")
+
+
+@pytest.mark.parametrize("nfe", [8, 16])
+def test_the_pd_folder_reproduces_the_official_distillation_sampler(converted_pd, nfe, monkeypatch):
     """
-    The official ELF sampler (pytorch_elf; the distillation branch's sampler code is the same) recorded at γ 2.0 and
-    w 3 (elf_sample_nfe8): the PD folder's own settings at 8 steps (γ 1.5, w 2.5) are passed through the same
-    scheduler config and pipeline knobs, so with the recording's values given explicitly the PD folder's sampler
-    reproduces it bit for bit; and its γ and w are what the PD pipeline feeds at 8 steps.
+    `elf_pd_sample_nfe{8,16}` are the official sampler of ELF's distillation branch at ELF-B-PD's official settings
+    (γ 1.5, w 2.5 at 8 steps; γ 2.0, w 2.0 at 16; `make_pd_sampler_fixtures.py`): the converted folder gives them
+    with nothing passed at the call, the sampler alone bit for bit, free running the recorded tokens, and untied at
+    zero strength the same bit for bit.
     """
-    tokenizer = tiny_tokenizer_folder(tmp_path / "tokenizer")
-    pd_id = "embedded-language-flows/ELF-B-PD-owt-torch"
-    args = ["--official-id", pd_id, "--tokenizer", tokenizer]
-    assert main(["convert", "elf", str(_pd_folder(tmp_path)), str(tmp_path / "out"), *args]) == 0
-    pipe, golden = _load(tmp_path / "out", "elf"), _golden("elf", 8)
-    assert (pipe.scheduler.sde_gamma_for(8), pipe.sc_cfg_scale_for(8)) == (1.5, 2.5)
+    golden = _golden("elf_pd", nfe)
     sampler = json.loads(golden.metadata["sampler"])
-    pipe.scheduler = ELFScheduler.from_config(pipe.scheduler.config, sde_gamma=sampler["sde_gamma"])
-    replay_official_network(pipe, golden, monkeypatch)
-    output = pipe(**golden_call(golden), output_type="seq", sc_cfg_scale=sampler["sc_cfg_scale"])
+    pipe = _load(converted_pd, "elf")
+    assert (pipe.scheduler.sde_gamma_for(nfe), pipe.sc_cfg_scale_for(nfe)) == (
+        sampler["sde_gamma"],
+        sampler["sc_cfg_scale"],
+    )
     latents, tokens = _expected(golden)
+    with monkeypatch.context() as patch:  # a fresh load each time: the replay replaces the network's forward
+        replay_official_network(pipe, golden, patch)
+        output = pipe(**golden_call(golden), output_type="seq")
     assert torch.equal(output.latents, latents) and torch.equal(output.sequences, tokens)
+    with monkeypatch.context() as patch:
+        replay_official_draws(golden, patch)
+        assert torch.equal(_load(converted_pd, "elf")(**golden_call(golden), output_type="seq").sequences, tokens)
+    pipe = _load(converted_pd, "elf")
+    pipe.register_modules(sampler_statistics=random_statistics(pipe.transformer, "elf", steps=(8, 16)))
+    pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **ZERO)
+    with monkeypatch.context() as patch:
+        replay_official_network(pipe, golden, patch)
+        output = pipe(**golden_call(golden), output_type="seq")
+    assert torch.equal(output.latents, latents) and torch.equal(output.sequences, tokens)
+
+
+def test_the_pd_recordings_differ_from_the_base_settings_recording():
+    """The PD settings change the official run: the same weights and seed give other tokens at 8 steps."""
+    base, pd = _golden("elf", 8), _golden("elf_pd", 8)
+    assert all(torch.equal(base.weights[k], pd.weights[k]) for k in base.weights)
+    assert torch.equal(base.outputs["grid"], pd.outputs["grid"])
+    assert not torch.equal(base.outputs["tokens"], pd.outputs["tokens"])
 
 
 def test_a_hugging_face_cache_path_is_recognised_with_its_commit(tmp_path, tiny_released):
@@ -514,3 +550,14 @@ def test_the_readmes_workflow_runs_as_written(tmp_path, tiny_released, monkeypat
     assert (folder / "sampler_statistics").is_dir() and (folder / "README.md").is_file()
     out = commands[2][commands[2].index("--out") + 1]
     assert (tmp_path / out).is_file()
+
+
+def test_the_usage_guide_says_the_readmes_workflow_verbatim():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    usage = (ROOT / "docs" / "usage.md").read_text().splitlines()
+    workflow = [
+        line
+        for line in readme
+        if line.startswith(("untied-sc convert elf", "untied-sc calibrate elf-b", "untied-sc generate elf-b"))
+    ]
+    assert len(workflow) == 3 and all(line in usage for line in workflow)
