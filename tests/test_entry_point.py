@@ -74,3 +74,17 @@ def test_diffusion_pipeline_loads_the_bundled_folders_and_their_copies_in_a_fres
         assert copied[name]["components"] == bundled[name]["components"]
         assert copied[name]["tokens"] == bundled[name]["tokens"]  # same weights, same seed: same tokens
         assert len(bundled[name]["tokens"]) == 1
+
+
+def test_diffusion_pipeline_loads_a_converted_official_checkpoint_in_a_fresh_interpreter(tmp_path):
+    from untied_sc.cli import main
+
+    from .test_convert_pipeline import official_elf_folder
+    from .tiny import tiny_tokenizer_folder
+
+    source = official_elf_folder(tmp_path / "elf-official")
+    tokenizer = tiny_tokenizer_folder(tmp_path / "tokenizer")
+    assert main(["convert", "elf", str(source), str(tmp_path / "elf"), "--tokenizer", tokenizer]) == 0
+    got = _load_fresh(tmp_path / "elf", tmp_path / "modules")
+    assert got["pipeline"] == "untied_sc.pipelines.pipeline_elf.ELFPipeline"
+    assert got["components"]["scheduler"] == "ELFScheduler" and len(got["tokens"]) == 1

@@ -28,7 +28,7 @@ from untied_sc.pipelines.remote_code import MODULE_NAME, MODULE_TEXT, is_package
 
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
 from .test_models import _write_official_elf_checkpoint, _write_official_langflow_folder
-from .tiny import random_statistics, tiny_tokenizer
+from .tiny import random_statistics, tiny_tokenizer, tiny_tokenizer_folder
 
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -239,16 +239,20 @@ def test_cli_convert_takes_a_hub_id(hub, tmp_path, capsys, elf_golden, langflow_
     (tmp_path / "elf").mkdir()
     _write_official_elf_checkpoint(tmp_path / "elf" / "checkpoint_7", elf_golden.weights)
     (tmp_path / "elf" / "README.md").write_text("An official checkpoint.\n")
-    hub.commit("org/elf-official", tmp_path / "elf")
+    elf_commit = hub.commit("org/elf-official", tmp_path / "elf")
     _write_official_langflow_folder(tmp_path / "langflow", langflow_golden)
     hub.commit("org/langflow-official", tmp_path / "langflow")
     out = tmp_path / "out"
-    assert cli_main(["convert", "elf", "org/elf-official", str(out / "elf"), "--max-length", "12"]) == 0
-    assert cli_main(["convert", "langflow", "org/langflow-official", str(out / "langflow")]) == 0
+    tokenizer = ["--tokenizer", tiny_tokenizer_folder(tmp_path / "tokenizer")]
+    elf_args = ["--max-length", "12", "--sde-gamma", "1.5", "--sc-cfg-scale", "3", *tokenizer]
+    assert cli_main(["convert", "elf", "org/elf-official", str(out / "elf"), *elf_args]) == 0
+    assert cli_main(["convert", "langflow", "org/langflow-official", str(out / "langflow"), *tokenizer]) == 0
     assert "Wrote" in capsys.readouterr().out
-    elf = ELFTransformerModel.from_pretrained(out / "elf")
+    elf = ELFTransformerModel.from_pretrained(out / "elf", subfolder="transformer")
     assert torch.equal(elf.unembed_bias, elf_golden.weights["unembed_bias"])
-    langflow = LangFlowTransformerModel.from_pretrained(out / "langflow")
+    card = (out / "elf" / "README.md").read_text()
+    assert "org/elf-official" in card and elf_commit in card  # the commit read
+    langflow = LangFlowTransformerModel.from_pretrained(out / "langflow", subfolder="transformer")
     assert torch.equal(langflow.proposal.scale, langflow_golden.weights["proposal.scale"])
     snapshot = next((hub.cache / "models--org--elf-official" / "snapshots").iterdir())
     assert [p.name for p in snapshot.iterdir()] == ["checkpoint_7"]  # only what the converter asks for

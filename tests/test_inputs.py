@@ -22,7 +22,7 @@ from untied_sc.schedulers.coefficients import paper_coefficients
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .test_models import _write_official_elf_checkpoint
-from .tiny import random_statistics, tiny_tokenizer
+from .tiny import random_statistics, tiny_tokenizer, tiny_tokenizer_folder
 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -241,15 +241,18 @@ def test_elf_conversion_without_a_recorded_length_requires_max_length(tmp_path, 
     message = str(error.value)
     assert "does not record the sequence length it was trained at" in message and "--max-length N" in message
     assert "1024 for OpenWebText" in message and "128 for WMT14 De-En" in message
-    assert main(["convert", "elf", str(tmp_path), str(tmp_path / "out")]) == 2
+    tokenizer = tiny_tokenizer_folder(tmp_path / "tokenizer")
+    given = ["--tokenizer", tokenizer, "--sde-gamma", "1.5", "--sc-cfg-scale", "3"]
+    assert main(["convert", "elf", str(tmp_path), str(tmp_path / "out"), *given]) == 2
     assert "--max-length N (CLI)" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_elf_conversion_reads_max_length_from_the_trainers_config(tmp_path, elf_golden):
     _write_official_elf_checkpoint(tmp_path / "checkpoint_7", elf_golden.weights)
     (tmp_path / "config.yml").write_text("model: ELF-B\nmax_length: 12\nmax_input_length: null\n")
-    assert main(["convert", "elf", str(tmp_path), str(tmp_path / "out")]) == 0
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    given = ["--tokenizer", tiny_tokenizer_folder(tmp_path / "tokenizer"), "--sde-gamma", "1.5", "--sc-cfg-scale", "3"]
+    assert main(["convert", "elf", str(tmp_path), str(tmp_path / "out"), *given]) == 0
+    config = json.loads((tmp_path / "out" / "transformer" / "config.json").read_text())
     assert config["max_length"] == 12
     model = load_official_elf(tmp_path)
     assert model.rope_cos.shape[0] == 12 + model.num_prefix_tokens

@@ -13,6 +13,7 @@ from untied_sc.models import ELF_PRESETS, UnsafeCheckpointError
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .hub_cache import populate_hub_cache
+from .tiny import tiny_tokenizer_folder
 
 
 def _elf_inputs(model, seed=0):
@@ -230,17 +231,21 @@ def test_converters_load_by_repo_id_from_the_hub_cache(tmp_path, monkeypatch, el
     assert torch.equal(langflow.proposal.scale, langflow_golden.weights["proposal.scale"])
 
 
-def test_cli_convert_writes_loadable_diffusers_folders(tmp_path, capsys, elf_golden, langflow_golden):
+def test_cli_convert_writes_loadable_pipeline_folders(tmp_path, capsys, elf_golden, langflow_golden):
+    tokenizer = tiny_tokenizer_folder(tmp_path / "tokenizer")
     _write_official_elf_checkpoint(tmp_path / "checkpoint_7", elf_golden.weights)
-    assert (
-        cli_main(["convert", "elf", str(tmp_path / "checkpoint_7"), str(tmp_path / "elf"), "--max-length", "12"]) == 0
-    )
+    elf_args = ["--max-length", "12", "--sde-gamma", "1.5", "--sc-cfg-scale", "3", "--tokenizer", tokenizer]
+    assert cli_main(["convert", "elf", str(tmp_path / "checkpoint_7"), str(tmp_path / "elf"), *elf_args]) == 0
     assert torch.equal(
-        ELFTransformerModel.from_pretrained(tmp_path / "elf").mode_tokens, elf_golden.weights["mode_tokens"]
+        ELFTransformerModel.from_pretrained(tmp_path / "elf", subfolder="transformer").mode_tokens,
+        elf_golden.weights["mode_tokens"],
     )
     _write_official_langflow_folder(tmp_path / "lf", langflow_golden)
-    assert cli_main(["convert", "langflow", str(tmp_path / "lf"), str(tmp_path / "lf-out")]) == 0
-    assert LangFlowTransformerModel.from_pretrained(tmp_path / "lf-out").config.num_layers == 2
+    lf_args = ["--tokenizer", tokenizer]
+    assert cli_main(["convert", "langflow", str(tmp_path / "lf"), str(tmp_path / "lf-out"), *lf_args]) == 0
+    assert (
+        LangFlowTransformerModel.from_pretrained(tmp_path / "lf-out", subfolder="transformer").config.num_layers == 2
+    )
     assert "Wrote" in capsys.readouterr().out
     assert cli_main(["convert", "elf", str(tmp_path / "nowhere" / "x"), str(tmp_path / "o")]) == 2
     assert "SOURCE '" in (err := capsys.readouterr().err) and "no such file or folder on this machine" in err

@@ -141,7 +141,7 @@ def test_no_generator_draws_from_torchs_global_one_as_diffusers(pipes, family):
 def test_from_official_builds_working_pipelines(tmp_path, elf_golden, langflow_golden):
     payload = {"params": elf_golden.weights, "ema_params1": elf_golden.weights, "step": 1}
     torch.save(payload, tmp_path / "checkpoint_1")
-    elf = ELFPipeline.from_official(tmp_path, tokenizer=tiny_tokenizer(), max_length=12)
+    elf = ELFPipeline.from_official(tmp_path, tokenizer=tiny_tokenizer(), max_length=12, sde_gamma=1.5, sc_cfg_scale=3)
     folder = tmp_path / "langflow"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(langflow_golden.config))

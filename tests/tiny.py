@@ -12,6 +12,12 @@ def tiny_tokenizer(vocab_size: int = 40) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
+def tiny_tokenizer_folder(folder, vocab_size: int = 40) -> str:
+    """`tiny_tokenizer` saved to `folder` (what `--tokenizer PATH` takes); returns the path as a string."""
+    tiny_tokenizer(vocab_size).save_pretrained(folder)
+    return str(folder)
+
+
 def random_statistics(model, solver: str, steps=(8, 32), seed: int = 0):
     """SamplerStatistics with the model's real overlap basis and random per-step moments (for scheduler tests)."""
     import torch

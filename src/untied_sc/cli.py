@@ -74,17 +74,35 @@ def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --
 def _convert(args: argparse.Namespace) -> None:
     _refuse_existing_folder(args.output, args.overwrite)
     check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
-
-    from .models.convert import convert_official_elf, convert_official_langflow
-
-    if args.family == "elf":
-        model = convert_official_elf(
-            args.source, args.output, max_length=args.max_length, weights=args.weights, allow_pickle=args.allow_pickle
+    elf_only = {"--max-length": args.max_length, "--sde-gamma": args.sde_gamma, "--sc-cfg-scale": args.sc_cfg_scale}
+    given = [flag for flag, value in elf_only.items() if value is not None]
+    if args.family == "langflow" and given:
+        raise ValueError(
+            f"{', '.join(given)}: ELF only; a LangFlow checkpoint records its sequence length and the "
+            "official LangFlow sampler has no such setting."
         )
-    else:
-        model = convert_official_langflow(args.source, args.output)
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"Wrote {type(model).__name__} ({parameters / 1e6:.1f}M parameters) to {args.output}")
+
+    from .pipelines.conversion import convert_official
+
+    kwargs = {"tokenizer": args.tokenizer, "official_id": args.official_id}
+    if args.revision is not None:
+        kwargs["revision"] = args.revision
+    if args.family == "elf":
+        kwargs.update(
+            max_length=args.max_length,
+            sde_gamma=args.sde_gamma,
+            sc_cfg_scale=args.sc_cfg_scale,
+            weights=args.weights,
+            allow_pickle=args.allow_pickle,
+        )
+    pipe = convert_official(args.family, args.source, args.output, overwrite=args.overwrite, **kwargs)
+    parameters = sum(p.numel() for p in pipe.transformer.parameters())
+    settings = pipe.conversion.settings
+    print(
+        f"Wrote {type(pipe).__name__} ({type(pipe.transformer).__name__}, {parameters / 1e6:.1f}M parameters; "
+        f"tokenizer {pipe.conversion.tokenizer.value}; {type(pipe.scheduler).__name__} at the settings of "
+        f"{settings.settings_from}) to {args.output}"
+    )
 
 
 def _save_calibration(pipe, source: str, output: str | None, command: str) -> str:
@@ -314,17 +332,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     convert = commands.add_parser(
-        "convert", help="Convert an official ELF or LangFlow checkpoint into a diffusers-format model folder."
+        "convert",
+        help="Convert an official ELF or LangFlow checkpoint into a complete pipeline folder (network, tokenizer, "
+        "official sampler settings, model card).",
     )
     convert.add_argument("family", choices=["elf", "langflow"], help="Model family of the checkpoint.")
     convert.add_argument("source", help="Local file/folder or Hub repo id of the official checkpoint.")
-    convert.add_argument("output", help="Folder to write (config.json + diffusion_pytorch_model.safetensors).")
+    convert.add_argument(
+        "output",
+        help="Pipeline folder to write (transformer/, tokenizer/, scheduler/, model_index.json, README.md); "
+        "written whole or not at all.",
+    )
+    convert.add_argument(
+        "--tokenizer",
+        metavar="NAME_OR_PATH",
+        help="Tokenizer (Hub id or folder). Default: the released checkpoint's, as the official code loads it "
+        "(t5-small for ELF, gpt2 for LangFlow OWT, bert-base-uncased for LangFlow LM1B), or the one an ELF config.yml "
+        "names; required for another LangFlow checkpoint.",
+    )
+    convert.add_argument(
+        "--official-id",
+        metavar="REPO_ID",
+        help="The released checkpoint (Hub id) that a local SOURCE is a copy of: its official settings apply. "
+        "Hub ids and Hugging Face cache paths are recognised without it.",
+    )
+    convert.add_argument("--revision", help="Hub SOURCE only: branch, tag or commit hash (default: main).")
     convert.add_argument(
         "--max-length",
         type=int,
         help="ELF only: the model's sequence length, as trained. Default: the one recorded by the trainer's "
         "config.yml beside the checkpoint (or, for a released checkpoint, its official config); required otherwise "
         "(1024 OpenWebText, 1088 XSum, 128 WMT14 De-En).",
+    )
+    convert.add_argument(
+        "--sde-gamma",
+        type=float,
+        metavar="G",
+        help="ELF only: the SDE churn γ at every NFE, over the recorded ones; required when neither the table of "
+        "released checkpoints nor a config.yml beside the checkpoint records them.",
+    )
+    convert.add_argument(
+        "--sc-cfg-scale",
+        type=float,
+        metavar="W",
+        help="ELF only: the SC-CFG scale w at every NFE, over the recorded ones; required as --sde-gamma is.",
     )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(

@@ -185,10 +185,12 @@ def evaluate_command(args: argparse.Namespace) -> dict:
     state = process_state(args.device)
     # The main process, which alone writes, holds the output from here to its write: a second run is refused now.
     with claimed_outputs([output], args.overwrite, "choose another --output", active=is_main_process(state)):
-        return _evaluate_into(args, protocol, output, samples, by_runs, state)
+        return _evaluate_into(args, protocol, output, samples, baseline_samples, by_runs, state)
 
 
-def _evaluate_into(args: argparse.Namespace, protocol: str, output: Path, samples, by_runs: bool, state) -> dict:
+def _evaluate_into(
+    args: argparse.Namespace, protocol: str, output: Path, samples, baseline_samples, by_runs: bool, state
+) -> dict:
     """The scoring of `evaluate_command`, once its output is claimed."""
     from ..distributed import gather_in_order, is_main_process, process_device, process_rank, silence_other_processes
     from ..evaluation.evaluator import describe_evaluator, load_evaluator

@@ -22,19 +22,14 @@ from safetensors.torch import load_file
 from ..hub import resolve_local
 from .elf_transformer import ELFTransformerModel
 from .langflow_transformer import LangFlowTransformerModel
+from .official_checkpoints import official_checkpoint
 
 
-# The sequence length of each released ELF checkpoint, from the official training configs (`max_length` of
-# `train_owt_ELF-*.yml`, `train_xsum_ELF-B.yml`, `train_de-en_ELF-B.yml`); the checkpoint files do not store it.
-RELEASED_ELF_MAX_LENGTHS = {
-    "embedded-language-flows/ELF-B-owt-torch": 1024,
-    "embedded-language-flows/ELF-M-owt-torch": 1024,
-    "embedded-language-flows/ELF-L-owt-torch": 1024,
-    "embedded-language-flows/ELF-B-xsum-torch": 1088,
-    "embedded-language-flows/ELF-B-de-en-torch": 128,
-}
 # The training config the official trainer writes beside its checkpoints (`config.yml` in its output_dir).
 ELF_CONFIG_FILES = ("config.yml", "config.yaml", "config.json")
+# What a converter downloads of a Hub repo: the checkpoints and the trainer's config (no optimizer side files).
+ELF_HUB_PATTERNS = ["checkpoint_*", *ELF_CONFIG_FILES]
+LANGFLOW_HUB_PATTERNS = ["config.json", "*.safetensors"]
 COMMON_ELF_MAX_LENGTHS = "1024 for OpenWebText (ELF-B/M/L-owt), 1088 for XSum, 128 for WMT14 De-En"
 
 
@@ -42,11 +37,14 @@ class UnsafeCheckpointError(RuntimeError):
     """Raised when a checkpoint can only be read by unpickling arbitrary Python objects."""
 
 
-def _newest_checkpoint(folder: Path) -> Path:
+def newest_checkpoint(folder: Path) -> Path:
     """The official loader's rule: the `checkpoint_<step>` file with the largest step."""
     candidates = [p for p in folder.iterdir() if re.fullmatch(r"checkpoint_\d+", p.name)]
     if not candidates:
-        raise FileNotFoundError(f"No `checkpoint_<step>` file in {folder}.")
+        raise FileNotFoundError(
+            f"No `checkpoint_<step>` file in {folder}: an official ELF checkpoint folder holds the trainer's "
+            "`checkpoint_<step>` files (and its config.yml). Give the folder or file the trainer wrote."
+        )
     return max(candidates, key=lambda p: int(p.name.split("_")[1]))
 
 
@@ -130,8 +128,9 @@ def recorded_elf_max_length(source: str | os.PathLike, path: Path, payload: dict
         found = _config_max_length(config, str(config_path)) if isinstance(config, dict) else None
         if found is not None:
             return found
-    if str(source) in RELEASED_ELF_MAX_LENGTHS:
-        return RELEASED_ELF_MAX_LENGTHS[str(source)], f"the official training config of {source}"
+    released = official_checkpoint(str(source))
+    if released is not None:
+        return released.max_length.value, f"the official training config of {released.repo_id}"
     return None
 
 
@@ -196,6 +195,7 @@ def load_official_elf(
     max_length: int | None = None,
     weights: str = "ema_params1",
     allow_pickle: bool = False,
+    official_id: str | None = None,
     **hub_kwargs,
 ) -> ELFTransformerModel:
     """
@@ -210,17 +210,19 @@ def load_official_elf(
             neither records it, and must agree with a recorded one.
         weights (`str`, defaults to `"ema_params1"`): which weight set to load; the official evaluation uses the EMA.
         allow_pickle (`bool`, defaults to `False`): read the file with full unpickling. Only for trusted files.
+        official_id (`str`, *optional*): the Hub id of the released checkpoint a local `source` is a copy of, whose
+            recorded sequence length then applies.
         hub_kwargs: passed to `huggingface_hub.snapshot_download` (`revision`, `cache_dir`, `token`, ...).
     """
-    path = resolve_local(source, ["checkpoint_*", *ELF_CONFIG_FILES], **hub_kwargs)
+    path = resolve_local(source, ELF_HUB_PATTERNS, **hub_kwargs)
     if path.is_dir():
-        path = _newest_checkpoint(path)
+        path = newest_checkpoint(path)
     payload = _torch_load(path, allow_pickle)
     if not isinstance(payload, dict) or weights not in payload:
         keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{path} has no {weights!r} entry (found: {keys}); is it an official ELF checkpoint?")
     state_dict = dict(payload[weights])
-    max_length, _ = resolve_elf_max_length(source, path, payload, max_length)
+    max_length, _ = resolve_elf_max_length(official_id or source, path, payload, max_length)
     config = elf_config_from_state_dict(state_dict, max_length, str(path))
     return _build(ELFTransformerModel, config, state_dict, str(path))
 
@@ -249,6 +251,18 @@ def langflow_config_from_official(official: dict) -> dict:
     }
 
 
+def check_langflow_folder(folder: Path) -> tuple[Path, Path]:
+    """An official LangFlow folder's `config.json` and `model.safetensors`; a missing one is an error naming both."""
+    config_file, weights_file = folder / "config.json", folder / "model.safetensors"
+    for file in (config_file, weights_file):
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {file.name}; an official LangFlow folder holds both config.json and "
+                "model.safetensors (as the Hub repos Continuous-Rivals-Discrete/langflow-* do)."
+            )
+    return config_file, weights_file
+
+
 def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowTransformerModel:
     """
     Builds a [`LangFlowTransformerModel`] from an official LangFlow folder (`config.json` + `model.safetensors`).
@@ -260,11 +274,8 @@ def load_official_langflow(source: str | os.PathLike, **hub_kwargs) -> LangFlowT
 
     The Gumbel proposal's `loc` and `scale` come from the weights (`proposal.*`), not from `config.json`.
     """
-    folder = resolve_local(source, ["config.json", "*.safetensors"], **hub_kwargs)
-    config_file, weights_file = folder / "config.json", folder / "model.safetensors"
-    for file in (config_file, weights_file):
-        if not file.is_file():
-            raise FileNotFoundError(f"{folder} has no {file.name}; an official LangFlow folder holds both files.")
+    folder = resolve_local(source, LANGFLOW_HUB_PATTERNS, **hub_kwargs)
+    config_file, weights_file = check_langflow_folder(folder)
     try:
         official = json.loads(config_file.read_text())
     except json.JSONDecodeError as error:

@@ -4,15 +4,13 @@ import os
 
 import torch
 
-from ..models import load_official_elf
-from ..schedulers import ELFScheduler
 from ..schedulers.noise import settle
 from .pipeline_utils import (
     LanguageFlowPipeline,
     LanguageFlowPipelineOutput,
+    as_int,
     call_diversity,
     check_finite_number,
-    load_tokenizer,
 )
 
 
@@ -25,6 +23,18 @@ def _check_sc_cfg_scale(value, where: str = "sc_cfg_scale") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where} must be a number or None, got {value!r}.")
     return check_finite_number(where, value, "e.g. 3.0, the released models' SC-CFG scale, or None for the default")
+
+
+def _check_sc_cfg_scale_by_steps(table) -> dict[str, float]:
+    """`{"8": 2.5, ...}`: NFEs (≥ 2, as strings, the JSON keys) to numbers; int keys are taken as their strings."""
+    if not isinstance(table, dict):
+        raise ValueError(f"sc_cfg_scale_by_steps must be a mapping of NFE to scale, e.g. {{'8': 2.5}}, got {table!r}.")
+    checked = {}
+    for steps, value in table.items():
+        if not str(steps).isdigit() or int(steps) < 2:
+            raise ValueError(f"sc_cfg_scale_by_steps: {steps!r} is not an NFE (an integer ≥ 2).")
+        checked[str(int(steps))] = _check_sc_cfg_scale(value, f"sc_cfg_scale_by_steps[{steps!r}]")
+    return dict(sorted(checked.items(), key=lambda item: int(item[0])))
 
 
 def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) -> torch.LongTensor:
@@ -58,10 +68,13 @@ class ELFPipeline(LanguageFlowPipeline):
     logits; the argmax (or, with the call's `decode_temperature` T > 0, a draw from softmax(logits / T)) is cut at
     the first EOS. NFE = number of steps.
 
-    The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's `config.sc_cfg_scale`. That
-    default is fixed when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when
-    loading), else, for folders saved before the pipeline owned it, the scheduler config's legacy `sc_cfg_scale`
-    key, else 3.0 (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes it to `model_index.json`.
+    The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's value for the call's NFE
+    ([`sc_cfg_scale_for`]): `config.sc_cfg_scale_by_steps[str(N)]` where that table lists N (a checkpoint whose
+    official w depends on the number of steps, as ELF-B-PD's), else `config.sc_cfg_scale`. That default is fixed
+    when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when loading), else, for
+    folders saved before the pipeline owned it, the scheduler config's legacy `sc_cfg_scale` key, else 3.0
+    (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes both to `model_index.json` (the table
+    only where there is one).
 
     Args:
         transformer ([`ELFTransformerModel`]): the network.
@@ -71,6 +84,7 @@ class ELFPipeline(LanguageFlowPipeline):
         sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (see above for `None`).
         ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction for the ACE schedulers
             (`untied-sc ace`).
+        sc_cfg_scale_by_steps (`dict[str, float]`, *optional*): w per NFE, over `sc_cfg_scale` at the NFEs it lists.
 
     Example:
         ```py
@@ -91,11 +105,14 @@ class ELFPipeline(LanguageFlowPipeline):
         sampler_statistics=None,
         sc_cfg_scale: float | None = None,
         ace_statistics=None,
+        sc_cfg_scale_by_steps: dict[str, float] | None = None,
     ):
         super().__init__(transformer, scheduler, tokenizer, sampler_statistics, ace_statistics)
         if sc_cfg_scale is None:  # a folder saved before the pipeline owned w keeps it in the scheduler config
             sc_cfg_scale = scheduler.config.get("sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
         self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale, "the pipeline's sc_cfg_scale"))
+        if sc_cfg_scale_by_steps:  # only where there is one: other folders' model_index.json stays as it was
+            self.register_to_config(sc_cfg_scale_by_steps=_check_sc_cfg_scale_by_steps(sc_cfg_scale_by_steps))
 
     @torch.no_grad()
     def __call__(
@@ -133,7 +150,8 @@ class ELFPipeline(LanguageFlowPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): tensors passed to it
                 (`"latents"`, `"prediction"`).
             sc_cfg_scale (`float`, *optional*): the SC-CFG scale w, a network input at every step and in the final
-                decode pass; ELF's own quality/diversity trade-off. `None` (default): `self.config.sc_cfg_scale`.
+                decode pass; ELF's own quality/diversity trade-off. `None` (default): the pipeline's for this NFE,
+                `self.sc_cfg_scale_for(num_inference_steps)`.
             decode_temperature (`float`, *optional*): the temperature T of the final decode: 0 takes the argmax
                 (the official decode); T > 0 draws each token from softmax(logits / T) with the call's generator
                 (after every sampling step, so the trajectory and its pairing with other samplers are unchanged).
@@ -152,7 +170,7 @@ class ELFPipeline(LanguageFlowPipeline):
         if not (isinstance(decode_temperature, int | float) and decode_temperature >= 0):
             raise ValueError(f"decode_temperature must be a number ≥ 0 (0: argmax), got {decode_temperature!r}.")
         check_finite_number("decode_temperature", decode_temperature, "0 takes the argmax, T > 0 draws")
-        scale = self._scale(sc_cfg_scale)
+        scale = self._scale(sc_cfg_scale, num_inference_steps)
         return self._generate(
             batch_size,
             num_inference_steps,
@@ -175,9 +193,21 @@ class ELFPipeline(LanguageFlowPipeline):
         """The default SC-CFG scale w of this pipeline (`config.sc_cfg_scale`); a call's `sc_cfg_scale` overrides it."""
         return self.config.sc_cfg_scale
 
-    def _scale(self, sc_cfg_scale: float | None) -> float:
-        """The SC-CFG scale w a call runs at: its own, or (`None`) the pipeline's default."""
-        return self.sc_cfg_scale if sc_cfg_scale is None else sc_cfg_scale
+    def sc_cfg_scale_for(self, num_inference_steps: int) -> float:
+        """w at N steps: `config.sc_cfg_scale_by_steps[str(N)]` where the table lists N, else `config.sc_cfg_scale`."""
+        table = self.config.get("sc_cfg_scale_by_steps") or {}
+        return float(table.get(str(as_int(num_inference_steps)), self.sc_cfg_scale))
+
+    def _scale(self, sc_cfg_scale: float | None, num_inference_steps: int | None = None) -> float:
+        """The SC-CFG scale w a call runs at: its own, or (`None`) the pipeline's for its NFE (without one: default)."""
+        if sc_cfg_scale is not None:
+            return sc_cfg_scale
+        return self.sc_cfg_scale if num_inference_steps is None else self.sc_cfg_scale_for(num_inference_steps)
+
+    def denoise(self, batch_size: int = 1, num_inference_steps: int = 32, *args, sc_cfg_scale=None, **kwargs):
+        """[`LanguageFlowPipeline.denoise`] at the call's SC-CFG scale, or (`None`) the pipeline's for its NFE."""
+        scale = self._scale(sc_cfg_scale, num_inference_steps)
+        return super().denoise(batch_size, num_inference_steps, *args, sc_cfg_scale=scale, **kwargs)
 
     def _predict(self, model_input, timestep, self_conditioning, sc_cfg_scale: float | None = None):
         output = self._call_network(model_input, timestep, self_conditioning, self._scale(sc_cfg_scale))
@@ -196,18 +226,38 @@ class ELFPipeline(LanguageFlowPipeline):
 
     @classmethod
     def from_official(
-        cls, checkpoint: str | os.PathLike, tokenizer="t5-small", max_length: int | None = None, **kwargs
+        cls,
+        checkpoint: str | os.PathLike,
+        tokenizer=None,
+        max_length: int | None = None,
+        official_id: str | None = None,
+        sde_gamma: float | None = None,
+        sc_cfg_scale: float | None = None,
+        **kwargs,
     ) -> "ELFPipeline":
         """
-        Builds a pipeline from an official ELF PyTorch checkpoint (see [`load_official_elf`]).
+        Builds a pipeline from an official ELF PyTorch checkpoint (see [`load_official_elf`]) with the official
+        sampler at the checkpoint's official settings: for a released checkpoint (recognised by its Hub id, a Hugging
+        Face cache path of it, or `official_id`) those of the table of released checkpoints (`ELF-B-PD`'s γ and w
+        per NFE included); for another, the `sampling_configs` of the trainer's `config.yml` beside it.
+        `pipe.save_pretrained(folder)` then writes the complete pipeline folder with a model card naming the source
+        and every setting's origin (what `untied-sc convert elf` does). The conditional checkpoints (XSum, WMT14
+        De-En) are refused: the pipeline takes no prompts.
 
         Args:
             checkpoint: `checkpoint_<step>` file, folder, or Hub repo id.
-            tokenizer: a tokenizer or its name/path (`"t5-small"` for the released models).
+            tokenizer: a tokenizer or its name/path; `None` (default): the checkpoint's (`t5-small` for the released
+                models, as the official code loads it; else its config.yml's `tokenizer_name` or
+                `encoder_model_name`).
             max_length (`int`, *optional*): the model's sequence length; see [`load_official_elf`] (read where the
-                checkpoint's config records it, required otherwise).
-            kwargs: passed to [`load_official_elf`].
+                checkpoint's config or the table records it, required otherwise).
+            official_id (`str`, *optional*): the Hub id of the released checkpoint a local copy is.
+            sde_gamma (`float`, *optional*): the SDE churn γ at every NFE, over the recorded ones (required when
+                nothing records them).
+            sc_cfg_scale (`float`, *optional*): the SC-CFG scale w at every NFE, likewise.
+            kwargs: `weights`, `allow_pickle` ([`load_official_elf`]) and the Hub download's (`revision`,
+                `cache_dir`, `token`, ...).
         """
-        tokenizer = load_tokenizer(tokenizer)
-        transformer = load_official_elf(checkpoint, max_length=max_length, **kwargs)
-        return cls(transformer=transformer, scheduler=ELFScheduler(), tokenizer=tokenizer)
+        from .official import build_elf
+
+        return build_elf(cls, checkpoint, tokenizer, max_length, official_id, sde_gamma, sc_cfg_scale, **kwargs)

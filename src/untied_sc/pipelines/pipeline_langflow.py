@@ -4,15 +4,7 @@ import os
 
 import torch
 
-from ..models import load_official_langflow
-from ..schedulers import LangFlowScheduler
-from .pipeline_utils import (
-    LanguageFlowPipeline,
-    LanguageFlowPipelineOutput,
-    call_diversity,
-    check_finite_number,
-    load_tokenizer,
-)
+from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, check_finite_number
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
@@ -121,17 +113,22 @@ class LangFlowPipeline(LanguageFlowPipeline):
         return last_logits.argmax(dim=-1)
 
     @classmethod
-    def from_official(cls, source: str | os.PathLike, tokenizer="gpt2", **kwargs) -> "LangFlowPipeline":
+    def from_official(
+        cls, source: str | os.PathLike, tokenizer=None, official_id: str | None = None, **kwargs
+    ) -> "LangFlowPipeline":
         """
-        Builds a pipeline from an official LangFlow folder or repo (see [`load_official_langflow`]).
+        Builds a pipeline from an official LangFlow folder or repo (see [`load_official_langflow`]) with the official
+        sampler: the Gumbel proposal of the weights, the official grid's end points. `pipe.save_pretrained(folder)`
+        then writes the complete pipeline folder with a model card (what `untied-sc convert langflow` does).
 
         Args:
             source: folder or Hub repo id (`Continuous-Rivals-Discrete/langflow-owt`).
-            tokenizer: a tokenizer or its name/path (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B).
-            kwargs: passed to [`load_official_langflow`].
+            tokenizer: a tokenizer or its name/path; `None` (default): the released checkpoint's, as the official
+                code loads it (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B), required for another checkpoint
+                (its config.json names none).
+            official_id (`str`, *optional*): the Hub id of the released checkpoint a local copy is.
+            kwargs: the Hub download's (`revision`, `cache_dir`, `token`, ...).
         """
-        tokenizer = load_tokenizer(tokenizer)
-        transformer = load_official_langflow(source, **kwargs)
-        # the proposal in the config, so that a bare `set_timesteps(N)` works
-        scheduler = LangFlowScheduler(proposal=list(transformer.gumbel_parameters()))
-        return cls(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)
+        from .official import build_langflow
+
+        return build_langflow(cls, source, tokenizer, official_id, **kwargs)

@@ -19,7 +19,6 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import is_compiled_module, randn_tensor, unwrap_module
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from .. import schedulers
 from ..calibration import apply_calibration, calibrate_pipeline
@@ -309,6 +308,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
             save_directory (`str` or `os.PathLike`): the folder to write.
             overwrite (`bool`, defaults to `False`): replace the folder's contents, whatever it holds.
             args, kwargs: passed to `DiffusionPipeline.save_pretrained` (`safe_serialization`, `push_to_hub`, ...).
+
+        A pipeline built by `from_official` also writes its model card, README.md (the source, its revision and
+        every setting with where it was read), where the folder has none.
         """
         folder = Path(save_directory)
         if folder.is_dir() and any(folder.iterdir()):
@@ -324,6 +326,12 @@ class LanguageFlowPipeline(DiffusionPipeline):
                         "replace the folder's contents, or save to a new folder."
                     )
         super().save_pretrained(save_directory, *args, **kwargs)
+        conversion = getattr(self, "conversion", None)  # set by `from_official`: the folder gets its model card
+        if conversion is not None and not (folder / "README.md").exists():
+            from .official_card import official_model_card
+
+            card = official_model_card(conversion, type(self).__name__, self.scheduler.config)
+            (folder / "README.md").write_text(card, encoding="utf-8")
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """
@@ -693,13 +701,6 @@ class LanguageFlowPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         output = LanguageFlowPipelineOutput(texts=texts, sequences=sequences, latents=denoised.latents)
         return output if return_dict else output.to_tuple()
-
-
-def load_tokenizer(tokenizer):
-    """`tokenizer` itself, or, given its name or path, the tokenizer `AutoTokenizer` loads from there."""
-    if isinstance(tokenizer, str | os.PathLike):
-        return AutoTokenizer.from_pretrained(tokenizer)
-    return tokenizer
 
 
 def call_diversity(scheduler, key: str, num_inference_steps: int, default: float) -> float:

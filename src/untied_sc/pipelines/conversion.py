@@ -1,0 +1,62 @@
+"""`untied-sc convert`: an official checkpoint to a complete pipeline folder, written whole or not at all.
+
+The pipeline is `ELFPipeline.from_official` / `LangFlowPipeline.from_official` and its `save_pretrained` (the
+network, the tokenizer, the official scheduler's config, `model_index.json`, the module files and the model card).
+It is written into a temporary folder beside the output and renamed onto it at the end, so that an error or an
+interruption leaves no half-written pipeline behind.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .pipeline_elf import ELFPipeline
+from .pipeline_langflow import LangFlowPipeline
+
+
+PIPELINES = {"elf": ELFPipeline, "langflow": LangFlowPipeline}
+
+
+def _refuse_non_empty(output: Path, overwrite: bool) -> None:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        raise FileExistsError(
+            f"{output} already exists and is not empty; pass --overwrite to replace it, or name a new folder."
+        )
+
+
+def save_atomically(pipe, output: str | os.PathLike, overwrite: bool = False) -> Path:
+    """
+    `pipe.save_pretrained` into a temporary folder beside `output`, then renamed onto it: `output` is either the
+    complete folder or untouched. A non-empty `output` is refused unless `overwrite` (then it is replaced).
+    """
+    output = Path(output).expanduser()
+    _refuse_non_empty(output, overwrite)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        pipe.save_pretrained(staging)
+        if output.is_dir() and not output.is_symlink():
+            shutil.rmtree(output)
+        elif output.exists() or output.is_symlink():
+            output.unlink()
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+def convert_official(
+    family: str, source: str | os.PathLike, output: str | os.PathLike, overwrite: bool = False, **kwargs
+):
+    """
+    Builds the pipeline of an official checkpoint (`ELFPipeline.from_official` / `LangFlowPipeline.from_official`
+    with `kwargs`) and saves it to `output` whole ([`save_atomically`]). Returns the pipeline.
+    """
+    if family not in PIPELINES:
+        raise ValueError(f"family must be one of {sorted(PIPELINES)}, got {family!r}.")
+    _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
+    pipe = PIPELINES[family].from_official(source, **kwargs)
+    save_atomically(pipe, output, overwrite)
+    return pipe
