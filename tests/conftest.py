@@ -329,6 +329,16 @@ def run_from_official_latents(pipe, golden: Golden, monkeypatch: pytest.MonkeyPa
     return errors
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: tiny tensors run as fast, and a second thread only contends on a machine
+    whose cores are busy (a small matmul then waits ~15 ms, a 6x slowdown of a whole module measured there)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def elf_golden() -> Golden:
     return Golden("elf_forward.safetensors")

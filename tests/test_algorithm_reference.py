@@ -51,13 +51,7 @@ COEFFICIENTS = {"eta_r": 2.0, "eta_t": 1.5, "eta_o": 1.2, "alpha": 0.7}
 EPS_FP, DEGENERACY_EPS = 0.01, 1e-12  # the schedulers' defaults (docs/algorithm.md §3.1, §3.5)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: a second thread only contends on a shared machine (a small matmul then waits ~15 ms).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: a second thread only contends
 
 
 # ----------------------------------------------------------------------------------------------------------------

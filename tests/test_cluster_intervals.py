@@ -19,13 +19,7 @@ from untied_sc.experiments.aggregation import aggregate, analyse, genppl_ratio_c
 from untied_sc.experiments.report import format_markdown
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Small matrices: extra threads only contend on a shared machine (a 6x slowdown measured there).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small matrices: a second thread only contends
 
 
 def test_student_t_quantile_matches_the_tables():

@@ -47,13 +47,7 @@ PARAGRAPHS = [
 ] * 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run as fast on one thread, and do not stall when other jobs keep the cores busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only contends
 
 
 def toy_tokenizer() -> PreTrainedTokenizerFast:
