@@ -131,3 +131,29 @@ def test_a_mistyped_local_folder_is_named_when_the_hub_has_no_such_repo(tmp_path
     with pytest.raises(FileNotFoundError) as unrelated:
         LangFlowPipeline.from_pretrained("someone/else")
     assert "did you mean" not in str(unrelated.value)
+
+
+def test_a_config_file_cut_short_names_the_file_and_where_it_breaks(folder):
+    path = folder / "scheduler" / "scheduler_config.json"
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(
+        ValueError, match=r"scheduler_config.json is not valid JSON \(.* at line \d+, column \d+\): it"
+    ):
+        LangFlowPipeline.from_pretrained(folder)
+    (folder / "scheduler" / "scheduler_config.json").unlink()
+    (folder / "model_index.json").write_text('{"_class_name": "LangFlowPipeline",')
+    with pytest.raises(ValueError, match=r"model_index.json is not valid JSON"):
+        LangFlowPipeline.from_pretrained(folder)
+
+
+def test_a_stored_coefficient_that_is_not_a_number_names_the_file_and_the_entry(folder):
+    from untied_sc import UntiedSelfConditioningScheduler
+
+    path = folder / "scheduler" / "scheduler_config.json"
+    config = json.loads(path.read_text())
+    entry = {"eta_r": 1.0, "eta_t": "ten", "eta_o": 1.0, "alpha": 1.0}
+    path.write_text(json.dumps({**config, "coefficients_by_steps": {"8": entry}}))
+    with pytest.raises(ValueError, match=r"scheduler_config.json: coefficients_by_steps\['8'\]\['eta_t'\] must be a"):
+        LangFlowPipeline.from_pretrained(folder)
+    with pytest.raises(ValueError, match=r"coefficients_by_steps\['8'\]\['eta_t'\] must be a number, got 'ten'"):
+        UntiedSelfConditioningScheduler.from_config({**config, "coefficients_by_steps": {"8": entry}})

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 
 from .. import schedulers
-from ..schedulers.coefficients import check_coefficients
+from ..schedulers.coefficients import check_coefficients, coefficients_table
 from ..schedulers.config_checks import check_config_ranges
 from ..schedulers.sampler_statistics import SamplerStatistics
 from .remote_code import saved_class_name
@@ -111,15 +111,35 @@ def check_recorded_length(folder: Path) -> None:
         )
 
 
+def read_json(path: Path):
+    """`path` parsed as JSON; a file cut short or edited into invalid JSON is an error naming it and where it breaks."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}): it was cut short "
+            "or edited by hand. Restore it from the original pipeline (or download the folder again)."
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason}): restore it from the original pipeline."
+        ) from None
+
+
 def check_scheduler_config(path: Path) -> None:
-    """A scheduler config of this package has every numeric setting in range (see `_config_ranges`)."""
-    config = json.loads(path.read_text())
+    """A scheduler config of this package has every numeric setting in range (see `_config_ranges`) and, for an
+    untied scheduler, every stored per-NFE coefficient entry checked."""
+    config = read_json(path)
     cls = getattr(schedulers, str(config.get("_class_name")), None)
     ranges = getattr(cls, "_config_ranges", None)
     if ranges:
         check_config_ranges(cls.__name__, config, ranges, where=str(path))
     if cls is not None and issubclass(cls, schedulers.UntiedSelfConditioningMixin):
         check_coefficients(config, where=f" in {path}")
+    try:  # an official scheduler's config keeps them too, for the untied scheduler made from it
+        coefficients_table(config.get("coefficients_by_steps"))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error} Fix the entry (or run `untied-sc tune` again).") from None
 
 
 # The `model_index.json` entry of each component, as `save_pretrained` writes it.
@@ -191,7 +211,7 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
             f"{folder} has no model_index.json, so it is not a saved pipeline. Pass the folder that "
             "`pipe.save_pretrained` wrote (or convert an official checkpoint with `untied-sc convert`)."
         )
-    index = json.loads(index_path.read_text())
+    index = read_json(index_path)
     saved_class = saved_class_name(index)
     family = getattr(pipeline_class, "family", None)
     saved_family = PIPELINE_FAMILIES.get(saved_class)
@@ -219,6 +239,8 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
                 f"The pipeline's {name!r} component is incomplete: {component} has no {' or '.join(configs)}. "
                 "Restore the folder from the original pipeline."
             )
+        for config in sorted(component.glob("*.json")):  # every config whole before diffusers parses it
+            read_json(config)
         for weights in sorted(component.glob("*.safetensors")):
             safetensors_tensor_names(weights)
         if name == "scheduler":

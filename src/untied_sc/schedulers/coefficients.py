@@ -146,6 +146,9 @@ def coefficients_table(table: Mapping | None) -> dict[str, dict[str, float]] | N
                 f"{where} must give exactly {list(COEFFICIENT_NAMES)} and at most one of {list(DIVERSITY_KEYS)} "
                 f"(the entropy-matching knob), got {given}."
             )
+        for name in COEFFICIENT_NAMES:
+            if isinstance(entry[name], bool) or not isinstance(entry[name], int | float):
+                raise ValueError(f"{where}[{name!r}] must be a number, got {entry[name]!r}.")
         values = {name: float(entry[name]) for name in COEFFICIENT_NAMES}
         check_coefficients(values, where=f" at {steps} steps")
         for key in extra:
