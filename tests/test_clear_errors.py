@@ -157,3 +157,15 @@ def test_a_stored_coefficient_that_is_not_a_number_names_the_file_and_the_entry(
         LangFlowPipeline.from_pretrained(folder)
     with pytest.raises(ValueError, match=r"coefficients_by_steps\['8'\]\['eta_t'\] must be a number, got 'ten'"):
         UntiedSelfConditioningScheduler.from_config({**config, "coefficients_by_steps": {"8": entry}})
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, folder, capsys, where):
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "samples.jsonl" if where == "under a file" else "/proc/untied-sc-samples.jsonl"
+    argv = ["generate", str(folder), "--nfe", "4", "--num-samples", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out} cannot be written (" in err and "found before any work: choose another --out" in err
+    if where == "under a file":
+        assert f"({tmp_path / 'a-file'} is a file, not a folder)" in err

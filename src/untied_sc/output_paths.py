@@ -88,9 +88,16 @@ def claimed_outputs(
 
 @contextlib.contextmanager
 def _claimed(path: Path, overwrite: bool, remedy: str) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock = lock_path(path)
-    descriptor = _lock(lock, path, remedy)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = _lock(lock, path, remedy)
+    except FileExistsError as error:
+        if path.parent.is_dir():  # a run holding the file: `_busy`'s message
+            raise
+        raise _unwritable(path, error, remedy) from None
+    except OSError as error:  # under a regular file, a read-only or virtual file system (/proc), no permission
+        raise _unwritable(path, error, remedy) from None
     try:
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} exists; pass --overwrite to replace it, or {remedy}.")
@@ -99,6 +106,12 @@ def _claimed(path: Path, overwrite: bool, remedy: str) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()  # before the descriptor closes: a run that opened the old file sees it gone and retries
         os.close(descriptor)
+
+
+def _unwritable(path: Path, error: OSError, remedy: str) -> ValueError:
+    blocker = next((folder for folder in (path.parent, *path.parent.parents) if folder.is_file()), None)
+    why = f"{blocker} is a file, not a folder" if blocker else f"{error.strerror or error} at {error.filename or path}"
+    return ValueError(f"{path} cannot be written ({why}), found before any work: {remedy} in a folder one can write.")
 
 
 def _holder() -> str:
