@@ -169,3 +169,23 @@ def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, f
     assert f"error: {out} cannot be written (" in err and "found before any work: choose another --out" in err
     if where == "under a file":
         assert f"({tmp_path / 'a-file'} is a file, not a folder)" in err
+
+
+def test_a_small_bank_warns_with_the_interval_it_gives(folder, capsys):
+    from types import SimpleNamespace
+
+    from untied_sc.calibration.tune import small_bank_warning
+
+    argv = ["calibrate", str(folder), "--nfe", "4", "--bank-size", "2", "--batch-size", "2", "--no-progress"]
+    assert main(argv) == 0
+    assert (
+        "warning: a calibration bank of 2 trajectories estimates each step statistic from 2 trajectories: "
+        "about ±71% relative standard error" in capsys.readouterr().err
+    )
+    assert main([*argv[:3], "12", argv[4], "16", *argv[6:]]) == 0  # a new NFE, on a bank of 16
+    assert "warning" not in capsys.readouterr().err
+    result = SimpleNamespace(num_inference_steps=8, comparison={"ratio": 0.8, "ratio_ci": [0.41, 1.62]})
+    warning = small_bank_warning(4, [result])
+    assert warning.startswith("warning: a tuning bank of 4 samples (95 % intervals of the GenPPL ratio: NFE 8: ")
+    assert "[0.410, 1.620]) is too small" in warning and "--num-samples 64" in warning
+    assert small_bank_warning(4) is not None and small_bank_warning(64, [result]) is None

@@ -148,6 +148,11 @@ def _calibrate(args: argparse.Namespace) -> None:
     _check_statistics_target(args.pipeline, args.output, "calibrate")
     if args.output is None:  # in place: what the folder holds is kept unless --overwrite says to replace it
         refuse_replacing_calibration(args.pipeline, args.nfe, args.overwrite, bool(given or args.coefficients))
+    from .calibration.calibrate import small_bank_warning
+
+    warning = small_bank_warning(args.bank_size)
+    if warning:
+        print(warning, file=sys.stderr)
 
     from .calibration import format_summary
     from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
@@ -218,8 +223,11 @@ def _tune(args: argparse.Namespace) -> None:
     if args.output is None:  # in place: tuned values are kept unless --overwrite says to replace them
         refuse_replacing_tuning(args.pipeline, args.nfe, args.overwrite)
 
-    from .calibration.tune import format_tuning, stderr_log, tune_coefficients
+    from .calibration.tune import format_tuning, small_bank_warning, stderr_log, tune_coefficients
     from .pipelines import load_pipeline
+
+    if small_bank_warning(args.num_samples):  # said before the work too; its intervals follow the result
+        print(small_bank_warning(args.num_samples), file=sys.stderr)
 
     if args.no_progress:  # loading's bars too
         from diffusers.utils import logging as diffusers_logging
@@ -250,6 +258,9 @@ def _tune(args: argparse.Namespace) -> None:
         pipe.to("cpu")  # written as loaded
     folder = _save_calibration(pipe, args.pipeline, args.output, "tune")
     print(format_tuning(results))
+    warning = small_bank_warning(args.num_samples, results)
+    if warning:
+        print(warning, file=sys.stderr)
     nfe = [r.num_inference_steps for r in results]
     print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
 

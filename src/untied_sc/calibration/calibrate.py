@@ -415,6 +415,23 @@ def _summarise(n, mean, rms, distance, seconds, trajectories) -> CalibrationSumm
     )
 
 
+SMALL_CALIBRATION_BANK = 16
+
+
+def small_bank_warning(bank_size: int) -> str | None:
+    """Why a calibration bank of `bank_size` trajectories gives loose statistics, or `None` from
+    [`SMALL_CALIBRATION_BANK`] on: each step statistic is a mean over the bank's trajectories, so its relative
+    standard error is about 1/√B (and its 95 % interval about twice that either side)."""
+    if bank_size >= SMALL_CALIBRATION_BANK:
+        return None
+    error = 1 / bank_size**0.5
+    return (
+        f"warning: a calibration bank of {bank_size} trajectories estimates each step statistic from {bank_size} "
+        f"trajectories: about ±{error:.0%} relative standard error (a 95 % interval of roughly ±{min(2 * error, 1):.0%}), "
+        "against ±12 % with the 64 the bundled models use (--bank-size 64)."
+    )
+
+
 def format_summary(result: CalibrationResult) -> str:
     """A Markdown table of the calibrated NFEs, then the calibration's cost."""
     statistics = result.statistics

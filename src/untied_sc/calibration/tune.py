@@ -473,6 +473,30 @@ def format_tuning(results: Sequence[SearchResult]) -> str:
     return "\n".join(lines)
 
 
+# Banks below these sizes are warned about: the bundled models calibrate on 64 trajectories and tune on 64 samples.
+SMALL_TUNING_BANK = 32
+
+
+def small_bank_warning(num_samples: int, results: Sequence | None = None) -> str | None:
+    """
+    Why a tuning bank of `num_samples` cannot support its result, or `None` for a bank of [`SMALL_TUNING_BANK`] or
+    more: with `results`, each NFE's equal-entropy ratio and the 95 % interval it gives on that bank.
+    """
+    if num_samples >= SMALL_TUNING_BANK:
+        return None
+    intervals = []
+    for result in results or ():
+        comparison = result.comparison or {}
+        if comparison.get("ratio_ci"):
+            low, high = comparison["ratio_ci"]
+            intervals.append(f"NFE {result.num_inference_steps}: [{low:.3f}, {high:.3f}]")
+    given = f" (95 % intervals of the GenPPL ratio: {'; '.join(intervals)})" if intervals else ""
+    return (
+        f"warning: a tuning bank of {num_samples} samples{given} is too small to tell settings apart or to support "
+        f"accepting one; the bundled models were tuned on 64 (--num-samples 64)."
+    )
+
+
 def stderr_log(line: str) -> None:
     """A timestamped log line on standard error (the tuning of a long run)."""
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)
