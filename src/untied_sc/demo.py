@@ -168,6 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=5, help="Samples printed per sampler.")
     args = parser.parse_args(argv)
 
+    from diffusers.utils import logging as diffusers_logging
+
+    loading_bars = diffusers_logging.is_progress_bar_enabled()
+    diffusers_logging.disable_progress_bar()  # loading's bars: the demo shows one bar per model
+    try:
+        return _run(args)
+    finally:
+        if loading_bars:
+            diffusers_logging.enable_progress_bar()
+
+
+def _run(args: argparse.Namespace) -> int:
     folders = find_pipelines(Path(args.artifacts))
     if not folders:
         print(f"No pipeline folders (with model_index.json) under {args.artifacts}/.", file=sys.stderr)
