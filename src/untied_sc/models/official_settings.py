@@ -17,6 +17,7 @@ import yaml
 from .official_checkpoints import (
     ELF_PYTORCH,
     LANGFLOW_GRID,
+    OFFICIAL_CHECKPOINTS,
     ELFSampling,
     LangFlowSampling,
     OfficialCheckpoint,
@@ -106,7 +107,7 @@ def recognise(source: str, path: Path | None, official_id: str | None) -> Checkp
         if checkpoint is None:
             raise ValueError(
                 f"--official-id {official_id!r} (official_id=) is not a released checkpoint this package knows: "
-                f"{', '.join(c.repo_id for c in _all())}. Leave it out to read the settings from the checkpoint's "
+                f"{', '.join(c.repo_id for c in OFFICIAL_CHECKPOINTS)}. Leave it out to read the settings from the checkpoint's "
                 "config files."
             )
         return CheckpointOrigin(source, checkpoint.repo_id, None, commit, checkpoint)
@@ -116,12 +117,6 @@ def recognise(source: str, path: Path | None, official_id: str | None) -> Checkp
         repo_id = snapshot[0]
         checkpoint = official_checkpoint(repo_id)
     return CheckpointOrigin(source, repo_id, None, commit, checkpoint)
-
-
-def _all() -> list[OfficialCheckpoint]:
-    from .official_checkpoints import OFFICIAL_CHECKPOINTS
-
-    return list(OFFICIAL_CHECKPOINTS)
 
 
 def refuse_conditional(checkpoint: OfficialCheckpoint | None, family: str) -> None:
