@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from .weights_config import check_saved_model
+
 
 def sinusoidal_embedding(values: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """DiT sinusoidal features of raw scalars, `[cos(v·f_j), sin(v·f_j)]` with `f_j = max_period^(-j/half)`.
@@ -44,7 +46,7 @@ def broadcast_per_example(
 class DtypeAliasMixin:
     """
     Accepts transformers-5 style `dtype=` in `from_pretrained` as well as diffusers' `torch_dtype=`, and checks a
-    local folder's `config.json` against its weights first (`convert.check_saved_model`): diffusers would load a
+    local folder's `config.json` against its weights first (`weights_config.check_saved_model`): diffusers would load a
     config that builds fewer blocks, or other sizes, than the weights hold with a bare list of unused names.
     """
 
@@ -57,7 +59,5 @@ class DtypeAliasMixin:
         if isinstance(pretrained_model_name_or_path, str | os.PathLike):
             folder = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
             if folder.is_dir():  # a Hub repo id is checked where a pipeline loads it, from its local snapshot
-                from .convert import check_saved_model  # imports the model classes, which import this module
-
                 check_saved_model(cls, folder, kwargs.get("variant"))
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
