@@ -189,3 +189,22 @@ def test_a_small_bank_warns_with_the_interval_it_gives(folder, capsys):
     assert warning.startswith("warning: a tuning bank of 4 samples (95 % intervals of the GenPPL ratio: NFE 8: ")
     assert "[0.410, 1.620]) is too small" in warning and "--num-samples 64" in warning
     assert small_bank_warning(4) is not None and small_bank_warning(64, [result]) is None
+
+
+def test_a_converted_folder_keeps_its_length_and_refuses_another(tmp_path, elf_golden):
+    from untied_sc import ELFPipeline
+
+    payload = {"params": elf_golden.weights, "ema_params1": elf_golden.weights, "step": 1}
+    torch.save(payload, tmp_path / "checkpoint_1")
+    pipe = ELFPipeline.from_official(
+        tmp_path / "checkpoint_1", tokenizer=tiny_tokenizer(), max_length=12, sde_gamma=1.5, sc_cfg_scale=3.0
+    )
+    pipe.save_pretrained(tmp_path / "converted")
+    record = json.loads((tmp_path / "converted" / "conversion_info.json").read_text())
+    assert record == {"max_length": 12, "checkpoint_file": "checkpoint_1"}
+    ELFPipeline.from_pretrained(tmp_path / "converted")  # as converted: loads
+    config_path = tmp_path / "converted" / "transformer" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "max_length": 16}))
+    message = r"max_length = 16, but .*conversion_info.json records that the model was converted at max_length 12"
+    with pytest.raises(ValueError, match=message):
+        ELFPipeline.from_pretrained(tmp_path / "converted")

@@ -18,6 +18,7 @@ from ..schedulers.sampler_statistics import SamplerStatistics
 from .remote_code import saved_class_name
 
 
+CONVERSION_RECORD = "conversion_info.json"  # written by `untied-sc convert` beside the model card
 CONFIG_FILES = {"scheduler": ("scheduler_config.json",), "tokenizer": ("tokenizer_config.json", "tokenizer.json")}
 MODEL_CONFIG_FILES = ("config.json",)
 PIPELINE_FAMILIES = {"ELFPipeline": "elf", "LangFlowPipeline": "langflow"}
@@ -88,27 +89,37 @@ def check_statistics_folder(folder: Path) -> None:
         )
 
 
+# The records of a folder's sequence length: what it was trained at (`untied-sc train ... export`) or converted
+# at (`untied-sc convert`), as (file, how to read the length, what the length was).
+LENGTH_RECORDS = (
+    ("training_info.json", lambda record: (record.get("config") or {}).get("seq_len"), "trained at seq_len"),
+    (CONVERSION_RECORD, lambda record: record.get("max_length"), "converted at max_length"),
+)
+
+
 def check_recorded_length(folder: Path) -> None:
     """
-    The transformer's `max_length` is the length its training record names (`training_info.json`, which `untied-sc
-    train ... export` writes): no weight of either network fixes it (ELF builds its RoPE tables from it, LangFlow's
+    The transformer's `max_length` is the length its training or conversion record names (`training_info.json`,
+    `conversion_info.json`): no weight of either network fixes it (ELF builds its RoPE tables from it, LangFlow's
     rotary tables have no length), so a changed value would sample at another length without an error.
     """
-    record_path, config_path = folder / "training_info.json", folder / "transformer" / "config.json"
-    if not record_path.is_file() or not config_path.is_file():
-        return
-    try:
-        trained = (json.loads(record_path.read_text()).get("config") or {}).get("seq_len")
-        given = json.loads(config_path.read_text()).get("max_length")
-    except (OSError, ValueError, AttributeError):
-        return  # an unreadable record says nothing; diffusers reports an unreadable config
-    if isinstance(trained, int) and isinstance(given, int) and trained != given:
-        raise ValueError(
-            f"{config_path}: max_length = {given}, but {record_path} records that the model was trained at seq_len "
-            f"{trained}. The weights do not fix the length, so the network would sample {given}-token sequences "
-            f'without an error, at a length it never saw. Fix: set "max_length": {trained} in {config_path} (or '
-            "restore the config.json saved with these weights)."
-        )
+    config_path = folder / "transformer" / "config.json"
+    for name, read, what in LENGTH_RECORDS:
+        record_path = folder / name
+        if not record_path.is_file() or not config_path.is_file():
+            continue
+        try:
+            recorded = read(json.loads(record_path.read_text()))
+            given = json.loads(config_path.read_text()).get("max_length")
+        except (OSError, ValueError, AttributeError):
+            continue  # an unreadable record says nothing; diffusers reports an unreadable config
+        if isinstance(recorded, int) and isinstance(given, int) and recorded != given:
+            raise ValueError(
+                f"{config_path}: max_length = {given}, but {record_path} records that the model was {what} "
+                f"{recorded}. The weights do not fix the length, so the network would sample {given}-token "
+                f'sequences without an error, at a length it never saw. Fix: set "max_length": {recorded} in '
+                f"{config_path} (or restore the config.json saved with these weights)."
+            )
 
 
 def read_json(path: Path):

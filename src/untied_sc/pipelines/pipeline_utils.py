@@ -32,7 +32,7 @@ from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 # Every component class a folder of ours names, under one library (`components.py`). Importing it also imports each
 # module model_index.json names: diffusers resolves a component's library only among modules already imported.
 from . import components
-from .artifact_checks import check_pipeline_folder
+from .artifact_checks import CONVERSION_RECORD, check_pipeline_folder
 from .remote_code import (
     MODULE_NAME,
     is_package_component,
@@ -332,6 +332,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
             card = official_model_card(conversion, type(self).__name__, self.scheduler.config)
             (folder / "README.md").write_text(card, encoding="utf-8")
+        if conversion is not None:  # the length the weights do not fix, checked when the folder loads
+            record = {"max_length": conversion.max_length, "checkpoint_file": conversion.checkpoint_file.name}
+            (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """
