@@ -298,3 +298,16 @@ def test_the_statistics_dir_is_checked_before_any_work(tmp_path, capsys):
     assert not (base / "sampler_statistics").exists()
     assert cli_main([*args, "--statistics-dir", str(tmp_path / "s")]) == 2
     assert "give --push-statistics-to" in capsys.readouterr().err
+
+
+def test_cli_push_statistics_uploads_a_calibrated_folder_without_its_weights(hub, tmp_path, capsys):  # noqa: F811
+    pipe = calibrated(LangFlowPipeline.from_pretrained(base_folder(tmp_path / "base", seed=0)))
+    pipe.save_pretrained(tmp_path / "calibrated")
+    assert cli_main(["push-statistics", str(tmp_path / "calibrated"), "org/pushed-statistics"]) == 0
+    assert "Pushed the sampler statistics and coefficients to org/pushed-statistics" in capsys.readouterr().out
+    assert set(hub.files("org/pushed-statistics")) - {".gitattributes"} == PUBLISHED
+    assert (tmp_path / "calibrated-statistics" / BASE_CHECKPOINT_FILE).is_file()
+    loaded = LangFlowPipeline.from_pretrained(tmp_path / "base", sampler_statistics="org/pushed-statistics")
+    assert untied_texts(loaded) == untied_texts(pipe)
+    assert cli_main(["push-statistics", str(tmp_path / "base"), "org/none"]) == 2
+    assert "has no sampler statistics to push" in capsys.readouterr().err

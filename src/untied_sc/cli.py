@@ -148,6 +148,9 @@ def _statistics_dir(args: argparse.Namespace) -> str | None:
         return None
     from pathlib import Path
 
+    from .hub import check_endpoint
+
+    check_endpoint()  # an HF_ENDPOINT without a scheme fails every request: said before the work
     if args.statistics_dir is None:
         target = Path(args.output or args.pipeline).expanduser().resolve()
         args.statistics_dir = str(target.with_name(f"{target.name}-statistics"))
@@ -337,6 +340,22 @@ def _ace(args: argparse.Namespace) -> None:
         f"NFE, seed {config.seed}; Rep-4 of the contrasted thirds {config.top_repetition:.3f} vs "
         f"{config.bottom_repetition:.3f}) to {written}"
     )
+
+
+def _push_statistics_command(args: argparse.Namespace) -> None:
+    check_source_exists(args.pipeline, "a calibrated pipeline folder", "PIPELINE")
+    args.push_statistics_to, args.output = args.repo, None
+    statistics_dir = _statistics_dir(args)
+
+    from .pipelines import load_pipeline
+
+    pipe = load_pipeline(args.pipeline, **({"revision": args.revision} if args.revision else {}))
+    if pipe.sampler_statistics is None:
+        raise ValueError(
+            f"{args.pipeline} has no sampler statistics to push: calibrate it first (`untied-sc calibrate "
+            f"{args.pipeline} --nfe 8`)."
+        )
+    _push_statistics(pipe, args.repo, statistics_dir)
 
 
 def _migrate(args: argparse.Namespace) -> None:
@@ -619,6 +638,21 @@ def build_parser() -> argparse.ArgumentParser:
     ace.add_argument("--overwrite", action="store_true", help="Replace an existing ace_statistics component.")
     ace.add_argument("--no-progress", action="store_true", help="No progress bars.")
     ace.set_defaults(handler=_ace)
+
+    push = commands.add_parser(
+        "push-statistics",
+        help="Upload only a calibrated pipeline's sampler statistics and coefficients (no weights) to a Hub repo.",
+    )
+    push.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
+    push.add_argument("repo", help="The statistics repo to upload to (created where missing).")
+    push.add_argument("--revision", help="Hub PIPELINE only: branch, tag or commit hash (default: main).")
+    push.add_argument(
+        "--statistics-dir",
+        metavar="DIR",
+        help="Where the folder uploaded is written and kept (default: PIPELINE-statistics beside the folder).",
+    )
+    push.add_argument("--overwrite", action="store_true", help="Replace a non-empty --statistics-dir.")
+    push.set_defaults(handler=_push_statistics_command)
 
     migrate = commands.add_parser(
         "migrate", help="Rewrite a pipeline saved with the old sampler-statistics layout (coefficients inside)."

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..hub import HUB_KWARGS, resolve_local, upload_folder_to_hub
+from ..hub import HUB_KWARGS, check_endpoint, resolve_local, upload_folder_to_hub
 from ..models.official_checkpoints import cache_snapshot
 from ..schedulers.coefficients import coefficients_table
 from ..schedulers.sampler_statistics import SamplerStatistics, input_projection_weights, model_fingerprint
@@ -373,6 +373,7 @@ def push_statistics(
     save_directory: str | os.PathLike | None = None,
 ) -> str:
     """[`LanguageFlowPipeline.push_sampler_statistics`]'s body; returns the commit hash of the upload."""
+    check_endpoint()  # before anything is written
     if save_directory is None:
         folder = Path(tempfile.mkdtemp(prefix="untied-sc-statistics-"))
         kept = False
@@ -420,6 +421,9 @@ def load_statistics_source(
 
     check_statistics_folder(statistics_folder)
     statistics = SamplerStatistics.from_pretrained(statistics_folder)
+    legacy_coefficients, legacy_tuning = {}, {}
+    if statistics.is_legacy:  # an old-layout pipeline folder: its coefficients lived in the statistics
+        statistics, legacy_coefficients, legacy_tuning = statistics.migrate()
     base = None
     if (folder / BASE_CHECKPOINT_FILE).is_file():
         path = folder / BASE_CHECKPOINT_FILE
@@ -430,12 +434,13 @@ def load_statistics_source(
     else:
         entries = {}
     where = folder / (COEFFICIENTS_FILE if base is not None else "scheduler/scheduler_config.json")
-    try:
-        coefficients = coefficients_table(entries.get("coefficients_by_steps"))
+    try:  # values the scheduler config holds win over an old layout's, as `migrate_pipeline` does
+        coefficients = coefficients_table({**legacy_coefficients, **(entries.get("coefficients_by_steps") or {})})
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
-    tuning = entries.get("tuning_by_steps")
-    tuning = {str(n): dict(record) for n, record in tuning.items()} if tuning else None
+    tuning = {**legacy_tuning, **(entries.get("tuning_by_steps") or {})}
+    coefficients = coefficients or None
+    tuning = {str(n): dict(record) for n, record in tuning.items()} or None
     snapshot = cache_snapshot(folder)
     hub = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
     return PublishedStatistics(str(source), folder, statistics, coefficients, tuning, base, hub)
