@@ -311,3 +311,18 @@ def test_cli_push_statistics_uploads_a_calibrated_folder_without_its_weights(hub
     assert untied_texts(loaded) == untied_texts(pipe)
     assert cli_main(["push-statistics", str(tmp_path / "base"), "org/none"]) == 2
     assert "has no sampler statistics to push" in capsys.readouterr().err
+
+
+def test_a_copy_of_a_converted_folder_keeps_its_official_source(tmp_path):
+    base = base_folder(tmp_path / "base", seed=0)
+    source = {"given": OFFICIAL_ID, "repo_id": OFFICIAL_ID, "revision": "main", "commit": "c" * 40}
+    (base / "converted_from.json").write_text(json.dumps(source))
+    pipe = calibrated(LangFlowPipeline.from_pretrained(base))
+    assert pipe.origin.official == HubSource(OFFICIAL_ID, "main", "c" * 40) and pipe.origin.pipeline is None
+    pipe.save_pretrained(tmp_path / "copy")
+    copy = calibrated(LangFlowPipeline.from_pretrained(tmp_path / "copy"))
+    record = BaseCheckpoint.from_json(
+        (copy.save_sampler_statistics(tmp_path / "s") / BASE_CHECKPOINT_FILE).read_text()
+    )
+    assert record.official == HubSource(OFFICIAL_ID, "main", "c" * 40)
+    assert f"--revision {'c' * 40}" in (tmp_path / "s" / "README.md").read_text()

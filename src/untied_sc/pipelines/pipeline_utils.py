@@ -9,7 +9,7 @@ import operator
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -375,12 +375,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
             card = official_model_card(conversion, type(self).__name__, self.scheduler.config)
             (folder / "README.md").write_text(card, encoding="utf-8")
-        if conversion is not None:  # the same source, read by `push_sampler_statistics` of a later process
-            from .statistics_repo import CONVERTED_FROM_FILE, converted_from_record
+        # The official source, for `push_sampler_statistics` of a later process: converted now, or loaded from a
+        # folder that records it (a copy saved elsewhere keeps the record).
+        from .statistics_repo import CONVERTED_FROM_FILE, converted_from_record, pipeline_origin
 
-            record = converted_from_record(conversion.settings.origin)
-            if record is not None:
-                (folder / CONVERTED_FROM_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        official = pipeline_origin(self).official
+        record = converted_from_record(conversion.settings.origin) if conversion is not None else None
+        if record is None and official is not None:
+            record = {"given": official.repo_id, **asdict(official)}
+        if record is not None:
+            (folder / CONVERTED_FROM_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def save_sampler_statistics(
         self, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
