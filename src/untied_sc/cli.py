@@ -136,6 +136,41 @@ def _check_statistics_target(source: str, output: str | None, command: str) -> N
     _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
 
 
+def _statistics_dir(args: argparse.Namespace) -> str | None:
+    """Where `--push-statistics-to` keeps the statistics folder it uploads (`--statistics-dir`, default: beside the
+    pipeline folder written), refused before any work when it holds something already and `--overwrite` is not
+    given."""
+    if args.push_statistics_to is None:
+        if args.statistics_dir is not None:
+            raise ValueError(
+                "--statistics-dir is where --push-statistics-to keeps its folder: give --push-statistics-to."
+            )
+        return None
+    from pathlib import Path
+
+    from .hub import check_endpoint
+
+    check_endpoint()  # an HF_ENDPOINT without a scheme fails every request: said before the work
+    if args.statistics_dir is None:
+        target = Path(args.output or args.pipeline).expanduser().resolve()
+        args.statistics_dir = str(target.with_name(f"{target.name}-statistics"))
+    _refuse_existing_folder(
+        args.statistics_dir, args.overwrite, "pass --overwrite to replace it (or --statistics-dir)"
+    )
+    return args.statistics_dir
+
+
+def _push_statistics(pipe, repo_id: str, folder: str) -> None:
+    """Saves the statistics folder (kept) and uploads it; a failure is a `HubPushError` naming the folder."""
+    from .hub import upload_folder_to_hub
+    from .pipelines.statistics_repo import base_checkpoint
+
+    pipe.save_sampler_statistics(folder, repo_id=repo_id, overwrite=True)  # refused before the work if not empty
+    message = f"Sampler statistics for {base_checkpoint(pipe).describe()}"
+    commit = upload_folder_to_hub(folder, repo_id, commit_message=message)
+    print(f"Pushed the sampler statistics and coefficients to {repo_id} (commit {commit[:12]}; kept in {folder})")
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     explicit = {name: getattr(args, name) for name in ("eta_r", "eta_t", "eta_o", "alpha")}
     given = [name for name, value in explicit.items() if value is not None]
@@ -146,6 +181,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
     coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
     _check_statistics_target(args.pipeline, args.output, "calibrate")
+    statistics_dir = _statistics_dir(args)
     if args.output is None:  # in place: what the folder holds is kept unless --overwrite says to replace it
         refuse_replacing_calibration(args.pipeline, args.nfe, args.overwrite, bool(given or args.coefficients))
     from .calibration.calibrate import small_bank_warning
@@ -195,6 +231,8 @@ def _calibrate(args: argparse.Namespace) -> None:
 
             push_folder(pipe, args.push_to_hub, folder)
             print(f"Pushed to {args.push_to_hub}")
+        if args.push_statistics_to:
+            _push_statistics(pipe, args.push_statistics_to, statistics_dir)
     wait_for_everyone(state)  # the other processes return once the files are written
 
 
@@ -220,6 +258,7 @@ def _load_for_calibration(source: str, overwrite: bool):
 
 def _tune(args: argparse.Namespace) -> None:
     _check_statistics_target(args.pipeline, args.output, "tune")
+    statistics_dir = _statistics_dir(args)
     if args.output is None:  # in place: tuned values are kept unless --overwrite says to replace them
         refuse_replacing_tuning(args.pipeline, args.nfe, args.overwrite)
 
@@ -263,6 +302,8 @@ def _tune(args: argparse.Namespace) -> None:
         print(warning, file=sys.stderr)
     nfe = [r.num_inference_steps for r in results]
     print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
+    if args.push_statistics_to:
+        _push_statistics(pipe, args.push_statistics_to, statistics_dir)
 
 
 def _ace(args: argparse.Namespace) -> None:
@@ -301,6 +342,22 @@ def _ace(args: argparse.Namespace) -> None:
     )
 
 
+def _push_statistics_command(args: argparse.Namespace) -> None:
+    check_source_exists(args.pipeline, "a calibrated pipeline folder", "PIPELINE")
+    args.push_statistics_to, args.output = args.repo, None
+    statistics_dir = _statistics_dir(args)
+
+    from .pipelines import load_pipeline
+
+    pipe = load_pipeline(args.pipeline, **({"revision": args.revision} if args.revision else {}))
+    if pipe.sampler_statistics is None:
+        raise ValueError(
+            f"{args.pipeline} has no sampler statistics to push: calibrate it first (`untied-sc calibrate "
+            f"{args.pipeline} --nfe 8`)."
+        )
+    _push_statistics(pipe, args.repo, statistics_dir)
+
+
 def _migrate(args: argparse.Namespace) -> None:
     from .pipelines.migration import migrate_folder
 
@@ -333,6 +390,22 @@ def package_version() -> str:
         from . import __version__
 
         return f"{__version__} (not installed)"
+
+
+def _add_statistics_push_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--push-statistics-to",
+        metavar="REPO",
+        help="Upload only the sampler statistics and coefficients (a few MB, no weights) to this Hub repo, with a "
+        "record of the base weights and a model card; load them with `from_pretrained(BASE, "
+        "sampler_statistics=REPO)`.",
+    )
+    parser.add_argument(
+        "--statistics-dir",
+        metavar="DIR",
+        help="Where --push-statistics-to writes (and keeps) the folder it uploads (default: PIPELINE-statistics "
+        "beside the pipeline folder written).",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -476,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
+    _add_statistics_push_arguments(calibrate)
     calibrate.set_defaults(handler=_calibrate)
 
     tune = commands.add_parser(
@@ -542,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generator; a GPU gives statistics of the same distribution, not the same numbers).",
     )
     tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    _add_statistics_push_arguments(tune)
     tune.set_defaults(handler=_tune)
 
     ace = commands.add_parser(
@@ -563,6 +638,21 @@ def build_parser() -> argparse.ArgumentParser:
     ace.add_argument("--overwrite", action="store_true", help="Replace an existing ace_statistics component.")
     ace.add_argument("--no-progress", action="store_true", help="No progress bars.")
     ace.set_defaults(handler=_ace)
+
+    push = commands.add_parser(
+        "push-statistics",
+        help="Upload only a calibrated pipeline's sampler statistics and coefficients (no weights) to a Hub repo.",
+    )
+    push.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
+    push.add_argument("repo", help="The statistics repo to upload to (created where missing).")
+    push.add_argument("--revision", help="Hub PIPELINE only: branch, tag or commit hash (default: main).")
+    push.add_argument(
+        "--statistics-dir",
+        metavar="DIR",
+        help="Where the folder uploaded is written and kept (default: PIPELINE-statistics beside the folder).",
+    )
+    push.add_argument("--overwrite", action="store_true", help="Replace a non-empty --statistics-dir.")
+    push.set_defaults(handler=_push_statistics_command)
 
     migrate = commands.add_parser(
         "migrate", help="Rewrite a pipeline saved with the old sampler-statistics layout (coefficients inside)."

@@ -45,6 +45,19 @@ class HubPushError(RuntimeError):
     """A push to the Hub failed after the local result was written: the message says where it is kept."""
 
 
+def push_error(repo_id: str, folder: str | os.PathLike, error: BaseException) -> HubPushError:
+    """The [`HubPushError`] of a failed upload of `folder` to `repo_id`: the cause, where the result is kept, and the
+    command that pushes it later."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    return HubPushError(
+        f"Could not push to {repo_id!r} on the Hub at {constants.ENDPOINT} ({type(cause).__name__}: {cause}). "
+        f"The local result is kept in {folder}; push it later with `hf upload {repo_id} {folder}` once the Hub "
+        "can be reached (check the network, HF_ENDPOINT and `hf auth login`)."
+    )
+
+
 def push_folder(pipe, repo_id: str, folder: str | os.PathLike, **kwargs) -> None:
     """
     `pipe.push_to_hub(repo_id, **kwargs)`, for a result already saved in `folder`: a failure (the Hub unreachable,
@@ -54,14 +67,33 @@ def push_folder(pipe, repo_id: str, folder: str | os.PathLike, **kwargs) -> None
     try:
         pipe.push_to_hub(repo_id, **kwargs)
     except Exception as error:  # httpx / requests / huggingface_hub errors alike: the local result is what matters
-        cause = error
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        raise HubPushError(
-            f"Could not push to {repo_id!r} on the Hub at {constants.ENDPOINT} ({type(cause).__name__}: {cause}). "
-            f"The local result is kept in {folder}; push it later with `hf upload {repo_id} {folder}` once the Hub "
-            "can be reached (check the network, HF_ENDPOINT and `hf auth login`)."
-        ) from error
+        raise push_error(repo_id, folder, error) from error
+
+
+def upload_folder_to_hub(
+    folder: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "upload",
+    create_pr: bool = False,
+) -> str:
+    """
+    Uploads `folder` as it is to the Hub repo `repo_id` (created where missing) and returns the commit hash; a
+    failure is one [`HubPushError`] that says `folder` is kept, as [`push_folder`]'s.
+    """
+    from huggingface_hub import HfApi
+
+    check_endpoint()
+    try:
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, create_pr=create_pr
+        )
+    except Exception as error:  # as in push_folder: whatever the client raised, the folder is what is kept
+        raise push_error(repo_id, folder, error) from error
+    return info.oid
 
 
 def resolve_local(source: str | os.PathLike, allow_patterns: list[str] | None = None, **hub_kwargs) -> Path:

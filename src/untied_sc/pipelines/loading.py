@@ -1,5 +1,6 @@
 """Loading a pipeline folder without knowing its class in advance."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -15,7 +16,11 @@ PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, LangFlowPipeline)}
 
 
 def load_pipeline(source: str | os.PathLike, **kwargs):
-    """Loads an [`ELFPipeline`] or [`LangFlowPipeline`] folder (or Hub repo id), picking the class from `model_index.json`."""
+    """
+    Loads an [`ELFPipeline`] or [`LangFlowPipeline`] folder (or Hub repo id), picking the class from
+    `model_index.json`; the keyword arguments are `from_pretrained`'s (`sampler_statistics=` a statistics folder or
+    repo, `sampler_statistics_revision=` its revision).
+    """
     hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
     folder = resolve_local(source, **hub_kwargs)
     index = folder / "model_index.json"
@@ -24,7 +29,12 @@ def load_pipeline(source: str | os.PathLike, **kwargs):
     name = saved_class_name(json.loads(index.read_text()))
     if name not in PIPELINES:
         raise ValueError(f"{index} names pipeline {name!r}; untied-sc loads {sorted(PIPELINES)}.")
-    return PIPELINES[name].from_pretrained(folder, **kwargs)
+    # The Hub arguments again: the folder is local now, and they still name its revision (for `pipe.origin`) and
+    # serve a statistics repo's download (token, cache_dir).
+    pipe = PIPELINES[name].from_pretrained(folder, **hub_kwargs, **kwargs)
+    if pipe.origin.given != str(source):
+        pipe.origin = dataclasses.replace(pipe.origin, given=str(source))
+    return pipe
 
 
 def save_sampler_statistics(pipe, folder: str | os.PathLike) -> Path:

@@ -256,8 +256,12 @@ class ELFPipeline(LanguageFlowPipeline):
                 nothing records them).
             sc_cfg_scale (`float`, *optional*): the SC-CFG scale w at every NFE, likewise.
             kwargs: `weights`, `allow_pickle` ([`load_official_elf`]) and the Hub download's (`revision`,
-                `cache_dir`, `token`, ...).
+                `cache_dir`, `token`, ...); `sampler_statistics` (a statistics folder or repo id) and
+                `sampler_statistics_revision` install published statistics as `from_pretrained` does.
         """
         from .official import build_elf
 
-        return build_elf(cls, checkpoint, tokenizer, max_length, official_id, sde_gamma, sc_cfg_scale, **kwargs)
+        statistics = kwargs.pop("sampler_statistics", None)
+        revision = kwargs.pop("sampler_statistics_revision", None)
+        pipe = build_elf(cls, checkpoint, tokenizer, max_length, official_id, sde_gamma, sc_cfg_scale, **kwargs)
+        return cls._attach_official_statistics(pipe, statistics, revision, kwargs)

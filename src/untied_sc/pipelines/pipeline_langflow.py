@@ -127,8 +127,13 @@ class LangFlowPipeline(LanguageFlowPipeline):
                 code loads it (`"gpt2"` for OWT, `"bert-base-uncased"` for LM1B), required for another checkpoint
                 (its config.json names none).
             official_id (`str`, *optional*): the Hub id of the released checkpoint a local copy is.
-            kwargs: the Hub download's (`revision`, `cache_dir`, `token`, ...).
+            kwargs: the Hub download's (`revision`, `cache_dir`, `token`, ...); `sampler_statistics` (a statistics
+                folder or repo id) and `sampler_statistics_revision` install published statistics as
+                `from_pretrained` does.
         """
         from .official import build_langflow
 
-        return build_langflow(cls, source, tokenizer, official_id, **kwargs)
+        statistics = kwargs.pop("sampler_statistics", None)
+        revision = kwargs.pop("sampler_statistics_revision", None)
+        pipe = build_langflow(cls, source, tokenizer, official_id, **kwargs)
+        return cls._attach_official_statistics(pipe, statistics, revision, kwargs)

@@ -9,7 +9,7 @@ import operator
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -252,11 +252,54 @@ class LanguageFlowPipeline(DiffusionPipeline):
         A repo id is downloaded with `huggingface_hub.snapshot_download` (honouring `HF_HUB_OFFLINE`, `cache_dir`,
         `revision`, `token`) and then loaded locally: stock diffusers cannot load third-party components by repo
         id. Other keyword arguments (`torch_dtype`, `device_map`, component overrides) go to diffusers.
+
+        `sampler_statistics` given as a folder or repo id (a str or path) loads the pipeline's weights with sampler
+        statistics published on their own (`push_sampler_statistics`; a calibrated pipeline's folder or repo also
+        serves, without its weights): their coefficients and tuning records replace the scheduler config's, and
+        statistics computed for other weights are refused, naming both sources. `revision`, `token` and `cache_dir`
+        apply to the pipeline; `sampler_statistics_revision` is the statistics repo's revision (`token` and
+        `cache_dir` apply to it too). A `SamplerStatistics` object (or `None`) is used as it is, as diffusers does.
+
+        The pipeline's `origin` ([`~untied_sc.pipelines.statistics_repo.PipelineOrigin`]) records its Hub repo and
+        commit and the official checkpoint it was converted from, for `push_sampler_statistics`.
         """
+        from .statistics_repo import folder_origin, install_statistics, load_statistics_source
+
+        statistics_revision = kwargs.pop("sampler_statistics_revision", None)
+        statistics_source = kwargs.get("sampler_statistics")
+        if not isinstance(statistics_source, str | os.PathLike):
+            if statistics_revision is not None:
+                raise TypeError(
+                    "sampler_statistics_revision is the revision of a statistics repo: give the repo too, "
+                    "`from_pretrained(..., sampler_statistics='owner/name', sampler_statistics_revision=...)`."
+                )
+            statistics_source = None
         hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
+        published = None
+        if statistics_source is not None:  # the small download first: a wrong or unreachable repo fails at once
+            kwargs["sampler_statistics"] = None  # the base's own statistics are not loaded
+            shared = {key: value for key, value in hub_kwargs.items() if key != "revision"}
+            published = load_statistics_source(statistics_source, revision=statistics_revision, **shared)
         folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
         check_pipeline_folder(folder, cls, passed=set(kwargs))
-        return super().from_pretrained(folder, **kwargs)
+        pipe = super().from_pretrained(folder, **kwargs)
+        pipe.origin = folder_origin(folder, str(pretrained_model_name_or_path), hub_kwargs.get("revision"))
+        if published is not None:
+            install_statistics(pipe, published)
+        return pipe
+
+    @classmethod
+    def _attach_official_statistics(cls, pipe, source, revision: str | None, hub_kwargs: dict):
+        """`from_official`'s `sampler_statistics=` source, installed as in `from_pretrained`."""
+        if source is None:
+            if revision is not None:
+                raise TypeError("sampler_statistics_revision needs sampler_statistics (a statistics folder or repo).")
+            return pipe
+        from .statistics_repo import attach_statistics
+
+        shared = {key: value for key, value in hub_kwargs.items() if key in HUB_KWARGS and key != "revision"}
+        attach_statistics(pipe, source, revision=revision, **shared)
+        return pipe
 
     @classmethod
     def load_config(cls, *args, **kwargs):
@@ -335,6 +378,68 @@ class LanguageFlowPipeline(DiffusionPipeline):
         if conversion is not None:  # the length the weights do not fix, checked when the folder loads
             record = {"max_length": conversion.max_length, "checkpoint_file": conversion.checkpoint_file.name}
             (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        # The official source, for `push_sampler_statistics` of a later process: converted now, or loaded from a
+        # folder that records it (a copy saved elsewhere keeps the record).
+        from .statistics_repo import CONVERTED_FROM_FILE, converted_from_record, pipeline_origin
+
+        official = pipeline_origin(self).official
+        record = converted_from_record(conversion.settings.origin) if conversion is not None else None
+        if record is None and official is not None:
+            record = {"given": official.repo_id, **asdict(official)}
+        if record is not None:
+            (folder / CONVERTED_FROM_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+    def save_sampler_statistics(
+        self, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
+    ) -> Path:
+        """
+        Saves this pipeline's sampler statistics on their own, as a statistics folder (a few MB, no weights):
+        `sampler_statistics/`, `coefficients.json` (the scheduler config's `coefficients_by_steps` and
+        `tuning_by_steps`), `base_checkpoint.json` (the weights: the pipeline repo and the official checkpoint with
+        their revision and commit where known, and the weights' fingerprint) and a model card, README.md, saying how
+        to load it: `from_pretrained(BASE, sampler_statistics=save_directory)`.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): the folder to write (refused when not empty, unless
+                `overwrite`).
+            repo_id (`str`, *optional*): the repo the folder will be uploaded to, for the model card's instructions.
+            overwrite (`bool`, defaults to `False`): replace a non-empty folder.
+
+        Returns:
+            The folder written.
+        """
+        from .statistics_repo import save_statistics_folder
+
+        return save_statistics_folder(self, save_directory, repo_id=repo_id, overwrite=overwrite)
+
+    def push_sampler_statistics(
+        self,
+        repo_id: str,
+        commit_message: str | None = None,
+        private: bool | None = None,
+        token: str | None = None,
+        create_pr: bool = False,
+        save_directory: str | os.PathLike | None = None,
+    ) -> str:
+        """
+        Uploads this pipeline's sampler statistics on their own (the folder [`save_sampler_statistics`] writes) to
+        the Hub repo `repo_id`, created where missing, as diffusers' `push_to_hub` does for a whole pipeline. A
+        failure to reach the Hub is one [`~untied_sc.hub.HubPushError`] naming the folder kept on disk and the
+        `hf upload` command that pushes it later.
+
+        Args:
+            repo_id (`str`): the statistics repo.
+            commit_message (`str`, *optional*): default: "Sampler statistics for <the base weights>".
+            private (`bool`, *optional*), token (`str`, *optional*), create_pr (`bool`): as in `push_to_hub`.
+            save_directory (`str` or `os.PathLike`, *optional*): write the folder there (refused when not empty)
+                and keep it; default: a temporary folder, removed after a successful upload.
+
+        Returns:
+            The commit hash of the upload.
+        """
+        from .statistics_repo import push_statistics
+
+        return push_statistics(self, repo_id, commit_message, private, token, create_pr, save_directory)
 
     def save_config(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """

@@ -1,0 +1,512 @@
+"""Sampler statistics published on their own: a small folder or Hub repo beside the weights they belong to.
+
+A calibration of a large model (ELF-B: hundreds of MB of weights) is a few MB of statistics and coefficients. A
+statistics repo holds only those, and a record of the base weights:
+
+- `sampler_statistics/`: the component, as a pipeline folder holds it;
+- `coefficients.json`: the scheduler config's per-NFE coefficients and tuning records (`coefficients_by_steps`,
+  `tuning_by_steps`, what `untied-sc calibrate` and `untied-sc tune` write);
+- `base_checkpoint.json`: the weights they were computed for ([`BaseCheckpoint`]: the pipeline repo and the official
+  checkpoint with their revisions and commits where known, and the weights' [`model_fingerprint`]);
+- `README.md`: a model card saying what it is and how to load it.
+
+`pipe.save_sampler_statistics(DIR)` writes one, `pipe.push_sampler_statistics(REPO)` uploads one, and
+`ELFPipeline.from_pretrained(BASE, sampler_statistics=REPO_OR_DIR)` loads the base with them, refusing statistics whose
+fingerprint is not the base's. A whole pipeline folder or repo is read as a statistics source too (its
+`sampler_statistics/` and its scheduler config's coefficients; from the Hub, without its weights).
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..hub import HUB_KWARGS, check_endpoint, resolve_local, upload_folder_to_hub
+from ..models.official_checkpoints import cache_snapshot
+from ..schedulers.coefficients import coefficients_table
+from ..schedulers.sampler_statistics import SamplerStatistics, input_projection_weights, model_fingerprint
+
+
+BASE_CHECKPOINT_FILE = "base_checkpoint.json"
+COEFFICIENTS_FILE = "coefficients.json"
+# Written by `save_pretrained` into a pipeline built from an official checkpoint: what it was converted from.
+CONVERTED_FROM_FILE = "converted_from.json"
+# The scheduler config keys a statistics repo carries: the ones calibration and tuning write.
+SCHEDULER_KEYS = ("coefficients_by_steps", "tuning_by_steps")
+FORMAT_VERSION = 1
+# What a statistics source is downloaded as: a statistics repo's files, or a pipeline repo's statistics and scheduler
+# config (never its weights).
+DOWNLOAD_PATTERNS = [
+    "sampler_statistics/*",
+    COEFFICIENTS_FILE,
+    BASE_CHECKPOINT_FILE,
+    "README.md",
+    "model_index.json",
+    "scheduler/scheduler_config.json",
+]
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """
+    Files read from a Hub repo.
+
+    Args:
+        repo_id (`str`): the repo.
+        revision (`str`, *optional*): the revision asked for (`None`: the default branch).
+        commit (`str`, *optional*): the commit the files were read at, where known.
+    """
+
+    repo_id: str
+    revision: str | None = None
+    commit: str | None = None
+
+    def describe(self) -> str:
+        """`'owner/name' at commit 0123456789ab (revision 'v1')`, as far as it is known."""
+        text = repr(self.repo_id)
+        if self.commit is not None:
+            text += f" at commit {self.commit[:12]}"
+        if self.revision is not None and self.revision != self.commit:
+            text += f" (revision {self.revision!r})" if self.commit is not None else f" at revision {self.revision!r}"
+        return text
+
+    @property
+    def pin(self) -> str | None:
+        """The revision that loads these very files: the commit where known, else the revision asked for."""
+        return self.commit or self.revision
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> "HubSource | None":
+        if data is None:
+            return None
+        return cls(str(data["repo_id"]), data.get("revision"), data.get("commit"))
+
+
+@dataclass(frozen=True)
+class PipelineOrigin:
+    """
+    Where a loaded pipeline's weights came from (`pipe.origin`, set by `from_pretrained` and `from_official`).
+
+    Args:
+        given (`str`): the source as the caller gave it (a folder or a repo id).
+        pipeline ([`HubSource`], *optional*): the Hub repo of the pipeline folder, for a folder read from the Hub (or
+            from a Hugging Face cache snapshot).
+        official ([`HubSource`], *optional*): the official checkpoint the pipeline was converted from (`untied-sc
+            convert`, `from_official`), where it was a Hub repo.
+    """
+
+    given: str
+    pipeline: HubSource | None = None
+    official: HubSource | None = None
+
+    def describe(self) -> str:
+        """The pipeline repo (else the folder given), and the official checkpoint it was converted from."""
+        text = f"the pipeline {self.pipeline.describe()}" if self.pipeline is not None else f"{self.given!r}"
+        if self.official is not None:
+            text += f", converted from {self.official.describe()}"
+        return text
+
+
+@dataclass(frozen=True)
+class BaseCheckpoint:
+    """
+    The weights a statistics repo was computed for (`base_checkpoint.json`).
+
+    Args:
+        family (`str`): `"elf"` or `"langflow"`.
+        pipeline_class (`str`): `"ELFPipeline"` or `"LangFlowPipeline"`.
+        model_fingerprint (`str`): [`model_fingerprint`] of the weights (their input projections); loading checks it.
+        pipeline ([`HubSource`], *optional*): the pipeline repo calibrated, where it was read from the Hub.
+        official ([`HubSource`], *optional*): the official checkpoint that pipeline was converted from.
+        format_version (`int`): the layout of this record.
+    """
+
+    family: str
+    pipeline_class: str
+    model_fingerprint: str
+    pipeline: HubSource | None = None
+    official: HubSource | None = None
+    format_version: int = FORMAT_VERSION
+
+    def describe(self) -> str:
+        """Where the weights were read, as far as recorded."""
+        parts = []
+        if self.pipeline is not None:
+            parts.append(f"the pipeline {self.pipeline.describe()}")
+        if self.official is not None:
+            parts.append(f"{'converted from ' if parts else 'the official checkpoint '}{self.official.describe()}")
+        return ", ".join(parts) or "a local pipeline folder (no Hub repo recorded)"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = BASE_CHECKPOINT_FILE) -> "BaseCheckpoint":
+        try:
+            data = json.loads(text)
+            version = int(data.get("format_version", FORMAT_VERSION))
+            if version > FORMAT_VERSION:
+                raise ValueError(f"format version {version}; this untied-sc reads up to {FORMAT_VERSION}")
+            return cls(
+                family=str(data["family"]),
+                pipeline_class=str(data["pipeline_class"]),
+                model_fingerprint=str(data["model_fingerprint"]),
+                pipeline=HubSource.from_dict(data.get("pipeline")),
+                official=HubSource.from_dict(data.get("official")),
+                format_version=version,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"{where} is not a readable base-checkpoint record ({type(error).__name__}: {error}). Restore it from "
+                "the statistics repo, or save the statistics again with `pipe.save_sampler_statistics(DIR)`."
+            ) from None
+
+
+@dataclass
+class PublishedStatistics:
+    """
+    A statistics source as read: the statistics, the scheduler config entries, and what they were computed for.
+
+    Args:
+        source (`str`): the folder or repo id given.
+        folder (`Path`): where its files lie on disk.
+        statistics ([`SamplerStatistics`]): the component.
+        coefficients_by_steps (`dict`, *optional*), tuning_by_steps (`dict`, *optional*): the scheduler config entries.
+        base ([`BaseCheckpoint`], *optional*): the weights recorded (`None` for a pipeline folder given as source,
+            which records none).
+        hub ([`HubSource`], *optional*): the statistics repo and commit, for a source read from the Hub.
+    """
+
+    source: str
+    folder: Path
+    statistics: SamplerStatistics
+    coefficients_by_steps: dict | None
+    tuning_by_steps: dict | None
+    base: BaseCheckpoint | None
+    hub: HubSource | None = None
+
+    def describe(self) -> str:
+        return f"the statistics repo {self.hub.describe()}" if self.hub is not None else f"{self.source!r}"
+
+
+# --- where a pipeline came from -----------------------------------------------------------------------------------
+
+
+def converted_from_record(origin) -> dict | None:
+    """The `converted_from.json` content of a conversion's [`CheckpointOrigin`]; `None` without a Hub repo."""
+    if origin.repo_id is None:
+        return None
+    return {"given": origin.given, **asdict(HubSource(origin.repo_id, origin.revision, origin.commit))}
+
+
+def folder_origin(folder: Path, given: str, revision: str | None = None) -> PipelineOrigin:
+    """The origin of a pipeline folder: its Hub repo and commit where it is a cache snapshot, and the official
+    checkpoint its `converted_from.json` names."""
+    snapshot = cache_snapshot(folder)
+    pipeline = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
+    official = None
+    record = folder / CONVERTED_FROM_FILE
+    if record.is_file():
+        try:
+            official = HubSource.from_dict(json.loads(record.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            official = None  # a record for people; the fingerprint is what loading checks
+    return PipelineOrigin(given, pipeline, official)
+
+
+def pipeline_origin(pipe) -> PipelineOrigin:
+    """`pipe.origin`, else what `from_official` recorded (`pipe.conversion`), else an unknown local pipeline."""
+    origin = getattr(pipe, "origin", None)
+    if isinstance(origin, PipelineOrigin):
+        return origin
+    conversion = getattr(pipe, "conversion", None)
+    if conversion is not None:
+        checkpoint = conversion.settings.origin
+        official = None
+        if checkpoint.repo_id is not None:
+            official = HubSource(checkpoint.repo_id, checkpoint.revision, checkpoint.commit)
+        return PipelineOrigin(checkpoint.given, None, official)
+    return PipelineOrigin("a pipeline in memory")
+
+
+def base_checkpoint(pipe) -> BaseCheckpoint:
+    """The [`BaseCheckpoint`] record of `pipe`'s weights."""
+    origin = pipeline_origin(pipe)
+    return BaseCheckpoint(
+        family=pipe.family,
+        pipeline_class=type(pipe).__name__,
+        model_fingerprint=model_fingerprint(pipe.transformer),
+        pipeline=origin.pipeline,
+        official=origin.official,
+    )
+
+
+# --- writing ------------------------------------------------------------------------------------------------------
+
+
+def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
+    """The model card's loading instructions for a base as recorded (sampling at `steps`, a calibrated NFE)."""
+    cls = record.pipeline_class
+    swap = "pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)  # the untied sampler"
+    call = f"texts = pipe(batch_size=4, num_inference_steps={steps}).texts"
+    python = ["```python", f"from untied_sc import {cls}, UntiedSelfConditioningScheduler", ""]
+    if record.pipeline is not None:
+        pin = f', revision="{record.pipeline.pin}"' if record.pipeline.pin else ""
+        return [
+            *python,
+            f'pipe = {cls}.from_pretrained("{record.pipeline.repo_id}"{pin}, sampler_statistics="{repo}")',
+            swap,
+            call,
+            "```",
+        ]
+    if record.official is not None:
+        official = record.official
+        pin = f" --revision {official.pin}" if official.pin else ""
+        pin_python = f', revision="{official.pin}"' if official.pin else ""
+        return [
+            "Convert the official checkpoint once (the weights stay the official ones), then load it with these "
+            "statistics:",
+            "",
+            "```bash",
+            f"untied-sc convert {record.family} {official.repo_id} BASE_DIR{pin}",
+            "```",
+            "",
+            *python,
+            f'pipe = {cls}.from_pretrained("BASE_DIR", sampler_statistics="{repo}")',
+            f'# or in one step: {cls}.from_official("{official.repo_id}"{pin_python}, sampler_statistics="{repo}")',
+            swap,
+            call,
+            "```",
+        ]
+    return [
+        "The base is a local pipeline folder: load it with these statistics.",
+        "",
+        *python,
+        f'pipe = {cls}.from_pretrained("BASE_DIR", sampler_statistics="{repo}")',
+        swap,
+        call,
+        "```",
+    ]
+
+
+def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics, coefficients: dict, repo: str) -> str:
+    """The README.md of a statistics repo."""
+    header = ["---", "library_name: untied-sc", "tags:", "- untied-sc", f"- {record.family}", "- sampler-statistics"]
+    base_model = record.pipeline or record.official
+    if base_model is not None:
+        header.append(f"base_model: {base_model.repo_id}")
+    header.append("---")
+    steps = sorted(statistics.config.calibrated_steps or [])
+    rows = [f"| base weights | {record.describe()} |", f"| model fingerprint | `{record.model_fingerprint}` |"]
+    rows.append(f"| calibrated NFEs | {', '.join(map(str, steps)) or 'none'} |")
+    table = coefficients.get("coefficients_by_steps") or {}
+    for n in sorted(table, key=int):
+        entry = ", ".join(f"{name} {value:g}" for name, value in table[n].items())
+        tuned = " (tuned)" if str(n) in (coefficients.get("tuning_by_steps") or {}) else ""
+        rows.append(f"| coefficients at {n} NFE{tuned} | {entry} |")
+    lines = [
+        *header,
+        "",
+        f"# Sampler statistics for {record.describe()}",
+        "",
+        "Sampler statistics and coefficients of the untied self-conditioning sampler (`untied-sc`) for one model, "
+        "without its weights: `sampler_statistics/` (the pipeline component), `coefficients.json` (the scheduler "
+        f"config's per-NFE coefficients and tuning records) and `{BASE_CHECKPOINT_FILE}` (the weights they belong "
+        "to). Loading checks the weights' fingerprint and refuses statistics of another model.",
+        "",
+        "| | |",
+        "|---|---|",
+        *rows,
+        "",
+        "## Use",
+        "",
+        *_load_lines(record, repo, steps[0] if steps else 8),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _refuse_non_empty(folder: Path, overwrite: bool) -> None:
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        if not overwrite:
+            raise FileExistsError(
+                f"{folder} already exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it, or "
+                "name a new folder."
+            )
+        shutil.rmtree(folder) if folder.is_dir() and not folder.is_symlink() else folder.unlink()
+
+
+def save_statistics_folder(
+    pipe, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
+) -> Path:
+    """[`LanguageFlowPipeline.save_sampler_statistics`]'s body: the statistics repo of `pipe` in `save_directory`."""
+    statistics = getattr(pipe, "sampler_statistics", None)
+    if statistics is None:
+        raise ValueError(
+            "The pipeline has no sampler statistics to save: calibrate it first (`pipe.calibrate(nfe=[8])` or "
+            "`untied-sc calibrate PIPELINE_DIR --nfe 8`)."
+        )
+    statistics.check_model(pipe.transformer)  # never publish statistics of another model under this one's name
+    folder = Path(save_directory).expanduser()
+    _refuse_non_empty(folder, overwrite)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = base_checkpoint(pipe)
+    statistics.save_pretrained(folder / "sampler_statistics")
+    coefficients = {key: pipe.scheduler.config.get(key) for key in SCHEDULER_KEYS}
+    (folder / COEFFICIENTS_FILE).write_text(json.dumps(coefficients, indent=2, sort_keys=True) + "\n")
+    (folder / BASE_CHECKPOINT_FILE).write_text(record.to_json())
+    card = statistics_model_card(record, statistics, coefficients, repo_id or str(folder))
+    (folder / "README.md").write_text(card, encoding="utf-8")
+    return folder
+
+
+def push_statistics(
+    pipe,
+    repo_id: str,
+    commit_message: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    create_pr: bool = False,
+    save_directory: str | os.PathLike | None = None,
+) -> str:
+    """[`LanguageFlowPipeline.push_sampler_statistics`]'s body; returns the commit hash of the upload."""
+    check_endpoint()  # before anything is written
+    if save_directory is None:
+        folder = Path(tempfile.mkdtemp(prefix="untied-sc-statistics-"))
+        kept = False
+    else:
+        folder, kept = Path(save_directory).expanduser(), True
+    save_statistics_folder(pipe, folder, repo_id=repo_id, overwrite=not kept)
+    message = commit_message or f"Sampler statistics for {base_checkpoint(pipe).describe()}"
+    commit = upload_folder_to_hub(
+        folder, repo_id, token=token, private=private, commit_message=message, create_pr=create_pr
+    )
+    if not kept:  # kept on a failure, which says where it is
+        shutil.rmtree(folder, ignore_errors=True)
+    return commit
+
+
+# --- reading ------------------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path):
+    from .artifact_checks import read_json
+
+    return read_json(path)
+
+
+def load_statistics_source(
+    source: str | os.PathLike, revision: str | None = None, **hub_kwargs
+) -> PublishedStatistics:
+    """
+    Reads a statistics folder or repo (or a pipeline folder or repo's statistics and scheduler config): a repo id is
+    downloaded at `revision` (the statistics repo's own), with `hub_kwargs` (`token`, `cache_dir`, ...).
+    """
+    hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in HUB_KWARGS and key != "revision"}
+    try:
+        folder = resolve_local(source, DOWNLOAD_PATTERNS, revision=revision, **hub_kwargs)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"The sampler statistics {str(source)!r} could not be read: {error}") from None
+    statistics_folder = folder / "sampler_statistics"
+    if not (statistics_folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{source!r} ({folder}) holds no sampler statistics: no sampler_statistics/config.json. Give a folder or "
+            "repo that `pipe.save_sampler_statistics` / `pipe.push_sampler_statistics` (or `untied-sc calibrate "
+            "--push-statistics-to`) wrote, or a calibrated pipeline."
+        )
+    from .artifact_checks import check_statistics_folder
+
+    check_statistics_folder(statistics_folder)
+    statistics = SamplerStatistics.from_pretrained(statistics_folder)
+    legacy_coefficients, legacy_tuning = {}, {}
+    if statistics.is_legacy:  # an old-layout pipeline folder: its coefficients lived in the statistics
+        statistics, legacy_coefficients, legacy_tuning = statistics.migrate()
+    base = None
+    if (folder / BASE_CHECKPOINT_FILE).is_file():
+        path = folder / BASE_CHECKPOINT_FILE
+        base = BaseCheckpoint.from_json(path.read_text(encoding="utf-8"), str(path))
+        entries = _read_json(folder / COEFFICIENTS_FILE) if (folder / COEFFICIENTS_FILE).is_file() else {}
+    elif (folder / "scheduler" / "scheduler_config.json").is_file():  # a pipeline folder
+        entries = _read_json(folder / "scheduler" / "scheduler_config.json")
+    else:
+        entries = {}
+    where = folder / (COEFFICIENTS_FILE if base is not None else "scheduler/scheduler_config.json")
+    try:  # values the scheduler config holds win over an old layout's, as `migrate_pipeline` does
+        coefficients = coefficients_table({**legacy_coefficients, **(entries.get("coefficients_by_steps") or {})})
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    tuning = {**legacy_tuning, **(entries.get("tuning_by_steps") or {})}
+    coefficients = coefficients or None
+    tuning = {str(n): dict(record) for n, record in tuning.items()} or None
+    snapshot = cache_snapshot(folder)
+    hub = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
+    return PublishedStatistics(str(source), folder, statistics, coefficients, tuning, base, hub)
+
+
+def mismatch_message(pipe, published: PublishedStatistics, reason: str) -> str:
+    """One message naming the statistics, what they record, and the base loaded."""
+    loaded = pipeline_origin(pipe)
+    recorded = published.base.describe() if published.base is not None else "weights it does not record"
+    fingerprint = published.statistics.config.model_fingerprint
+    remedy = "Load the base they were computed for"
+    if published.base is not None and published.base.pipeline is not None:
+        base = published.base.pipeline
+        pin = f", revision={base.pin!r}" if base.pin else ""
+        remedy += f" (`{type(pipe).__name__}.from_pretrained({base.repo_id!r}{pin}, sampler_statistics=...)`)"
+    elif published.base is not None and published.base.official is not None:
+        official = published.base.official
+        pin = f" --revision {official.pin}" if official.pin else ""
+        remedy += f" (`untied-sc convert {pipe.family} {official.repo_id} BASE_DIR{pin}`)"
+    return (
+        f"The sampler statistics of {published.describe()} were computed for {recorded} (fingerprint {fingerprint!r}), "
+        f"but the base loaded is {loaded.describe()}: {reason}. {remedy}, or calibrate statistics for this base "
+        "(`untied-sc calibrate BASE_DIR --nfe N`)."
+    )
+
+
+def install_statistics(pipe, published: PublishedStatistics) -> None:
+    """
+    Installs `published` in `pipe`: the `sampler_statistics` component and the scheduler config's
+    `coefficients_by_steps` / `tuning_by_steps` (they replace the base's: tuned for these statistics). Statistics of
+    another model (family, width or fingerprint) are refused with [`mismatch_message`].
+    """
+    statistics = published.statistics
+    if statistics.config.solver != pipe.family:
+        reason = f"they are for a {statistics.config.solver!r} model and {type(pipe).__name__} samples {pipe.family!r}"
+        raise ValueError(mismatch_message(pipe, published, reason))
+    if published.base is not None and published.base.model_fingerprint != statistics.config.model_fingerprint:
+        raise ValueError(
+            f"{published.folder / BASE_CHECKPOINT_FILE} records fingerprint {published.base.model_fingerprint!r}, its "
+            f"sampler_statistics/ {statistics.config.model_fingerprint!r}: the folder mixes two calibrations. Save the "
+            "statistics again with `pipe.save_sampler_statistics(DIR)`."
+        )
+    try:
+        statistics.check_model(pipe.transformer)
+    except ValueError as error:
+        fingerprint = None
+        try:
+            fingerprint = model_fingerprint(pipe.transformer)
+        except ValueError:
+            pass
+        rounded = {str(w.dtype) for w in input_projection_weights(pipe.transformer)} - {"torch.float32"}
+        if rounded or fingerprint is None:
+            reason = str(error)
+        else:
+            reason = f"its input projections hash to {fingerprint!r}: other weights"
+        raise ValueError(mismatch_message(pipe, published, reason)) from None
+    pipe.register_modules(sampler_statistics=statistics)
+    pipe.scheduler.register_to_config(
+        coefficients_by_steps=published.coefficients_by_steps, tuning_by_steps=published.tuning_by_steps
+    )
+
+
+def attach_statistics(
+    pipe, source: str | os.PathLike, revision: str | None = None, **hub_kwargs
+) -> PublishedStatistics:
+    """Reads the statistics source `source` ([`load_statistics_source`]) and installs it in `pipe`."""
+    published = load_statistics_source(source, revision=revision, **hub_kwargs)
+    install_statistics(pipe, published)
+    return published
