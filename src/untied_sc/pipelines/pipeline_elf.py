@@ -127,6 +127,7 @@ class ELFPipeline(LanguageFlowPipeline):
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         sc_cfg_scale: float | None = None,
         decode_temperature: float | None = None,
+        prompt=None,
     ) -> LanguageFlowPipelineOutput | tuple:
         r"""
         Samples `batch_size` sequences with `num_inference_steps` network evaluations.
@@ -159,10 +160,18 @@ class ELFPipeline(LanguageFlowPipeline):
                 curves (raising T raises the samples' entropy). `None` (default): 0, or, for an untied scheduler whose
                 coefficients come from `coefficients_by_steps`, the entropy-matching decode temperature `untied-sc
                 tune` stored there for this NFE (the untied sampler then runs at official's entropy).
+            prompt: not taken (an error names the pipeline that takes one): this pipeline samples unconditional
+                models.
 
         Returns:
             [`LanguageFlowPipelineOutput`] or `tuple`: `(texts, sequences, latents)`, texts cut at the first EOS.
         """
+        if prompt is not None:
+            raise TypeError(
+                "ELFPipeline samples unconditional ELF models and takes no prompt. For a conditional checkpoint "
+                "(XSum summarisation, WMT14 De-En translation) use ELFText2TextPipeline(transformer, scheduler, "
+                "tokenizer, text_encoder, max_source_length=...)(prompt=...)."
+            )
         if sc_cfg_scale is not None:
             sc_cfg_scale = _check_sc_cfg_scale(sc_cfg_scale)
         if decode_temperature is None:
