@@ -79,6 +79,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     def _init_untied(self) -> None:
         """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
         config = self.config
+        self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
         for name, allowed in (
             ("correction_routing", CORRECTION_ROUTINGS),
             ("transform_assignment", TRANSFORM_ASSIGNMENTS),
@@ -372,7 +373,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
 
     def _base_step(self, solver_input, prediction, timestep, sample) -> torch.Tensor:
         """The base solver's step on `solver_input`, with this step's guidance where the solver gets p_k itself."""
-        guidance = getattr(self, "_guidance", None)
+        guidance = self._guidance
         if guidance is None or solver_input is not prediction:
             return self.base.step(solver_input, timestep, sample).prev_sample
         return self.base.step(solver_input, timestep, sample, guidance=guidance).prev_sample
