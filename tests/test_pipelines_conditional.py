@@ -240,3 +240,23 @@ def test_mismatched_components_are_refused():
     small = T5EncoderModel(T5Config(**{**GOLDEN.encoder_config, "vocab_size": 20}))
     with pytest.raises(ValueError, match="tokenizer has 40 tokens but the text_encoder embeds 20"):
         ELFText2TextPipeline(transformer, ELFScheduler(), tiny_tokenizer(), small, max_source_length=6)
+
+
+def usage_examples() -> list[str]:
+    """The python blocks of docs/usage.md's section on ELFText2TextPipeline."""
+    text = (FIXTURES.parents[1] / "docs" / "usage.md").read_text()
+    section = text.split("## ELF with a source text", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+
+
+def test_the_usage_examples_run_as_written(tmp_path, monkeypatch):
+    examples = usage_examples()
+    assert len(examples) == 2
+    for name in ("elf-b-de-en", "elf-b-xsum"):  # tiny random folders of the released layout
+        pipeline("ode8_cfg2_sc1").save_pretrained(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    for example in examples:
+        scope = {}
+        exec(compile(example, "docs/usage.md", "exec"), scope)
+        assert all(isinstance(text, str) for text in scope["out"].texts)
+    assert len(scope["out"].texts) == 1
