@@ -20,7 +20,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "load_official_elf",
             "load_official_langflow",
         ),
-        ".pipelines": ("ELFPipeline", "LangFlowPipeline", "LanguageFlowPipelineOutput"),
+        ".pipelines": ("ELFPipeline", "ELFText2TextPipeline", "LangFlowPipeline", "LanguageFlowPipelineOutput"),
         ".schedulers": (
             "ELFScheduler",
             "LangFlowScheduler",

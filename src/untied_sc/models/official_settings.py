@@ -140,7 +140,8 @@ def _conditional_message(what: str, task: str) -> str:
     unconditional = ", ".join(official_ids("elf"))
     return (
         f"{what} is a conditional ELF checkpoint ({task}): it generates from a prompt, and ELFPipeline does not take "
-        f"prompts yet, so it is not converted. The unconditional ELF checkpoints convert: {unconditional}."
+        f"prompts yet, so it is not converted; ELFText2TextPipeline samples it, built from its components "
+        f"(docs/usage.md, 'ELF with a source text'). The unconditional ELF checkpoints convert: {unconditional}."
     )
 
 

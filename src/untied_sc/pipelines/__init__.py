@@ -1,4 +1,5 @@
 from .loading import load_pipeline
 from .pipeline_elf import ELFPipeline, mask_after_eos
+from .pipeline_elf_text2text import ELFText2TextPipeline, SourceConditioning
 from .pipeline_langflow import LangFlowPipeline
 from .pipeline_utils import DenoisingOutput, DenoisingStep, LanguageFlowPipeline, LanguageFlowPipelineOutput

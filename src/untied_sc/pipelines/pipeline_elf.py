@@ -1,5 +1,6 @@
 """ELFPipeline: unconditional sampling from an ELF model."""
 
+import functools
 import os
 
 import torch
@@ -59,6 +60,23 @@ def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gen
     return ids
 
 
+def _refuses_prompt(call):
+    """`__call__` refusing a `prompt` with the pipeline that takes one (Python's own error names no fix); the
+    signature stays `call`'s."""
+
+    @functools.wraps(call)
+    def checked(self, *args, **kwargs):
+        if "prompt" in kwargs:
+            raise TypeError(
+                f"{type(self).__name__} samples unconditional ELF models and takes no prompt. For a conditional "
+                "checkpoint (XSum summarisation, WMT14 De-En translation) use ELFText2TextPipeline(transformer, "
+                "scheduler, tokenizer, text_encoder, max_source_length=...)(prompt=...)."
+            )
+        return call(self, *args, **kwargs)
+
+    return checked
+
+
 class ELFPipeline(LanguageFlowPipeline):
     r"""
     Unconditional text generation with ELF (Embedded Language Flows).
@@ -114,6 +132,7 @@ class ELFPipeline(LanguageFlowPipeline):
         if sc_cfg_scale_by_steps:  # only where there is one: other folders' model_index.json stays as it was
             self.register_to_config(sc_cfg_scale_by_steps=_check_sc_cfg_scale_by_steps(sc_cfg_scale_by_steps))
 
+    @_refuses_prompt
     @torch.no_grad()
     def __call__(
         self,

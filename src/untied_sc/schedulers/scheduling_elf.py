@@ -1,6 +1,7 @@
 """The official ELF sampler as a diffusers scheduler."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -85,6 +86,24 @@ def copy_generator(generator: torch.Generator) -> torch.Generator:
     copy = torch.Generator(device=generator.device)
     copy.set_state(generator.get_state())
     return copy
+
+
+@dataclass
+class ELFGuidance:
+    """
+    Classifier-free guidance of one ELF step, for [`ELFScheduler.step`]: the step's two raw network predictions and
+    the guidance scale w (official `utils/sampling_utils.py` `_forward_sample`). The `model_output` handed with it is
+    the combined prediction x̂_u + w·(x̂_c − x̂_u) (the next self-conditioning input); the update combines velocities.
+
+    Args:
+        conditional (`torch.Tensor`): x̂_c, the prediction given the source.
+        unconditional (`torch.Tensor`): x̂_u, the prediction with the source dropped.
+        scale (`float`): w.
+    """
+
+    conditional: torch.Tensor
+    unconditional: torch.Tensor
+    scale: float
 
 
 class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
@@ -183,6 +202,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         num_inference_steps: int,
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
+        grid_generator: torch.Generator | None = None,
     ) -> None:
         """
         Draws the time grid and resets the trajectory state.
@@ -194,6 +214,9 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
                 stream): the grid is drawn from a copy of it, and the re-noising draws advance it. CUDA (the official
                 CUDA stream): the grid is drawn from it on its device, advancing it, then the re-noising draws.
                 `None`: torch's global generator of `device` (as diffusers), so `torch.manual_seed` fixes the grid.
+            grid_generator (`torch.Generator`, *optional*): draw the grid from this generator instead (advancing
+                it), for a run whose official grid stream is not the generator's start (the conditional generation,
+                [`ELFText2TextPipeline`]). `None` (default): as above.
         """
         if generator is None:
             generator = global_generator(device)
@@ -201,7 +224,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         self._reset_state()  # an unfinished run's draw ahead goes back to its generator before anything is drawn
         settle(generator)
         self.solver = ELFSolver(
-            self._draw_grid(num_inference_steps, generator),
+            self._draw_grid(num_inference_steps, generator, grid_generator),
             self.sde_gamma_for(num_inference_steps),
             self.config.noise_scale,
             self.config.t_eps,
@@ -229,12 +252,15 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     def _run_started(self) -> bool:
         return self._step_index != self._begin_index or self._noise_step_index is not None
 
-    def _draw_grid(self, num_inference_steps: int, generator: torch.Generator) -> list[float]:
+    def _draw_grid(
+        self, num_inference_steps: int, generator: torch.Generator, grid_generator: torch.Generator | None = None
+    ) -> list[float]:
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
             raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
         # The official CPU run draws the grid from the global RNG, seeded like the generator (so: from a copy); on CUDA
         # it draws everything from the one CUDA RNG, the grid first.
         source = copy_generator(generator) if generator.device.type == "cpu" else generator
+        source = source if grid_generator is None else grid_generator
         return elf_time_grid(num_inference_steps, source, self.config.p_mean, self.config.p_std).tolist()
 
     def _check_ready(self) -> None:
@@ -285,6 +311,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         timestep: torch.Tensor | float,
         sample: torch.Tensor,
         return_dict: bool = True,
+        guidance: ELFGuidance | None = None,
     ) -> LanguageFlowSchedulerOutput | tuple:
         """
         One solver update with the network's clean prediction x̂ (evaluated on `scale_model_input`'s output). The
@@ -295,6 +322,9 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             timestep (`torch.Tensor` or `float`): the current entry of `timesteps`, `timesteps[step_index]` (checked).
             sample (`torch.Tensor`): the current latent z_k (before re-noising), as given to `scale_model_input`.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
+            guidance ([`ELFGuidance`], *optional*): classifier-free guidance of this step (`model_output` is then
+                the combined prediction): the update combines the two predictions' velocities, as the official
+                conditional sampler does ([`ELFSolver.guided_update`]). `None` (default): no guidance.
         """
         self._check_ready()
         k = self._step_index
@@ -304,7 +334,12 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             raise RuntimeError("Call `scale_model_input` before `step`: ELF re-noises the latent before the network.")
         if model_output.shape != sample.shape:
             raise ValueError(f"model_output has shape {tuple(model_output.shape)}, expected {tuple(sample.shape)}.")
-        prev_sample = self.solver.update(k, self._renoised(sample), model_output)
+        if guidance is None:
+            prev_sample = self.solver.update(k, self._renoised(sample), model_output)
+        else:
+            prev_sample = self.solver.guided_update(
+                k, self._renoised(sample), guidance.conditional, guidance.unconditional, guidance.scale
+            )
         self.self_conditioning = model_output
         self._noise, self._noise_step_index = None, None  # ε_k is spent: step k + 1 draws its own
         self._step_index += 1

@@ -100,6 +100,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         generator: torch.Generator | None = None,
         statistics: SamplerStatistics | None = None,
         mask: torch.Tensor | None = None,
+        grid_generator: torch.Generator | None = None,
     ) -> None:
         """
         Draws the ELF grid, selects the statistics for this NFE and resets the trajectory state.
@@ -110,7 +111,9 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
             generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
+            grid_generator (`torch.Generator`, *optional*): the grid's own generator ([`ELFScheduler.set_timesteps`]).
         """
+        grid = {} if grid_generator is None else {"grid_generator": grid_generator}
         self._set_timesteps(
-            num_inference_steps, device, statistics, mask, direction_generator=generator, generator=generator
+            num_inference_steps, device, statistics, mask, direction_generator=generator, generator=generator, **grid
         )

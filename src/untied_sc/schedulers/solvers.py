@@ -63,6 +63,21 @@ class ELFSolver:
         velocity = (q - z) / torch.clamp(1.0 - s_batch, min=self.t_eps)
         return z + (t_next - s) * velocity
 
+    def guided_update(
+        self, k: int, z: torch.Tensor, conditional: torch.Tensor, unconditional: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """
+        S_k with classifier-free guidance as the official code combines it: in velocities, v = v_u + w·(v_c − v_u)
+        with v_c, v_u the velocities (x̂ − z_b)/max(1 − s_k, t_eps) of the conditional and unconditional
+        predictions (official `utils/sampling_utils.py` `_forward_sample`), then z_b + (t_{k+1} − s_k)·v. Equal to
+        `update` on the combined x̂ in exact arithmetic, not in float32: the official rounding is this one.
+        """
+        s, t_next = self.eval_times[k], self.grid[k + 1]
+        s_batch = torch.full((z.shape[0], 1, 1), s, dtype=z.dtype, device=z.device)
+        denominator = torch.clamp(1.0 - s_batch, min=self.t_eps)
+        v_cond, v_uncond = (conditional - z) / denominator, (unconditional - z) / denominator
+        return z + (t_next - s) * (v_uncond + scale * (v_cond - v_uncond))
+
     def beta(self, k: int) -> float:
         """β_k = (t_{k+1} − s_k)/max(1 − s_k, t_eps): the weight of q in S_k."""
         s = self.eval_times[k]

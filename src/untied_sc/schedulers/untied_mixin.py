@@ -79,6 +79,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     def _init_untied(self) -> None:
         """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
         config = self.config
+        self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
         for name, allowed in (
             ("correction_routing", CORRECTION_ROUTINGS),
             ("transform_assignment", TRANSFORM_ASSIGNMENTS),
@@ -339,6 +340,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         timestep: torch.Tensor | float,
         sample: torch.Tensor,
         return_dict: bool = True,
+        guidance=None,
     ) -> LanguageFlowSchedulerOutput | tuple:
         """
         One step of Algorithm 1 with the raw clean prediction p_k of this evaluation.
@@ -348,6 +350,10 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             timestep (`torch.Tensor` or `float`): the current entry of `timesteps`, `timesteps[step_index]` (checked).
             sample (`torch.Tensor`): the current latent z_k.
             return_dict (`bool`, defaults to `True`): return a [`LanguageFlowSchedulerOutput`] or a tuple.
+            guidance ([`ELFGuidance`], *optional*): ELF's classifier-free guidance of this step, `model_output` being
+                the combined prediction. Where the solver gets p_k itself (η_R = η_T = 0, or the
+                `"self_conditioning"` routing) the base step combines the velocities as the official sampler does;
+                a corrected q_k ≠ p_k goes to the solver as a prediction (the same update in exact arithmetic).
 
         The output's `pred_original_sample` is the prediction handed to the solver (p_k + A_k under the default
         routing) and `self_conditioning` is m̃_{k+1}, the next network's self-conditioning input.
@@ -355,18 +361,34 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self._check_step(timestep)
         k = self._step_index
         prediction = model_output
+        self._guidance = guidance
+        try:
+            solver_input, prev_sample = self._update(k, prediction, timestep, sample)
+        finally:
+            self._guidance = None
+        self._step_index += 1
+        if not return_dict:
+            return (prev_sample, solver_input, self.self_conditioning)
+        return LanguageFlowSchedulerOutput(prev_sample, solver_input, self.self_conditioning)
+
+    def _base_step(self, solver_input, prediction, timestep, sample) -> torch.Tensor:
+        """The base solver's step on `solver_input`, with this step's guidance where the solver gets p_k itself."""
+        guidance = self._guidance
+        if guidance is None or solver_input is not prediction:
+            return self.base.step(solver_input, timestep, sample).prev_sample
+        return self.base.step(solver_input, timestep, sample, guidance=guidance).prev_sample
+
+    def _update(self, k, prediction, timestep, sample):
+        """Update step k: (the solver's input, z_{k+1})."""
         if k >= self.solver.num_update_steps:
             # LangFlow's final evaluation: the base scheduler leaves the latent as it is; nothing to correct.
-            prev_sample = self.base.step(prediction, timestep, sample).prev_sample
+            prev_sample = self._base_step(prediction, prediction, timestep, sample)
             solver_input = prediction
         elif self.use_fused_step and self.config.correction_direction == "history":
             solver_input, prev_sample = self._fused_update(k, prediction, timestep, sample)
         else:
             solver_input, prev_sample = self._reference_update(k, prediction, timestep, sample)
-        self._step_index += 1
-        if not return_dict:
-            return (prev_sample, solver_input, self.self_conditioning)
-        return LanguageFlowSchedulerOutput(prev_sample, solver_input, self.self_conditioning)
+        return solver_input, prev_sample
 
     def _fused_update(
         self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
@@ -378,7 +400,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         """
         plan = self._fused_plan
         if plan.trivial:
-            prev_sample = self.base.step(prediction, timestep, sample).prev_sample
+            prev_sample = self._base_step(prediction, prediction, timestep, sample)
             self._advance(k, prediction, prediction, UntiedState(), None)
             return prediction, prev_sample
         if prediction.ndim != 3:
@@ -417,7 +439,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             output, counter = self._compiled_step(
                 self._step_counter, prediction, state, tensors["tables"], tensors["run_operators"], options
             )
-        prev_sample = self.base.step(output.solver_input, timestep, sample).prev_sample
+        prev_sample = self._base_step(output.solver_input, prediction, timestep, sample)
         if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
             buffers["ema"], buffers["solver_average"] = state.ema, state.solver_average
         if counter is not None:
@@ -482,7 +504,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         routing = self.config.correction_routing
         solver_input = prediction if routing == "self_conditioning" else corrected
         next_raw = prediction if routing == "solver" else corrected
-        prev_sample = self.base.step(solver_input, timestep, sample).prev_sample
+        prev_sample = self._base_step(solver_input, prediction, timestep, sample)
         kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
         state = UntiedState(
             ema=(1 - alpha) * self.ema + alpha * prediction,
