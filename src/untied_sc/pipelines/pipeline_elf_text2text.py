@@ -353,20 +353,9 @@ class ELFText2TextPipeline(ELFPipeline):
         if conditioning is None or len(conditioning.lengths) != batch_size:
             raise ValueError("denoise needs the batch's `conditioning` (encode_prompt), one row per trajectory.")
         scale = self._scale(sc_cfg_scale, num_inference_steps)
-        batch_size, num_inference_steps, generator = self._checked_call(
-            batch_size, num_inference_steps, generator, latents
+        batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
+            batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
         )
-        scheduler = self.scheduler if scheduler is None else scheduler
-        self.check_scheduler(scheduler)
-        device = self._execution_device
-        timestep_kwargs = _accepted_kwargs(
-            scheduler.set_timesteps,
-            {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
-        )
-        for name in ("statistics", "ace_statistics"):
-            if timestep_kwargs.get(name) is not None:
-                timestep_kwargs[name].check_model(self.transformer)
-        scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
         # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
         # exact arithmetic.

@@ -654,6 +654,28 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """Number of steps of the loop in progress or last run (diffusers' convention, for callbacks)."""
         return self._num_timesteps
 
+    def _start_run(self, batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics):
+        """
+        A denoising run's start: the call checked, the scheduler (`self.scheduler` unless given) checked and its
+        `set_timesteps` called with the run's generator and the statistics it takes (each checked against the
+        transformer). Returns the checked batch size, NFE and generator, the scheduler and the device.
+        """
+        batch_size, num_inference_steps, generator = self._checked_call(
+            batch_size, num_inference_steps, generator, latents
+        )
+        scheduler = self.scheduler if scheduler is None else scheduler
+        self.check_scheduler(scheduler)
+        device = self._execution_device
+        timestep_kwargs = _accepted_kwargs(
+            scheduler.set_timesteps,
+            {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
+        )
+        for name in ("statistics", "ace_statistics"):
+            if timestep_kwargs.get(name) is not None:
+                timestep_kwargs[name].check_model(self.transformer)
+        scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
+        return batch_size, num_inference_steps, generator, scheduler, device
+
     @torch.no_grad()
     def denoise(
         self,
@@ -714,21 +736,9 @@ class LanguageFlowPipeline(DiffusionPipeline):
         for name, value in network_kwargs.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 check_finite_number(name, value, "a network knob of every step")
-        batch_size, num_inference_steps, generator = self._checked_call(
-            batch_size, num_inference_steps, generator, latents
+        batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
+            batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
         )
-        scheduler = self.scheduler if scheduler is None else scheduler
-        self.check_scheduler(scheduler)
-        device = self._execution_device
-
-        timestep_kwargs = _accepted_kwargs(
-            scheduler.set_timesteps,
-            {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
-        )
-        for name in ("statistics", "ace_statistics"):
-            if timestep_kwargs.get(name) is not None:
-                timestep_kwargs[name].check_model(self.transformer)
-        scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
         latents = self.prepare_latents(batch_size, generator, latents, device, scheduler)
         timesteps = scheduler.timesteps
