@@ -200,11 +200,11 @@ def test_a_converted_folder_keeps_its_length_and_refuses_another(tmp_path, elf_g
         tmp_path / "checkpoint_1", tokenizer=tiny_tokenizer(), max_length=12, sde_gamma=1.5, sc_cfg_scale=3.0
     )
     pipe.save_pretrained(tmp_path / "converted")
-    record = json.loads((tmp_path / "converted" / "conversion_info.json").read_text())
-    assert record == {"max_length": 12, "checkpoint_file": "checkpoint_1"}
+    record = json.loads((tmp_path / "converted" / "converted_from.json").read_text())
+    assert record == {"given": str(tmp_path / "checkpoint_1"), "max_length": 12, "checkpoint_file": "checkpoint_1"}
     ELFPipeline.from_pretrained(tmp_path / "converted")  # as converted: loads
     config_path = tmp_path / "converted" / "transformer" / "config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "max_length": 16}))
-    message = r"max_length = 16, but .*conversion_info.json records that the model was converted at max_length 12"
+    message = r"max_length = 16, but .*converted_from.json records that the model was converted at max_length 12"
     with pytest.raises(ValueError, match=message):
         ELFPipeline.from_pretrained(tmp_path / "converted")

@@ -18,7 +18,8 @@ from ..schedulers.sampler_statistics import SamplerStatistics
 from .remote_code import saved_class_name
 
 
-CONVERSION_RECORD = "conversion_info.json"  # written by `untied-sc convert` beside the model card
+# Written by `untied-sc convert` beside the model card: the official source and the length the weights do not fix.
+CONVERSION_RECORD = "converted_from.json"
 CONFIG_FILES = {"scheduler": ("scheduler_config.json",), "tokenizer": ("tokenizer_config.json", "tokenizer.json")}
 MODEL_CONFIG_FILES = ("config.json",)
 PIPELINE_FAMILIES = {"ELFPipeline": "elf", "LangFlowPipeline": "langflow"}
@@ -100,7 +101,7 @@ LENGTH_RECORDS = (
 def check_recorded_length(folder: Path) -> None:
     """
     The transformer's `max_length` is the length its training or conversion record names (`training_info.json`,
-    `conversion_info.json`): no weight of either network fixes it (ELF builds its RoPE tables from it, LangFlow's
+    `converted_from.json`): no weight of either network fixes it (ELF builds its RoPE tables from it, LangFlow's
     rotary tables have no length), so a changed value would sample at another length without an error.
     """
     config_path = folder / "transformer" / "config.json"

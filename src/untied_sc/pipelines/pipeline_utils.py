@@ -375,19 +375,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
             card = official_model_card(conversion, type(self).__name__, self.scheduler.config)
             (folder / "README.md").write_text(card, encoding="utf-8")
-        if conversion is not None:  # the length the weights do not fix, checked when the folder loads
-            record = {"max_length": conversion.max_length, "checkpoint_file": conversion.checkpoint_file.name}
-            (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        # The official source, for `push_sampler_statistics` of a later process: converted now, or loaded from a
-        # folder that records it (a copy saved elsewhere keeps the record).
-        from .statistics_repo import CONVERTED_FROM_FILE, converted_from_record, pipeline_origin
+        # The conversion's record: the length the weights do not fix (checked when the folder loads) and the official
+        # source, for `push_sampler_statistics` of a later process; a copy of a converted folder keeps the source.
+        from .statistics_repo import conversion_record, pipeline_origin
 
         official = pipeline_origin(self).official
-        record = converted_from_record(conversion.settings.origin) if conversion is not None else None
+        record = conversion_record(conversion) if conversion is not None else None
         if record is None and official is not None:
             record = {"given": official.repo_id, **asdict(official)}
         if record is not None:
-            (folder / CONVERTED_FROM_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def save_sampler_statistics(
         self, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False

@@ -28,12 +28,12 @@ from ..hub import HUB_KWARGS, check_endpoint, resolve_local, upload_folder_to_hu
 from ..models.official_checkpoints import cache_snapshot
 from ..schedulers.coefficients import coefficients_table
 from ..schedulers.sampler_statistics import SamplerStatistics, input_projection_weights, model_fingerprint
+from .artifact_checks import CONVERSION_RECORD
 
 
 BASE_CHECKPOINT_FILE = "base_checkpoint.json"
 COEFFICIENTS_FILE = "coefficients.json"
 # Written by `save_pretrained` into a pipeline built from an official checkpoint: what it was converted from.
-CONVERTED_FROM_FILE = "converted_from.json"
 # The scheduler config keys a statistics repo carries: the ones calibration and tuning write.
 SCHEDULER_KEYS = ("coefficients_by_steps", "tuning_by_steps")
 FORMAT_VERSION = 1
@@ -195,11 +195,18 @@ class PublishedStatistics:
 # --- where a pipeline came from -----------------------------------------------------------------------------------
 
 
-def converted_from_record(origin) -> dict | None:
-    """The `converted_from.json` content of a conversion's [`CheckpointOrigin`]; `None` without a Hub repo."""
-    if origin.repo_id is None:
-        return None
-    return {"given": origin.given, **asdict(HubSource(origin.repo_id, origin.revision, origin.commit))}
+def conversion_record(conversion) -> dict:
+    """The `converted_from.json` content of a [`Conversion`]: the source as given, the checkpoint file, the length the
+    network was built for, and the Hub repo, revision and commit where the source is one."""
+    origin = conversion.settings.origin
+    record = {
+        "given": origin.given,
+        "checkpoint_file": conversion.checkpoint_file.name,
+        "max_length": conversion.max_length,
+    }
+    if origin.repo_id is not None:
+        record.update(asdict(HubSource(origin.repo_id, origin.revision, origin.commit)))
+    return record
 
 
 def folder_origin(folder: Path, given: str, revision: str | None = None) -> PipelineOrigin:
@@ -208,10 +215,11 @@ def folder_origin(folder: Path, given: str, revision: str | None = None) -> Pipe
     snapshot = cache_snapshot(folder)
     pipeline = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
     official = None
-    record = folder / CONVERTED_FROM_FILE
+    record = folder / CONVERSION_RECORD
     if record.is_file():
         try:
-            official = HubSource.from_dict(json.loads(record.read_text(encoding="utf-8")))
+            data = json.loads(record.read_text(encoding="utf-8"))
+            official = HubSource.from_dict(data) if data.get("repo_id") is not None else None  # a local source
         except (ValueError, KeyError, TypeError, AttributeError):
             official = None  # a record for people; the fingerprint is what loading checks
     return PipelineOrigin(given, pipeline, official)
