@@ -362,12 +362,7 @@ class ELFText2TextPipeline(ELFPipeline):
         takes_guidance = "guidance" in _accepted_kwargs(scheduler.step, {"guidance": None})
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
         latents = conditioning.hold(self.prepare_latents(batch_size, generator, latents, device, scheduler))
-        timesteps = scheduler.timesteps
-        if max_steps is not None:
-            if not isinstance(max_steps, int) or not 1 <= max_steps <= len(timesteps):
-                raise ValueError(f"max_steps must be an integer in [1, {len(timesteps)}], got {max_steps!r}.")
-            timesteps = timesteps[:max_steps]
-        self._num_timesteps = len(timesteps)
+        timesteps = self._run_timesteps(scheduler, max_steps)
         with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
             for i, t in enumerate(timesteps):
                 scale_input = getattr(scheduler, "scale_model_input", None)

@@ -673,6 +673,16 @@ class LanguageFlowPipeline(DiffusionPipeline):
         scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
         return batch_size, num_inference_steps, generator, scheduler, device
 
+    def _run_timesteps(self, scheduler, max_steps: int | None):
+        """The timesteps a run takes: the scheduler's, or its first `max_steps`; kept for `num_timesteps`."""
+        timesteps = scheduler.timesteps
+        if max_steps is not None:
+            if not isinstance(max_steps, int) or not 1 <= max_steps <= len(timesteps):
+                raise ValueError(f"max_steps must be an integer in [1, {len(timesteps)}], got {max_steps!r}.")
+            timesteps = timesteps[:max_steps]
+        self._num_timesteps = len(timesteps)
+        return timesteps
+
     @torch.no_grad()
     def denoise(
         self,
@@ -738,12 +748,7 @@ class LanguageFlowPipeline(DiffusionPipeline):
         )
         step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
         latents = self.prepare_latents(batch_size, generator, latents, device, scheduler)
-        timesteps = scheduler.timesteps
-        if max_steps is not None:
-            if not isinstance(max_steps, int) or not 1 <= max_steps <= len(timesteps):
-                raise ValueError(f"max_steps must be an integer in [1, {len(timesteps)}], got {max_steps!r}.")
-            timesteps = timesteps[:max_steps]
-        self._num_timesteps = len(timesteps)
+        timesteps = self._run_timesteps(scheduler, max_steps)
 
         logits = None
         with (
