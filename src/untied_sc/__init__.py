@@ -4,7 +4,7 @@ The names below are imported on first access, so that `import untied_sc` (and th
 load torch, diffusers or transformers until they are needed.
 """
 
-from ._lazy import lazy_attributes
+from .lazy_imports import lazy_attributes
 
 
 __version__ = "0.1.0.dev0"
