@@ -434,7 +434,9 @@ def test_conditional_checkpoints_are_refused_before_any_download(tmp_path, capsy
     assert main(["convert", "elf", f"embedded-language-flows/{name}", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "conditional ELF checkpoint" in error and "does not take prompts yet" in error
+    assert "ELFText2TextPipeline" in error  # what samples it
     assert "ELF-B-owt-torch" in error and not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []  # no staging folder either
 
 
 def test_a_trainer_config_of_a_conditional_run_is_refused(tmp_path, capsys):

@@ -399,3 +399,39 @@ def test_a_pipeline_read_from_a_hub_repo_and_saved_elsewhere_records_the_repo(hu
     assert LangFlowPipeline.from_pretrained("org/langflow-owt-pipeline").origin.pipeline == HubSource(
         "org/langflow-owt-pipeline", None, pipeline_commit
     )
+
+
+def test_a_hub_that_cannot_be_reached_stops_convert_calibrate_and_push_naming_the_repo(
+    hub,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+    capsys,
+):
+    """Convert and calibrate of a repo id, and push-statistics, with the Hub down: one message naming the repo, the
+    endpoint and the fix; nothing written (push: the statistics folder kept, and named)."""
+    pipe = calibrated(LangFlowPipeline.from_pretrained(base_folder(tmp_path / "base", seed=0)))
+    pipe.save_pretrained(tmp_path / "calibrated")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    closed, down = closed_endpoint()
+    with closed:
+        point_hub_at(monkeypatch, down)
+        tokenizer = ["--tokenizer", tiny_tokenizer_folder(tmp_path / "tokenizer")]
+        assert cli_main(["convert", "langflow", OFFICIAL_ID, "out", *tokenizer]) == 2
+        error = capsys.readouterr().err
+        assert f"Could not fetch {OFFICIAL_ID!r} from the Hugging Face Hub at {down}: it could not be reached" in error
+        assert "Check the network (and HF_ENDPOINT)" in error and error.count("error:") == 1  # one message
+
+        args = ["calibrate", "org/pipeline", "--output", "calibrated", "--nfe", str(STEPS), "--bank-size", "2"]
+        assert cli_main([*args, "--no-progress"]) == 2
+        error = capsys.readouterr().err
+        assert f"Could not fetch 'org/pipeline' from the Hugging Face Hub at {down}: it could not be reached" in error
+        assert list(work.iterdir()) == []  # no folder, no staging folder
+
+        assert cli_main(["push-statistics", str(tmp_path / "calibrated"), "org/stats"]) == 2
+        error = capsys.readouterr().err
+        kept = tmp_path / "calibrated-statistics"
+        assert f"Could not push to 'org/stats' on the Hub at {down}" in error
+        assert f"kept in {kept}" in error and f"hf upload org/stats {kept}" in error
+        assert {p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()} == PUBLISHED
