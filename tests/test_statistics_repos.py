@@ -368,6 +368,12 @@ def test_a_copy_of_a_converted_folder_keeps_the_conversions_length_record(hub, t
         with pytest.raises(ValueError, match=rf"max_length = {2 * length}, but .*converted_from.json records"):
             LangFlowPipeline.from_pretrained(copy)
     assert not (saved / "loaded_from.json").exists()  # loaded from a local folder: no pipeline repo to name
+    # other weights saved over the folder take their records' place: none here (built in memory)
+    _set_max_length(saved, length)
+    other = LangFlowPipeline.from_pretrained(saved)
+    other.origin = None
+    other.save_pretrained(saved)
+    assert not (saved / "converted_from.json").exists() and not (saved / "loaded_from.json").exists()
 
 
 def test_a_pipeline_read_from_a_hub_repo_and_saved_elsewhere_records_the_repo(hub, tmp_path):  # noqa: F811

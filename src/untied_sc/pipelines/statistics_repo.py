@@ -305,11 +305,14 @@ def write_provenance(pipe, folder: str | os.PathLike) -> None:
     record = conversion_record(conversion) if conversion is not None else origin.conversion
     if record is None and origin.official is not None:  # an origin set by hand: its official source
         record = ConversionRecord(origin.official.repo_id, official=origin.official)
-    if record is not None:
-        (folder / CONVERSION_RECORD).write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
-    if origin.pipeline is not None:
-        text = json.dumps(asdict(origin.pipeline), indent=2, sort_keys=True) + "\n"
-        (folder / PIPELINE_SOURCE_RECORD).write_text(text)
+    # A record of other weights, left by an earlier save into the folder, goes: it would name their source and length.
+    for name, content in ((CONVERSION_RECORD, record and record.to_dict()), (PIPELINE_SOURCE_RECORD, origin.pipeline)):
+        path = folder / name
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            content = asdict(content) if isinstance(content, HubSource) else content
+            path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def base_checkpoint(pipe) -> BaseCheckpoint:
