@@ -6,9 +6,10 @@ from pathlib import Path
 import torch
 from diffusers import DiffusionPipeline
 
-from ..models.flowmap_transformer import FlowMapTransformerModel, convert_official_flowmap
+from ..models.flowmap_transformer import FlowMapTransformerModel, load_official_flowmap
 from ..schedulers.noise import global_generator
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
+from .conversion import save_atomically
 from .pipeline_utils import LanguageFlowPipelineOutput
 
 
@@ -149,30 +150,16 @@ def convert_flowmap_pipeline(
     **load_kwargs,
 ) -> FlowMapPipeline:
     """
-    An official FMLM*/ELF* checkpoint → a diffusers pipeline folder (`FlowMapPipeline.from_pretrained` loads it).
-
-    The folder is written to `<output_dir>.partial` and renamed when complete; an existing `output_dir` is replaced
-    only with `overwrite=True`.
+    An official FMLM*/ELF* checkpoint ([`load_official_flowmap`]) → a pipeline folder that
+    `FlowMapPipeline.from_pretrained` loads: the network, the official sampler of the variant (FMLM*: ctm; ELF*:
+    cdeq) at the official settings, the official SC-CFG scale, and `tokenizer` if given. Written whole or not at all
+    ([`save_atomically`]); a non-empty `output_dir` is replaced only with `overwrite=True`.
     """
-    out = Path(output_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (CLI: --overwrite) to replace it.")
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():
-        raise FileExistsError(f"{partial} exists (an unfinished conversion?); remove it first.")
-    try:
-        model = convert_official_flowmap(source, partial / "transformer", variant, **load_kwargs)
-        scheduler = CDEQScheduler() if variant == "elf-star" else FlowMapLMScheduler()
-        pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
-        pipe.save_pretrained(partial)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    partial.rename(out)
+    output = Path(output_dir).expanduser()
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        raise FileExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it.")
+    model = load_official_flowmap(source, variant, **load_kwargs)
+    scheduler = CDEQScheduler() if variant == "elf-star" else FlowMapLMScheduler()
+    pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
+    save_atomically(pipe, output, overwrite)
     return pipe
