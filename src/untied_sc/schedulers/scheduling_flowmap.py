@@ -18,6 +18,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from .noise import global_generator
+from .untied_functions import overlap_transform, retention
 
 
 OFFICIAL = "github.com/Ugness/self-conditioned-fmlm@f2472c9"
@@ -410,3 +411,114 @@ class CDEQScheduler(SchedulerMixin, ConfigMixin):
 
     def __len__(self) -> int:
         return self.num_inference_steps or 0
+
+
+def flowmap_kappa(t_curr: float, t_next: float, gamma: float, sampler: str) -> float:
+    r"""
+    κ_k, the share of the step's prediction x̂_k in the signal of z_{k+1} (docs/algorithm.md "Self-conditioned flow
+    maps"; eq. (18) with s_k = t_k): z_{k+1} = a_k z_k + β_k x̂_k (+ fresh noise), κ_k = β_k / t_{k+1}, with
+    β_k = (t_{k+1} − t_k)/(1 − t_k) for flow_map (and ctm at γ = 0), β_k = t_{k+1} − sqrt(1 − g²)(1 − t_{k+1}) t_k /
+    (1 − t_k) for ctm (g = clip(γ, 0, 1); 1 at g = 1 and on the final step).
+    """
+    if t_next >= 1.0:
+        return 1.0
+    one_minus = max(1.0 - t_curr, 1e-7)
+    if sampler == "flow_map":
+        beta = (t_next - t_curr) / one_minus
+    else:
+        g = max(0.0, min(1.0, float(gamma)))
+        beta = t_next - (1.0 - g * g) ** 0.5 * (1.0 - t_next) * t_curr / one_minus
+    return beta / t_next if t_next > 0 else 0.0
+
+
+@dataclass
+class FlowMapStatistics:
+    """
+    What the untied transform needs of a flow-map model: the overlap basis and the per-step cosine distances.
+
+    Args:
+        basis (`torch.Tensor` of shape `(D, r)`): Q, orthonormal columns spanning row(W_m) (docs/algorithm.md §4.1).
+        rho_sq (`torch.Tensor` of shape `(r,)`): ρ², descending, in [0, 1].
+        cosine_distance (`dict[str, torch.Tensor]`): per number of steps N (as a string), δ̄_k for k = 0..N − 1.
+    """
+
+    basis: torch.Tensor
+    rho_sq: torch.Tensor
+    cosine_distance: dict[str, torch.Tensor]
+
+
+class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
+    r"""
+    The official FMLM* sampler with the untied SC transform of docs/algorithm.md §3.1 on its self-conditioning input
+    (docs/algorithm.md "Self-conditioned flow maps"): m̃_k = F_k m_k, F_k from the overlap basis, ρ² and
+    â_k = κ_{k−1}(1 − δ̄_{k−1}) ([`flowmap_kappa`]). No solver correction: a flow map's prediction already integrates
+    its step. η_R = 0 (or a self-conditioning-free model, whose input is zero) is the official sampler bit for bit.
+
+    Args:
+        eta_r (`float`, defaults to 0.0): the transform strength; λ_R = λ_R^(0)·η_R with λ_R^(0) = `base_scale`.
+        base_scale (`float`, defaults to 1.0): λ_R^(0) **[choice]**, unmeasured for flow maps (no base-scale run).
+        eps_fp (`float`, defaults to 0.01), global_scaling (`bool`, defaults to `True`): as docs/algorithm.md §3.1.
+        other arguments: [`FlowMapLMScheduler`]'s.
+
+    Statistics ([`FlowMapStatistics`], from `untied_sc.calibration.flowmap.flowmap_statistics`) are set with
+    `set_statistics`; they are needed only when η_R > 0.
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        sampler: str = "ctm",
+        gamma: float | None = None,
+        gamma_by_steps: dict[str, float] | None = None,
+        noise_scale: float = NOISE_SCALE,
+        p_mean: float = P_MEAN,
+        p_std: float = P_STD,
+        tau_kind: str = "logit_normal_uniform",
+        self_conditioning: str = "free",
+        eta_r: float = 0.0,
+        base_scale: float = 1.0,
+        eps_fp: float = 0.01,
+        global_scaling: bool = True,
+    ):
+        super().__init__(sampler, gamma, gamma_by_steps, noise_scale, p_mean, p_std, tau_kind, self_conditioning)
+        if eta_r < 0 or base_scale < 0:
+            raise ValueError(f"eta_r and base_scale must be ≥ 0, got {eta_r} and {base_scale}.")
+        self.statistics: FlowMapStatistics | None = None
+        self._retention: list[torch.Tensor] | None = None
+
+    def set_statistics(self, statistics: FlowMapStatistics) -> None:
+        self.statistics = statistics
+
+    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
+        super().set_timesteps(num_inference_steps, device)
+        strength = self.config.base_scale * self.config.eta_r
+        self._retention = None
+        if strength == 0:
+            return
+        if self.statistics is None:
+            raise ValueError("eta_r > 0 needs the flow-map statistics: call set_statistics(flowmap_statistics(...)).")
+        table = self.statistics.cosine_distance
+        if str(num_inference_steps) not in table:
+            raise ValueError(
+                f"The statistics have cosine distances for N in {sorted(table, key=int)}, not N = "
+                f"{num_inference_steps}; calibrate at that N."
+            )
+        delta = [float(d) for d in table[str(num_inference_steps)]]
+        kappa = [
+            flowmap_kappa(self._grid[k], self._grid[k + 1], self.gamma, self.config.sampler)
+            for k in range(num_inference_steps)
+        ]
+        a_hat = [0.0] + [kappa[k - 1] * (1.0 - delta[k - 1]) for k in range(1, num_inference_steps)]
+        rho_sq = self.statistics.rho_sq.to(torch.float64)
+        self._retention = [
+            retention(rho_sq, a, strength, self.config.eps_fp, self.config.global_scaling) for a in a_hat
+        ]
+
+    def self_conditioning_input(self, sample: torch.Tensor) -> torch.Tensor:
+        """m̃_k = F_k m_k (m_k itself when η_R = 0 or m_k is the zero input)."""
+        m = super().self_conditioning_input(sample)
+        if self._retention is None or self.self_conditioning is None:
+            return m
+        basis = self.statistics.basis.to(device=m.device, dtype=m.dtype)
+        ell = self._retention[self._step_index].to(device=m.device, dtype=m.dtype)
+        return overlap_transform(m, basis, ell)
