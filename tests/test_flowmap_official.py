@@ -3,7 +3,8 @@
 `tests/fixtures/{fmlm_star,elf_star}_sample.safetensors` were written by `tests/fixtures/make_flowmap_fixtures.py`:
 the official network on tiny random weights, its forward on fixed inputs, and every official sampler (FMLM*:
 `flowmap` and `ctm` with γ 0 / 0.75 / 1, self-conditioning-free and chained; ELF*: `cdeq` with γ 0 / 1.5) at 1, 2, 4
-and 8 steps, seeded as the official evaluation, with every network call, latent and token id.
+and 8 steps; the stage-1 ELF teacher: `sde` (γ 1.5) and `ode` at 2, 4 and 8 steps), seeded as the official
+evaluation, with every network call, latent and token id.
 
 - the network: each recorded call within `NETWORK_TOLERANCE` (float32 sums in a CPU-dependent order);
 - each sampler given the official network outputs (replayed): every network input (latent, SC input, times), every
@@ -19,12 +20,13 @@ from safetensors import safe_open
 
 from untied_sc.models.flowmap_transformer import _RENAMES, FlowMapTransformerModel, flowmap_config_from_state_dict
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
+from untied_sc.schedulers.scheduling_elf import ELFScheduler
 from untied_sc.schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 
 from .conftest import FIXTURES, NETWORK_TOLERANCE, assert_within
 
 
-FILES = {"fmlm_star": "fmlm-star", "elf_star": "elf-star"}
+FILES = {"fmlm_star": "fmlm-star", "elf_star": "elf-star", "elf_teacher": "elf"}
 # A free-running trajectory carries each call's rounding (≤ NETWORK_TOLERANCE) through at most 8 steps whose update
 # weights are at most 1 (flow_map, ctm, the cdeq Euler step from z_b); seen on this machine: 0 (the fixtures' CPU).
 FREE_RUNNING_BOUND = 1e-4
@@ -56,6 +58,8 @@ RUNS = [(name, run) for name, rec in RECORDINGS.items() for run in rec.runs]
 
 
 def scheduler_for(meta: dict):
+    if meta["method"] in ("sde", "ode"):  # the teacher: ELF's sampler (an ODE is the SDE without churn)
+        return ELFScheduler(sde_gamma=meta["gamma"])
     if meta["method"] == "cdeq":
         return CDEQScheduler(gamma=meta["gamma"])
     sampler = "flow_map" if meta["method"] == "flowmap" else "ctm"
@@ -98,9 +102,11 @@ def replay(meta: dict, run: dict[str, torch.Tensor]):
     generator = torch.Generator().manual_seed(meta["seed"])
     if isinstance(scheduler, CDEQScheduler):
         scheduler.set_timesteps(meta["steps"], generator=generator)
+    elif isinstance(scheduler, ELFScheduler):
+        scheduler.set_timesteps(meta["steps"], generator=generator, grid_generator=generator)
     else:
         scheduler.set_timesteps(meta["steps"])
-    grid = torch.tensor(scheduler._grid)
+    grid = torch.tensor(scheduler.solver.grid if isinstance(scheduler, ELFScheduler) else scheduler._grid)
     assert torch.equal(grid, run["t_steps"]), "time grid"
     z = torch.randn(run["z0"].shape, generator=generator) * scheduler.config.noise_scale
     assert torch.equal(z, run["z0"]), "z_0"
@@ -116,7 +122,12 @@ def replay(meta: dict, run: dict[str, torch.Tensor]):
 
     for k, t in enumerate(scheduler.timesteps):
         t = float(t)
-        if isinstance(scheduler, CDEQScheduler):
+        if isinstance(scheduler, ELFScheduler):
+            model_input = scheduler.scale_model_input(z, t)
+            sc = scheduler.self_conditioning
+            prediction = official_call(model_input, torch.zeros_like(z) if sc is None else sc, t, t)
+            z = scheduler.step(prediction, t, z).prev_sample
+        elif isinstance(scheduler, CDEQScheduler):
             model_input = scheduler.scale_model_input(z)
             t_b = scheduler.model_timestep()
             prediction = official_call(model_input, torch.zeros_like(z), t_b, t_b)

@@ -15,6 +15,7 @@ from untied_sc.cli import main
 from untied_sc.models.convert import UnsafeCheckpointError
 from untied_sc.models.flowmap_transformer import load_official_flowmap
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline, convert_flowmap_pipeline
+from untied_sc.schedulers.scheduling_elf import ELFScheduler
 from untied_sc.schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 
 from .test_flowmap_official import RECORDINGS
@@ -100,3 +101,15 @@ def test_elf_star_pipeline_folder_round_trip(tmp_path, one_thread):
         p.set_progress_bar_config(disable=True)
         out = p(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(42), output_type="seq")
         assert torch.equal(out.sequences, run["ids"])
+
+
+def test_teacher_pipeline_folder_gives_the_official_sde_tokens(tmp_path, one_thread):
+    lightning_checkpoint(tmp_path / "elf.ckpt", name="elf_teacher")
+    convert_flowmap_pipeline(tmp_path / "elf.ckpt", tmp_path / "pipe", "elf", max_length=8)
+    pipe = FlowMapPipeline.from_pretrained(tmp_path / "pipe")
+    assert isinstance(pipe.scheduler, ELFScheduler) and not pipe.transformer.config.two_time
+    assert pipe.scheduler.sde_gamma_for(32) == 1.5 and pipe.transformer.config.num_phase_tokens == 0
+    pipe.scheduler = ELFScheduler.from_config(pipe.scheduler.config, sde_gamma=1.5)  # the recorded run's γ
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(42), output_type="seq")
+    assert torch.equal(out.sequences, RECORDINGS["elf_teacher"].run("sde_g1.5_n8")["ids"])

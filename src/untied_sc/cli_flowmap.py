@@ -6,7 +6,7 @@ Imports nothing heavy until the command runs (the `untied-sc` command line start
 import argparse
 
 
-VARIANTS = ("fmlm-star", "elf-star")
+VARIANTS = ("fmlm-star", "elf-star", "elf")
 
 
 def _convert_flowmap(args: argparse.Namespace) -> None:
@@ -46,7 +46,8 @@ def add_flowmap_commands(commands) -> None:
         required=True,
         choices=VARIANTS,
         help="Which model the checkpoint holds (the weights of FMLM* and ELF* have the same shapes): fmlm-star "
-        "(fmlm_star.ckpt, sampled by ctm) or elf-star (elf_star.ckpt, sampled by cdeq).",
+        "(fmlm_star.ckpt, sampled by ctm), elf-star (elf_star.ckpt, sampled by cdeq) or elf (elf.ckpt, the "
+        "self-conditioned teacher, sampled by ELF's SDE).",
     )
     convert.add_argument("--max-length", type=int, help="Sequence length (default: 1024, the released configs').")
     convert.add_argument(

@@ -32,6 +32,8 @@ FLOWMAP_VARIANTS: dict[str, dict] = {
     "fmlm-star": {"file": "fmlm_star.ckpt", "two_time": True, "const_phase": 0.002},
     # Stage 2, `train_owt_ELF_star.yml`: double_time_emb, the phase bank fed per call (cdeq: 0.002).
     "elf-star": {"file": "elf_star.ckpt", "two_time": True, "const_phase": None},
+    # Stage 1, `train_owt_ELF-B_gpt2.yml`: the self-conditioned ELF teacher, single time, no phase bank.
+    "elf": {"file": "elf.ckpt", "two_time": False, "const_phase": None},
 }
 FLOWMAP_HUB_REPO = "wonjKim/self-conditioned-fmlm"
 # The released configs' sequence length (`max_length: 1024` in every `train_owt_*.yml`).
@@ -295,8 +297,8 @@ def load_official_flowmap(
     Args:
         source (`str` or `os.PathLike`): a `.ckpt` file, a folder holding the variant's file (`fmlm_star.ckpt`,
             `elf_star.ckpt`), or the Hub repo `wonjKim/self-conditioned-fmlm`.
-        variant (`str`): `"fmlm-star"` or `"elf-star"`; the weights cannot tell them apart (same shapes), and the
-            official evaluation builds them differently (`const_phase`).
+        variant (`str`): `"fmlm-star"`, `"elf-star"` or `"elf"` (the stage-1 teacher); the weights of FMLM* and ELF*
+            cannot be told apart (same shapes), and the official evaluation builds them differently (`const_phase`).
         max_length (`int`, *optional*): the sequence length; the checkpoint does not record it (RoPE tables are not
             stored). Defaults to the released configs' 1024.
         weights (`str`, defaults to `"ema"`): `"ema"` (the official evaluation's) or `"raw"`.

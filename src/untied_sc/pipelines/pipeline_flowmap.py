@@ -8,16 +8,19 @@ from diffusers import DiffusionPipeline
 
 from ..models.flowmap_transformer import FlowMapTransformerModel, load_official_flowmap
 from ..schedulers.noise import global_generator
+from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 from .conversion import save_atomically
 from .pipeline_utils import LanguageFlowPipelineOutput
 
 
 # The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),
-# ELF* 3.0 (`owt_ELF_star.yml`).
-DEFAULT_SC_CFG_SCALE = {"fmlm-star": 5.0, "elf-star": 3.0}
+# ELF* 3.0 (`owt_ELF_star.yml`), the ELF teacher 3 (`owt_ELF_b.yml`).
+DEFAULT_SC_CFG_SCALE = {"fmlm-star": 5.0, "elf-star": 3.0, "elf": 3.0}
 # The released step counts: FMLM* 1 / 2 / 4 (`owt_FMLM_star.yml`), ELF* 8 / 16 / 32 (`owt_ELF_star.yml`).
-DEFAULT_STEPS = {"fmlm-star": 4, "elf-star": 32}
+DEFAULT_STEPS = {"fmlm-star": 4, "elf-star": 32, "elf": 32}
+# The teacher's SDE churn: 32 steps → 1.5, 64 → 1.0 (`owt_ELF_b.yml`); other counts as `ELFScheduler` interpolates.
+TEACHER_SDE_GAMMA = {"32": 1.5, "64": 1.0}
 OUTPUT_TYPES = ("text", "seq", "latent")
 
 
@@ -45,15 +48,18 @@ class FlowMapPipeline(DiffusionPipeline):
         super().__init__()
         if not isinstance(transformer, FlowMapTransformerModel):
             raise TypeError(f"transformer must be a FlowMapTransformerModel, got {type(transformer).__name__}.")
-        if not isinstance(scheduler, FlowMapLMScheduler | CDEQScheduler):
+        if not isinstance(scheduler, FlowMapLMScheduler | CDEQScheduler | ELFScheduler):
             raise TypeError(
-                f"scheduler must be a FlowMapLMScheduler (FMLM*) or CDEQScheduler (ELF*), got {type(scheduler).__name__}."
+                "scheduler must be a FlowMapLMScheduler (FMLM*), CDEQScheduler (ELF*) or ELFScheduler (the ELF "
+                f"teacher), got {type(scheduler).__name__}."
             )
         self.register_modules(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)
         self.register_to_config(sc_cfg_scale=sc_cfg_scale)
 
     @property
     def variant(self) -> str:
+        if isinstance(self.scheduler, ELFScheduler):
+            return "elf"
         return "elf-star" if isinstance(self.scheduler, CDEQScheduler) else "fmlm-star"
 
     def _network(self, sample, target, source, self_conditioning, scale, phase=None):
@@ -101,6 +107,8 @@ class FlowMapPipeline(DiffusionPipeline):
             generator = global_generator(device)
         if isinstance(scheduler, CDEQScheduler):
             scheduler.set_timesteps(steps, device=device, generator=generator)  # the grid is drawn first
+        elif isinstance(scheduler, ELFScheduler):  # the official run draws the grid from the same generator first
+            scheduler.set_timesteps(steps, device=device, generator=generator, grid_generator=generator)
         else:
             scheduler.set_timesteps(steps, device=device)
         shape = (batch_size, config.max_length, config.latent_dim)
@@ -113,6 +121,10 @@ class FlowMapPipeline(DiffusionPipeline):
     def denoise_step(self, latents, k, t, scale, generator):
         """One official step: the network call(s) the scheduler asks for, then its `step`."""
         scheduler = self.scheduler
+        if isinstance(scheduler, ELFScheduler):  # the teacher: m_k = x̂_{k−1} (zeros at k = 0), one call per step
+            model_input = scheduler.scale_model_input(latents, t)
+            prediction = self._network(model_input, t, t, scheduler.self_conditioning, scale)
+            return scheduler.step(prediction, t, latents).prev_sample
         if isinstance(scheduler, CDEQScheduler):
             model_input = scheduler.scale_model_input(latents)
             t_b = scheduler.model_timestep()
@@ -159,7 +171,8 @@ def convert_flowmap_pipeline(
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise FileExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it.")
     model = load_official_flowmap(source, variant, **load_kwargs)
-    scheduler = CDEQScheduler() if variant == "elf-star" else FlowMapLMScheduler()
+    schedulers = {"elf-star": CDEQScheduler, "fmlm-star": FlowMapLMScheduler}
+    scheduler = schedulers[variant]() if variant in schedulers else ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
     pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
     save_atomically(pipe, output, overwrite)
     return pipe
