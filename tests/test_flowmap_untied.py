@@ -177,3 +177,21 @@ def test_strength_needs_statistics_for_the_step_count(statistics):
     with pytest.raises(ValueError, match="calibrate at that N"):
         scheduler.set_timesteps(3)
     assert isinstance(statistics, FlowMapStatistics)
+
+
+def test_config_and_statistics_round_trip(tmp_path, statistics):
+    untied = UntiedFlowMapLMScheduler(sampler="flow_map", self_conditioning="chained", eta_r=1.5)
+    untied.save_config(tmp_path / "scheduler")
+    loaded = UntiedFlowMapLMScheduler.from_pretrained(tmp_path / "scheduler")
+    assert (loaded.config.sampler, loaded.config.self_conditioning, loaded.config.eta_r) == (
+        "flow_map",
+        "chained",
+        1.5,
+    )
+    official = FlowMapLMScheduler.from_config(untied.config)  # the official sampler of the same run
+    assert (official.config.sampler, official.config.self_conditioning) == ("flow_map", "chained")
+    statistics.save(tmp_path / "statistics.safetensors")
+    again = FlowMapStatistics.load(tmp_path / "statistics.safetensors")
+    assert torch.equal(again.basis, statistics.basis) and torch.equal(again.rho_sq, statistics.rho_sq)
+    assert again.cosine_distance.keys() == statistics.cosine_distance.keys()
+    assert all(torch.equal(again.cosine_distance[n], d) for n, d in statistics.cosine_distance.items())

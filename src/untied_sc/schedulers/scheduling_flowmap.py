@@ -10,12 +10,14 @@ official latents bit for bit. The interpolant is z_t = t·x + (1 − t)·noise_s
 sample from `timestep` (the source s = t_k) to `r_timestep` (t_{k+1}; the next grid time when omitted).
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
+from safetensors.torch import load_file, save_file
 
 from .noise import global_generator
 from .untied_functions import overlap_transform, retention
@@ -169,6 +171,7 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
 
     family = "flowmap"
     order = 1
+    _compatibles = ["UntiedFlowMapLMScheduler"]
 
     @register_to_config
     def __init__(
@@ -182,6 +185,11 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
         tau_kind: str = "logit_normal_uniform",
         self_conditioning: str = "free",
     ):
+        self._init_state(sampler, gamma, noise_scale, self_conditioning)
+
+    def _init_state(self, sampler: str, gamma: float | None, noise_scale: float, self_conditioning: str) -> None:
+        # Not in `__init__`: a subclass's registered `__init__` calling a registered `super().__init__` would mark its
+        # given arguments as defaults in the config.
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}.")
         if self_conditioning not in SELF_CONDITIONING:
@@ -446,6 +454,22 @@ class FlowMapStatistics:
     rho_sq: torch.Tensor
     cosine_distance: dict[str, torch.Tensor]
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the statistics to one safetensors file (`basis`, `rho_sq`, `cosine_distance.<N>`)."""
+        tensors = {"basis": self.basis, "rho_sq": self.rho_sq}
+        tensors.update({f"cosine_distance.{n}": d for n, d in self.cosine_distance.items()})
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "FlowMapStatistics":
+        """Reads a file written by [`save`]; a file without `basis` and `rho_sq` is an error naming it."""
+        tensors = load_file(str(path))
+        missing = [key for key in ("basis", "rho_sq") if key not in tensors]
+        if missing:
+            raise ValueError(f"{path} lacks {missing}; is it a file written by FlowMapStatistics.save?")
+        table = {k.removeprefix("cosine_distance."): v for k, v in tensors.items() if k.startswith("cosine_distance.")}
+        return cls(basis=tensors["basis"], rho_sq=tensors["rho_sq"], cosine_distance=table)
+
 
 class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
     r"""
@@ -464,6 +488,8 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
     `set_statistics`; they are needed only when η_R > 0.
     """
 
+    _compatibles = ["FlowMapLMScheduler"]
+
     @register_to_config
     def __init__(
         self,
@@ -480,7 +506,7 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
         eps_fp: float = 0.01,
         global_scaling: bool = True,
     ):
-        super().__init__(sampler, gamma, gamma_by_steps, noise_scale, p_mean, p_std, tau_kind, self_conditioning)
+        self._init_state(sampler, gamma, noise_scale, self_conditioning)
         if eta_r < 0 or base_scale < 0:
             raise ValueError(f"eta_r and base_scale must be ≥ 0, got {eta_r} and {base_scale}.")
         self.statistics: FlowMapStatistics | None = None
