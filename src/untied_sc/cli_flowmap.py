@@ -12,7 +12,12 @@ VARIANTS = ("fmlm-star", "elf-star", "elf")
 def _convert_flowmap(args: argparse.Namespace) -> None:
     from .pipelines.pipeline_flowmap import convert_flowmap_pipeline
 
-    kwargs = {"max_length": args.max_length, "weights": args.weights, "allow_pickle": args.allow_pickle}
+    kwargs = {
+        "max_length": args.max_length,
+        "self_conditioning": args.self_conditioning,
+        "weights": args.weights,
+        "allow_pickle": args.allow_pickle,
+    }
     if args.revision is not None:
         kwargs["revision"] = args.revision
     tokenizer = None
@@ -49,7 +54,18 @@ def add_flowmap_commands(commands) -> None:
         "(fmlm_star.ckpt, sampled by ctm), elf-star (elf_star.ckpt, sampled by cdeq) or elf (elf.ckpt, the "
         "self-conditioned teacher, sampled by ELF's SDE).",
     )
-    convert.add_argument("--max-length", type=int, help="Sequence length (default: 1024, the released configs').")
+    convert.add_argument(
+        "--max-length",
+        type=int,
+        help="Sequence length. Default: the trainer's config.yml beside the checkpoint, or 1024 for the released repo; "
+        "required otherwise.",
+    )
+    convert.add_argument(
+        "--self-conditioning",
+        choices=("free", "chained"),
+        help="fmlm-star only: its sampling regime (elfmap_student_sc_free; the released FMLM*: free). Default: as "
+        "--max-length.",
+    )
     convert.add_argument(
         "--weights", choices=("ema", "raw"), default="ema", help="The EMA (official eval) or raw weights."
     )

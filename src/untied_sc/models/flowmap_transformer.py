@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
@@ -22,6 +23,7 @@ from ..hub import resolve_local
 from .convert import _check_state_dict, _torch_load
 from .elf_transformer import BottleneckTextProj, ELFBlock, FinalLayer, TimestepEmbedder, interleaved_rope_tables
 from .embeddings import DtypeAliasMixin, broadcast_per_example
+from .official_checkpoints import cache_snapshot
 
 
 OFFICIAL_FMLM = "github.com/Ugness/self-conditioned-fmlm@f2472c9"
@@ -283,29 +285,104 @@ def ema_state_dict(payload: dict, source: str) -> dict[str, torch.Tensor]:
     return {**state, **ema["shadow"]}
 
 
-def load_official_flowmap(
+@dataclass(frozen=True)
+class FlowMapCheckpointSettings:
+    """
+    What an official checkpoint's training config records beyond its weights, with where each was read.
+
+    Args:
+        max_length (`int`): the sequence length (`max_length`).
+        self_conditioning (`str`): FMLM*'s sampling regime, `"free"` (`elfmap_student_sc_free: true`, the released
+            one) or `"chained"` (the legacy hybrid regime); `"free"` for ELF* (cdeq feeds zeros) and the teacher.
+        source (`str`): where they were read.
+    """
+
+    max_length: int
+    self_conditioning: str
+    source: str
+
+
+# What a training config says a checkpoint is (`eval_lightning.py` lines 108-130): the stage from `cdeq_enabled`
+# (ELF*) and `elfmap_enabled` (FMLM*), else the stage-1 teacher.
+def _variant_of_config(config: dict) -> str:
+    if config.get("cdeq_enabled"):
+        return "elf-star"
+    return "fmlm-star" if config.get("elfmap_enabled") else "elf"
+
+
+def _released(source: str | os.PathLike, path: Path) -> bool:
+    if str(source).lower() == FLOWMAP_HUB_REPO.lower():
+        return True
+    snapshot = cache_snapshot(path)
+    return snapshot is not None and snapshot[0].lower() == FLOWMAP_HUB_REPO.lower()
+
+
+def flowmap_checkpoint_settings(
+    source: str | os.PathLike,
+    path: Path,
+    variant: str,
+    max_length: int | None = None,
+    self_conditioning: str | None = None,
+) -> FlowMapCheckpointSettings:
+    """
+    The settings of an official checkpoint: for the released repo `wonjKim/self-conditioned-fmlm` (its id, or a path
+    in a Hugging Face cache snapshot of it) from its training configs (`max_length: 1024`, FMLM*
+    self-conditioning-free); else from the trainer's `config.yml` beside it (`train_lightning.py` writes it into
+    `output_dir`, beside `last.ckpt`), checked against `variant`; otherwise both must be given (FMLM*; ELF* and the teacher need only `max_length`). A given value that
+    disagrees with a recorded one is an error.
+    """
+    given_sc = self_conditioning
+    if given_sc is not None and given_sc not in ("free", "chained"):
+        raise ValueError(f"self_conditioning must be 'free' or 'chained', got {given_sc!r}.")
+    config_path = path.parent / "config.yml"
+    if _released(source, path):
+        recorded_length, recorded_sc = FLOWMAP_MAX_LENGTH, "free"
+        where = f"the released training configs ({OFFICIAL_FMLM} train_owt_*.yml; FMLM*: elfmap_student_sc_free)"
+    elif config_path.is_file():
+        try:
+            config = yaml.safe_load(config_path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise ValueError(f"{config_path} is not a readable training config ({error}); fix or remove it.") from None
+        implied = _variant_of_config(config)
+        if implied != variant:
+            raise ValueError(
+                f"{config_path} is the training config of {implied} (cdeq_enabled={config.get('cdeq_enabled')}, "
+                f"elfmap_enabled={config.get('elfmap_enabled')}), not {variant}: pass --variant {implied}."
+            )
+        recorded_length = config.get("max_length")
+        recorded_sc = "free" if config.get("elfmap_student_sc_free") or variant != "fmlm-star" else "chained"
+        where = str(config_path)
+    else:
+        missing = [] if max_length is not None else ["--max-length N (max_length=N; the released models: 1024)"]
+        if variant == "fmlm-star" and given_sc is None:
+            missing.append("--self-conditioning free|chained (the released FMLM*: free)")
+        if missing:
+            raise ValueError(
+                f"{path} records neither its sequence length nor its sampling regime, and no config.yml (the "
+                f"trainer's, written beside last.ckpt) is beside it. Pass {' and '.join(missing)}."
+            )
+        return FlowMapCheckpointSettings(max_length, given_sc or "free", "given")
+    if not isinstance(recorded_length, int) or isinstance(recorded_length, bool) or recorded_length < 1:
+        raise ValueError(f"{where}: max_length = {recorded_length!r} is not a positive integer; fix it.")
+    for name, given, recorded in (
+        ("max_length", max_length, recorded_length),
+        ("self_conditioning", given_sc, recorded_sc),
+    ):
+        if given is not None and given != recorded:
+            raise ValueError(f"{name}={given!r} disagrees with {recorded!r} recorded by {where}: leave it out.")
+    return FlowMapCheckpointSettings(recorded_length, recorded_sc, where)
+
+
+def read_official_flowmap(
     source: str | os.PathLike,
     variant: str,
     max_length: int | None = None,
+    self_conditioning: str | None = None,
     weights: str = "ema",
     allow_pickle: bool = False,
     **hub_kwargs,
-) -> FlowMapTransformerModel:
-    """
-    Builds a [`FlowMapTransformerModel`] from an official Lightning checkpoint of FMLM* or ELF*.
-
-    Args:
-        source (`str` or `os.PathLike`): a `.ckpt` file, a folder holding the variant's file (`fmlm_star.ckpt`,
-            `elf_star.ckpt`), or the Hub repo `wonjKim/self-conditioned-fmlm`.
-        variant (`str`): `"fmlm-star"`, `"elf-star"` or `"elf"` (the stage-1 teacher); the weights of FMLM* and ELF*
-            cannot be told apart (same shapes), and the official evaluation builds them differently (`const_phase`).
-        max_length (`int`, *optional*): the sequence length; the checkpoint does not record it (RoPE tables are not
-            stored). Defaults to the released configs' 1024.
-        weights (`str`, defaults to `"ema"`): `"ema"` (the official evaluation's) or `"raw"`.
-        allow_pickle (`bool`, defaults to `False`): read with full unpickling; Lightning checkpoints pickle their
-            hyper-parameters, so this is needed for most of them. Only for trusted files.
-        hub_kwargs: passed to `huggingface_hub.snapshot_download`.
-    """
+) -> tuple[FlowMapTransformerModel, FlowMapCheckpointSettings]:
+    """[`load_official_flowmap`], also returning the checkpoint's [`FlowMapCheckpointSettings`]."""
     if variant not in FLOWMAP_VARIANTS:
         raise ValueError(f"Unknown variant {variant!r}; choose one of {sorted(FLOWMAP_VARIANTS)} (--variant).")
     if weights not in ("ema", "raw"):
@@ -316,17 +393,49 @@ def load_official_flowmap(
         path = Path(path) / filename
         if not path.is_file():
             raise FileNotFoundError(f"{path.parent} has no {filename} (the {variant} checkpoint); give the file.")
+    settings = flowmap_checkpoint_settings(source, path, variant, max_length, self_conditioning)
     payload = _torch_load(path, allow_pickle)
     if weights == "ema":
         state_dict = ema_state_dict(payload, str(path))
     else:
         state_dict = ema_state_dict({**payload, "ema": {"shadow": {}}}, str(path))
     state_dict = {_RENAMES.get(k, k): v for k, v in state_dict.items()}
-    config = flowmap_config_from_state_dict(state_dict, max_length or FLOWMAP_MAX_LENGTH, variant)
+    config = flowmap_config_from_state_dict(state_dict, settings.max_length, variant)
     model = FlowMapTransformerModel(**config)
     _check_state_dict(model, state_dict, str(path))
     model.load_state_dict({k: v.float() for k, v in state_dict.items()})
-    return model.eval()
+    return model.eval(), settings
+
+
+def load_official_flowmap(
+    source: str | os.PathLike,
+    variant: str,
+    max_length: int | None = None,
+    self_conditioning: str | None = None,
+    weights: str = "ema",
+    allow_pickle: bool = False,
+    **hub_kwargs,
+) -> FlowMapTransformerModel:
+    """
+    Builds a [`FlowMapTransformerModel`] from an official Lightning checkpoint of FMLM*, ELF* or the ELF teacher.
+
+    Args:
+        source (`str` or `os.PathLike`): a `.ckpt` file, a folder holding the variant's file (`fmlm_star.ckpt`,
+            `elf_star.ckpt`, `elf.ckpt`), or the Hub repo `wonjKim/self-conditioned-fmlm`.
+        variant (`str`): `"fmlm-star"`, `"elf-star"` or `"elf"` (the stage-1 teacher); the weights of FMLM* and ELF*
+            cannot be told apart (same shapes), and the official evaluation builds them differently (`const_phase`).
+        max_length (`int`, *optional*): the sequence length, which the checkpoint does not store (the RoPE tables
+            are not saved): read from the trainer's `config.yml` beside it, or the released configs' 1024 for the
+            released repo; required otherwise ([`flowmap_checkpoint_settings`]).
+        self_conditioning (`str`, *optional*): FMLM*'s regime, recorded the same way; required as `max_length` is.
+        weights (`str`, defaults to `"ema"`): `"ema"` (the official evaluation's) or `"raw"`.
+        allow_pickle (`bool`, defaults to `False`): read with full unpickling; Lightning checkpoints pickle their
+            hyper-parameters, so this is needed for most of them. Only for trusted files.
+        hub_kwargs: passed to `huggingface_hub.snapshot_download`.
+    """
+    return read_official_flowmap(source, variant, max_length, self_conditioning, weights, allow_pickle, **hub_kwargs)[
+        0
+    ]
 
 
 def convert_official_flowmap(

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from diffusers import DiffusionPipeline
 
-from ..models.flowmap_transformer import FlowMapTransformerModel, load_official_flowmap
+from ..models.flowmap_transformer import FlowMapTransformerModel, read_official_flowmap
 from ..schedulers.noise import global_generator
 from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
@@ -162,17 +162,21 @@ def convert_flowmap_pipeline(
     **load_kwargs,
 ) -> FlowMapPipeline:
     """
-    An official FMLM*/ELF* checkpoint ([`load_official_flowmap`]) → a pipeline folder that
-    `FlowMapPipeline.from_pretrained` loads: the network, the official sampler of the variant (FMLM*: ctm; ELF*:
-    cdeq) at the official settings, the official SC-CFG scale, and `tokenizer` if given. Written whole or not at all
+    An official FMLM*/ELF*/teacher checkpoint ([`read_official_flowmap`]) → a pipeline folder that
+    `FlowMapPipeline.from_pretrained` loads: the network, the official sampler of the variant (FMLM*: ctm in the
+    checkpoint's self-conditioning regime; ELF*: cdeq; the teacher: ELF's SDE) at the official settings, the official SC-CFG scale, and `tokenizer` if given. Written whole or not at all
     ([`save_atomically`]); a non-empty `output_dir` is replaced only with `overwrite=True`.
     """
     output = Path(output_dir).expanduser()
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise FileExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it.")
-    model = load_official_flowmap(source, variant, **load_kwargs)
-    schedulers = {"elf-star": CDEQScheduler, "fmlm-star": FlowMapLMScheduler}
-    scheduler = schedulers[variant]() if variant in schedulers else ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
+    model, settings = read_official_flowmap(source, variant, **load_kwargs)
+    if variant == "fmlm-star":
+        scheduler = FlowMapLMScheduler(self_conditioning=settings.self_conditioning)
+    elif variant == "elf-star":
+        scheduler = CDEQScheduler()
+    else:
+        scheduler = ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
     pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
     save_atomically(pipe, output, overwrite)
     return pipe
