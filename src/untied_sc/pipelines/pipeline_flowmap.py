@@ -1,4 +1,4 @@
-"""FlowMapPipeline: unconditional sampling from a self-conditioned flow-map language model (FMLM*, ELF*)."""
+"""FlowMapPipeline: unconditional sampling from the self-conditioned flow-map family (FMLM*, ELF*, the ELF teacher)."""
 
 import os
 from pathlib import Path
@@ -17,7 +17,8 @@ from .pipeline_utils import LanguageFlowPipelineOutput
 # The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),
 # ELF* 3.0 (`owt_ELF_star.yml`), the ELF teacher 3 (`owt_ELF_b.yml`).
 DEFAULT_SC_CFG_SCALE = {"fmlm-star": 5.0, "elf-star": 3.0, "elf": 3.0}
-# The released step counts: FMLM* 1 / 2 / 4 (`owt_FMLM_star.yml`), ELF* 8 / 16 / 32 (`owt_ELF_star.yml`).
+# The default step counts, the largest the official sampling configs run: FMLM* 1 / 2 / 4 (`owt_FMLM_star.yml`),
+# ELF* 8 / 16 / 32 (`owt_ELF_star.yml`), the teacher 32 / 64 (`owt_ELF_b.yml`; 32 as the README's evaluation).
 DEFAULT_STEPS = {"fmlm-star": 4, "elf-star": 32, "elf": 32}
 # The teacher's SDE churn: 32 steps → 1.5, 64 → 1.0 (`owt_ELF_b.yml`); other counts as `ELFScheduler` interpolates.
 TEACHER_SDE_GAMMA = {"32": 1.5, "64": 1.0}
@@ -26,19 +27,20 @@ OUTPUT_TYPES = ("text", "seq", "latent")
 
 class FlowMapPipeline(DiffusionPipeline):
     r"""
-    Samples token sequences from an FMLM* or ELF* network with one of the official samplers: the scheduler says
-    which ([`FlowMapLMScheduler`]: ctm or flow_map, for FMLM*; [`CDEQScheduler`]: cdeq, for ELF*). The final latent
+    Samples token sequences from an FMLM*, ELF* or ELF-teacher network with one of the official samplers: the
+    scheduler says which ([`FlowMapLMScheduler`]: ctm or flow_map, for FMLM*; [`CDEQScheduler`]: cdeq, for ELF*;
+    [`ELFScheduler`]: the teacher's self-conditioned SDE, its grid drawn from the generator first). The final latent
     is decoded by the network's own decoder head at t = s = 1 with a zero self-conditioning input (official
     `dlm_decode_batch`), argmax per position.
 
     Randomness as the official evaluation (`eval_lightning.py` lines 238-264), one generator for everything: the
-    cdeq grid, then z_0 = noise_scale·randn(B, L, D), then the sampler's draws in step order.
+    random grid (cdeq, the teacher), then z_0 = noise_scale·randn(B, L, D), then the sampler's draws in step order.
 
     Args:
         transformer ([`FlowMapTransformerModel`]): the network.
-        scheduler ([`FlowMapLMScheduler`] or [`CDEQScheduler`]): the sampler.
+        scheduler ([`FlowMapLMScheduler`], [`CDEQScheduler`] or [`ELFScheduler`]): the sampler.
         tokenizer (*optional*): the GPT-2 tokenizer, for `output_type="text"`.
-        sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (5.0 for FMLM*, 3.0 for ELF*).
+        sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (5.0 for FMLM*, 3.0 for ELF* and the teacher).
     """
 
     model_cpu_offload_seq = "transformer"
