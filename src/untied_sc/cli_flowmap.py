@@ -39,7 +39,7 @@ def add_flowmap_commands(commands) -> None:
     """Adds `convert-flowmap` to the `untied-sc` subcommands."""
     convert = commands.add_parser(
         "convert-flowmap",
-        help="Convert an official self-conditioned flow-map checkpoint (FMLM* or ELF*, PyTorch Lightning .ckpt, EMA "
+        help="Convert an official self-conditioned flow-map checkpoint (FMLM*, ELF* or their ELF teacher; Lightning .ckpt, EMA "
         "weights) into a FlowMapPipeline folder.",
     )
     convert.add_argument(
