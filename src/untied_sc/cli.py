@@ -9,6 +9,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .cli_flowmap import add_flowmap_commands
 from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
@@ -389,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="Replace OUTPUT if it exists and is not empty.")
     convert.set_defaults(handler=_convert)
+    add_flowmap_commands(commands)
 
     from .defaults import CALIBRATION_SEED
 

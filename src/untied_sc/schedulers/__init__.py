@@ -5,6 +5,7 @@ from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import COEFFICIENT_NAMES, SamplerStatistics, model_fingerprint
 from .scheduling_ace import ACEELFScheduler, ACELangFlowScheduler, HiGSACEELFScheduler, HiGSACELangFlowScheduler
 from .scheduling_elf import ELFScheduler
+from .scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler, FlowMapSchedulerOutput
 from .scheduling_higs import HiGSELFScheduler, HiGSLangFlowScheduler
 from .scheduling_langflow import LangFlowScheduler
 from .scheduling_momentum import MomentumELFScheduler, MomentumLangFlowScheduler
