@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
-from untied_sc_lab.tuning import search
 from untied_sc.calibration.ace import estimate_ace_direction
 from untied_sc.cli import main
 from untied_sc.generation.sampling import build_scheduler, knobs_at
@@ -32,6 +31,7 @@ from untied_sc_lab.experiments.generation_files import (
     read_generations,
     write_generation,
 )
+from untied_sc_lab.tuning import search
 from untied_sc_lab.tuning.baseline_knobs import is_neutral, neutral_knobs
 from untied_sc_lab.tuning.search import METHOD_KNOBS, RULE, START
 

@@ -93,7 +93,10 @@ WITHOUT_LAB = textwrap.dedent(
 
 
 def _without_lab(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
     return subprocess.run(
         [sys.executable, "-c", WITHOUT_LAB, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
