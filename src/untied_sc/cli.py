@@ -29,6 +29,7 @@ from .experiments.cli import (
     register_evaluate_command,
 )
 from .experiments.generate import register_generate_command
+from .families import family_names
 from .input_checks import (
     check_local_pipeline_folder,
     check_source_exists,
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Convert an official ELF or LangFlow checkpoint into a complete pipeline folder (network, tokenizer, "
         "official sampler settings, model card).",
     )
-    convert.add_argument("family", choices=["elf", "langflow"], help="Model family of the checkpoint.")
+    convert.add_argument("family", choices=family_names(), help="Model family of the checkpoint.")
     convert.add_argument("source", help="Local file/folder or Hub repo id of the official checkpoint.")
     convert.add_argument(
         "output",
@@ -696,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`.",
         description=TRAIN_DESCRIPTION,
     )
-    train.add_argument("family", choices=["elf", "langflow"], help="Model family (see the actions above).")
+    train.add_argument("family", choices=family_names(), help="Model family (see the actions above).")
     train.add_argument(
         "rest",
         nargs=argparse.REMAINDER,

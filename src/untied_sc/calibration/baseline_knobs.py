@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from ..evaluation.sampling import diversity_knob, family_of, resampling_clusters
+from ..families import default_protocol
 from .search import (
     METHOD_KNOBS,
     NEUTRAL,
@@ -111,7 +112,7 @@ def tune_knobs(
     """
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     family = family_of(pipe)
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     with bank_scoring(
         pipe,
         "tune knobs",

@@ -41,6 +41,7 @@ from ..defaults import (
 from ..evaluation.evaluator import load_evaluator
 from ..evaluation.io import Sample, evaluate_samples
 from ..evaluation.sampling import build_scheduler, diversity_knob, family_of, generate, resampling_clusters
+from ..families import default_protocol
 from ..schedulers.sampler_statistics import COEFFICIENT_NAMES
 from ..seeds import check_seed
 from .migrate import migrate_pipeline
@@ -305,7 +306,7 @@ def tune_coefficients(
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     seed = check_seed(seed, "seed")
     family = family_of(pipe)
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     knob = diversity_knob(family)
     curve_values = CURVE_VALUES[family] if curve_values is None else curve_values
     clusters = resampling_clusters(family, num_samples, batch_size)

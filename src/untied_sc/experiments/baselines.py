@@ -16,6 +16,7 @@ from ..calibration.baseline_knobs import knob_record, tune_knobs
 from ..calibration.tune import scoring_evaluator
 from ..defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from ..evaluation.sampling import KNOBS_KEY
+from ..families import default_protocol
 from ..schedulers.comparison_names import COMPARISON_METHODS
 from ..seeds import check_seed
 from .definitions import normalise_samplers
@@ -174,7 +175,7 @@ def tune_baselines(
         "num_samples": tune_num_samples,
         "batch_size": batch_size,
         "evaluator": evaluator_name,
-        "protocol": protocol or pipe.family,
+        "protocol": protocol or default_protocol(pipe.family),
         "budget": budget,
         "confidence": confidence,
     }

@@ -49,6 +49,7 @@ from ..evaluation.sampling import (
     tuning_seeds,
     warn_few_clusters,
 )
+from ..families import default_protocol
 from ..pipelines import load_pipeline
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.coefficients import entropy_matched_setting
@@ -370,7 +371,7 @@ def score_sweep(
             "diversity_samplers": [],
             "diversity_nfe": [],
         }
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
         evaluator = load_evaluator(evaluator, **evaluator_kwargs)
