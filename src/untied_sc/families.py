@@ -16,7 +16,16 @@ Adding a family is one [`register`] call at the end of this module, with:
   fields its weights fix (`models/weights_config.py`);
 - its paper presets in `data/coefficients.json` named `<family>-...`, and `default_preset` among them;
 - its sampling defaults (the fields below without a default), and the comparison samplers' classes of each method in
-  `schedulers/methods.py` (a method without one for the family is refused for it).
+  `sampling_methods.py` (a method without one for the family is refused for it).
+
+What differs in behaviour rather than in a value is written in the family's classes, except in these functions,
+which still branch on the family name and need a branch of the new family's: the self-conditioning geometry
+(`schedulers/sampler_statistics.py` `input_projection_weights`, `calibration/overlap.py` `overlap_basis_from_model`),
+the calibration's ELF-only steps (`calibration/calibrate.py`), the diagnostics' forward corruption and time
+coordinate (`diagnostics/family.py`, `diagnostics/step_scaling.py`), the reference recurrence's classes
+(`calibration/reference.py`), the `convert` command's ELF-only options (`cli.py`) and the training actions
+(`training/cli.py`). The GenPPL protocols (`evaluation/metrics.py`) are the official evaluations, not families: a new
+family names the one it is scored with (`protocol`).
 """
 
 from __future__ import annotations
