@@ -24,19 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
+from ..sampling_methods import get_method
 
 
 BASELINE = "official"
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
 SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
-# The `baselines` experiment: report name → comparison method (a `scheduler` of `build_scheduler`).
-BASELINE_METHODS = {
-    "Momentum": "momentum",
-    "ACE": "ace",
-    "HiGS": "higs",
-    "HiGS + ACE": "higs_ace",
-    "DPM-Solver++(2M)": "multistep",
-}
+# The `baselines` experiment's comparison methods, in its reports' order, and their report names (the `label` of
+# each method, a `scheduler` of `build_scheduler`).
+BASELINE_ORDER = ("momentum", "ace", "higs", "higs_ace", "multistep")
+BASELINE_METHODS = {get_method(name).label: name for name in BASELINE_ORDER}
 
 
 def experiment_samplers(name: str) -> dict[str, dict]:
