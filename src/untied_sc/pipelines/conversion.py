@@ -11,11 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .pipeline_elf import ELFPipeline
-from .pipeline_langflow import LangFlowPipeline
-
-
-PIPELINES = {"elf": ELFPipeline, "langflow": LangFlowPipeline}
+from ..families import family_names, get_family
 
 
 def _refuse_non_empty(output: Path, overwrite: bool) -> None:
@@ -54,9 +50,9 @@ def convert_official(
     Builds the pipeline of an official checkpoint (`ELFPipeline.from_official` / `LangFlowPipeline.from_official`
     with `kwargs`) and saves it to `output` whole ([`save_atomically`]). Returns the pipeline.
     """
-    if family not in PIPELINES:
-        raise ValueError(f"family must be one of {sorted(PIPELINES)}, got {family!r}.")
+    if family not in family_names():
+        raise ValueError(f"family must be one of {sorted(family_names())}, got {family!r}.")
     _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
-    pipe = PIPELINES[family].from_official(source, **kwargs)
+    pipe = get_family(family).pipeline.load().from_official(source, **kwargs)
     save_atomically(pipe, output, overwrite)
     return pipe

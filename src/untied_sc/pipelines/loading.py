@@ -5,14 +5,13 @@ import json
 import os
 from pathlib import Path
 
+from ..families import families
 from ..hub import HUB_KWARGS, resolve_local
 from ..input_checks import check_writes_stay_inside, pipeline_writes
-from .pipeline_elf import ELFPipeline
-from .pipeline_langflow import LangFlowPipeline
 from .remote_code import saved_class_name, write_remote_code
 
 
-PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, LangFlowPipeline)}
+PIPELINES = {family.pipeline.name: family.pipeline.load() for family in families()}
 
 
 def load_pipeline(source: str | os.PathLike, **kwargs):
