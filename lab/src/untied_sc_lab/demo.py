@@ -77,7 +77,7 @@ def results_candidates(artifacts: Path) -> list[Path]:
     places = [
         Path(artifacts).resolve().parent / RESULTS,
         Path.cwd() / RESULTS,
-        Path(__file__).resolve().parents[2] / RESULTS,
+        Path(__file__).resolve().parents[3] / RESULTS,
     ]
     return list(dict.fromkeys(places))
 
