@@ -248,7 +248,7 @@ def test_zero_strength_fused_step_hands_the_official_step_the_prediction_itself(
 
     scheduler.base.step, pipe._predict = recording_base_step, recording_predict
     pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0), callback_on_step_end=record)
-    assert scheduler._fused_plan.trivial
+    assert scheduler._plan.trivial
     assert all(q is p for q, p in zip(handed, predictions, strict=True))
     updates = scheduler.solver.num_update_steps
     assert all(raw is p and sc is p for (raw, sc), p in zip(seen[:updates], predictions, strict=False))
@@ -259,17 +259,20 @@ def test_plan_is_made_once_per_run_on_the_set_timesteps_device():
     statistics = make_statistics("langflow", 8)
     scheduler = UntiedLangFlowScheduler(**COEFFICIENTS)
     scheduler.set_timesteps(STEPS, device="cpu", proposal=PROPOSAL, statistics=statistics)
-    plan = scheduler._fused_plan
-    assert plan.scalars.shape == (STEPS - 1, 6) and plan.scalars.dtype == torch.float64
+    plan = scheduler._plan
+    assert all(column.shape == (STEPS - 1,) and column.dtype == torch.float64 for column in plan.scalars)
     assert plan.transform_kind == "matrix" and plan.retention.shape == (STEPS - 1, 8)
     p = torch.randn(BATCH, LENGTH, WIDTH)
     first = plan.tensors(p)
     assert plan.tensors(p.clone()) is first  # cast once per run
-    assert all(x.dtype == torch.float32 and x.ndim == 0 for x in first["scalars"][0])
-    assert first["scalar_table"].shape == (STEPS - 1, 6) and first["transforms"][1].shape == (WIDTH, WIDTH)
-    assert not torch.equal(first["transforms"][0], torch.eye(WIDTH))  # â_1 = κ_0(1 − δ̄_0) > 0: F_1 ≠ I
-    assert first["scalar_table"][:, 5].tolist() == [0.0] + [1.0] * (STEPS - 2)  # the gate 1[σ_k > 0]
-    assert plan.tensors(p.double()) is not first and plan.tensors(p.double())["scalar_table"].dtype == torch.float64
+    assert all(x.dtype == torch.float32 and x.ndim == 0 for x in first.scalars[0])
+    assert all(column.shape == (STEPS - 1,) for column in first.tables.scalars)
+    assert first.operators[1].transform.shape == (WIDTH, WIDTH)
+    assert not torch.equal(first.operators[0].transform, torch.eye(WIDTH))  # â_1 = κ_0(1 − δ̄_0) > 0: F_1 ≠ I
+    assert first.tables.scalars.gate.tolist() == [0.0] + [1.0] * (STEPS - 2)  # the gate 1[σ_k > 0]
+    assert (
+        plan.tensors(p.double()) is not first and plan.tensors(p.double()).tables.scalars.kappa.dtype == torch.float64
+    )
 
 
 HOST_OPS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.lift_fresh", "aten.nonzero", "aten.item")

@@ -26,13 +26,13 @@ from .untied_functions import (
     token_cosine_distance,
 )
 from .untied_step import (
-    FusedStepPlan,
     StepOptions,
     StepScalars,
     UntiedState,
+    UntiedStepPlan,
     choose_transform_kind,
-    fused_untied_step,
-    indexed_untied_step,
+    untied_step,
+    untied_step_at,
 )
 
 
@@ -71,7 +71,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     family: str
     base_scheduler_class: type
     order = 1
-    # The fused step ([`fused_untied_step`], few passes over (B, L, D)); False runs the reference step, the pure
+    # The fused step ([`untied_step`], few passes over (B, L, D)); False runs the reference step, the pure
     # functions of `untied_functions` chained one by one (equal within float rounding; tests compare the two).
     # The fused step forms the history direction only: a `correction_direction` control always runs the reference.
     use_fused_step = True
@@ -107,9 +107,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self.rho_sq: torch.Tensor | None = None  # ρ² (r,), float64, permuted by the assignment ablations
         self.transform_strength = 0.0  # λ_R = λ_R^(0)·η_R
         self.mask: torch.Tensor | None = None  # (B, L) active positions of the correction
-        self._fused_plan: FusedStepPlan | None = None  # the fused step's per-step tensors of this run
+        self._plan: UntiedStepPlan | None = None  # the fused step's per-step tensors of this run
         self._kappas: list[float] = []  # κ_k as floats, read once per run
-        self._compiled_step = None  # `torch.compile(indexed_untied_step)` after `compile_step()`
+        self._compiled_step = None  # `torch.compile(untied_step_at)` after `compile_step()`
         self._direction_seed = 0  # seed of this run's direction-control draws ([`direction_seed`])
         self._reset_state()
 
@@ -168,12 +168,12 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self._setup_transform(statistics if coefficients["eta_r"] > 0 else None, device)
         self.mask = mask
         self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
-        self._fused_plan = self._plan_fused_step(device)
+        self._plan = self._plan_step(device)
         self._reset_state()
         if self.config.correction_direction in ("permuted", "random") and coefficients["eta_t"] > 0:
             self._direction_seed = direction_seed(self.config.direction_seed, direction_generator)
 
-    def _plan_fused_step(self, device) -> FusedStepPlan:
+    def _plan_step(self, device) -> UntiedStepPlan:
         """Every per-step number of this run for the fused step, as float64 tensors on `device` (once per run)."""
         coefficients, solver = self.coefficients, self.solver
         steps = solver.num_update_steps
@@ -182,20 +182,18 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         online = self.config.cosine_distance == "online" and self.basis is not None
         correct = eta_t > 0
         sigmas = self.rms if self.rms else [0.0] * steps
-        rows = []
-        for k in range(steps):
-            c = eta_o * solver.delta_u(k) if correct else 0.0
-            rows.append(
-                StepScalars(
-                    one_plus_c=1.0 + c,
-                    c=c,
-                    kappa=self._kappas[k],
-                    eta_sigma=eta_t * sigmas[k],
-                    alpha=alpha,
-                    gate=float(sigmas[k] > 0),
-                )
-            )
-        scalars = FusedStepPlan.scalar_table(rows).to(device=device, dtype=table_dtype)
+        c = [eta_o * solver.delta_u(k) if correct else 0.0 for k in range(steps)]
+        columns = StepScalars(
+            one_plus_c=[1.0 + c_k for c_k in c],
+            c=c,
+            kappa=self._kappas,
+            eta_sigma=[eta_t * sigma for sigma in sigmas],
+            alpha=[alpha] * steps,
+            gate=[float(sigma > 0) for sigma in sigmas],
+        )
+        scalars = StepScalars(
+            *(torch.tensor(column, dtype=torch.float64).to(device=device, dtype=table_dtype) for column in columns)
+        )
         mean = None
         if correct:
             mean = self.step_statistics.mean.detach().to(device=device, dtype=table_dtype)
@@ -232,7 +230,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             eps_fp=self.config.eps_fp,
             global_scaling=self.config.global_scaling,
         )
-        return FusedStepPlan(
+        return UntiedStepPlan(
             scalars=scalars,
             eta_t=eta_t,
             mean=mean,
@@ -247,14 +245,14 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
 
     def compile_step(self, enable: bool = True, **options):
         """
-        Runs the fused step compiled: `torch.compile(indexed_untied_step, **options)` (`enable=False` goes back to
+        Runs the fused step compiled: `torch.compile(untied_step_at, **options)` (`enable=False` goes back to
         the eager fused step). The compiled step reads its per-step numbers from per-run tables with a step counter
         kept on the device, so a run compiles one graph (again when the batch shape changes), not one per step; on
         a GPU it replaces the eager step's ~15-30 kernel launches per step by a few fused kernels. The first run
         pays the compilation (seconds to a minute). A `correction_direction` control runs the unfused step either way.
         Returns the scheduler.
         """
-        self._compiled_step = torch.compile(indexed_untied_step, **options) if enable else None
+        self._compiled_step = torch.compile(untied_step_at, **options) if enable else None
         return self
 
     def _setup_transform(self, statistics: SamplerStatistics | None, device) -> None:
@@ -394,11 +392,11 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
-        Update step k with the fused step ([`fused_untied_step`]): (q_k, z_{k+1}). The state changes only once the
+        Update step k with the fused step ([`untied_step`]): (q_k, z_{k+1}). The state changes only once the
         base solver's step has succeeded. With η_R = η_T = 0 (and no online δ̄) q_k = p_k and m̃_{k+1} = p_k are
         the prediction itself, so the official step runs on the official tensors: bit for bit the official sampler.
         """
-        plan = self._fused_plan
+        plan = self._plan
         if plan.trivial:
             prev_sample = self._base_step(prediction, prediction, timestep, sample)
             self._advance(k, prediction, prediction, UntiedState(), None)
@@ -424,11 +422,11 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             # Writing into buffers (`out=`) has no gradient: a prediction that needs one gets new tensors.
             if not (torch.is_grad_enabled() and prediction.requires_grad):
                 buffers = self._step_buffers(prediction, plan)
-            output = fused_untied_step(
+            output = untied_step(
                 prediction,
                 state,
-                tensors["scalars"][k],
-                tensors["operators"][k],
+                tensors.scalars[k],
+                tensors.operators[k],
                 options,
                 active=plan.active[k],
                 out=buffers,
@@ -437,7 +435,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             if self._step_counter is None:  # made on the device: a host copy would wait for the network
                 self._step_counter = torch.full((), k, dtype=torch.int64, device=prediction.device)
             output, counter = self._compiled_step(
-                self._step_counter, prediction, state, tensors["tables"], tensors["run_operators"], options
+                self._step_counter, prediction, state, tensors.tables, tensors.run_operators, options
             )
         prev_sample = self._base_step(output.solver_input, prediction, timestep, sample)
         if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
@@ -468,9 +466,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         elif self.cosine_distances:
             self.previous_cosine_distance = self.cosine_distances[k]
 
-    def _step_buffers(self, prediction: torch.Tensor, plan: FusedStepPlan) -> dict[str, torch.Tensor]:
+    def _step_buffers(self, prediction: torch.Tensor, plan: UntiedStepPlan) -> dict[str, torch.Tensor]:
         """
-        The eager fused step's buffers of this run ([`fused_untied_step`]'s `out`), made at its first step: H_k's,
+        The eager fused step's buffers of this run ([`untied_step`]'s `out`), made at its first step: H_k's,
         (p_k − O_k)'s and the targets of E_{k+1}, O_{k+1} (the state is double-buffered, so a failed base step
         leaves E_k and O_k as they were).
         """
