@@ -1,10 +1,10 @@
-"""The fused untied step (schedulers/untied_step.py) against the reference step, the pure functions chained one by one.
+"""The untied step (schedulers/untied_step.py) against its oracle, the functions of each quantity chained one by one.
 
-The untied schedulers run the fused step by default; `use_fused_step = False` runs the reference step (the pure
-functions of `untied_functions`, each tested alone in test_untied_functions.py, and Algorithm 1 written out in
-test_algorithm_reference.py). Here two schedulers, one of each, get the same predictions and states step by step, so
-their outputs must agree within float rounding (no network amplifies a difference); whole pipeline runs through a
-tiny network must agree too, and with η_R = η_T = 0 the fused step must hand the official step the official tensors.
+The untied schedulers run [`untied_step`]; the lab's ablation scheduler with `reference_chain = True` runs the oracle
+(the functions of `untied_functions`, each tested alone in test_untied_functions.py; Algorithm 1 written out in float64
+is test_algorithm_reference.py). Here two schedulers, one of each, get the same predictions and states step by step,
+so their outputs must agree within float rounding (no network amplifies a difference); whole pipeline runs through a
+tiny network must agree too, and with η_R = η_T = 0 the step must hand the official step the official tensors.
 """
 
 import os
@@ -22,6 +22,7 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.ablations import ablation_scheduler_class, needs_ablation_scheduler
 from untied_sc.schedulers.untied_step import choose_transform_kind
 
 from .tiny import random_statistics, tiny_tokenizer
@@ -61,11 +62,15 @@ def make_mask() -> torch.Tensor:
 
 
 def twins(solver: str, statistics, mask=None, **options):
-    """(fused, reference) schedulers of one config, with the same grid and statistics."""
-    cls = UntiedELFScheduler if solver == "elf" else UntiedLangFlowScheduler
+    """
+    (step, oracle) schedulers of one config, with the same grid and statistics: the untied scheduler (the lab's for
+    an ablation switch) and the lab's with `reference_chain`.
+    """
+    untied = UntiedELFScheduler if solver == "elf" else UntiedLangFlowScheduler
     config = {**COEFFICIENTS, **options}
-    fused, reference = cls(**config), cls(**config)
-    reference.use_fused_step = False
+    cls = ablation_scheduler_class(solver) if needs_ablation_scheduler(options) else untied
+    fused, reference = cls(**config), ablation_scheduler_class(solver)(**config)
+    reference.reference_chain = True
     for scheduler in (fused, reference):
         if solver == "elf":
             scheduler.set_timesteps(
@@ -146,7 +151,7 @@ CASES = {
     ids=["matrix-float32", "low_rank-float32", "matrix-float64"],
 )
 @torch.no_grad()
-def test_fused_step_equals_the_reference_step_within_rounding(solver, case, rank, dtype):
+def test_untied_step_equals_the_chained_functions_within_rounding(solver, case, rank, dtype):
     options = dict(CASES[case])
     mask = make_mask() if options.pop("mask", False) else None
     statistics = make_statistics(solver, rank, dtype)
@@ -157,7 +162,7 @@ def test_fused_step_equals_the_reference_step_within_rounding(solver, case, rank
 
 @pytest.mark.parametrize("solver", ["elf", "langflow"])
 @torch.no_grad()
-def test_fused_step_with_float16_predictions_computes_in_float32(solver):
+def test_untied_step_with_float16_predictions_computes_in_float32(solver):
     statistics = make_statistics(solver, 8)
     fused, reference = twins(solver, statistics)
     step_both(solver, fused, reference, torch.float16, check_state=False, rtol=2e-3)
@@ -198,7 +203,8 @@ def _pipeline(family: str, **untied):
         pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
     pipe.register_modules(sampler_statistics=random_statistics(model, family, steps=(8,)))
     if untied:
-        pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **untied)
+        cls = ablation_scheduler_class(family) if needs_ablation_scheduler(untied) else UntiedSelfConditioningScheduler
+        pipe.scheduler = cls.from_config(pipe.scheduler.config, **untied)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -214,18 +220,20 @@ def _sample(pipe, seed=7, batch_size=3):
     [COEFFICIENTS, {**COEFFICIENTS, "cosine_distance": "online"}],
     ids=["default", "online_distance"],
 )
-def test_pipeline_samples_with_the_fused_step_equal_the_reference_step(family, options):
+def test_pipeline_samples_with_the_step_equal_the_chained_functions(family, options):
     """Through a real (tiny) network, eight steps: the latents agree within rounding and the tokens are equal."""
     pipe = _pipeline(family, **options)
     fused = _sample(pipe)
-    pipe.scheduler.use_fused_step = False
+    chained = ablation_scheduler_class(family).from_config(pipe.scheduler.config, **options)
+    chained.reference_chain = True
+    pipe.scheduler = chained
     reference = _sample(pipe)
     assert_close(fused.latents, reference.latents, "final latents", rtol=1e-4)
     assert torch.equal(fused.sequences, reference.sequences)
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])
-def test_zero_strength_fused_step_hands_the_official_step_the_prediction_itself(family):
+def test_zero_strength_untied_step_hands_the_official_step_the_prediction_itself(family):
     """η_R = η_T = 0: q_k, m_k and m̃_{k+1} are p_k (the same tensor), and no E or O is kept."""
     pipe = _pipeline(family, eta_r=0.0, eta_t=0.0, eta_o=1.5, alpha=0.7)
     scheduler, seen = pipe.scheduler, []

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ..schedulers import UntiedELFScheduler, UntiedLangFlowScheduler
+from ..ablations import ablation_scheduler_class
+from ..ablations.schedulers import TRANSFORM_ASSIGNMENTS
 from ..schedulers.coefficients import preset_entry
-from ..schedulers.untied_mixin import TRANSFORM_ASSIGNMENTS
 from .family import check_family
 
 
@@ -142,7 +142,7 @@ def innovation_experiment(
         generator = torch.Generator().manual_seed(0)
     device = pipe.transformer.device
     basis, rho_sq = statistics.basis.to(device), statistics.rho_sq.to(device)
-    scheduler_cls = UntiedELFScheduler if family == "elf" else UntiedLangFlowScheduler
+    scheduler_cls = ablation_scheduler_class(family)  # the transform assignments are ablation switches
     sizes = [min(batch_size, num_trajectories - s) for s in range(0, num_trajectories, batch_size)]
     configurations = ["official", *assignments]
     result = InnovationResult(
