@@ -80,7 +80,7 @@ class AblationUntiedMixin:
     def _set_timesteps(self, num_inference_steps, device, statistics, mask, run_generator=None, **base_kwargs):
         """The untied scheduler's run, and the seed of the direction controls' draws from `run_generator`'s state."""
         super()._set_timesteps(num_inference_steps, device, statistics, mask, run_generator, **base_kwargs)
-        if self.config.correction_direction in ("permuted", "random") and self.coefficients["eta_t"] > 0:
+        if self.config.correction_direction in ("permuted", "random") and self.coefficients.eta_t > 0:
             self._direction_seed = direction_seed(self.config.direction_seed, run_generator)
 
     def _switches(self) -> StepSwitches:
@@ -123,7 +123,7 @@ class AblationUntiedMixin:
         solver_input = prediction if routing == "self_conditioning" else corrected
         next_raw = prediction if routing == "solver" else corrected
         prev_sample = self._base_step(solver_input, prediction, timestep, sample)
-        kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
+        kappa, alpha = self.solver.kappa(k), self.coefficients.alpha
         state = UntiedState(
             ema=(1 - alpha) * self.ema + alpha * prediction,  # eq. (6)
             solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,  # eq. (8)
@@ -151,7 +151,7 @@ class AblationUntiedMixin:
         precomputed one or the transform is off).
         """
         online = self.config.cosine_distance == "online" and self.basis is not None
-        eta_t = self.coefficients["eta_t"]
+        eta_t = self.coefficients.eta_t
         if eta_t == 0 and not online:
             return None, None
         rms = self.rms[k]
@@ -164,7 +164,7 @@ class AblationUntiedMixin:
             distance = masked_token_mean(token_cosine_distance(history, solver_direction, self.mask), self.mask)
         if eta_t == 0:
             return None, distance
-        direction = combined_direction(history, solver_direction, self.coefficients["eta_o"], self.solver.delta_u(k))
+        direction = combined_direction(history, solver_direction, self.coefficients.eta_o, self.solver.delta_u(k))
         direction = self._control_direction(direction)  # U_k, eq. (10), or its control
         mean = self.step_statistics.mean[k].to(device=prediction.device, dtype=prediction.dtype)
         return eta_t * moment_projection(direction, mean, rms, self.mask), distance  # eq. (11)

@@ -126,7 +126,7 @@ class ReferenceRecurrenceMixin:
         correction = self._reference_correction(k, prediction)
         solver_input = prediction if correction is None else prediction + correction
         prev_sample = self._base_step(solver_input, prediction, timestep, sample)
-        kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
+        kappa, alpha = self.solver.kappa(k), self.coefficients.alpha
         state = UntiedState(
             ema=(1 - alpha) * self.ema + alpha * prediction,
             solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,

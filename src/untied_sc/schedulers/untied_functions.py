@@ -1,7 +1,9 @@
 """The pure math of untied self-conditioning (docs/algorithm.md §3.1–§3.5; paper §4 and Appendix B).
 
 Every function here is stateless: it takes the tensors of one step and returns a new tensor, never mutating its
-inputs and never drawing random numbers. The scheduler holds the trajectory state (E_k, O_k, m_k) and calls these.
+inputs and never drawing random numbers. Chained, they are the test oracle of the untied step ([`untied_step`],
+which computes the same quantities in few passes), the lab's direction controls, and the calibration's reference
+recurrence (eq. (40)); whoever chains them holds the trajectory state (E_k, O_k, m_k).
 
 Conventions shared by all functions:
 

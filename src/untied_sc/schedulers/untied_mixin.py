@@ -4,7 +4,13 @@ from typing import NamedTuple
 
 import torch
 
-from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
+from .coefficients import (
+    UntiedCoefficients,
+    check_coefficients,
+    check_preset,
+    coefficients_table,
+    resolve_coefficients,
+)
 from .config_checks import POSITIVE
 from .contract import OfficialBaseMixin, init_keys
 from .outputs import LanguageFlowSchedulerOutput
@@ -87,15 +93,16 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             if key in given and key not in takes and given[key] != default
         }
         if changed:
+            lab = {"elf": "AblationUntiedELFScheduler", "langflow": "AblationUntiedLangFlowScheduler"}[cls.family]
             raise ValueError(
-                f"{cls.__name__} runs the paper's sampler; {changed} are ablation switches of the lab's "
-                f"Ablation{cls.__name__} (untied_sc.ablations): build that one for them, or "
-                f"remove the keys (the paper's values: { {key: ABLATION_DEFAULTS[key] for key in changed} })."
+                f"{cls.__name__} runs the paper's sampler; {changed} are ablation switches of the lab's {lab} "
+                f"(untied_sc.ablations): build that one for them, or remove the keys (the paper's values: "
+                f"{ {key: ABLATION_DEFAULTS[key] for key in changed} })."
             )
         return super().extract_init_dict(config_dict, **kwargs)
 
     def _init_untied(self) -> None:
-        """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
+        """Checks the coefficients, builds the official base scheduler from the config, and creates all state."""
         config = self.config
         self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
         check_preset(config.coefficients, self.family, f" (in {type(self).__name__}'s config)")
@@ -106,7 +113,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             tuning = {str(n): dict(record) for n, record in config.tuning_by_steps.items()}
             self.register_to_config(tuning_by_steps=tuning)
         self._build_base()
-        self.coefficients: dict[str, float] | None = None  # (η_R, η_T, η_O, α) of this run
+        self.coefficients: UntiedCoefficients | None = None  # (η_R, η_T, η_O, α) of this run
         self.step_statistics = None  # μ_k, σ_k, δ̄_k of this NFE (when η_R > 0 or η_T > 0)
         self.rms: list[float] = []  # σ_k as floats, read once per run
         self.cosine_distances: list[float] = []  # δ̄_k as floats, read once per run
@@ -150,13 +157,13 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         `run_generator` is the run's sampling generator; nothing is drawn from it here (the lab's direction controls
         seed their draws from its state).
         """
-        coefficients = self.resolve_coefficients(num_inference_steps, statistics)
+        coefficients = UntiedCoefficients.of(self.resolve_coefficients(num_inference_steps, statistics))
         if statistics is not None and statistics.config.solver != self.family:
             raise ValueError(
                 f"The sampler statistics are for the {statistics.config.solver!r} solver, this scheduler uses "
                 f"{self.family!r}: they belong to another model family."
             )
-        uses_statistics = coefficients["eta_r"] > 0 or coefficients["eta_t"] > 0
+        uses_statistics = coefficients.eta_r > 0 or coefficients.eta_t > 0
         if uses_statistics and statistics is None:
             raise ValueError(
                 "Untied sampling with η_R > 0 or η_T > 0 needs the model's SamplerStatistics: pass "
@@ -170,7 +177,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         stats = self.step_statistics
         self.rms = stats.rms.tolist() if stats is not None else []
         self.cosine_distances = stats.cosine_distance.tolist() if stats is not None else []
-        self._setup_transform(statistics if coefficients["eta_r"] > 0 else None, device)
+        self._setup_transform(statistics if coefficients.eta_r > 0 else None, device)
         self.mask = mask
         self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
         self._plan = self._plan_step(device)
@@ -184,7 +191,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         """Every per-step number of this run for the step, as float64 tensors on `device` (once per run)."""
         coefficients, solver, switches = self.coefficients, self.solver, self._switches()
         steps = solver.num_update_steps
-        eta_t, eta_o, alpha = coefficients["eta_t"], coefficients["eta_o"], coefficients["alpha"]
+        eta_t, eta_o, alpha = coefficients.eta_t, coefficients.eta_o, coefficients.alpha
         table_dtype = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
         online = switches.online_distance and self.basis is not None
         correct = eta_t > 0
@@ -228,8 +235,6 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             correct=correct,
             online=online,
             solver_direction=solver_direction,
-            track_ema=correct or online,
-            track_solver_average=(correct or online) and solver_direction,
             routing=switches.routing,
             transform_kind=kind,
             eps=self.config.degeneracy_eps,
@@ -268,7 +273,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             return
         self.basis = statistics.basis.to(device)
         self.rho_sq = statistics.rho_sq.detach().to("cpu", torch.float64)  # r numbers: ℓ of a shared â is a CPU job
-        self.transform_strength = statistics.base_transform_exponent * self.coefficients["eta_r"]
+        self.transform_strength = statistics.base_transform_exponent * self.coefficients.eta_r
 
     def step(
         self,

@@ -98,7 +98,6 @@ class StepOptions:
     Attributes:
         correct (`bool`): η_T > 0. online (`bool`): this trajectory's δ̄_k (H_k and G_k are formed even when η_T = 0).
         solver_direction (`bool`): G_k is formed (η_O > 0, or the online δ̄).
-        track_ema, track_solver_average (`bool`): E_{k+1}, O_{k+1} are formed (a later step reads them).
         routing (`str`): `"solver"`, `"self_conditioning"` or `"both"`.
         transform_kind (`str`, *optional*): `None` (η_R = 0), `"matrix"` (F_k, D × D, when 2r ≥ D), `"low_rank"`
             (Q(I − diag ℓ_k), D × r) or `"online"` (ℓ per sample, computed in the step).
@@ -109,14 +108,22 @@ class StepOptions:
     correct: bool
     online: bool
     solver_direction: bool
-    track_ema: bool
-    track_solver_average: bool
     routing: str
     transform_kind: str | None
     eps: float
     strength: float = 0.0
     eps_fp: float = 0.01
     global_scaling: bool = True
+
+    @property
+    def track_ema(self) -> bool:
+        """E_{k+1} is formed: a later step reads H_k (the correction or the online δ̄)."""
+        return self.correct or self.online
+
+    @property
+    def track_solver_average(self) -> bool:
+        """O_{k+1} is formed: a later step reads G_k."""
+        return self.track_ema and self.solver_direction
 
 
 class UntiedStepOutput(NamedTuple):
@@ -328,7 +335,7 @@ def untied_step(
             correction = eta_mean if mask3 is None else torch.where(mask3, eta_mean, 0.0)
             corrected = _cast(_cast(p, compute) + correction, dtype)
     elif correct or online:
-        # H_k = p_k − E_k, formed in p_k's dtype as `history_direction` does (a buffer of its own: centred below).
+        # H_k = p_k − E_k (eqs. (9), (36)), formed in p_k's dtype as `history_direction` does (a buffer of its own: centred below).
         h = _cast(torch.sub(p, ema, out=into("history", dtype)), compute)
         if history_gate is not None:
             h = h.mul_(history_gate)
@@ -350,15 +357,15 @@ def untied_step(
                 norm_d = torch.linalg.vector_norm(d, dim=(1, 2), keepdim=True)
             threshold = eps * torch.linalg.vector_norm(pm, dim=(1, 2), keepdim=True)
             valid = (norm_h > threshold) & (norm_d > threshold)
-            g = torch.where(valid, norm_h / norm_d, 0.0)  # G_k = g·d_k; (B, 1, 1)
+            g = torch.where(valid, norm_h / norm_d, 0.0)  # G_k = g·d_k (eqs. (9), (37)); (B, 1, 1)
             if online:
-                # δ̃_{k,n} = min{1, 1 − cos(H_n, G_n)}, and cos(H_n, g·d_n) = cos(H_n, d_n) for g > 0; 0 if degenerate.
+                # δ̃_{k,n} = min{1, 1 − cos(H_n, G_n)} (below eq. (40)), and cos(H_n, g·d_n) = cos(H_n, d_n) for g > 0; 0 if degenerate.
                 token_valid = (token_h2 > 0) & (token_d2 > 0) & valid[:, :, 0]
                 cosine = token_hd / (token_h2 * token_d2).sqrt()
                 tokens = torch.where(token_valid, (1 - cosine).clamp(0.0, 1.0), 0.0)
                 distance = _cast(tokens.sum(dim=1) / (count[:, 0, 0] if mask is not None else count), dtype)
         if correct:
-            # C U_k with U_k = (1 + c)H_k − c·g·d_k: minus the active-position mean M_I(U_k), zero elsewhere; formed
+            # C U_k with U_k = (1 + c)H_k − c·g·d_k (eqs. (10), (38)): minus the active-position mean M_I(U_k), zero elsewhere; formed
             # in H_k's place when H_k has a buffer (it is not read again).
             sum_h = h.sum(dim=1, keepdim=True)
             in_place = h if out is not None else None
@@ -372,7 +379,7 @@ def untied_step(
                 centred = torch.sub(h, sum_h / count, out=in_place)
             if mask3 is not None:
                 centred = torch.where(mask3, centred, 0.0)
-            # η_T σ_k / RMS(C U_k), RMS = ‖C U_k‖ / sqrt(n·D); Π_k = μ_k where C U_k = 0.
+            # Π_k (eq. (11)): η_T σ_k / RMS(C U_k), RMS = ‖C U_k‖ / sqrt(n·D); Π_k = μ_k where C U_k = 0.
             norm = torch.linalg.vector_norm(centred, dim=(1, 2), keepdim=True)
             scale = torch.where(norm > 0, eta_sigma * (count * width) ** 0.5 / norm, 0.0)
             if mask3 is None:  # p_k + A_k, A_k = η_T Π_k(U_k) = η_T μ_k + scale·C U_k; a new tensor (returned)
@@ -380,15 +387,17 @@ def untied_step(
             else:
                 corrected = torch.where(mask3, torch.addcmul(eta_mean, centred, scale), 0.0).add_(pc)
             corrected = _cast(corrected, dtype)
+    # Routing (eq. (12)): the paper's sampler hands q_k = p_k + A_k to the solver and O, m_{k+1} = p_k.
     solver_input = p if options.routing == "self_conditioning" else corrected
     next_raw = p if options.routing == "solver" else corrected
     new_ema = new_average = None
-    if options.track_ema:  # E_{k+1} = (1 − α)E_k + α p_k
+    if options.track_ema:  # E_{k+1} = (1 − α)E_k + α p_k (eq. (6))
         new_ema = torch.lerp(ema, p, _cast(alpha, dtype), out=into("ema", dtype))
-    if options.track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k
+    if options.track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k (eq. (8))
         new_average = torch.lerp(solver_average, solver_input, _cast(kappa, dtype), out=into("solver_average", dtype))
+    # m̃_{k+1} = F_{k+1} m_{k+1} (eqs. (7), (35)), the next network's self-conditioning input.
     if transform_kind == "online":
-        a_hat = _cast(kappa, dtype) * (1 - distance)  # â_{k+1} = κ_k(1 − δ̄_k), one per sample
+        a_hat = _cast(kappa, dtype) * (1 - distance)  # â_{k+1} = κ_k(1 − δ̄_k) (eq. (13)), one per sample
         ell = retention(operators.rho_sq, a_hat, options.strength, options.eps_fp, options.global_scaling)
         self_conditioning = overlap_transform(next_raw, operators.basis, ell.to(dtype))
     elif transform is None:
