@@ -2,7 +2,8 @@
 
 A refactor of the schedulers must not change what they sample: run this before it (`--write BEFORE.pt`) and after
 (`--compare BEFORE.pt`). It covers the official samplers, the untied ones (the config's coefficients, and the
-calibration's coefficients on the fused and the reference step) and every comparison sampler at its defaults.
+calibration's coefficients on the untied step and on the chained functions it is tested against, and with the online
+δ̄ ablation) and every comparison sampler at its defaults.
 
     PYTHONPATH=src python benchmarks/bundled_sampling_check.py --write /tmp/before.pt
     PYTHONPATH=src python benchmarks/bundled_sampling_check.py --compare /tmp/before.pt
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from untied_sc.ablations import ablation_scheduler_class
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler
 from untied_sc.schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
@@ -30,10 +32,11 @@ def samplers(pipe, nfe: int):
     yield "untied-config", UntiedSelfConditioningScheduler.from_config(config)
     calibrated = config["tuning_by_steps"][str(nfe)]["calibrated"]
     yield "untied-calibrated-fused", UntiedSelfConditioningScheduler.from_config(config, **calibrated)
-    reference = UntiedSelfConditioningScheduler.from_config(config, **calibrated)
-    reference.use_fused_step = False
+    ablation = ablation_scheduler_class(pipe.family)
+    reference = ablation.from_config(config, **calibrated)
+    reference.reference_chain = True
     yield "untied-calibrated-reference", reference
-    online = UntiedSelfConditioningScheduler.from_config(config, **calibrated, cosine_distance="online")
+    online = ablation.from_config(config, **calibrated, cosine_distance="online")
     yield "untied-calibrated-online", online
     for method in COMPARISON_METHODS:
         cls = comparison_scheduler_class(method, pipe.family)

@@ -56,6 +56,7 @@ from untied_sc import (
     LangFlowTransformerModel,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.ablations import ablation_scheduler_class
 from untied_sc.calibration import overlap_basis_from_model
 from untied_sc.schedulers.sampler_statistics import SamplerStatistics, StepStatistics
 
@@ -283,14 +284,14 @@ def profile_run(run, device: torch.device, top: int = 15) -> dict:
 
 
 def schedulers_for(w_official, untied_config: dict, statistics, args) -> dict:
-    """The variants: official, untied (fused step), and the reference and compiled steps when asked for."""
+    """The variants: official, untied (the untied step), and the chained functions and compiled step when asked for."""
     official = w_official
     variants = {"official": (official, None)}
     untied = UntiedSelfConditioningScheduler.from_config(official.config, **untied_config)
     variants["untied"] = (untied, statistics)
     if args.with_reference_step:
-        reference = UntiedSelfConditioningScheduler.from_config(official.config, **untied_config)
-        reference.use_fused_step = False
+        reference = ablation_scheduler_class(untied.family).from_config(official.config, **untied_config)
+        reference.reference_chain = True
         variants["untied_reference"] = (reference, statistics)
     if args.with_compiled_step:
         compiled = UntiedSelfConditioningScheduler.from_config(official.config, **untied_config).compile_step()

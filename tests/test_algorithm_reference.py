@@ -3,9 +3,11 @@
 What it checks: `UntiedELFScheduler` and `UntiedLangFlowScheduler`, driven as a pipeline drives them over a
 deterministic toy denoiser, give at every network evaluation the same time input, latent input z (ELF: re-noised),
 self-conditioning input m̃_k and prediction p_k, and on every update step the same solver input q_k and next latent
-z_{k+1} as the reference below, to float64 rounding. Both scheduler paths are checked (the fused step that runs by
-default, and the step that chains the pure functions), over both families, the routings, the ablation switches, the
-mask, the online cosine distance and several coefficient settings.
+z_{k+1} as the reference below, to float64 rounding. The untied step that the schedulers run is checked (on the lab's
+`AblationUntiedELFScheduler` / `AblationUntiedLangFlowScheduler` for an ablation switch), and so is the oracle it is
+tested against elsewhere, the lab's scheduler with `reference_chain` (the functions of each quantity chained), over
+both families, the routings, the ablation switches, the mask, the online cosine distance and several coefficient
+settings.
 
 Independence: the reference shares no code with the scheduler. It is written here from the paper (Algorithm 1; App.
 A.2 eqs. (16)-(19) for κ_k; App. B.1 eq. (34) for the retention; App. B.3 eqs. (36)-(39) for H_k, G_k, U_k, Δu_k;
@@ -29,6 +31,7 @@ import pytest
 import torch
 
 from untied_sc import SamplerStatistics, UntiedELFScheduler, UntiedLangFlowScheduler
+from untied_sc.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
 
 
 DTYPE = torch.float64
@@ -431,14 +434,19 @@ def scheduler_trajectory(
     model: ToyDenoiser,
     stats: Statistics,
     coefficients: dict[str, float],
-    fused: bool,
+    chained: bool,
     seed: int = SEED,
     mask: torch.Tensor | None = None,
     **options,
 ) -> list[dict[str, torch.Tensor]]:
-    scheduler_cls = UntiedELFScheduler if family == "elf" else UntiedLangFlowScheduler
+    ablation = chained or any(key in ABLATION_SWITCHES for key in options)
+    if ablation:
+        scheduler_cls = AblationUntiedELFScheduler if family == "elf" else AblationUntiedLangFlowScheduler
+    else:
+        scheduler_cls = UntiedELFScheduler if family == "elf" else UntiedLangFlowScheduler
     scheduler = scheduler_cls(**coefficients, **options)
-    scheduler.use_fused_step = fused
+    if chained:
+        scheduler.reference_chain = True
     statistics = to_sampler_statistics(family, stats)
     generator = torch.Generator().manual_seed(seed)
     if family == "elf":
@@ -467,7 +475,18 @@ def scheduler_trajectory(
     return records
 
 
-# Scheduler options (and the mask), each checked on both families and both scheduler paths.
+# The lab's switches: a case that sets one runs on the lab's scheduler (written out here, not imported).
+ABLATION_SWITCHES = (
+    "correction_routing",
+    "transform_assignment",
+    "transform_seed",
+    "global_scaling",
+    "cosine_distance",
+    "correction_direction",
+    "direction_seed",
+)
+
+# Scheduler options (and the mask), each checked on both families, on the step and on the chained functions.
 OPTION_CASES = {
     "solver_routing": {},
     "self_conditioning_routing": {"correction_routing": "self_conditioning"},
@@ -508,17 +527,17 @@ def reference_options(options: dict) -> dict:
     }
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("chained", [False, True], ids=["step", "chained"])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("family", ["elf", "langflow"])
-def test_scheduler_matches_algorithm_1(family: str, case: str, fused: bool):
+def test_scheduler_matches_algorithm_1(family: str, case: str, chained: bool):
     coefficients, options = CASES[case]
     options = dict(options)
     mask = make_mask() if options.pop("mask", False) else None
     model, stats = ToyDenoiser(), make_statistics(family)
 
     expected = reference_algorithm(family, model, stats, coefficients, mask=mask, **reference_options(options))
-    got = scheduler_trajectory(family, model, stats, coefficients, fused, mask=mask, **options)
+    got = scheduler_trajectory(family, model, stats, coefficients, chained, mask=mask, **options)
 
     assert len(got) == len(expected) == STEPS
     for k, (g, e) in enumerate(zip(got, expected, strict=True)):

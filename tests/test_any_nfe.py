@@ -70,7 +70,7 @@ def test_official_and_untied_elf_sample_at_unlisted_nfes(elf_pipe, steps):
     assert not torch.equal(untied.latents, official.latents)  # the untied components acted
     assert elf_pipe.scheduler.base.solver.sde_gamma == 2.0
     nearest = {12: "16", 5: "8"}[steps]
-    assert elf_pipe.scheduler.coefficients == paper_coefficients()["elf-b"][nearest]
+    assert elf_pipe.scheduler.coefficients._asdict() == paper_coefficients()["elf-b"][nearest]
 
 
 # ---- the preset rule ------------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_cli_calibrates_at_nfe_12_and_untied_samples_there(elf_pipe, tmp_path, c
     pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
     output = _sample(pipe, 12)
     assert torch.isfinite(output.latents).all()
-    assert pipe.scheduler.coefficients == paper_coefficients()["elf-b"]["16"]
+    assert pipe.scheduler.coefficients._asdict() == paper_coefficients()["elf-b"]["16"]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from untied_sc.schedulers.direction_controls import (
+from untied_sc.ablations.direction_controls import (
     centred_rms,
     common_direction,
     derangement,

@@ -20,6 +20,7 @@ from untied_sc import (
     UntiedSelfConditioningMixin,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
 from untied_sc.schedulers import paper_coefficients
 
 from .tiny import random_statistics, tiny_tokenizer
@@ -30,6 +31,7 @@ FAMILIES = {
     "langflow": (LangFlowScheduler, UntiedLangFlowScheduler),
 }
 SCHEDULERS = [cls for pair in FAMILIES.values() for cls in pair]
+ABLATION_SCHEDULERS = [AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler]
 COEFFICIENTS = {"eta_r": 1.5, "eta_t": 1.0, "eta_o": 1.0, "alpha": 0.8}
 STEPS = 8
 
@@ -81,14 +83,19 @@ def _configured(scheduler_cls):
         return ELFScheduler(p_mean=-1.0, p_std=0.9, sde_gamma_by_steps={"8": 1.5})
     if scheduler_cls is LangFlowScheduler:
         return LangFlowScheduler(quantile_eps=2e-5)
+    switches = {}
+    if scheduler_cls in ABLATION_SCHEDULERS:
+        switches = {
+            "correction_routing": "both",
+            "cosine_distance": "online",
+            "correction_direction": "random",
+            "direction_seed": 7,
+        }
     return scheduler_cls(
         eta_r=0.3,
         coefficients_by_steps={str(STEPS): {"eta_r": 1.2, "eta_t": 0.7, "eta_o": 1.3, "alpha": 0.6}},
         tuning_by_steps={str(STEPS): {"seed": 10000, "chosen": {"eta_t": 0.7}}},
-        correction_routing="both",
-        cosine_distance="online",
-        correction_direction="random",
-        direction_seed=7,
+        **switches,
     )
 
 
@@ -97,7 +104,7 @@ def _configured(scheduler_cls):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheduler_cls", SCHEDULERS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("scheduler_cls", SCHEDULERS + ABLATION_SCHEDULERS, ids=lambda cls: cls.__name__)
 def test_save_and_reload_gives_the_same_config_and_the_same_samples(tmp_path, make_pipe, scheduler_cls):
     scheduler = _configured(scheduler_cls)
     pipe = make_pipe(scheduler_cls.family, scheduler)
@@ -107,7 +114,7 @@ def test_save_and_reload_gives_the_same_config_and_the_same_samples(tmp_path, ma
     saved = json.loads((tmp_path / "scheduler_config.json").read_text())
     assert saved["_class_name"] == scheduler_cls.__name__
     loaders = [scheduler_cls.from_pretrained, lambda path: scheduler_cls.from_config(scheduler_cls.load_config(path))]
-    if issubclass(scheduler_cls, UntiedSelfConditioningMixin):
+    if issubclass(scheduler_cls, UntiedSelfConditioningMixin) and scheduler_cls not in ABLATION_SCHEDULERS:
         loaders.append(UntiedSelfConditioningScheduler.from_pretrained)
     for load in loaders:
         with diffusers_warnings() as logged:
@@ -236,7 +243,7 @@ def _legacy_config(family: str) -> dict:
         "transform_assignment": "overlap",
         "transform_seed": 0,
         "global_scaling": True,
-        "cosine_distance": "online",
+        "cosine_distance": "precomputed",
     }
 
 
@@ -247,7 +254,7 @@ def test_factory_loads_a_legacy_folder_silently_without_the_other_family_keys(tm
         scheduler = UntiedSelfConditioningScheduler.from_pretrained(tmp_path)
     assert not logged, [record.getMessage() for record in logged]
     assert type(scheduler) is FAMILIES[family][1]
-    assert "solver" not in scheduler.config and scheduler.config.cosine_distance == "online"
+    assert "solver" not in scheduler.config and scheduler.config.cosine_distance == "precomputed"
     if family == "elf":
         assert scheduler.config.sc_cfg_scale == 3.0 and "quantile_eps" not in scheduler.config
     else:

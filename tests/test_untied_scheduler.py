@@ -16,6 +16,12 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.ablations import (
+    AblationUntiedELFScheduler,
+    AblationUntiedLangFlowScheduler,
+    ablation_scheduler_class,
+    needs_ablation_scheduler,
+)
 from untied_sc.schedulers.untied_functions import (
     history_direction,
     masked_token_mean,
@@ -39,8 +45,9 @@ def _pipeline(family: str, nfe_file: int, statistics: bool = True, **untied):
         pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
     if statistics:
         pipe.register_modules(sampler_statistics=random_statistics(model, family, steps=(8, 32, 64)))
-    if untied:
-        pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **untied)
+    if untied:  # an ablation switch: the lab's scheduler
+        cls = ablation_scheduler_class(family) if needs_ablation_scheduler(untied) else UntiedSelfConditioningScheduler
+        pipe.scheduler = cls.from_config(pipe.scheduler.config, **untied)
     pipe.set_progress_bar_config(disable=True)
     return pipe, golden
 
@@ -124,7 +131,7 @@ def _step_by_step(scheduler, model_fn, steps, latents, **set_kwargs):
 def test_correction_routing(routing):
     pipe, _ = _pipeline("langflow", 8)
     model, statistics = pipe.transformer, pipe.sampler_statistics
-    scheduler = UntiedLangFlowScheduler(eta_r=0.0, eta_t=1.5, eta_o=1.0, alpha=0.8, correction_routing=routing)
+    scheduler = AblationUntiedLangFlowScheduler(eta_r=0.0, eta_t=1.5, eta_o=1.0, alpha=0.8, correction_routing=routing)
 
     def model_fn(z, t, sc):
         return model.clean_prediction(model(z, t, sc).logits)
@@ -199,15 +206,6 @@ def test_invalid_coefficients_and_options_are_refused(scheduler_cls):
         scheduler_cls(coefficients_by_steps={"8": {"eta_r": 1.0, "eta_t": -1.0, "eta_o": 1.0, "alpha": 0.5}})
     with pytest.raises(ValueError, match=r"coefficients_by_steps\['8'\] must give exactly"):
         scheduler_cls(coefficients_by_steps={8: {"eta_r": 1.0}})
-    with pytest.raises(ValueError, match="correction_routing must be one of"):
-        scheduler_cls(correction_routing="latent")
-    with pytest.raises(ValueError, match="correction_direction must be one of"):
-        scheduler_cls(correction_direction="orthogonal")
-    with pytest.raises(ValueError, match="correction_direction must be one of"):
-        UntiedSelfConditioningScheduler.from_config(scheduler_cls().config, correction_direction="History")
-    for seed in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="direction_seed must be an integer ≥ 0"):
-            scheduler_cls(direction_seed=seed)
     with pytest.raises(ValueError, match="Unknown coefficient preset"):
         scheduler_cls(coefficients="elf-xl")
     set_timesteps_kwargs = (
@@ -215,6 +213,40 @@ def test_invalid_coefficients_and_options_are_refused(scheduler_cls):
     )
     with pytest.raises(ValueError, match="needs the model's SamplerStatistics"):
         scheduler_cls(eta_r=1.0, eta_t=1.0, eta_o=1.0, alpha=0.5).set_timesteps(8, **set_timesteps_kwargs)
+
+
+@pytest.mark.parametrize("scheduler_cls", [AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler])
+def test_invalid_ablation_switches_are_refused(scheduler_cls):
+    with pytest.raises(ValueError, match="correction_routing must be one of"):
+        scheduler_cls(correction_routing="latent")
+    with pytest.raises(ValueError, match="correction_direction must be one of"):
+        scheduler_cls(correction_direction="orthogonal")
+    with pytest.raises(ValueError, match="correction_direction must be one of"):
+        scheduler_cls.from_config(scheduler_cls().config, correction_direction="History")
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="direction_seed must be an integer ≥ 0"):
+            scheduler_cls(direction_seed=seed)
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_the_untied_scheduler_takes_no_ablation_switch_but_loads_them_at_the_paper_values(tmp_path, family):
+    """A config saved with the switches at the paper's values loads (they stay in the config); others are refused."""
+    untied = type(UntiedSelfConditioningScheduler(solver=family))
+    ablation = ablation_scheduler_class(family)
+    assert not {"correction_routing", "cosine_distance", "correction_direction"} & set(untied().config)
+    ablation(eta_t=1.0).save_pretrained(tmp_path)  # all seven switches, at the paper's values
+    saved = untied.load_config(tmp_path)
+    assert saved["correction_direction"] == "history"
+    loaded = untied.from_pretrained(tmp_path)
+    assert type(loaded) is untied and loaded.config.eta_t == 1.0
+    assert loaded.config.correction_routing == "solver"  # kept in the config, as a swap back needs it
+    assert type(ablation.from_config(loaded.config)) is ablation
+    with pytest.raises(ValueError, match=r"AblationUntied\w+Scheduler .*correction_routing"):
+        untied.from_config({**saved, "correction_routing": "both"})
+    with pytest.raises(ValueError, match="cosine_distance"):
+        untied.from_config(saved, cosine_distance="online")
+    with pytest.raises(TypeError):
+        untied(correction_routing="both")
 
 
 @pytest.mark.parametrize(
@@ -236,7 +268,7 @@ def test_ablation_switches_do_to_the_self_conditioning_input_what_they_name(opti
     pipe, _ = _pipeline("elf", 8)
     statistics = pipe.sampler_statistics
     base = {"eta_r": 3.0, "eta_t": 0.0, "eta_o": 1.0, "alpha": 0.8}
-    schedulers = {"ablated": UntiedELFScheduler(**base, **options), "default": UntiedELFScheduler(**base)}
+    schedulers = {"ablated": AblationUntiedELFScheduler(**base, **options), "default": UntiedELFScheduler(**base)}
     for scheduler in schedulers.values():
         scheduler.set_timesteps(8, generator=torch.Generator().manual_seed(0), statistics=statistics)
     rho_sq = statistics.rho_sq.double()
@@ -323,9 +355,9 @@ def _latents_and_state(pipe, seed=42, batch_size=3, latents=None):
 
 
 def _history_reference(family, batch_size=3, **untied):
-    """The history direction on the unfused step, which the controls run (fused and unfused agree only to rounding)."""
-    pipe, _ = _pipeline(family, 8, **untied)
-    pipe.scheduler.use_fused_step = False
+    """The history direction on the chained functions, which the controls run (they agree with the step to rounding)."""
+    pipe, _ = _pipeline(family, 8, **untied, correction_direction="history")
+    pipe.scheduler.reference_chain = True
     return pipe
 
 
@@ -399,16 +431,15 @@ def test_the_direction_seed_and_the_sampling_seed_pick_the_controls_draws():
 
 
 @pytest.mark.parametrize("control", CONTROLS)
-def test_direction_controls_run_the_unfused_step(control, monkeypatch):
+def test_direction_controls_run_the_chained_functions(control, monkeypatch):
     pipe, _ = _pipeline("elf", 8, **STRONG, correction_direction=control)
-    assert pipe.scheduler.use_fused_step  # the class default: the controls bypass it themselves
+    history, _ = _pipeline("elf", 8, **STRONG, correction_direction="history")
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the fused step forms only the history direction")
+        raise AssertionError("the untied step forms only the history direction")
 
-    monkeypatch.setattr(pipe.scheduler, "_fused_update", refuse)
-    _run(pipe, 8)
-    history, _ = _pipeline("elf", 8, **STRONG)
-    monkeypatch.setattr(history.scheduler, "_fused_update", refuse)
+    monkeypatch.setattr(history.scheduler, "_chained_update", refuse)
+    _run(history, 8)  # the history direction runs the untied step
+    monkeypatch.setattr(pipe.scheduler, "_chained_update", refuse)
     with pytest.raises(AssertionError, match="history direction"):
-        _run(history, 8)
+        _run(pipe, 8)

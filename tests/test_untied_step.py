@@ -1,10 +1,10 @@
-"""The fused untied step (schedulers/untied_step.py) against the reference step, the pure functions chained one by one.
+"""The untied step (schedulers/untied_step.py) against its oracle, the functions of each quantity chained one by one.
 
-The untied schedulers run the fused step by default; `use_fused_step = False` runs the reference step (the pure
-functions of `untied_functions`, each tested alone in test_untied_functions.py, and Algorithm 1 written out in
-test_algorithm_reference.py). Here two schedulers, one of each, get the same predictions and states step by step, so
-their outputs must agree within float rounding (no network amplifies a difference); whole pipeline runs through a
-tiny network must agree too, and with η_R = η_T = 0 the fused step must hand the official step the official tensors.
+The untied schedulers run [`untied_step`]; the lab's ablation scheduler with `reference_chain = True` runs the oracle
+(the functions of `untied_functions`, each tested alone in test_untied_functions.py; Algorithm 1 written out in float64
+is test_algorithm_reference.py). Here two schedulers, one of each, get the same predictions and states step by step,
+so their outputs must agree within float rounding (no network amplifies a difference); whole pipeline runs through a
+tiny network must agree too, and with η_R = η_T = 0 the step must hand the official step the official tensors.
 """
 
 import os
@@ -22,6 +22,7 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
+from untied_sc.ablations import ablation_scheduler_class, needs_ablation_scheduler
 from untied_sc.schedulers.untied_step import choose_transform_kind
 
 from .tiny import random_statistics, tiny_tokenizer
@@ -61,11 +62,15 @@ def make_mask() -> torch.Tensor:
 
 
 def twins(solver: str, statistics, mask=None, **options):
-    """(fused, reference) schedulers of one config, with the same grid and statistics."""
-    cls = UntiedELFScheduler if solver == "elf" else UntiedLangFlowScheduler
+    """
+    (step, oracle) schedulers of one config, with the same grid and statistics: the untied scheduler (the lab's for
+    an ablation switch) and the lab's with `reference_chain`.
+    """
+    untied = UntiedELFScheduler if solver == "elf" else UntiedLangFlowScheduler
     config = {**COEFFICIENTS, **options}
-    fused, reference = cls(**config), cls(**config)
-    reference.use_fused_step = False
+    cls = ablation_scheduler_class(solver) if needs_ablation_scheduler(options) else untied
+    fused, reference = cls(**config), ablation_scheduler_class(solver)(**config)
+    reference.reference_chain = True
     for scheduler in (fused, reference):
         if solver == "elf":
             scheduler.set_timesteps(
@@ -146,7 +151,7 @@ CASES = {
     ids=["matrix-float32", "low_rank-float32", "matrix-float64"],
 )
 @torch.no_grad()
-def test_fused_step_equals_the_reference_step_within_rounding(solver, case, rank, dtype):
+def test_untied_step_equals_the_chained_functions_within_rounding(solver, case, rank, dtype):
     options = dict(CASES[case])
     mask = make_mask() if options.pop("mask", False) else None
     statistics = make_statistics(solver, rank, dtype)
@@ -157,7 +162,7 @@ def test_fused_step_equals_the_reference_step_within_rounding(solver, case, rank
 
 @pytest.mark.parametrize("solver", ["elf", "langflow"])
 @torch.no_grad()
-def test_fused_step_with_float16_predictions_computes_in_float32(solver):
+def test_untied_step_with_float16_predictions_computes_in_float32(solver):
     statistics = make_statistics(solver, 8)
     fused, reference = twins(solver, statistics)
     step_both(solver, fused, reference, torch.float16, check_state=False, rtol=2e-3)
@@ -198,7 +203,8 @@ def _pipeline(family: str, **untied):
         pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
     pipe.register_modules(sampler_statistics=random_statistics(model, family, steps=(8,)))
     if untied:
-        pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **untied)
+        cls = ablation_scheduler_class(family) if needs_ablation_scheduler(untied) else UntiedSelfConditioningScheduler
+        pipe.scheduler = cls.from_config(pipe.scheduler.config, **untied)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -214,18 +220,20 @@ def _sample(pipe, seed=7, batch_size=3):
     [COEFFICIENTS, {**COEFFICIENTS, "cosine_distance": "online"}],
     ids=["default", "online_distance"],
 )
-def test_pipeline_samples_with_the_fused_step_equal_the_reference_step(family, options):
+def test_pipeline_samples_with_the_step_equal_the_chained_functions(family, options):
     """Through a real (tiny) network, eight steps: the latents agree within rounding and the tokens are equal."""
     pipe = _pipeline(family, **options)
     fused = _sample(pipe)
-    pipe.scheduler.use_fused_step = False
+    chained = ablation_scheduler_class(family).from_config(pipe.scheduler.config, **options)
+    chained.reference_chain = True
+    pipe.scheduler = chained
     reference = _sample(pipe)
     assert_close(fused.latents, reference.latents, "final latents", rtol=1e-4)
     assert torch.equal(fused.sequences, reference.sequences)
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])
-def test_zero_strength_fused_step_hands_the_official_step_the_prediction_itself(family):
+def test_zero_strength_untied_step_hands_the_official_step_the_prediction_itself(family):
     """η_R = η_T = 0: q_k, m_k and m̃_{k+1} are p_k (the same tensor), and no E or O is kept."""
     pipe = _pipeline(family, eta_r=0.0, eta_t=0.0, eta_o=1.5, alpha=0.7)
     scheduler, seen = pipe.scheduler, []
@@ -248,7 +256,7 @@ def test_zero_strength_fused_step_hands_the_official_step_the_prediction_itself(
 
     scheduler.base.step, pipe._predict = recording_base_step, recording_predict
     pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(0), callback_on_step_end=record)
-    assert scheduler._fused_plan.trivial
+    assert scheduler._plan.trivial
     assert all(q is p for q, p in zip(handed, predictions, strict=True))
     updates = scheduler.solver.num_update_steps
     assert all(raw is p and sc is p for (raw, sc), p in zip(seen[:updates], predictions, strict=False))
@@ -259,17 +267,20 @@ def test_plan_is_made_once_per_run_on_the_set_timesteps_device():
     statistics = make_statistics("langflow", 8)
     scheduler = UntiedLangFlowScheduler(**COEFFICIENTS)
     scheduler.set_timesteps(STEPS, device="cpu", proposal=PROPOSAL, statistics=statistics)
-    plan = scheduler._fused_plan
-    assert plan.scalars.shape == (STEPS - 1, 6) and plan.scalars.dtype == torch.float64
+    plan = scheduler._plan
+    assert all(column.shape == (STEPS - 1,) and column.dtype == torch.float64 for column in plan.scalars)
     assert plan.transform_kind == "matrix" and plan.retention.shape == (STEPS - 1, 8)
     p = torch.randn(BATCH, LENGTH, WIDTH)
     first = plan.tensors(p)
     assert plan.tensors(p.clone()) is first  # cast once per run
-    assert all(x.dtype == torch.float32 and x.ndim == 0 for x in first["scalars"][0])
-    assert first["scalar_table"].shape == (STEPS - 1, 6) and first["transforms"][1].shape == (WIDTH, WIDTH)
-    assert not torch.equal(first["transforms"][0], torch.eye(WIDTH))  # â_1 = κ_0(1 − δ̄_0) > 0: F_1 ≠ I
-    assert first["scalar_table"][:, 5].tolist() == [0.0] + [1.0] * (STEPS - 2)  # the gate 1[σ_k > 0]
-    assert plan.tensors(p.double()) is not first and plan.tensors(p.double())["scalar_table"].dtype == torch.float64
+    assert all(x.dtype == torch.float32 and x.ndim == 0 for x in first.scalars[0])
+    assert all(column.shape == (STEPS - 1,) for column in first.tables.scalars)
+    assert first.operators[1].transform.shape == (WIDTH, WIDTH)
+    assert not torch.equal(first.operators[0].transform, torch.eye(WIDTH))  # â_1 = κ_0(1 − δ̄_0) > 0: F_1 ≠ I
+    assert first.tables.scalars.gate.tolist() == [0.0] + [1.0] * (STEPS - 2)  # the gate 1[σ_k > 0]
+    assert (
+        plan.tensors(p.double()) is not first and plan.tensors(p.double()).tables.scalars.kappa.dtype == torch.float64
+    )
 
 
 HOST_OPS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.lift_fresh", "aten.nonzero", "aten.item")

@@ -1,8 +1,8 @@
 """The fixed reference recurrence whose corrections define the per-step statistics μ_k, σ_k, δ̄_k.
 
-Paper App. B.4, eqs. (40) and (41); docs/algorithm.md §4.3. The recurrence is the untied scheduler with the SC
-transform off and the reference correction Ũ_k in place of A_k, so it reuses the scheduler's state handling and routing
-unchanged.
+Paper App. B.4, eqs. (40) and (41); docs/algorithm.md §4.3. The recurrence runs on the untied scheduler with the SC
+transform off: its update step puts the reference correction Ũ_k in place of A_k and keeps the scheduler's state
+handling.
 """
 
 import math
@@ -17,6 +17,7 @@ from ..schedulers.untied_functions import (
     solver_history_direction,
     token_cosine_distance,
 )
+from ..schedulers.untied_step import UntiedState
 
 
 # λ_k^ref = REFERENCE_GAIN·g_T^(0)·s_k^ref, with s_k^ref active for r_k ∈ (0.40, 0.95] (paper constants).
@@ -106,19 +107,39 @@ class ReferenceRecurrenceMixin:
         config: the family's untied scheduler config and `alpha` (η_R = η_T = 0 internally).
     """
 
-    # The recurrence replaces `_correction`, which only the unfused reference step calls.
-    use_fused_step = False
-
     def __init__(self, base_correction_scale: float, accumulator: MomentAccumulator | None = None, **config):
         super().__init__(**{**config, "eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "coefficients": None})
         self.base_correction_scale = base_correction_scale
         self.accumulator = accumulator
 
-    def _correction(self, k: int, prediction: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+    def _update(
+        self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Update step k of eq. (40): the solver and O get q_k = p_k + Ũ_k, m_{k+1} = p_k (no transform), E with α.
+        """
+        if k >= self.solver.num_update_steps:
+            return super()._update(k, prediction, timestep, sample)
+        if self.ema is None:
+            self.ema = torch.zeros_like(prediction)
+            self.solver_average = torch.zeros_like(prediction)
+        correction = self._reference_correction(k, prediction)
+        solver_input = prediction if correction is None else prediction + correction
+        prev_sample = self._base_step(solver_input, prediction, timestep, sample)
+        kappa, alpha = self.solver.kappa(k), self.coefficients.alpha
+        state = UntiedState(
+            ema=(1 - alpha) * self.ema + alpha * prediction,
+            solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,
+        )
+        self._advance(k, prediction, prediction, state, None)
+        return solver_input, prev_sample
+
+    def _reference_correction(self, k: int, prediction: torch.Tensor) -> torch.Tensor | None:
+        """Ũ_k of update step k (`None` on an inactive step), added to the accumulator."""
         num_updates = self.solver.num_update_steps
         gain = REFERENCE_GAIN * self.base_correction_scale * reference_activation(k, num_updates)
         if gain == 0:
-            return None, None  # inactive step: μ = σ = δ̄ = 0 exactly
+            return None  # inactive step: μ = σ = δ̄ = 0 exactly
         history = gain * history_direction(prediction, self.ema)
         solver_direction = solver_history_direction(
             prediction, history, self.solver_average, self.mask, self.config.degeneracy_eps
@@ -128,7 +149,7 @@ class ReferenceRecurrenceMixin:
         if self.mask is not None:
             correction = correction * self.mask[..., None]
         self.accumulator.add(k, correction, distance, self.mask)
-        return correction, None
+        return correction
 
 
 class ReferenceRecurrenceELFScheduler(ReferenceRecurrenceMixin, UntiedELFScheduler):

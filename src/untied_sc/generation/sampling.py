@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..ablations import ablation_scheduler_class, needs_ablation_scheduler
 from ..distributed import (
     gather_in_order,
     main_process_progress,
@@ -132,7 +133,8 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
 
     `spec["scheduler"]` is `"official"` (the family's official scheduler), `"untied"`
-    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides) or a
+    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides; the
+    lab's [`AblationUntiedELFScheduler`] / [`AblationUntiedLangFlowScheduler`] when they name an ablation switch) or a
     comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the family's class from
     [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`, with the spec's
     other keys, e.g. `momentum_beta`, as overrides).
@@ -162,7 +164,10 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
             f"A sampler's 'scheduler' must be 'official', 'untied' or one of {COMPARISON_METHODS}, got "
             f"{spec['scheduler']!r}."
         )
-    scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
+    # An ablation switch (`correction_routing`, …) needs the lab's scheduler; it samples the same otherwise.
+    untied = ablation_scheduler_class(family_of(pipe)) if needs_ablation_scheduler(overrides) else None
+    untied = untied or UntiedSelfConditioningScheduler
+    scheduler = untied.from_config(config, **overrides)
     if not scales:
         return scheduler
     if num_inference_steps is None:
@@ -171,7 +176,7 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     scaled = {name: base[name] * factor for name, factor in scales.items()}
     if "alpha" in scaled:
         scaled["alpha"] = min(scaled["alpha"], 1.0)
-    return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
+    return untied.from_config(config, **{**overrides, **scaled})
 
 
 def knobs_at(spec: Mapping, num_inference_steps: int | None) -> dict:

@@ -15,4 +15,4 @@ from .scheduling_untied_elf import UntiedELFScheduler
 from .scheduling_untied_langflow import UntiedLangFlowScheduler
 from .solvers import ELFSolver, LangFlowSolver
 from .untied_functions import masked_mean
-from .untied_mixin import TRANSFORM_ASSIGNMENTS, UntiedSelfConditioningMixin
+from .untied_mixin import UntiedSelfConditioningMixin

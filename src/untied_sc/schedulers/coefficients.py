@@ -23,10 +23,25 @@ import math
 import warnings
 from collections.abc import Mapping
 from importlib import resources
+from typing import NamedTuple
 
 from ..families import family_names, get_family
 from .config_checks import unusual_coefficient_message
 from .sampler_statistics import COEFFICIENT_NAMES
+
+
+class UntiedCoefficients(NamedTuple):
+    """The coefficients of one untied run by name, as the scheduler holds them from `set_timesteps` to the step."""
+
+    eta_r: float  # η_R, strength of the SC transform (λ_R = λ_R^(0)·η_R)
+    eta_t: float  # η_T, strength of the solver correction (eq. (11))
+    eta_o: float  # η_O, weight of the disagreement term in U_k (eq. (10))
+    alpha: float  # α, E's averaging weight (eq. (6))
+
+    @classmethod
+    def of(cls, values: Mapping[str, float]) -> "UntiedCoefficients":
+        """The coefficients of a mapping by name ([`resolve_coefficients`]' result, a preset's entry)."""
+        return cls(**{name: float(values[name]) for name in cls._fields})
 
 
 def paper_coefficients() -> dict[str, dict[str, dict[str, float]]]:

@@ -20,7 +20,7 @@ from diffusers.utils import BaseOutput
 from safetensors.torch import load_file, save_file
 
 from .noise import global_generator
-from .untied_functions import overlap_transform, retention
+from .transform import overlap_transform, retention
 
 
 OFFICIAL = "github.com/Ugness/self-conditioned-fmlm@f2472c9"

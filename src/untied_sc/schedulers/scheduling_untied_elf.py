@@ -8,16 +8,7 @@ from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
 from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
-from .untied_mixin import (
-    CORRECTION_DIRECTION,
-    CORRECTION_ROUTING,
-    COSINE_DISTANCE,
-    DEGENERACY_EPS,
-    EPS_FP,
-    TRANSFORM_ASSIGNMENT,
-    UNTIED_CONFIG_RANGES,
-    UntiedSelfConditioningMixin,
-)
+from .untied_mixin import ABLATION_DEFAULTS, DEGENERACY_EPS, EPS_FP, UNTIED_CONFIG_RANGES, UntiedSelfConditioningMixin
 
 
 class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
@@ -44,25 +35,16 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         tuning_by_steps (`dict[str, dict]`, *optional*): per NFE, the record of how `untied-sc tune` chose them.
         eps_fp (`float`, defaults to 0.01): floor of b_{k,i} in the retention.
         degeneracy_eps (`float`, defaults to 1e-12): G_k = 0 unless ‖H‖, ‖p − O‖ > eps·‖p‖.
-        correction_routing (`str`, defaults to `"solver"`): where A_k goes: `"solver"`, `"self_conditioning"` or
-            `"both"` (paper Table 1(a)).
-        transform_assignment (`str`, defaults to `"overlap"`): which direction gets which retention: `"overlap"`,
-            `"reversed"`, or `"random"` with `transform_seed` (paper Tables 8, 9).
-        transform_seed (`int`, defaults to 0): seed of the `"random"` assignment.
-        global_scaling (`bool`, defaults to `True`): keep the common factor g_k in the retention (paper Table 10).
-        cosine_distance (`str`, defaults to `"precomputed"`): δ̄ from the statistics, or `"online"` from this
-            trajectory's own H and G (per sample).
-        correction_direction (`str`, defaults to `"history"`): the direction Π_k normalises: the paper's history
-            direction U_k, or a control of paper Table 12: `"common"` (the batch's common component), `"permuted"`
-            (another sample's U_k), `"random"` (noise with U_k's centred RMS); the controls run the unfused step.
-        direction_seed (`int`, defaults to 0): mixed with the sampling generator's state into the seed of the
-            `"permuted"` and `"random"` draws (the sampling stream itself is not drawn from).
+
+    The paper's ablation switches (`correction_routing`, `transform_assignment`, `transform_seed`,
+    `global_scaling`, `cosine_distance`, `correction_direction`, `direction_seed`) are the lab's
+    [`AblationUntiedELFScheduler`]; a saved config that carries them at the paper's values loads here.
     """
 
     family = "elf"
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", *ELF_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = ("sc_cfg_scale",)
+    _legacy_config_keys = ("sc_cfg_scale", *ABLATION_DEFAULTS)
     _config_ranges = {**ELF_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config
@@ -83,13 +65,6 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         tuning_by_steps: dict[str, dict] | None = None,
         eps_fp: float = EPS_FP,
         degeneracy_eps: float = DEGENERACY_EPS,
-        correction_routing: str = CORRECTION_ROUTING,
-        transform_assignment: str = TRANSFORM_ASSIGNMENT,
-        transform_seed: int = 0,
-        global_scaling: bool = True,
-        cosine_distance: str = COSINE_DISTANCE,
-        correction_direction: str = CORRECTION_DIRECTION,
-        direction_seed: int = 0,
     ):
         self._init_untied()
 
@@ -115,5 +90,5 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         """
         grid = {} if grid_generator is None else {"grid_generator": grid_generator}
         self._set_timesteps(
-            num_inference_steps, device, statistics, mask, direction_generator=generator, generator=generator, **grid
+            num_inference_steps, device, statistics, mask, run_generator=generator, generator=generator, **grid
         )

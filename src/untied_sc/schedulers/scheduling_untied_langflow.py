@@ -8,16 +8,7 @@ from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .sampler_statistics import SamplerStatistics
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, QUANTILE_EPS, LangFlowScheduler
-from .untied_mixin import (
-    CORRECTION_DIRECTION,
-    CORRECTION_ROUTING,
-    COSINE_DISTANCE,
-    DEGENERACY_EPS,
-    EPS_FP,
-    TRANSFORM_ASSIGNMENT,
-    UNTIED_CONFIG_RANGES,
-    UntiedSelfConditioningMixin,
-)
+from .untied_mixin import ABLATION_DEFAULTS, DEGENERACY_EPS, EPS_FP, UNTIED_CONFIG_RANGES, UntiedSelfConditioningMixin
 
 
 class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
@@ -35,15 +26,16 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
 
     Args:
         quantile_eps, proposal: [`LangFlowScheduler`]'s config.
-        eta_r, eta_t, eta_o, alpha, coefficients, coefficients_by_steps, tuning_by_steps, eps_fp, degeneracy_eps,
-        correction_routing, transform_assignment, transform_seed, global_scaling, cosine_distance,
-        correction_direction, direction_seed: the untied keys, as for [`UntiedELFScheduler`] (presets
-            `"langflow-owt"`, `"langflow-lm1b"`).
+        eta_r, eta_t, eta_o, alpha, coefficients, coefficients_by_steps, tuning_by_steps, eps_fp, degeneracy_eps:
+            the untied keys, as for [`UntiedELFScheduler`] (presets `"langflow-owt"`, `"langflow-lm1b"`).
+
+    The paper's ablation switches are the lab's [`AblationUntiedLangFlowScheduler`], as for ELF.
     """
 
     family = "langflow"
     base_scheduler_class = LangFlowScheduler
     _compatibles = ["LangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
+    _legacy_config_keys = tuple(ABLATION_DEFAULTS)
     _config_ranges = {**LANGFLOW_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config
@@ -60,13 +52,6 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         tuning_by_steps: dict[str, dict] | None = None,
         eps_fp: float = EPS_FP,
         degeneracy_eps: float = DEGENERACY_EPS,
-        correction_routing: str = CORRECTION_ROUTING,
-        transform_assignment: str = TRANSFORM_ASSIGNMENT,
-        transform_seed: int = 0,
-        global_scaling: bool = True,
-        cosine_distance: str = COSINE_DISTANCE,
-        correction_direction: str = CORRECTION_DIRECTION,
-        direction_seed: int = 0,
     ):
         self._init_untied()
 
@@ -90,8 +75,6 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
             generator (`torch.Generator`, *optional*): the sampling generator; nothing is drawn from it (LangFlow's
-                grid is fixed), its state only seeds the `"permuted"` and `"random"` direction controls.
+                grid is fixed; the lab's direction controls seed their draws from its state).
         """
-        self._set_timesteps(
-            num_inference_steps, device, statistics, mask, direction_generator=generator, proposal=proposal
-        )
+        self._set_timesteps(num_inference_steps, device, statistics, mask, run_generator=generator, proposal=proposal)

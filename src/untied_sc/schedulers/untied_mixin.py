@@ -1,51 +1,55 @@
 """The paper's Algorithm 1 on top of an official solver, shared by the untied ELF and LangFlow schedulers."""
 
+from typing import NamedTuple
+
 import torch
 
-from ..sampling_methods import ROUTINGS
-from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
-from .config_checks import POSITIVE
-from .contract import OfficialBaseMixin
-from .direction_controls import (
-    CORRECTION_DIRECTIONS,
-    common_direction,
-    derangement,
-    direction_seed,
-    permuted_direction,
-    random_direction,
+from .coefficients import (
+    UntiedCoefficients,
+    check_coefficients,
+    check_preset,
+    coefficients_table,
+    resolve_coefficients,
 )
+from .config_checks import POSITIVE
+from .contract import OfficialBaseMixin, init_keys
 from .outputs import LanguageFlowSchedulerOutput
 from .sampler_statistics import SamplerStatistics
-from .untied_functions import (
-    combined_direction,
-    history_direction,
-    masked_token_mean,
-    moment_projection,
-    overlap_transform,
-    retention,
-    solver_history_direction,
-    token_cosine_distance,
-)
+from .transform import retention
 from .untied_step import (
-    FusedStepPlan,
     StepOptions,
     StepScalars,
     UntiedState,
+    UntiedStepPlan,
     choose_transform_kind,
-    fused_untied_step,
-    indexed_untied_step,
+    untied_step,
+    untied_step_at,
 )
 
 
-CORRECTION_ROUTINGS = ROUTINGS
-TRANSFORM_ASSIGNMENTS = ("overlap", "reversed", "random")
-COSINE_DISTANCE_SOURCES = ("precomputed", "online")
 # Defaults of the untied config keys (both families): the paper's sampler.
 EPS_FP = 0.01  # floor of b_{k,i} in the retention [choice]
 DEGENERACY_EPS = 1e-12  # relative degeneracy threshold of G_k [choice]
 UNTIED_CONFIG_RANGES = {"eps_fp": POSITIVE, "degeneracy_eps": POSITIVE}  # coefficients: `check_coefficients`
-CORRECTION_ROUTING, TRANSFORM_ASSIGNMENT, COSINE_DISTANCE = "solver", "overlap", "precomputed"
-CORRECTION_DIRECTION = "history"  # the paper's U_k; the others are the controls of Table 12 (`direction_controls`)
+# The paper's sampler as the ablation switches of the lab's subclass have it (docs/algorithm.md §3.6, §3.8). Configs
+# saved with these keys at these values load into the untied schedulers; other values need the lab's subclass.
+ABLATION_DEFAULTS = {
+    "correction_routing": "solver",
+    "transform_assignment": "overlap",
+    "transform_seed": 0,
+    "global_scaling": True,
+    "cosine_distance": "precomputed",
+    "correction_direction": "history",
+    "direction_seed": 0,
+}
+
+
+class StepSwitches(NamedTuple):
+    """The switches of the step that the lab's ablations turn (`StepOptions`); these defaults are the paper's sampler."""
+
+    routing: str = "solver"  # where A_k goes (eq. (12))
+    online_distance: bool = False  # δ̄_k from this trajectory (True) or from the statistics
+    global_scaling: bool = True  # the common factor g_k of the retention (eq. (34))
 
 
 class UntiedSelfConditioningMixin(OfficialBaseMixin):
@@ -55,7 +59,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     1. the self-conditioning transform m̃_k = F_k m_k, which dampens the self-conditioning input along the directions
        its input map shares with the latent's (eqs. (7), (34));
     2. the solver correction A_k = η_T·Π_k(U_k) toward the step-average prediction, normalised to calibrated
-       moments (eqs. (9)–(11)); `correction_direction` replaces U_k by one of the paper's controls (Table 12);
+       moments (eqs. (9)–(11));
     3. untied routing (eq. (12)): z_{k+1} = S_k(z_k, p_k + A_k), O_{k+1} = (1 − κ_k)O_k + κ_k(p_k + A_k),
        m_{k+1} = p_k, E_{k+1} = (1 − α)E_k + α p_k.
 
@@ -65,33 +69,42 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     the untied ones) and calls `_init_untied()`, and exposes `set_timesteps` with the official scheduler's
     arguments plus `statistics` and `mask`.
 
-    The trajectory state (E_k, O_k, m_k, m̃_k, κ_{k−1}, δ̄_{k−1}, the step index) lives here, is created by
-    `_reset_state` and reset by `set_timesteps`.
+    Each update step runs [`untied_step`] (eagerly, or compiled after `compile_step()`), the one implementation of
+    the step's arithmetic, over the numbers `set_timesteps` prepares for the run ([`UntiedStepPlan`]). The trajectory
+    state (E_k, O_k, m_k, m̃_k, κ_{k−1}, δ̄_{k−1}, the step index) lives here, is created by `_reset_state` and reset
+    by `set_timesteps`. The paper's ablations (routing, transform assignment, global scaling, online δ̄, direction
+    controls) are the lab's subclass (`untied_sc.ablations`), which turns `_switches`.
     """
 
     family: str
     base_scheduler_class: type
     order = 1
-    # The fused step ([`fused_untied_step`], few passes over (B, L, D)); False runs the reference step, the pure
-    # functions of `untied_functions` chained one by one (equal within float rounding; tests compare the two).
-    # The fused step forms the history direction only: a `correction_direction` control always runs the reference.
-    use_fused_step = True
+
+    @classmethod
+    def extract_init_dict(cls, config_dict, **kwargs):
+        """
+        Refuses an ablation switch ([`ABLATION_DEFAULTS`]) at another value than the paper's sampler's, given in the
+        config or as an override: only the lab's subclass runs it. At the paper's values the keys load silently.
+        """
+        given, takes = {**config_dict, **kwargs}, init_keys(cls)
+        changed = {
+            key: given[key]
+            for key, default in ABLATION_DEFAULTS.items()
+            if key in given and key not in takes and given[key] != default
+        }
+        if changed:
+            lab = {"elf": "AblationUntiedELFScheduler", "langflow": "AblationUntiedLangFlowScheduler"}[cls.family]
+            raise ValueError(
+                f"{cls.__name__} runs the paper's sampler; {changed} are ablation switches of the lab's {lab} "
+                f"(untied_sc.ablations): build that one for them, or remove the keys (the paper's values: "
+                f"{ {key: ABLATION_DEFAULTS[key] for key in changed} })."
+            )
+        return super().extract_init_dict(config_dict, **kwargs)
 
     def _init_untied(self) -> None:
-        """Checks the untied options, builds the official base scheduler from the config, and creates all state."""
+        """Checks the coefficients, builds the official base scheduler from the config, and creates all state."""
         config = self.config
         self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
-        for name, allowed in (
-            ("correction_routing", CORRECTION_ROUTINGS),
-            ("transform_assignment", TRANSFORM_ASSIGNMENTS),
-            ("cosine_distance", COSINE_DISTANCE_SOURCES),
-            ("correction_direction", CORRECTION_DIRECTIONS),
-        ):
-            if config[name] not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {config[name]!r}.")
-        seed = config.direction_seed
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"direction_seed must be an integer ≥ 0, got {seed!r}.")
         check_preset(config.coefficients, self.family, f" (in {type(self).__name__}'s config)")
         check_coefficients(config)
         if config.coefficients_by_steps is not None:  # stored as JSON gives it back: string NFEs, plain floats
@@ -100,18 +113,17 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             tuning = {str(n): dict(record) for n, record in config.tuning_by_steps.items()}
             self.register_to_config(tuning_by_steps=tuning)
         self._build_base()
-        self.coefficients: dict[str, float] | None = None  # (η_R, η_T, η_O, α) of this run
+        self.coefficients: UntiedCoefficients | None = None  # (η_R, η_T, η_O, α) of this run
         self.step_statistics = None  # μ_k, σ_k, δ̄_k of this NFE (when η_R > 0 or η_T > 0)
         self.rms: list[float] = []  # σ_k as floats, read once per run
         self.cosine_distances: list[float] = []  # δ̄_k as floats, read once per run
         self.basis: torch.Tensor | None = None  # Q (D, r); None when the transform is off (η_R = 0)
-        self.rho_sq: torch.Tensor | None = None  # ρ² (r,), float64, permuted by the assignment ablations
+        self.rho_sq: torch.Tensor | None = None  # ρ² (r,), float64
         self.transform_strength = 0.0  # λ_R = λ_R^(0)·η_R
         self.mask: torch.Tensor | None = None  # (B, L) active positions of the correction
-        self._fused_plan: FusedStepPlan | None = None  # the fused step's per-step tensors of this run
+        self._plan: UntiedStepPlan | None = None  # the step's per-step tensors of this run
         self._kappas: list[float] = []  # κ_k as floats, read once per run
-        self._compiled_step = None  # `torch.compile(indexed_untied_step)` after `compile_step()`
-        self._direction_seed = 0  # seed of this run's direction-control draws ([`direction_seed`])
+        self._compiled_step = None  # `torch.compile(untied_step_at)` after `compile_step()`
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -123,9 +135,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self.previous_kappa = 0.0  # κ_{k−1}
         self.previous_cosine_distance: float | torch.Tensor = 0.0  # δ̄_{k−1}: a float, or (B,) when online
         self._step_counter: torch.Tensor | None = None  # k on the device, for the compiled step
-        self._buffers: dict[str, torch.Tensor] | None = None  # the eager fused step's (B, L, D) buffers, per run
-        self._direction_permutation: torch.Tensor | None = None  # π of the `permuted` control, drawn at its first use
-        self._direction_generator: torch.Generator | None = None  # ξ of the `random` control, on the run's device
+        self._buffers: dict[str, torch.Tensor] | None = None  # the eager step's (B, L, D) buffers, per run
 
     def resolve_coefficients(
         self, num_inference_steps: int, statistics: SamplerStatistics | None = None
@@ -139,20 +149,21 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         device: str | torch.device | None,
         statistics: SamplerStatistics | None,
         mask: torch.Tensor | None,
-        direction_generator: torch.Generator | list[torch.Generator] | None = None,
+        run_generator: torch.Generator | list[torch.Generator] | None = None,
         **base_kwargs,
     ) -> None:
         """
-        The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state, and
-        the seed of the direction controls' draws, derived from `direction_generator`'s state without drawing from it.
+        The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state.
+        `run_generator` is the run's sampling generator; nothing is drawn from it here (the lab's direction controls
+        seed their draws from its state).
         """
-        coefficients = self.resolve_coefficients(num_inference_steps, statistics)
+        coefficients = UntiedCoefficients.of(self.resolve_coefficients(num_inference_steps, statistics))
         if statistics is not None and statistics.config.solver != self.family:
             raise ValueError(
                 f"The sampler statistics are for the {statistics.config.solver!r} solver, this scheduler uses "
                 f"{self.family!r}: they belong to another model family."
             )
-        uses_statistics = coefficients["eta_r"] > 0 or coefficients["eta_t"] > 0
+        uses_statistics = coefficients.eta_r > 0 or coefficients.eta_t > 0
         if uses_statistics and statistics is None:
             raise ValueError(
                 "Untied sampling with η_R > 0 or η_T > 0 needs the model's SamplerStatistics: pass "
@@ -166,37 +177,37 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         stats = self.step_statistics
         self.rms = stats.rms.tolist() if stats is not None else []
         self.cosine_distances = stats.cosine_distance.tolist() if stats is not None else []
-        self._setup_transform(statistics if coefficients["eta_r"] > 0 else None, device)
+        self._setup_transform(statistics if coefficients.eta_r > 0 else None, device)
         self.mask = mask
         self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
-        self._fused_plan = self._plan_fused_step(device)
+        self._plan = self._plan_step(device)
         self._reset_state()
-        if self.config.correction_direction in ("permuted", "random") and coefficients["eta_t"] > 0:
-            self._direction_seed = direction_seed(self.config.direction_seed, direction_generator)
 
-    def _plan_fused_step(self, device) -> FusedStepPlan:
-        """Every per-step number of this run for the fused step, as float64 tensors on `device` (once per run)."""
-        coefficients, solver = self.coefficients, self.solver
+    def _switches(self) -> StepSwitches:
+        """The step's ablation switches: the paper's sampler (the lab's subclass reads them from its config)."""
+        return StepSwitches()
+
+    def _plan_step(self, device) -> UntiedStepPlan:
+        """Every per-step number of this run for the step, as float64 tensors on `device` (once per run)."""
+        coefficients, solver, switches = self.coefficients, self.solver, self._switches()
         steps = solver.num_update_steps
-        eta_t, eta_o, alpha = coefficients["eta_t"], coefficients["eta_o"], coefficients["alpha"]
+        eta_t, eta_o, alpha = coefficients.eta_t, coefficients.eta_o, coefficients.alpha
         table_dtype = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
-        online = self.config.cosine_distance == "online" and self.basis is not None
+        online = switches.online_distance and self.basis is not None
         correct = eta_t > 0
         sigmas = self.rms if self.rms else [0.0] * steps
-        rows = []
-        for k in range(steps):
-            c = eta_o * solver.delta_u(k) if correct else 0.0
-            rows.append(
-                StepScalars(
-                    one_plus_c=1.0 + c,
-                    c=c,
-                    kappa=self._kappas[k],
-                    eta_sigma=eta_t * sigmas[k],
-                    alpha=alpha,
-                    gate=float(sigmas[k] > 0),
-                )
-            )
-        scalars = FusedStepPlan.scalar_table(rows).to(device=device, dtype=table_dtype)
+        c = [eta_o * solver.delta_u(k) if correct else 0.0 for k in range(steps)]
+        columns = StepScalars(
+            one_plus_c=[1.0 + c_k for c_k in c],
+            c=c,
+            kappa=self._kappas,
+            eta_sigma=[eta_t * sigma for sigma in sigmas],
+            alpha=[alpha] * steps,
+            gate=[float(sigma > 0) for sigma in sigmas],
+        )
+        scalars = StepScalars(
+            *(torch.tensor(column, dtype=torch.float64).to(device=device, dtype=table_dtype) for column in columns)
+        )
         mean = None
         if correct:
             mean = self.step_statistics.mean.detach().to(device=device, dtype=table_dtype)
@@ -205,14 +216,14 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         if rank > 0:
             kind = "online" if online else choose_transform_kind(rank, self.basis.shape[0])
         if kind in ("matrix", "low_rank"):
-            # â_{k+1} = κ_k(1 − δ̄_k) of the transform that ends step k, as `_transform` forms it from Python floats.
+            # â_{k+1} = κ_k(1 − δ̄_k) of the transform that ends step k (eq. (13)), formed from Python floats.
             a_hat = [self._kappas[k] * (1 - self.cosine_distances[k]) for k in range(steps)]
             ell = retention(
                 self.rho_sq,
                 torch.tensor(a_hat, dtype=torch.float64),
                 self.transform_strength,
                 self.config.eps_fp,
-                self.config.global_scaling,
+                switches.global_scaling,
             ).expand(steps, rank)
             identity = [bool((row == 1).all()) for row in ell]
             ell = ell.to(device=device, dtype=table_dtype)
@@ -224,16 +235,14 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             correct=correct,
             online=online,
             solver_direction=solver_direction,
-            track_ema=correct or online,
-            track_solver_average=(correct or online) and solver_direction,
-            routing=self.config.correction_routing,
+            routing=switches.routing,
             transform_kind=kind,
             eps=self.config.degeneracy_eps,
             strength=self.transform_strength,
             eps_fp=self.config.eps_fp,
-            global_scaling=self.config.global_scaling,
+            global_scaling=switches.global_scaling,
         )
-        return FusedStepPlan(
+        return UntiedStepPlan(
             scalars=scalars,
             eta_t=eta_t,
             mean=mean,
@@ -248,92 +257,23 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
 
     def compile_step(self, enable: bool = True, **options):
         """
-        Runs the fused step compiled: `torch.compile(indexed_untied_step, **options)` (`enable=False` goes back to
-        the eager fused step). The compiled step reads its per-step numbers from per-run tables with a step counter
+        Runs the step compiled: `torch.compile(untied_step_at, **options)`, the same [`untied_step`] indexed by a
+        step counter (`enable=False` goes back to the eager step). The compiled step reads its per-step numbers from per-run tables with a step counter
         kept on the device, so a run compiles one graph (again when the batch shape changes), not one per step; on
         a GPU it replaces the eager step's ~15-30 kernel launches per step by a few fused kernels. The first run
-        pays the compilation (seconds to a minute). A `correction_direction` control runs the unfused step either way.
-        Returns the scheduler.
+        pays the compilation (seconds to a minute). Returns the scheduler.
         """
-        self._compiled_step = torch.compile(indexed_untied_step, **options) if enable else None
+        self._compiled_step = torch.compile(untied_step_at, **options) if enable else None
         return self
 
     def _setup_transform(self, statistics: SamplerStatistics | None, device) -> None:
-        """Q, ρ² (permuted for the assignment ablations) and λ_R = λ_R^(0)·η_R; no transform when η_R = 0."""
+        """Q, ρ² and λ_R = λ_R^(0)·η_R (eq. (34)); no transform when η_R = 0."""
         self.basis, self.rho_sq, self.transform_strength = None, None, 0.0
         if statistics is None:
             return
-        rho_sq = statistics.rho_sq.detach().to("cpu", torch.float64)  # r numbers: ℓ of a shared â is a CPU job
-        if self.config.transform_assignment == "reversed":
-            rho_sq = rho_sq.flip(0)
-        elif self.config.transform_assignment == "random":
-            permutation = torch.randperm(
-                len(rho_sq), generator=torch.Generator().manual_seed(self.config.transform_seed)
-            )
-            rho_sq = rho_sq[permutation]
         self.basis = statistics.basis.to(device)
-        self.rho_sq = rho_sq
-        self.transform_strength = statistics.base_transform_exponent * self.coefficients["eta_r"]
-
-    def _transform(self, raw: torch.Tensor) -> torch.Tensor:
-        """
-        m̃ = F m with â = κ_{k−1}(1 − δ̄_{k−1}) (eq. (13)); identity when η_R = 0. With the online δ̄, â is (B,) and
-        each sample gets its own retention, computed for the whole batch at once.
-        """
-        if self.basis is None or self.basis.shape[1] == 0:
-            return raw
-        a_hat = self.previous_kappa * (1 - self.previous_cosine_distance)
-        ell = retention(self.rho_sq, a_hat, self.transform_strength, self.config.eps_fp, self.config.global_scaling)
-        return overlap_transform(raw, self.basis, ell.to(raw.dtype))
-
-    def _correction(self, k: int, prediction: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """
-        (A_k, δ̄_k) of update step k: the correction A_k = η_T·Π_k(U_k) (eq. (11); `None` when η_T = 0) and this
-        trajectory's per-sample mean cosine distance δ̄_k, shape (B,) (the online option; `None` when δ̄ is the
-        precomputed one or the transform is off).
-        """
-        online = self.config.cosine_distance == "online" and self.basis is not None
-        eta_t = self.coefficients["eta_t"]
-        if eta_t == 0 and not online:
-            return None, None
-        rms = self.rms[k]
-        history = history_direction(prediction, self.ema, active=rms > 0)
-        solver_direction = solver_history_direction(
-            prediction, history, self.solver_average, self.mask, self.config.degeneracy_eps
-        )
-        distance = None
-        if online:
-            distance = masked_token_mean(token_cosine_distance(history, solver_direction, self.mask), self.mask)
-        if eta_t == 0:
-            return None, distance
-        direction = combined_direction(history, solver_direction, self.coefficients["eta_o"], self.solver.delta_u(k))
-        direction = self._control_direction(direction)
-        mean = self.step_statistics.mean[k].to(device=prediction.device, dtype=prediction.dtype)
-        return eta_t * moment_projection(direction, mean, rms, self.mask), distance
-
-    def _control_direction(self, direction: torch.Tensor) -> torch.Tensor:
-        """
-        U_k as the config's `correction_direction` control has it (paper Table 12; `direction_controls`): U_k itself
-        (`history`), the batch's common component, the direction of another sample by a derangement drawn at the
-        run's first correction, or Gaussian noise with U_k's centred RMS, one draw per update step. The draws come
-        from generators seeded with `_direction_seed`: the permutation on the CPU, the noise on U_k's device.
-        """
-        control = self.config.correction_direction
-        if control == "history":
-            return direction
-        if control == "common":
-            return common_direction(direction, self.mask)
-        if control == "permuted":
-            if self._direction_permutation is None:
-                generator = torch.Generator().manual_seed(self._direction_seed)
-                self._direction_permutation = derangement(direction.shape[0], generator).to(direction.device)
-            return permuted_direction(direction, self._direction_permutation)
-        if self._direction_generator is None:
-            self._direction_generator = torch.Generator(direction.device).manual_seed(self._direction_seed)
-        noise = torch.randn(
-            direction.shape, generator=self._direction_generator, device=direction.device, dtype=torch.float32
-        )
-        return random_direction(direction, noise, self.mask)
+        self.rho_sq = statistics.rho_sq.detach().to("cpu", torch.float64)  # r numbers: ℓ of a shared â is a CPU job
+        self.transform_strength = statistics.base_transform_exponent * self.coefficients.eta_r
 
     def step(
         self,
@@ -379,27 +319,18 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             return self.base.step(solver_input, timestep, sample).prev_sample
         return self.base.step(solver_input, timestep, sample, guidance=guidance).prev_sample
 
-    def _update(self, k, prediction, timestep, sample):
-        """Update step k: (the solver's input, z_{k+1})."""
-        if k >= self.solver.num_update_steps:
-            # LangFlow's final evaluation: the base scheduler leaves the latent as it is; nothing to correct.
-            prev_sample = self._base_step(prediction, prediction, timestep, sample)
-            solver_input = prediction
-        elif self.use_fused_step and self.config.correction_direction == "history":
-            solver_input, prev_sample = self._fused_update(k, prediction, timestep, sample)
-        else:
-            solver_input, prev_sample = self._reference_update(k, prediction, timestep, sample)
-        return solver_input, prev_sample
-
-    def _fused_update(
+    def _update(
         self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
-        Update step k with the fused step ([`fused_untied_step`]): (q_k, z_{k+1}). The state changes only once the
-        base solver's step has succeeded. With η_R = η_T = 0 (and no online δ̄) q_k = p_k and m̃_{k+1} = p_k are
+        Update step k with [`untied_step`]: (q_k, z_{k+1}). The state changes only once the base solver's step has
+        succeeded. LangFlow's final evaluation (k = K_u) only reads out tokens: the base scheduler leaves the latent
+        as it is, nothing is corrected. With η_R = η_T = 0 (and no online δ̄) q_k = p_k and m̃_{k+1} = p_k are
         the prediction itself, so the official step runs on the official tensors: bit for bit the official sampler.
         """
-        plan = self._fused_plan
+        if k >= self.solver.num_update_steps:
+            return prediction, self._base_step(prediction, prediction, timestep, sample)
+        plan = self._plan
         if plan.trivial:
             prev_sample = self._base_step(prediction, prediction, timestep, sample)
             self._advance(k, prediction, prediction, UntiedState(), None)
@@ -425,11 +356,11 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             # Writing into buffers (`out=`) has no gradient: a prediction that needs one gets new tensors.
             if not (torch.is_grad_enabled() and prediction.requires_grad):
                 buffers = self._step_buffers(prediction, plan)
-            output = fused_untied_step(
+            output = untied_step(
                 prediction,
                 state,
-                tensors["scalars"][k],
-                tensors["operators"][k],
+                tensors.scalars[k],
+                tensors.operators[k],
                 options,
                 active=plan.active[k],
                 out=buffers,
@@ -438,7 +369,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             if self._step_counter is None:  # made on the device: a host copy would wait for the network
                 self._step_counter = torch.full((), k, dtype=torch.int64, device=prediction.device)
             output, counter = self._compiled_step(
-                self._step_counter, prediction, state, tensors["tables"], tensors["run_operators"], options
+                self._step_counter, prediction, state, tensors.tables, tensors.run_operators, options
             )
         prev_sample = self._base_step(output.solver_input, prediction, timestep, sample)
         if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
@@ -469,9 +400,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         elif self.cosine_distances:
             self.previous_cosine_distance = self.cosine_distances[k]
 
-    def _step_buffers(self, prediction: torch.Tensor, plan: FusedStepPlan) -> dict[str, torch.Tensor]:
+    def _step_buffers(self, prediction: torch.Tensor, plan: UntiedStepPlan) -> dict[str, torch.Tensor]:
         """
-        The eager fused step's buffers of this run ([`fused_untied_step`]'s `out`), made at its first step: H_k's,
+        The eager step's buffers of this run ([`untied_step`]'s `out`), made at its first step: H_k's,
         (p_k − O_k)'s and the targets of E_{k+1}, O_{k+1} (the state is double-buffered, so a failed base step
         leaves E_k and O_k as they were).
         """
@@ -492,26 +423,3 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             buffers["solver_average"] = torch.empty_like(prediction)
         self._buffers = buffers
         return buffers
-
-    def _reference_update(
-        self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Update step k with the pure functions chained one by one (the reference of the fused step): (q_k, z_{k+1})."""
-        if self.ema is None:
-            self.ema = torch.zeros_like(prediction)
-            self.solver_average = torch.zeros_like(prediction)
-        correction, distance = self._correction(k, prediction)
-        corrected = prediction if correction is None else prediction + correction
-        routing = self.config.correction_routing
-        solver_input = prediction if routing == "self_conditioning" else corrected
-        next_raw = prediction if routing == "solver" else corrected
-        prev_sample = self._base_step(solver_input, prediction, timestep, sample)
-        kappa, alpha = self.solver.kappa(k), self.coefficients["alpha"]
-        state = UntiedState(
-            ema=(1 - alpha) * self.ema + alpha * prediction,
-            solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,
-        )
-        # m̃_{k+1} = F m_{k+1} with â = κ_k(1 − δ̄_k): the transform reads the state after step k.
-        self._advance(k, next_raw, None, state, distance)
-        self.self_conditioning = self._transform(next_raw)
-        return solver_input, prev_sample

@@ -1,9 +1,8 @@
-r"""The untied step fused (docs/algorithm.md §3.4): the arithmetic of [`untied_functions`] in few passes.
+r"""The untied step (docs/algorithm.md §3.2-§3.4): Algorithm 1's arithmetic after the network call, in few passes.
 
-[`untied_functions`] writes each quantity of Algorithm 1 as its own pure function, with safeguards that make every
-function exact on its own (rescaling by the largest magnitude before squaring, shifting by one token before
-centring, `where` at every masked position). Chained, they read and write a (B, L, D) tensor about a hundred times per
-step. [`fused_untied_step`] computes the same step in about fifteen passes:
+[`untied_step`] is the one implementation of a step of Algorithm 1 (lines 3-6 of the paper's Algorithm 1, eqs. (6)-(13))
+that the untied schedulers run: eagerly, or compiled (`torch.compile` of the same function, indexed by a step counter
+on the device: [`untied_step_at`]). It reads a (B, L, D) tensor about fifteen times per step:
 
 - H_k = p_k − E_k and d_k = p_k − O_k are the only differences formed; G_k = ‖H_k‖/‖d_k‖·d_k is never stored
   (g_b = ‖H_k‖/‖d_k‖ is one number per sample);
@@ -16,19 +15,20 @@ step. [`fused_untied_step`] computes the same step in about fifteen passes:
   device, so the step reads nothing back from the device and `torch.compile` traces it without specialising on a
   step's values.
 
-It agrees with the pure functions within float rounding (tests/test_untied_step.py), with two documented
-exceptions, neither of which occurs in sampling (predictions are O(1) and vary across positions):
+The test oracle is the same step written one quantity at a time ([`untied_functions`], each function exact on its own:
+rescaling by the largest magnitude before squaring, shifting by one token before centring, `where` at every masked
+position), chained (tests/test_untied_step.py), and Algorithm 1 written out in float64 (tests/test_algorithm_reference.py).
+The step agrees with the oracle within float rounding, with two documented exceptions, neither of which occurs in
+sampling (predictions are O(1) and vary across positions):
 
-- norms are taken without the pure functions' rescaling, so entries beyond ~1e15 (float32 sums of squares
-  overflow) or an H_k or p_k − O_k whose every entry is below ~1e-19 (they underflow) fall outside the agreement;
+- norms are taken without the oracle's rescaling, so entries beyond ~1e15 (float32 sums of squares overflow) or an
+  H_k or p_k − O_k whose every entry is below ~1e-19 (they underflow) fall outside the agreement;
 - C U_k is U_k minus its token mean, not shifted by one token first, so a U_k that is exactly constant across two or
   more active positions gives C U_k at rounding level (normalised to σ_k) rather than exactly 0 (Π_k = μ_k).
 
-`fused_untied_step` is the eager form (per-step values as 0-dim tensors, optional preallocated buffers);
-`indexed_untied_step` is the form `torch.compile` gets (whole per-run tables indexed by a step counter on the
-device, one graph for every step). Both take their inputs by name: the trajectory state E_k, O_k
-([`UntiedState`]), the step's numbers ([`StepScalars`]), its tensors ([`StepOperators`]) and the run's switches
-([`StepOptions`]); [`FusedStepPlan`] prepares all of them once per run.
+The step takes its inputs by name: the trajectory state E_k, O_k ([`UntiedState`]), the step's numbers
+([`StepScalars`]), its tensors ([`StepOperators`]) and the run's switches ([`StepOptions`]); [`UntiedStepPlan`]
+prepares all of them once per run.
 """
 
 from dataclasses import dataclass, field
@@ -36,13 +36,14 @@ from typing import NamedTuple
 
 import torch
 
-from .untied_functions import _compute_dtype, overlap_transform, retention
+from .transform import compute_dtype as _compute_dtype
+from .transform import overlap_transform, retention
 
 
 class StepScalars(NamedTuple):
     r"""
-    The numbers of update step k, by name: in [`FusedStepPlan`] as floats (one row of its float64 table, whose
-    columns are these fields in this order), in the step as 0-dim tensors in the compute dtype.
+    The numbers of update step k, by name: in [`UntiedStepPlan`] each field holds the run's K_u values, a (K_u,)
+    float64 tensor; the step gets step k's, 0-dim tensors in the compute dtype.
 
     Attributes:
         one_plus_c: 1 + c_k, with c_k = η_O Δu_k (0 when η_T = 0).
@@ -97,7 +98,6 @@ class StepOptions:
     Attributes:
         correct (`bool`): η_T > 0. online (`bool`): this trajectory's δ̄_k (H_k and G_k are formed even when η_T = 0).
         solver_direction (`bool`): G_k is formed (η_O > 0, or the online δ̄).
-        track_ema, track_solver_average (`bool`): E_{k+1}, O_{k+1} are formed (a later step reads them).
         routing (`str`): `"solver"`, `"self_conditioning"` or `"both"`.
         transform_kind (`str`, *optional*): `None` (η_R = 0), `"matrix"` (F_k, D × D, when 2r ≥ D), `"low_rank"`
             (Q(I − diag ℓ_k), D × r) or `"online"` (ℓ per sample, computed in the step).
@@ -108,8 +108,6 @@ class StepOptions:
     correct: bool
     online: bool
     solver_direction: bool
-    track_ema: bool
-    track_solver_average: bool
     routing: str
     transform_kind: str | None
     eps: float
@@ -117,8 +115,18 @@ class StepOptions:
     eps_fp: float = 0.01
     global_scaling: bool = True
 
+    @property
+    def track_ema(self) -> bool:
+        """E_{k+1} is formed: a later step reads H_k (the correction or the online δ̄)."""
+        return self.correct or self.online
 
-class FusedStepOutput(NamedTuple):
+    @property
+    def track_solver_average(self) -> bool:
+        """O_{k+1} is formed: a later step reads G_k."""
+        return self.track_ema and self.solver_direction
+
+
+class UntiedStepOutput(NamedTuple):
     """
     What one untied step gives: q_k (the solver's input), m_{k+1} and m̃_{k+1} (the raw and the transformed
     self-conditioning input), the next state (E_{k+1}, O_{k+1}) and this trajectory's δ̄_k (B,) (online; else `None`).
@@ -132,21 +140,21 @@ class FusedStepOutput(NamedTuple):
 
 
 class StepTables(NamedTuple):
-    """A run's per-step values stacked for the compiled step: rows of [`StepScalars`], η_T μ_k and F_k (or None)."""
+    """A run's per-step values stacked for the compiled step: [`StepScalars`] of (K_u,), η_T μ_k and F_k (or None)."""
 
-    scalars: torch.Tensor
+    scalars: StepScalars
     eta_mean: torch.Tensor | None
     transform: torch.Tensor | None
 
 
 @dataclass
-class FusedStepPlan:
+class UntiedStepPlan:
     r"""
-    What `set_timesteps` prepares for the fused step of one run: every per-step value of the K_u update steps.
+    What `set_timesteps` prepares for the untied step of one run: every per-step value of the K_u update steps.
 
     Attributes:
-        scalars (`torch.Tensor` of shape `(K_u, 6)`, float64): row k is step k's [`StepScalars`] (1 + c_k, c_k, κ_k,
-            η_T σ_k, α, 1[σ_k > 0]), built from them by name.
+        scalars ([`StepScalars`]): each number of every step by name, (K_u,) float64 tensors (1 + c_k, c_k, κ_k,
+            η_T σ_k, α, 1[σ_k > 0]).
         eta_t (`float`): η_T. mean (`torch.Tensor` of shape `(K_u, D)`, *optional*): μ_k (`None` when η_T = 0).
         active (`list[bool]`): σ_k > 0 (H_k = 0 on the other steps).
         options ([`StepOptions`]): the run's switches.
@@ -159,7 +167,7 @@ class FusedStepPlan:
     All tensors are put on the run's device by `set_timesteps`: the step itself never copies from the host.
     """
 
-    scalars: torch.Tensor
+    scalars: StepScalars
     eta_t: float
     mean: torch.Tensor | None
     active: list[bool]
@@ -171,11 +179,6 @@ class FusedStepPlan:
     mask: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
 
-    @staticmethod
-    def scalar_table(rows: list[StepScalars]) -> torch.Tensor:
-        """The (K_u, 6) float64 table of the steps' [`StepScalars`], columns in field order."""
-        return torch.tensor([list(row) for row in rows], dtype=torch.float64)
-
     @property
     def transform_kind(self) -> str | None:
         return self.options.transform_kind
@@ -185,27 +188,24 @@ class FusedStepPlan:
         """No correction, no transform, no online δ̄: the official step (the η_R = η_T = 0 sampler)."""
         return not self.options.correct and not self.options.online and self.transform_kind is None
 
-    def tensors(self, prediction: torch.Tensor) -> dict:
+    def tensors(self, prediction: torch.Tensor) -> "RunTensors":
         """
-        The plan's tensors for `prediction`: on its device, scalars and η_T μ in its compute dtype (float32 for
-        16-bit predictions), Q and the transform operators in its dtype. Made at the first step of a run (one
-        batched product builds every F_k), then reused. Keys: `"scalars"` and `"operators"` (per step: the eager
-        step's [`StepScalars`] and [`StepOperators`]), `"tables"` and `"run_operators"` (the compiled step's
-        [`StepTables`] and the [`StepOperators`] shared by all steps), and the tables' parts by name
-        (`"scalar_table"`, `"transforms"`, …).
+        The plan's tensors for `prediction` ([`RunTensors`]): on its device, scalars and η_T μ in its compute dtype
+        (float32 for 16-bit predictions), Q and the transform operators in its dtype. Made at the first step of a run
+        (one batched product builds every F_k), then reused.
         """
         key = (prediction.device, prediction.dtype)
         if key not in self._cast:
             self._cast[key] = self._make_tensors(prediction.device, prediction.dtype)
         return self._cast[key]
 
-    def _make_tensors(self, device: torch.device, dtype: torch.dtype) -> dict:
+    def _make_tensors(self, device: torch.device, dtype: torch.dtype) -> "RunTensors":
         compute = _compute_dtype(dtype)
         steps = len(self.active)
         # Nothing here copies from the host: a copy would wait for the queued network call (the first step's).
-        scalar_table = self.scalars.to(device=device, dtype=compute)
+        columns = StepScalars(*(column.to(device=device, dtype=compute) for column in self.scalars))
         # The eager step takes each step's numbers as 0-dim tensors: no indexing left for the step.
-        scalars = [StepScalars(*row.unbind(0)) for row in scalar_table]
+        scalars = [StepScalars(*values) for values in zip(*(column.unbind(0) for column in columns), strict=True)]
         mean_table = None
         eta_mean = [None] * steps
         if self.mean is not None:  # η_T·μ_k rounded as the pure functions round it: μ_k in the compute dtype, ×η_T
@@ -233,16 +233,20 @@ class FusedStepPlan:
             run_operators._replace(eta_mean=mean, transform=transform)
             for mean, transform in zip(eta_mean, transforms, strict=True)
         ]
-        return {
-            "scalars": scalars,
-            "operators": operators,
-            "tables": StepTables(scalar_table, mean_table, transform_table),
-            "run_operators": run_operators,
-            "scalar_table": scalar_table,
-            "mean_table": mean_table,
-            "transform_table": transform_table,
-            "transforms": transforms,
-        }
+        return RunTensors(scalars, operators, StepTables(columns, mean_table, transform_table), run_operators)
+
+
+class RunTensors(NamedTuple):
+    """
+    A run's tensors on one device and dtype ([`UntiedStepPlan.tensors`]): per step, the eager step's
+    [`StepScalars`] and [`StepOperators`]; for the compiled step, the [`StepTables`] and the [`StepOperators`]
+    shared by all steps.
+    """
+
+    scalars: list[StepScalars]
+    operators: list[StepOperators]
+    tables: StepTables
+    run_operators: StepOperators
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -255,7 +259,7 @@ def choose_transform_kind(rank: int, width: int) -> str:
     return "matrix" if 2 * rank >= width else "low_rank"
 
 
-def fused_untied_step(
+def untied_step(
     prediction: torch.Tensor,
     state: UntiedState,
     scalars: StepScalars,
@@ -265,18 +269,19 @@ def fused_untied_step(
     active: bool = True,
     gated: bool = False,
     out: dict[str, torch.Tensor] | None = None,
-) -> FusedStepOutput:
+) -> UntiedStepOutput:
     r"""
     One update step of Algorithm 1 after the network call (docs/algorithm.md §3.4), without the solver update:
-    the correction A_k, the routing, E_{k+1}, O_{k+1}, the online δ̄_k and m̃_{k+1} = F_{k+1} m_{k+1}.
+    the correction A_k (eqs. (9)-(11)), the routing (eq. (12)), E_{k+1} (eq. (6)), O_{k+1} (eq. (8)), the online
+    δ̄_k and m̃_{k+1} = F_{k+1} m_{k+1} (eqs. (7), (13)).
 
     Without `out` it is pure: it returns new tensors and mutates no input (the form `torch.compile` traces). With
     `out`, (B, L, D) buffers of the caller's that no input aliases, it writes H_k (then C U_k), p_k − O_k, E_{k+1}
     and O_{k+1} into them instead of allocating (on a CPU, a fresh 8 MB tensor costs several times the arithmetic
     written into it); q_k and m̃_{k+1}, handed out to the caller, are always new tensors. Equal, within float
-    rounding, to [`history_direction`], [`solver_history_direction`], [`combined_direction`], [`moment_projection`],
-    [`token_cosine_distance`], [`masked_token_mean`], [`retention`] and [`overlap_transform`] chained as the
-    scheduler's reference step does.
+    rounding, to the oracle: [`history_direction`], [`solver_history_direction`], [`combined_direction`],
+    [`moment_projection`], [`token_cosine_distance`], [`masked_token_mean`], [`retention`] and
+    [`overlap_transform`] chained.
 
     Args:
         prediction (`torch.Tensor`): p_k, (B, L, D).
@@ -292,7 +297,7 @@ def fused_untied_step(
             in theirs, so they must not be E_k or O_k themselves.
 
     Returns:
-        [`FusedStepOutput`]: q_k, m_{k+1}, m̃_{k+1}, the next [`UntiedState`] and the online δ̄_k.
+        [`UntiedStepOutput`]: q_k, m_{k+1}, m̃_{k+1}, the next [`UntiedState`] and the online δ̄_k.
     """
     p = prediction
     dtype = p.dtype
@@ -330,7 +335,7 @@ def fused_untied_step(
             correction = eta_mean if mask3 is None else torch.where(mask3, eta_mean, 0.0)
             corrected = _cast(_cast(p, compute) + correction, dtype)
     elif correct or online:
-        # H_k = p_k − E_k, formed in p_k's dtype as `history_direction` does (a buffer of its own: centred below).
+        # H_k = p_k − E_k (eqs. (9), (36)), formed in p_k's dtype as `history_direction` does (a buffer of its own: centred below).
         h = _cast(torch.sub(p, ema, out=into("history", dtype)), compute)
         if history_gate is not None:
             h = h.mul_(history_gate)
@@ -352,15 +357,15 @@ def fused_untied_step(
                 norm_d = torch.linalg.vector_norm(d, dim=(1, 2), keepdim=True)
             threshold = eps * torch.linalg.vector_norm(pm, dim=(1, 2), keepdim=True)
             valid = (norm_h > threshold) & (norm_d > threshold)
-            g = torch.where(valid, norm_h / norm_d, 0.0)  # G_k = g·d_k; (B, 1, 1)
+            g = torch.where(valid, norm_h / norm_d, 0.0)  # G_k = g·d_k (eqs. (9), (37)); (B, 1, 1)
             if online:
-                # δ̃_{k,n} = min{1, 1 − cos(H_n, G_n)}, and cos(H_n, g·d_n) = cos(H_n, d_n) for g > 0; 0 if degenerate.
+                # δ̃_{k,n} = min{1, 1 − cos(H_n, G_n)} (below eq. (40)), and cos(H_n, g·d_n) = cos(H_n, d_n) for g > 0; 0 if degenerate.
                 token_valid = (token_h2 > 0) & (token_d2 > 0) & valid[:, :, 0]
                 cosine = token_hd / (token_h2 * token_d2).sqrt()
                 tokens = torch.where(token_valid, (1 - cosine).clamp(0.0, 1.0), 0.0)
                 distance = _cast(tokens.sum(dim=1) / (count[:, 0, 0] if mask is not None else count), dtype)
         if correct:
-            # C U_k with U_k = (1 + c)H_k − c·g·d_k: minus the active-position mean M_I(U_k), zero elsewhere; formed
+            # C U_k with U_k = (1 + c)H_k − c·g·d_k (eqs. (10), (38)): minus the active-position mean M_I(U_k), zero elsewhere; formed
             # in H_k's place when H_k has a buffer (it is not read again).
             sum_h = h.sum(dim=1, keepdim=True)
             in_place = h if out is not None else None
@@ -374,7 +379,7 @@ def fused_untied_step(
                 centred = torch.sub(h, sum_h / count, out=in_place)
             if mask3 is not None:
                 centred = torch.where(mask3, centred, 0.0)
-            # η_T σ_k / RMS(C U_k), RMS = ‖C U_k‖ / sqrt(n·D); Π_k = μ_k where C U_k = 0.
+            # Π_k (eq. (11)): η_T σ_k / RMS(C U_k), RMS = ‖C U_k‖ / sqrt(n·D); Π_k = μ_k where C U_k = 0.
             norm = torch.linalg.vector_norm(centred, dim=(1, 2), keepdim=True)
             scale = torch.where(norm > 0, eta_sigma * (count * width) ** 0.5 / norm, 0.0)
             if mask3 is None:  # p_k + A_k, A_k = η_T Π_k(U_k) = η_T μ_k + scale·C U_k; a new tensor (returned)
@@ -382,15 +387,17 @@ def fused_untied_step(
             else:
                 corrected = torch.where(mask3, torch.addcmul(eta_mean, centred, scale), 0.0).add_(pc)
             corrected = _cast(corrected, dtype)
+    # Routing (eq. (12)): the paper's sampler hands q_k = p_k + A_k to the solver and O, m_{k+1} = p_k.
     solver_input = p if options.routing == "self_conditioning" else corrected
     next_raw = p if options.routing == "solver" else corrected
     new_ema = new_average = None
-    if options.track_ema:  # E_{k+1} = (1 − α)E_k + α p_k
+    if options.track_ema:  # E_{k+1} = (1 − α)E_k + α p_k (eq. (6))
         new_ema = torch.lerp(ema, p, _cast(alpha, dtype), out=into("ema", dtype))
-    if options.track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k
+    if options.track_solver_average:  # O_{k+1} = (1 − κ_k)O_k + κ_k q_k (eq. (8))
         new_average = torch.lerp(solver_average, solver_input, _cast(kappa, dtype), out=into("solver_average", dtype))
+    # m̃_{k+1} = F_{k+1} m_{k+1} (eqs. (7), (35)), the next network's self-conditioning input.
     if transform_kind == "online":
-        a_hat = _cast(kappa, dtype) * (1 - distance)  # â_{k+1} = κ_k(1 − δ̄_k), one per sample
+        a_hat = _cast(kappa, dtype) * (1 - distance)  # â_{k+1} = κ_k(1 − δ̄_k) (eq. (13)), one per sample
         ell = retention(operators.rho_sq, a_hat, options.strength, options.eps_fp, options.global_scaling)
         self_conditioning = overlap_transform(next_raw, operators.basis, ell.to(dtype))
     elif transform is None:
@@ -400,19 +407,19 @@ def fused_untied_step(
     else:  # low rank: m − (m Q(I − diag ℓ)) Qᵀ, the subtraction inside the second product
         flat = next_raw.reshape(-1, width)
         self_conditioning = torch.addmm(flat, flat @ transform, operators.basis_t, alpha=-1.0).view(next_raw.shape)
-    return FusedStepOutput(solver_input, next_raw, self_conditioning, UntiedState(new_ema, new_average), distance)
+    return UntiedStepOutput(solver_input, next_raw, self_conditioning, UntiedState(new_ema, new_average), distance)
 
 
-def indexed_untied_step(
+def untied_step_at(
     step: torch.Tensor,
     prediction: torch.Tensor,
     state: UntiedState,
     tables: StepTables,
     operators: StepOperators,
     options: StepOptions,
-) -> tuple[FusedStepOutput, torch.Tensor]:
+) -> tuple[UntiedStepOutput, torch.Tensor]:
     r"""
-    [`fused_untied_step`] at update step `step` (a 0-dim int64 tensor on the prediction's device), reading that
+    [`untied_step`] at update step `step` (a 0-dim int64 tensor on the prediction's device), reading that
     step's row of the per-run tables in the step itself; returns its output and `step + 1`.
 
     The form `torch.compile` gets (`UntiedSelfConditioningMixin.compile_step`): every input is the same tensor at
@@ -421,15 +428,15 @@ def indexed_untied_step(
 
     Args:
         step (`torch.Tensor`): k, 0-dim int64.
-        tables ([`StepTables`]): the rows of [`StepScalars`] (K_u, 6), η_T μ_k (K_u, D) and F_k (K_u, D, D) or
+        tables ([`StepTables`]): the [`StepScalars`] of every step ((K_u,) each), η_T μ_k (K_u, D) and F_k (K_u, D, D) or
             Q(I − diag ℓ_k) (K_u, D, r) (exactly I or 0 where ℓ_k = 1); the last two may be `None`.
-        prediction, state, operators, options: as for [`fused_untied_step`] (`operators` without the per-step
+        prediction, state, operators, options: as for [`untied_step`] (`operators` without the per-step
             `eta_mean` and `transform`, which come from `tables`).
     """
     index = step.reshape(1)  # index_select, not [step]: indexing with a tensor would read it back (`.item()`)
-    scalars = StepScalars(*tables.scalars.index_select(0, index)[0].unbind(0))
+    scalars = StepScalars(*(column.index_select(0, index)[0] for column in tables.scalars))
     operators = operators._replace(
         eta_mean=tables.eta_mean.index_select(0, index)[0] if tables.eta_mean is not None else None,
         transform=tables.transform.index_select(0, index)[0] if tables.transform is not None else None,
     )
-    return fused_untied_step(prediction, state, scalars, operators, options, gated=True), step + 1
+    return untied_step(prediction, state, scalars, operators, options, gated=True), step + 1

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .untied_functions import _active_mask, _compute_dtype, _sample_scale, centre_tokens, moment_projection
+from ..schedulers.untied_functions import _active_mask, _compute_dtype, _sample_scale, centre_tokens, moment_projection
 
 
 CORRECTION_DIRECTIONS = ("history", "common", "permuted", "random")
