@@ -35,6 +35,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "word_repetition",
         ),
         ".plots": ("plot_benchmark",),
+        ".task_metrics": ("RougeScores", "corpus_bleu", "rouge"),
         ".sampling": (
             "batch_seed",
             "generate",
