@@ -74,7 +74,14 @@ def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --
 def _convert(args: argparse.Namespace) -> None:
     _refuse_existing_folder(args.output, args.overwrite)
     check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
-    elf_only = {"--max-length": args.max_length, "--sde-gamma": args.sde_gamma, "--sc-cfg-scale": args.sc_cfg_scale}
+    elf_only = {
+        "--max-length": args.max_length,
+        "--sde-gamma": args.sde_gamma,
+        "--sc-cfg-scale": args.sc_cfg_scale,
+        "--text-encoder": args.text_encoder,
+        "--guidance-scale": args.guidance_scale,
+        "--max-source-length": args.max_source_length,
+    }
     given = [flag for flag, value in elf_only.items() if value is not None]
     if args.family == "langflow" and given:
         raise ValueError(
@@ -94,6 +101,9 @@ def _convert(args: argparse.Namespace) -> None:
             sc_cfg_scale=args.sc_cfg_scale,
             weights=args.weights,
             allow_pickle=args.allow_pickle,
+            text_encoder=args.text_encoder,
+            guidance_scale=args.guidance_scale,
+            max_source_length=args.max_source_length,
         )
     pipe = convert_official(args.family, args.source, args.output, overwrite=args.overwrite, **kwargs)
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
@@ -460,6 +470,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="W",
         help="ELF only: the SC-CFG scale w at every NFE, over the recorded ones; required as --sde-gamma is.",
+    )
+    convert.add_argument(
+        "--text-encoder",
+        metavar="NAME_OR_PATH",
+        help="Conditional ELF only (XSum, WMT14 De-En): the frozen T5 encoder (Hub id or folder). Default: the "
+        "checkpoint's, as the official code loads it (t5-small, through the Hugging Face cache).",
+    )
+    convert.add_argument(
+        "--guidance-scale",
+        type=float,
+        metavar="G",
+        help="Conditional ELF only: the default classifier-free guidance scale, over the recorded one (official 2).",
+    )
+    convert.add_argument(
+        "--max-source-length",
+        type=int,
+        metavar="N",
+        help="Conditional ELF only: the source positions, where nothing records them (the training config's "
+        "max_input_length: 1024 XSum, 64 WMT14 De-En).",
     )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(

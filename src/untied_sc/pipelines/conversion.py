@@ -57,6 +57,11 @@ def convert_official(
     if family not in PIPELINES:
         raise ValueError(f"family must be one of {sorted(PIPELINES)}, got {family!r}.")
     _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
-    pipe = PIPELINES[family].from_official(source, **kwargs)
+    pipeline_class = PIPELINES[family]
+    if family == "elf":
+        from .official_text2text import conversion_pipeline_class
+
+        pipeline_class, kwargs = conversion_pipeline_class(source, kwargs)
+    pipe = pipeline_class.from_official(source, **kwargs)
     save_atomically(pipe, output, overwrite)
     return pipe
