@@ -216,8 +216,10 @@ def _calibrate(args: argparse.Namespace) -> None:
         from diffusers.utils import logging as diffusers_logging
 
         diffusers_logging.disable_progress_bar()
+    prompts = _prompt_bank(args.pipeline, args.prompts)
     pipe = _load_for_calibration(args.pipeline, args.overwrite)
     result = pipe.calibrate(
+        prompts=prompts,
         nfe=args.nfe,
         bank_size=args.bank_size,
         seed=args.seed,
@@ -244,6 +246,29 @@ def _calibrate(args: argparse.Namespace) -> None:
         if args.push_statistics_to:
             _push_statistics(pipe, args.push_statistics_to, statistics_dir)
     wait_for_everyone(state)  # the other processes return once the files are written
+
+
+def _prompt_bank(source: str, prompts: str | None):
+    """`--prompts FILE` read (errors name the file and line), and, for a local folder, checked against the pipeline
+    class its model_index.json names before anything loads: a conditional one needs prompts, another takes none."""
+    from pathlib import Path
+
+    from .pipelines.pipeline_utils import saved_pipeline_class
+
+    held = saved_pipeline_class(Path(source)) if Path(source).is_dir() else None
+    if held == "ELFText2TextPipeline" and prompts is None:
+        raise ValueError(
+            f"{source} holds an ELFText2TextPipeline, which generates from a source text: its calibration needs "
+            "prompts. Pass --prompts FILE, source texts like the ones it will translate or summarise, one per line "
+            "(or JSONL with an 'input' field)."
+        )
+    if held not in (None, "ELFText2TextPipeline", "an unreadable model_index.json") and prompts is not None:
+        raise ValueError(f"--prompts: {source} holds an unconditional {held}, which takes no prompts; leave it out.")
+    if prompts is None:
+        return None
+    from .calibration.prompts import read_prompt_bank
+
+    return read_prompt_bank(prompts)
 
 
 def _load_for_calibration(source: str, overwrite: bool):
@@ -568,6 +593,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Where the batches' random draws are made: cpu (the CPU stream: the same statistics on every device) "
         "or cuda (no CPU draws to wait for: faster at large banks, statistics of the same distribution but not the "
         "same numbers).",
+    )
+    calibrate.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="A conditional pipeline (ELFText2TextPipeline) only, and required there: the source texts its "
+        "calibration trajectories are generated from, one per line (or a .jsonl file, one object per line with an "
+        "'input' or 'prompt' field); cycled through each bank. The statistics record the file's name, fingerprint and "
+        "count.",
     )
     calibrate.add_argument("--no-progress", action="store_true", help="No progress bars.")
     calibrate.add_argument(

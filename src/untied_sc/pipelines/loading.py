@@ -8,11 +8,12 @@ from pathlib import Path
 from ..hub import HUB_KWARGS, resolve_local
 from ..input_checks import check_writes_stay_inside, pipeline_writes
 from .pipeline_elf import ELFPipeline
+from .pipeline_elf_text2text import ELFText2TextPipeline
 from .pipeline_langflow import LangFlowPipeline
 from .remote_code import saved_class_name, write_remote_code
 
 
-PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, LangFlowPipeline)}
+PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, ELFText2TextPipeline, LangFlowPipeline)}
 
 
 def load_pipeline(source: str | os.PathLike, **kwargs):

@@ -354,8 +354,17 @@ class ELFText2TextPipeline(ELFPipeline):
         if conditioning is None or len(conditioning.lengths) != batch_size:
             raise ValueError("denoise needs the batch's `conditioning` (encode_prompt), one row per trajectory.")
         scale = self._scale(sc_cfg_scale, num_inference_steps)
+        # The untied sampler acts on the generated positions only (its correction, and calibration's moments): the
+        # held source positions are masked out (and restored after every step below).
         batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
-            batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
+            batch_size,
+            num_inference_steps,
+            generator,
+            latents,
+            scheduler,
+            statistics,
+            ace_statistics,
+            mask=~conditioning.mask,
         )
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
         # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
