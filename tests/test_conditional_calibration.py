@@ -183,3 +183,22 @@ def test_a_bad_prompt_file_names_the_file_and_line(tmp_path):
     ok = tmp_path / "ok.txt"
     ok.write_text("w5\nw6\n")
     assert read_prompt_bank(ok).texts == ("w5", "w6") and read_prompt_bank(ok).source == "ok.txt"
+
+
+def test_commands_that_sample_without_prompts_refuse_a_conditional_folder(converted, capsys):  # noqa: F811
+    from untied_sc.pipelines import load_pipeline
+
+    with pytest.raises(ValueError, match=r"conditional model.*prompt=\.\.\..*--prompts FILE"):
+        load_pipeline(converted)
+    assert type(load_pipeline(converted, conditional=True)).__name__ == "ELFText2TextPipeline"
+    assert main(["tune", str(converted), "--nfe", "8", "--output", "unused"]) == 2
+    assert "generates from a source text" in capsys.readouterr().err
+
+
+def test_cli_prompts_to_an_unconditional_folder_are_refused_before_loading(tmp_path, capsys):
+    pipe = pipeline("ode8_cfg2_sc1")
+    ELFPipeline(pipe.transformer, pipe.scheduler, tiny_tokenizer()).save_pretrained(tmp_path / "elf")
+    (tmp_path / "sources.txt").write_text("w5\n")
+    args = ["calibrate", str(tmp_path / "elf"), "--nfe", "8", "--prompts", str(tmp_path / "sources.txt")]
+    assert main(args) == 2
+    assert "unconditional ELFPipeline, which takes no prompts" in capsys.readouterr().err

@@ -279,7 +279,7 @@ def _load_for_calibration(source: str, overwrite: bool):
     from .pipelines import load_pipeline
 
     try:
-        return load_pipeline(source)
+        return load_pipeline(source, conditional=True)
     except ValueError as error:
         if not overwrite or "sampler statistics" not in str(error):
             raise
@@ -288,7 +288,7 @@ def _load_for_calibration(source: str, overwrite: bool):
             "are calibrated afresh: only the NFEs given now will be calibrated.",
             file=sys.stderr,
         )
-        return load_pipeline(source, sampler_statistics=None)
+        return load_pipeline(source, conditional=True, sampler_statistics=None)
 
 
 def _tune(args: argparse.Namespace) -> None:
@@ -384,7 +384,7 @@ def _push_statistics_command(args: argparse.Namespace) -> None:
 
     from .pipelines import load_pipeline
 
-    pipe = load_pipeline(args.pipeline, **({"revision": args.revision} if args.revision else {}))
+    pipe = load_pipeline(args.pipeline, conditional=True, **({"revision": args.revision} if args.revision else {}))
     if pipe.sampler_statistics is None:
         raise ValueError(
             f"{args.pipeline} has no sampler statistics to push: calibrate it first (`untied-sc calibrate "
