@@ -270,3 +270,36 @@ def test_missing_conditional_settings_name_their_flags(tmp_path, capsys):
     disagree = ["--guidance-scale", "2", "--max-source-length", "5"]
     assert main(["convert", "elf", str(no_sampling), str(tmp_path / "out3"), *given, *disagree]) == 2
     assert "disagrees with 6" in capsys.readouterr().err
+
+
+# --- docs/usage.md, as written ---------------------------------------------------------------------------------------
+
+
+def usage_section() -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    return text.split("## ELF with a source text", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_usage_guides_convert_calibrate_and_untied_example_run_as_written(tmp_path, tiny_released, monkeypatch):
+    import shlex
+
+    section = usage_section()
+    commands = [line for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines() if line]
+    example = section.split("```python\n")[3].split("```", 1)[0]
+    assert [shlex.split(c)[:2] for c in commands] == [["untied-sc", "convert"], ["untied-sc", "calibrate"]]
+    cache = tmp_path / "cache"
+    checkpoint = official_elf_checkpoint(tmp_path / "src" / "checkpoint_5", GOLDEN.weights)
+    populate_hub_cache(cache, DE_EN, {"checkpoint_5": checkpoint})
+    t5_small_in_cache(cache, tmp_path)
+    offline_cache(monkeypatch, cache)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sources.txt").write_text("\n".join(GOLDEN.run["prompts"]) + "\n")
+    # The calibration as written, with smaller banks than its default (64; the trajectories' count only).
+    small = ["--bank-size", "8", "--base-scale-bank-size", "4", "--no-progress"]
+    for command in commands:
+        assert main([*shlex.split(command)[1:], *(small if "calibrate" in command else [])]) == 0
+    scope = {}
+    exec(compile(example, "docs/usage.md", "exec"), scope)
+    assert type(scope["pipe"].scheduler).__name__ == "UntiedELFScheduler"
+    assert scope["pipe"].sampler_statistics.config.calibrated_steps == [8, 16]
+    assert len(scope["out"].texts) == 1 and isinstance(scope["out"].texts[0], str)
