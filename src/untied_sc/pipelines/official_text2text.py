@@ -15,7 +15,6 @@ from ..models.convert import ELF_HUB_PATTERNS, load_official_elf, newest_checkpo
 from ..models.official_checkpoints import Sourced, by_steps
 from ..models.official_settings import (
     CheckpointOrigin,
-    UnconditionalCheckpointError,
     elf_conditional_settings,
     elf_training_config,
     is_conditional_config,
@@ -164,27 +163,3 @@ def build_elf_text2text(
         settings, checkpoint_file, tokenizer_name, transformer.config.max_length, weights, encoder_name
     )
     return pipe
-
-
-def conversion_pipeline_class(source, kwargs: dict) -> tuple[type, dict]:
-    """
-    The pipeline class `untied-sc convert elf` builds for `source` ([`ELFText2TextPipeline`] for a conditional
-    checkpoint, [`ELFPipeline`] otherwise), and the keyword arguments it takes: the conditional options left out
-    where none was given; given to an unconditional checkpoint, they are refused naming the flags.
-    """
-    from ..hub import HUB_KWARGS
-    from .pipeline_elf import ELFPipeline
-    from .pipeline_elf_text2text import ELFText2TextPipeline
-
-    given = {key: kwargs[key] for key in CONDITIONAL_OPTIONS if kwargs.get(key) is not None}
-    rest = {key: value for key, value in kwargs.items() if key not in CONDITIONAL_OPTIONS}
-    hub_kwargs = {key: value for key, value in rest.items() if key in HUB_KWARGS}
-    if is_conditional_elf(source, rest.get("official_id"), **hub_kwargs):
-        return ELFText2TextPipeline, {**rest, **given}
-    if given:
-        flags = ", ".join(CONDITIONAL_OPTIONS[key] for key in given)
-        raise UnconditionalCheckpointError(
-            f"{flags}: for a conditional checkpoint only, and {source} is unconditional (it takes no source text): "
-            "leave them out."
-        )
-    return ELFPipeline, rest
