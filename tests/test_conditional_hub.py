@@ -109,6 +109,8 @@ def test_convert_calibrate_on_prompts_push_statistics_then_sample_untied_with_a_
     files = set(hub.files(STATISTICS_REPO)) - {".gitattributes"}
     assert "sampler_statistics/config.json" in files and not any(f.startswith("transformer") for f in files)
     assert not any(f.startswith("text_encoder") for f in files)
+    card = (Path(f"{converted}-statistics") / "README.md").read_text()
+    assert f"untied-sc convert elf {DE_EN} BASE_DIR" in card and "pipe(prompt=" in card
 
     # The second user, with an empty cache: convert the official weights, load them with the published statistics.
     env["HF_HUB_CACHE"] = str(tmp_path / "cache-second-user")

@@ -108,10 +108,13 @@ def _convert(args: argparse.Namespace) -> None:
     pipe = convert_official(args.family, args.source, args.output, overwrite=args.overwrite, **kwargs)
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
     settings = pipe.conversion.settings
+    encoder = getattr(pipe.conversion, "text_encoder", None)  # a conditional checkpoint's T5 encoder
+    components = f"tokenizer {pipe.conversion.tokenizer.value}" + (
+        f", text encoder {encoder.value}" if encoder else ""
+    )
     print(
         f"Wrote {type(pipe).__name__} ({type(pipe.transformer).__name__}, {parameters / 1e6:.1f}M parameters; "
-        f"tokenizer {pipe.conversion.tokenizer.value}; {type(pipe.scheduler).__name__} at the settings of "
-        f"{settings.settings_from}) to {args.output}"
+        f"{components}; {type(pipe.scheduler).__name__} at the settings of {settings.settings_from}) to {args.output}"
     )
 
 
