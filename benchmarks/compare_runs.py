@@ -75,7 +75,7 @@ def per_gamma(reference_dir: Path, retrain_dir: Path, windows: int) -> dict:
     """Held-out CE per γ of both runs' newest EMA snapshots (LangFlow), on the same validation windows."""
     from transformers import AutoTokenizer
 
-    from untied_sc.training.langflow import (
+    from untied_sc_lab.training.langflow import (
         DEFAULT_EVAL_GAMMAS,
         LangFlowTrainConfig,
         evaluate_per_gamma,

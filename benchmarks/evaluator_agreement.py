@@ -44,9 +44,9 @@ def pearson(a: list[float], b: list[float]) -> float:
 def main(argv=None) -> int:
     import torch
 
-    from untied_sc.evaluation.evaluator import describe_evaluator, load_evaluator
-    from untied_sc.evaluation.io import read_samples
-    from untied_sc.evaluation.metrics import generative_perplexity
+    from untied_sc.generation import read_samples
+    from untied_sc_lab.evaluation.evaluator import describe_evaluator, load_evaluator
+    from untied_sc_lab.evaluation.metrics import generative_perplexity
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heldout", type=Path, required=True, help="Real text, e.g. data/corpus/heldout.txt.")

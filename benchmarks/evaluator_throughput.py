@@ -50,9 +50,9 @@ def worker(args: argparse.Namespace) -> None:
     """One configuration in this process: loads, warms up, times and writes JSON to `args.result`."""
     import torch
 
-    from untied_sc.evaluation.evaluator import describe_evaluator, load_evaluator
-    from untied_sc.evaluation.io import read_samples
-    from untied_sc.evaluation.metrics import sample_nlls
+    from untied_sc.generation import read_samples
+    from untied_sc_lab.evaluation.evaluator import describe_evaluator, load_evaluator
+    from untied_sc_lab.evaluation.metrics import sample_nlls
 
     torch.set_num_threads(args.threads)
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)

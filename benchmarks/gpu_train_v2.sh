@@ -66,11 +66,11 @@ train() {
   local model=$1
   case $model in
     langflow-v2)
-      $PYTHON -m untied_sc.training.langflow train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
+      $PYTHON -m untied_sc_lab.training.langflow train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --tokenizer-dir "$PACK/tokenizer-8k" --token-cache-dir "$WORK/tokens" \
         --hidden-size 384 --num-layers 6 --num-attention-heads 6 --lr 1e-3 --sc-prob 0.75 $LF_ARGS ;;
     elf-v2)
-      $PYTHON -m untied_sc.training.elf train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
+      $PYTHON -m untied_sc_lab.training.elf train --run-dir "$WORK/runs/$model" "${COMMON[@]}" \
         --encoder-dir "$PACK/minilm-fp16" --latent-cache-dir none \
         --hidden-size 256 --num-layers 7 --num-attention-heads 4 --bottleneck-dim 256 --p-mean -0.5 --p-std 1.0 \
         --lr 1.5e-3 $ELF_ARGS ;;
@@ -95,7 +95,7 @@ echo "== export and pack ($(( $(date +%s) - T0 )) s in)"
 for model in $MODELS; do
   run="$WORK/runs/$model"; family=${model%%-*}
   [ -f "$run/checkpoint.pt" ] || { echo "$model: no checkpoint, nothing to export"; continue; }
-  $PYTHON -m untied_sc.training.$family export --run-dir "$run" --out "$WORK/export/$model/pipeline" --dtype bfloat16 \
+  $PYTHON -m untied_sc_lab.training.$family export --run-dir "$run" --out "$WORK/export/$model/pipeline" --dtype bfloat16 \
     > "$run/export.log" 2>&1 || { echo "$model: export failed"; tail -5 "$run/export.log"; continue; }
   for file in config.json loss_log.jsonl train.log export.log latent_normalization.json; do
     [ -f "$run/$file" ] && cp "$run/$file" "$WORK/export/$model/"

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from untied_sc import UntiedSelfConditioningScheduler
-from untied_sc.evaluation import evaluate_samples, load_evaluator
-from untied_sc.evaluation.evaluator import describe_evaluator
-from untied_sc.evaluation.io import Sample, write_samples
-from untied_sc.evaluation.sampling import build_scheduler, family_of, generate
+from untied_sc.generation import Sample, write_samples
+from untied_sc.generation.sampling import build_scheduler, family_of, generate
 from untied_sc.pipelines import load_pipeline
-from untied_sc.training.data import fixed_windows, load_split_tokens
+from untied_sc_lab.evaluation import evaluate_samples, load_evaluator
+from untied_sc_lab.evaluation.evaluator import describe_evaluator
+from untied_sc_lab.training.data import fixed_windows, load_split_tokens
 
 
 SHOWN = 5  # samples per row kept whole in the JSON (the model card shows them)

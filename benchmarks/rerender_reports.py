@@ -1,13 +1,13 @@
 """Re-analyse committed benchmark reports from their run records, and re-render them (JSON, Markdown, plot).
 
-A report's statistics are a function of its per-sample records (`untied_sc.experiments.benchmark.analyse`): when the
+A report's statistics are a function of its per-sample records (`untied_sc_lab.experiments.benchmark.analyse`): when the
 way intervals or the equal-entropy control are computed changes, the committed reports are brought up to date with
 
     python benchmarks/rerender_reports.py benchmarks/results/*.json --overwrite
 
 Reports analysed before the few-cluster intervals existed keep their bootstrap-only tables (they re-render byte for
 byte); `--small-sample-intervals` adds the t-interval and bootstrap-t beside the cluster bootstrap and the headline
-rule (`untied_sc.experiments.aggregation.INTERVAL_RULE`), as every new report has them.
+rule (`untied_sc_lab.experiments.aggregation.INTERVAL_RULE`), as every new report has them.
 
 A report rescored under a second evaluator (`untied-sc benchmark --rescore`) has its evaluator control recomputed
 from the report it rescored, re-rendered first when both are given.
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from untied_sc.evaluation.evaluator import describe_evaluator
-from untied_sc.experiments.aggregation import analyse
-from untied_sc.experiments.report import write_results
-from untied_sc.experiments.rescore import evaluator_control
+from untied_sc_lab.evaluation.evaluator import describe_evaluator
+from untied_sc_lab.experiments.aggregation import analyse
+from untied_sc_lab.experiments.report import write_results
+from untied_sc_lab.experiments.rescore import evaluator_control
 
 
 def _option(command: str | None, name: str) -> str | None:
@@ -38,7 +38,7 @@ def _option(command: str | None, name: str) -> str | None:
 
 def _generator_tokenizer(results: dict) -> str | None:
     """The generating model's tokenizer, described from the pipeline folder its command names (if still here)."""
-    from untied_sc.evaluation.sampling import tokenizer_description
+    from untied_sc.generation.sampling import tokenizer_description
 
     words = shlex.split(results.get("command") or "")
     folder = next((Path(w) for w in words[2:3] if not w.startswith("-")), None)

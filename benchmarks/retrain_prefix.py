@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from untied_sc.training.langflow import start_or_resume
+from untied_sc_lab.training.langflow import start_or_resume
 
 
 COMPARED = ("loss", "loss_sc", "loss_no_sc", "l2_sc", "l2_no_sc", "ce", "grad_norm", "lr")
@@ -74,9 +74,9 @@ def main() -> None:
         given = {key: value for key, value in config.items() if key not in FIXED_KEYS}
         given.update(run_dir=str(fresh_dir), max_steps=total_steps, progress=False)
         if args.family == "elf":
-            from untied_sc.training.elf import ELFTrainer as trainer_class
+            from untied_sc_lab.training.elf import ELFTrainer as trainer_class
         else:
-            from untied_sc.training.langflow import LangFlowTrainer as trainer_class
+            from untied_sc_lab.training.langflow import LangFlowTrainer as trainer_class
         start_or_resume(trainer_class, given, resume=False).train(stop_at_step=args.steps)
         rows = compare(reference, read_log(fresh_dir / "loss_log.jsonl"))
     seconds = time.perf_counter() - began

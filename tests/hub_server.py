@@ -40,8 +40,12 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def repo_folder(root: Path, repo_id: str) -> Path:
-    owner, name = repo_id.split("/")
-    return Path(root) / "models" / owner / name
+    """`<root>/models/<owner>/<name>`, or `<root>/models/<name>` for an id without owner (`t5-small`), as olah looks
+    them up."""
+    parts = repo_id.split("/")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"{repo_id!r} is not a Hub repo id (NAME or OWNER/NAME)")
+    return Path(root, "models", *parts)
 
 
 def init_repo(folder: Path) -> None:
@@ -168,14 +172,16 @@ def _add_routes(app, root: Path) -> None:
     over olah's git repositories (every file is taken inline: "regular" upload mode, base64 in the commit, so no LFS
     or Xet storage is involved); the repo info without a revision (`HfApi.model_info(repo_id)`, which diffusers
     calls), which olah's offline mode answers only from its upstream cache: here it is the info at `main`; and a 404
-    `RevisionNotFound` for an unknown revision of a known repo, where olah answers "repo not found".
+    `RevisionNotFound` for an unknown revision of a known repo and a 404 `EntryNotFound` for a folder it lacks
+    (transformers lists `additional_chat_templates/`), where olah answers "repo not found"; for ids with an owner and
+    without one (`t5-small`).
     """
     import base64
     import json
 
     from fastapi import Request
     from fastapi.responses import JSONResponse
-    from olah.server_api_routes import meta_proxy_common
+    from olah.server_api_routes import meta_proxy_common, tree_proxy_common
 
     olah_routes = list(app.router.routes)
 
@@ -245,9 +251,17 @@ def _add_routes(app, root: Path) -> None:
     async def model_info(owner: str, name: str, request: Request):
         return await model_info_at(owner, name, "main", request)
 
+    @app.api_route("/api/models/{name}", methods=["GET", "HEAD"])  # an id without owner (`t5-small`)
+    async def model_info_of_name(name: str, request: Request):
+        return await model_info_at(None, name, "main", request)
+
+    @app.api_route("/api/models/{name}/revision/{revision:path}", methods=["GET", "HEAD"])
+    async def model_info_of_name_at(name: str, revision: str, request: Request):
+        return await model_info_at(None, name, revision, request)
+
     @app.api_route("/api/models/{owner}/{name}/revision/{revision:path}", methods=["GET", "HEAD"])
-    async def model_info_at(owner: str, name: str, revision: str, request: Request):
-        folder = repo_folder(root, f"{owner}/{name}")
+    async def model_info_at(owner: str | None, name: str, revision: str, request: Request):
+        folder = repo_folder(root, f"{owner}/{name}" if owner else name)
         if folder.exists():  # olah answers an unknown revision of a known repo as an unknown repo; the Hub does not
             try:
                 _git(folder, "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
@@ -256,6 +270,33 @@ def _add_routes(app, root: Path) -> None:
                 return JSONResponse({"error": f"Invalid rev id: {revision}"}, status_code=404, headers=headers)
         authorization = request.headers.get("authorization")
         return await meta_proxy_common(app, "models", owner, name, revision, request.method.lower(), authorization)
+
+    @app.api_route("/api/models/{name}/tree/{revision}/{path:path}", methods=["GET", "HEAD"])
+    async def tree_of_name(name: str, revision: str, path: str, request: Request):
+        return await tree(None, name, revision, path, request)
+
+    @app.api_route("/api/models/{owner}/{name}/tree/{revision}/{path:path}", methods=["GET", "HEAD"])
+    async def tree(owner: str | None, name: str, revision: str, path: str, request: Request):
+        folder = repo_folder(root, f"{owner}/{name}" if owner else name)
+        if folder.exists() and path.strip("/"):  # olah answers a missing folder as a missing repo; the Hub does not
+            try:
+                _git(folder, "cat-file", "-e", f"{revision}:{path.strip('/')}")
+            except RuntimeError:
+                headers = {"X-Error-Code": "EntryNotFound", "X-Error-Message": f"{path} does not exist on {revision}"}
+                return JSONResponse({"error": headers["X-Error-Message"]}, status_code=404, headers=headers)
+        query = request.query_params
+        return await tree_proxy_common(
+            app,
+            repo_type="models",
+            org=owner,
+            repo=name,
+            commit=revision,
+            path=path,
+            recursive=query.get("recursive", "false").lower() == "true",
+            expand=query.get("expand", "false").lower() == "true",
+            method=request.method.lower(),
+            authorization=request.headers.get("authorization"),
+        )
 
     ours = [route for route in app.router.routes if route not in olah_routes]
     app.router.routes[:] = ours + olah_routes

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc.calibration.tune import tune_coefficients
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
+from untied_sc_lab.tuning.tune import tune_coefficients
 
 from .conftest import benchmark_script, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
-from untied_sc.evaluation.sampling import batch_seed, build_scheduler
-from untied_sc.experiments import aggregate, run_sweep
-from untied_sc.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
-from untied_sc.experiments.definitions import experiment_samplers
+from untied_sc.generation.sampling import batch_seed, build_scheduler
+from untied_sc_lab.experiments import aggregate, run_sweep
+from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
+from untied_sc_lab.experiments.definitions import experiment_samplers
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -42,7 +42,7 @@ def sweep(pipe, evaluator, tmp_path=None, **kwargs):
 
 
 def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pipes, evaluator):
-    from untied_sc.experiments import generate_sweep, score_sweep
+    from untied_sc_lab.experiments import generate_sweep, score_sweep
 
     options = {"nfe": [8], "seeds": [0], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
     generation = generate_sweep(pipes["langflow"], command="pytest", **options)
@@ -69,7 +69,7 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
 
 
 def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity_sweep(pipes, evaluator):
-    from untied_sc.evaluation.plots import benchmark_figure, pyplot
+    from untied_sc_lab.evaluation.plots import benchmark_figure, pyplot
 
     results = sweep(pipes["langflow"], evaluator)
     figure = benchmark_figure(results)
@@ -243,7 +243,8 @@ def test_elf_intervals_resample_whole_batches(tmp_path, pipes, evaluator):
 
 @pytest.mark.parametrize("family", ["langflow", "elf"])
 def test_report_samples_round_trip_through_evaluate_to_the_reports_numbers(tmp_path, pipes, evaluator, family):
-    from untied_sc.evaluation import evaluate_runs, read_samples
+    from untied_sc.generation import read_samples
+    from untied_sc_lab.evaluation import evaluate_runs
 
     results = sweep(pipes[family], evaluator, tmp_path, diversity_values=[0.5])
     path = tmp_path / "tiny.samples.jsonl.gz"
@@ -261,7 +262,7 @@ def test_report_samples_round_trip_through_evaluate_to_the_reports_numbers(tmp_p
 
 
 def test_reanalysing_a_report_reproduces_its_statistics(tmp_path, pipes, evaluator):
-    from untied_sc.experiments.aggregation import analyse
+    from untied_sc_lab.experiments.aggregation import analyse
 
     results = sweep(pipes["langflow"], evaluator, tmp_path, diversity_values=[0.5, 2.0])
     saved = json.loads((tmp_path / "tiny.json").read_text())
@@ -444,7 +445,7 @@ def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path,
 
 
 def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipes, evaluator):
-    from untied_sc.experiments import generate_sweep, read_generation, score_sweep, write_generation
+    from untied_sc_lab.experiments import generate_sweep, read_generation, score_sweep, write_generation
 
     options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "diversity_values": [0.5]}
     whole = run_sweep(pipes["langflow"], evaluator=evaluator, num_resamples=50, progress=False, **options)
@@ -470,7 +471,7 @@ def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipe
 
 
 def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_path, langflow_golden, evaluator):
-    from untied_sc.experiments import generate_sweep, read_generations, score_sweep, write_generation
+    from untied_sc_lab.experiments import generate_sweep, read_generations, score_sweep, write_generation
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -495,7 +496,7 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
     assert merged["device"] == whole["device"] and merged["torch"] == whole["torch"]  # one machine: named once
 
     # Parts from two machines merge (pairs stay within an NFE); the merged sweep names each machine with its NFEs.
-    from untied_sc.experiments import merge_generations, read_generation
+    from untied_sc_lab.experiments import merge_generations, read_generation
 
     on_gpu = {**read_generation(paths[8]), "device": "cuda:0 (NVIDIA H200)", "torch": "2.11.0+cu130"}
     mixed = merge_generations([on_gpu, read_generation(paths[4])])
@@ -521,7 +522,7 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
     tmp_path, langflow_golden, evaluator, monkeypatch, capsys
 ):
     from untied_sc.cli import main
-    from untied_sc.experiments import generate_sweep, merge_generations, run_sweep, score_sweep, sweep
+    from untied_sc_lab.experiments import generate_sweep, merge_generations, run_sweep, score_sweep, sweep
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -581,7 +582,7 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
 def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
     import gzip
 
-    from untied_sc.experiments import generate_sweep, read_generation, write_generation
+    from untied_sc_lab.experiments import generate_sweep, read_generation, write_generation
 
     generation = generate_sweep(pipes["elf"], nfe=[8], seeds=[0], num_samples=2, batch_size=2, progress=False)
     paths = write_generation(generation, tmp_path)
@@ -694,8 +695,8 @@ def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, 
 
 
 def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
-    from untied_sc.experiments.definitions import experiment_name, with_preset
     from untied_sc.schedulers.scheduling_untied import paper_coefficients
+    from untied_sc_lab.experiments.definitions import experiment_name, with_preset
 
     samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")
     assert samplers["official"] == {} and all(
@@ -710,8 +711,8 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
 
 
 def test_the_benchmark_module_still_exports_what_it_did_from_the_modules_that_now_hold_it():
-    from untied_sc.experiments import aggregation, benchmark, cli, generation_files, report, sweep
-    from untied_sc.experiments import definitions as experiments
+    from untied_sc_lab.experiments import aggregation, benchmark, cli, generation_files, report, sweep
+    from untied_sc_lab.experiments import definitions as experiments
 
     homes = (aggregation, cli, experiments, generation_files, report, sweep)
     renamed = {"_experiment_name": experiments.experiment_name, "command_line": cli.benchmark_command_line}

@@ -12,28 +12,28 @@ import sys
 import pytest
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
-from untied_sc.calibration import search
 from untied_sc.calibration.ace import estimate_ace_direction
-from untied_sc.calibration.baseline_knobs import is_neutral, neutral_knobs
-from untied_sc.calibration.search import METHOD_KNOBS, RULE, START
 from untied_sc.cli import main
-from untied_sc.evaluation.sampling import build_scheduler, knobs_at
-from untied_sc.experiments import run_sweep
-from untied_sc.experiments.baseline_generation import (
+from untied_sc.generation.sampling import build_scheduler, knobs_at
+from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers.comparison_names import comparison_scheduler_class
+from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.experiments.baseline_generation import (
     CANDIDATES_KEY,
     generate_baseline_candidates,
     score_baseline_candidates,
 )
-from untied_sc.experiments.baselines import tune_baselines
-from untied_sc.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
-from untied_sc.experiments.generation_files import (
+from untied_sc_lab.experiments.baselines import tune_baselines
+from untied_sc_lab.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
+from untied_sc_lab.experiments.generation_files import (
     merge_generations,
     read_generation,
     read_generations,
     write_generation,
 )
-from untied_sc.pipelines import load_pipeline
-from untied_sc.schedulers.comparison_names import comparison_scheduler_class
+from untied_sc_lab.tuning import search
+from untied_sc_lab.tuning.baseline_knobs import is_neutral, neutral_knobs
+from untied_sc_lab.tuning.search import METHOD_KNOBS, RULE, START
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -282,8 +282,8 @@ def test_ace_command_writes_the_component_and_refuses_to_overwrite_it(langflow_g
 
 
 def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden, evaluator):
-    from untied_sc.calibration.tune import tune_coefficients
-    from untied_sc.experiments.baselines import untied_tuning_record
+    from untied_sc_lab.experiments.baselines import untied_tuning_record
+    from untied_sc_lab.tuning.tune import tune_coefficients
 
     pipe = _pipe("langflow", langflow_golden, ace=False)
     assert untied_tuning_record(pipe, [8]) == {"8": None}
@@ -298,7 +298,7 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
     assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(run.gen_ppl)
     assert record["8"]["edges"] == result.edges and set(result.edges) == {"eta_r", "eta_t", "eta_o", "alpha"}
     # a report of the untied sampler alone names the rule from its record, and where its pick lies on each knob
-    from untied_sc.experiments.report import _knob_lines
+    from untied_sc_lab.experiments.report import _knob_lines
 
     tuning = {"seed": 10_000, "seed_space": "tuning", "num_samples": 4, "batch_size": 2, "evaluator": "tiny"}
     tuning.update(protocol="langflow", budget=2, confidence=0.95, samplers={}, untied={"untied": record})
@@ -476,7 +476,7 @@ def _dumped(tree) -> str:
 
 
 def test_kendall_tau_b_counts_concordant_pairs_and_ties():
-    from untied_sc.experiments.rescore import kendall_tau
+    from untied_sc_lab.experiments.rescore import kendall_tau
 
     assert kendall_tau([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(4 / 6)  # 5 concordant, 1 discordant
     assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
@@ -587,7 +587,7 @@ def test_a_rescore_with_a_parts_folder_reads_back_what_it_scored(tiny_report, se
 
 
 def test_rescore_with_the_report_s_own_evaluator_gives_back_the_report(tiny_report, evaluator, tmp_path):
-    from untied_sc.experiments.rescore import rescore_report
+    from untied_sc_lab.experiments.rescore import rescore_report
 
     first = json.loads(tiny_report.read_text())
     again = rescore_report(tiny_report, evaluator, name="again", output_dir=tmp_path, num_resamples=50, progress=False)

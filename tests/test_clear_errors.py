@@ -10,7 +10,7 @@ import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.cli import main
-from untied_sc.evaluation.io import read_samples
+from untied_sc.generation import read_samples
 
 from .conftest import langflow_from_golden
 from .test_hub_http import point_hub_at
@@ -95,8 +95,8 @@ def test_a_samples_file_cut_short_names_the_file_and_the_line(tmp_path):
 def test_the_install_hints_work_for_wheel_users(monkeypatch):
     import sys
 
-    from untied_sc.evaluation.evaluator import SMOLLM2_INSTALL
-    from untied_sc.evaluation.plots import pyplot
+    from untied_sc_lab.evaluation.evaluator import SMOLLM2_INSTALL
+    from untied_sc_lab.evaluation.plots import pyplot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     with pytest.raises(
@@ -109,8 +109,8 @@ def test_the_install_hints_work_for_wheel_users(monkeypatch):
 def test_a_baseline_of_another_length_is_refused_before_the_evaluator_loads(tmp_path):
     import argparse
 
-    from untied_sc.evaluation.io import Sample, write_samples
-    from untied_sc.experiments.cli import add_evaluate_arguments, evaluate_command
+    from untied_sc.generation import Sample, write_samples
+    from untied_sc_lab.experiments.cli import add_evaluate_arguments, evaluate_command
 
     write_samples(tmp_path / "a.jsonl", [Sample("w3 w4", seed=0, batch=0), Sample("w6 w7", seed=1, batch=0)])
     write_samples(tmp_path / "b.jsonl", [Sample("w3 w3", seed=0, batch=0)])
@@ -174,7 +174,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, f
 def test_a_small_bank_warns_with_the_interval_it_gives(folder, capsys):
     from types import SimpleNamespace
 
-    from untied_sc.calibration.tune import small_bank_warning
+    from untied_sc_lab.tuning.tune import small_bank_warning
 
     argv = ["calibrate", str(folder), "--nfe", "4", "--bank-size", "2", "--batch-size", "2", "--no-progress"]
     assert main(argv) == 0

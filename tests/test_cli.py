@@ -63,10 +63,10 @@ def parser_tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 def every_parser():
     """The whole `untied-sc` tree, and the training modules' parsers that `untied-sc train FAMILY ...` runs."""
-    from untied_sc.training import elf, langflow
+    from untied_sc_lab.training import elf, langflow
 
     yield from parser_tree(build_parser())
-    for family in (elf, langflow):  # the modules' own parsers: what `python -m untied_sc.training.FAMILY` parses
+    for family in (elf, langflow):  # the modules' own parsers: what `python -m untied_sc_lab.training.FAMILY` parses
         name = family.__name__.rsplit(".", 1)[1]
         yield from parser_tree(family.build_parser(), ("train", name))
 
@@ -104,19 +104,19 @@ def test_help_shows_a_default_once_and_not_none(capsys):
 def test_help_of_every_training_action_exits_0(family, capsys):
     from importlib import import_module
 
-    actions = next(a for a in import_module(f"untied_sc.training.{family}").build_parser()._actions if a.choices)
+    actions = next(a for a in import_module(f"untied_sc_lab.training.{family}").build_parser()._actions if a.choices)
     for action in actions.choices:
         with pytest.raises(SystemExit) as exit_:
             main(["train", family, action, "--help"])
         assert exit_.value.code == 0
-        assert f"untied_sc.training.{family} {action}" in capsys.readouterr().out
+        assert f"untied_sc_lab.training.{family} {action}" in capsys.readouterr().out
 
 
 def test_train_help_lists_every_action_and_where_it_runs(capsys):
     import dataclasses
     import re
 
-    from untied_sc.training import elf, langflow
+    from untied_sc_lab.training import elf, langflow
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -186,7 +186,7 @@ def test_help_of_every_command_does_not_import_torch(command):
 
 @pytest.mark.parametrize("argv", [["train", "elf", "--help"], ["train", "langflow", "train", "--help"]])
 def test_training_help_does_not_import_torch(argv):
-    """`untied-sc train FAMILY [ACTION] --help` parses with the light `untied_sc.training.cli`: no torch to load."""
+    """`untied-sc train FAMILY [ACTION] --help` parses with the light `untied_sc_lab.training.cli`: no torch to load."""
     code = (
         "import sys, untied_sc.cli\n"
         "try:\n"
@@ -195,7 +195,7 @@ def test_training_help_does_not_import_torch(argv):
         "    print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    assert "usage: python -m untied_sc.training" in out and out.strip().endswith("[]")
+    assert "usage: python -m untied_sc_lab.training" in out and out.strip().endswith("[]")
 
 
 @pytest.fixture(scope="module")
@@ -282,8 +282,8 @@ def test_benchmark_refuses_leaked_seeds_before_sampling(tmp_path, saved, pipelin
 
 
 def test_evaluate_scores_with_the_eval_batch_size(tmp_path, saved, monkeypatch, capsys):
-    from untied_sc.evaluation import io
-    from untied_sc.evaluation.io import Sample, write_samples
+    from untied_sc.generation import Sample, write_samples
+    from untied_sc_lab.evaluation import io
 
     batch_sizes = []
     original = io.evaluate_samples
@@ -302,7 +302,7 @@ def test_evaluate_scores_with_the_eval_batch_size(tmp_path, saved, monkeypatch, 
 
 
 def test_tune_runs_the_pipeline_and_the_evaluator_on_its_device(tmp_path, saved, monkeypatch, capsys):
-    from untied_sc.calibration import tune
+    from untied_sc_lab.tuning import tune
 
     calls, moves = [], []
     original_to = LangFlowPipeline.to
@@ -426,7 +426,7 @@ def test_pipe_calibrate_keeps_other_coefficients_with_a_warning_unless_overwrite
 
 
 def test_tune_refuses_to_replace_tuned_coefficients_without_overwrite(tmp_path, saved, monkeypatch, capsys):
-    from untied_sc.calibration import tune
+    from untied_sc_lab.tuning import tune
 
     folder = tmp_path / "pipe"
     shutil.copytree(saved / "tiny-langflow", folder)
@@ -553,7 +553,7 @@ def test_claimed_outputs_refuse_a_second_writer_and_free_the_file_when_done(tmp_
 def test_a_second_run_writing_the_same_output_is_refused_before_any_work(
     tmp_path, saved, pipeline_calls, command, capsys
 ):
-    from untied_sc.evaluation.io import Sample, write_samples
+    from untied_sc.generation import Sample, write_samples
     from untied_sc.output_paths import claimed_outputs
 
     samples = tmp_path / "samples.jsonl"

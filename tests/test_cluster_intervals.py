@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from untied_sc.evaluation.sampling import MIN_INDEPENDENT_CLUSTERS, independent_clusters, warn_few_clusters
-from untied_sc.evaluation.statistics import (
+from untied_sc.generation.sampling import MIN_INDEPENDENT_CLUSTERS, independent_clusters, warn_few_clusters
+from untied_sc_lab.evaluation.statistics import (
     SMALL_SAMPLE_CLUSTERS,
     cluster_mean_intervals,
     cluster_totals,
@@ -15,8 +15,8 @@ from untied_sc.evaluation.statistics import (
     ratio_difference_intervals,
     student_t_quantile,
 )
-from untied_sc.experiments.aggregation import aggregate, analyse, genppl_ratio_ci, genppl_ratio_intervals
-from untied_sc.experiments.report import format_markdown
+from untied_sc_lab.experiments.aggregation import aggregate, analyse, genppl_ratio_ci, genppl_ratio_intervals
+from untied_sc_lab.experiments.report import format_markdown
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small matrices: a second thread only contends
@@ -230,8 +230,8 @@ def test_small_elf_batches_give_more_grids_each_seeded_by_its_batch(elf_golden, 
     # Batch size 2 -> 4 grids per seed: every batch is one pipeline call drawn from batch_seed(seed, b), so the same
     # inputs give the same samples and the batch size is part of the recorded seeding.
     from untied_sc import ELFPipeline, ELFScheduler
-    from untied_sc.evaluation.sampling import batch_seed
-    from untied_sc.experiments import generate_sweep, score_sweep
+    from untied_sc.generation.sampling import batch_seed
+    from untied_sc_lab.experiments import generate_sweep, score_sweep
 
     from .conftest import elf_from_golden
     from .tiny import tiny_evaluator, tiny_tokenizer

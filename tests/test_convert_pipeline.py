@@ -10,12 +10,14 @@ for bit. `elf_pd_sample_nfe{8,16}` record the official sampler of ELF's distilla
 (`tests/fixtures/make_pd_sampler_fixtures.py`), which a copy converted as ELF-B-PD-owt-torch must reproduce.
 """
 
+import ast
 import dataclasses
 import json
 import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from safetensors.torch import save_file
 from untied_sc import (
     ELFPipeline,
     ELFScheduler,
+    ELFTransformerModel,
     LangFlowPipeline,
     LangFlowScheduler,
     UntiedELFScheduler,
@@ -38,6 +41,8 @@ from untied_sc.models.official_checkpoints import OFFICIAL_CHECKPOINTS, Sourced,
 
 from .conftest import Golden, golden_call, replay_official_draws, replay_official_network
 from .hub_cache import populate_hub_cache
+from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
+from .test_hub_http import hub, loopback_only  # noqa: F401  (fixtures)
 from .tiny import random_statistics, tiny_tokenizer_folder
 
 
@@ -516,48 +521,160 @@ def test_nothing_is_half_written(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "out" / "model_index.json").is_file() and not (tmp_path / "out" / "keep.txt").exists()
 
 
-# --- the README's commands -----------------------------------------------------------------------------------------
+# --- the README's workflow, over HTTP ------------------------------------------------------------------------------
+
+ELF_B = "embedded-language-flows/ELF-B-owt-torch"
 
 
-def readme_workflow_commands() -> list[list[str]]:
-    """The README's workflow commands for a released checkpoint, as written: convert, calibrate, generate."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Workflow", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    commands = [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.startswith("untied-sc ")]
-    return [argv[1:] for argv in commands if argv[1] in ("convert", "calibrate", "generate")]
+def readme_workflow() -> tuple[list[str], str]:
+    """The README's workflow as written: the lines of its shell block and its Python block."""
+    section = (ROOT / "README.md").read_text().split("\n## Workflow", 1)[1].split("\n## ", 1)[0]
+    shell = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    python = section.split("```python\n", 1)[1].split("```", 1)[0]
+    return [line for line in shell.splitlines() if line.strip()], python
 
 
-def test_the_readmes_workflow_runs_as_written(tmp_path, tiny_released, monkeypatch):
-    commands = readme_workflow_commands()
-    assert [argv[0] for argv in commands] == ["convert", "calibrate", "generate"]
-    convert = commands[0]
-    assert convert[1:3] == ["elf", "embedded-language-flows/ELF-B-owt-torch"] and len(convert) == 4
-    # The Hub as the README's user meets it, offline: the checkpoint and t5-small in the Hugging Face cache (tiny
-    # stand-ins of them, at the fixtures' length).
-    cache = tmp_path / "cache"
-    checkpoint = official_elf_checkpoint(tmp_path / "src" / "checkpoint_5", _golden("elf", 8).weights)
-    populate_hub_cache(cache, convert[2], {"checkpoint_5": checkpoint})
-    tokenizer = Path(tiny_tokenizer_folder(tmp_path / "tokenizer"))
-    (tokenizer / "config.json").write_text('{"model_type": "t5"}')  # the repo's model config, which transformers reads
-    populate_hub_cache(cache, "t5-small", {p.name: p for p in tokenizer.iterdir()})
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.chdir(tmp_path)
-    for argv in commands:
-        assert main(argv) == 0, argv
-    folder = tmp_path / convert[3]
-    assert (folder / "sampler_statistics").is_dir() and (folder / "README.md").is_file()
-    out = commands[2][commands[2].index("--out") + 1]
-    assert (tmp_path / out).is_file()
+def tiny_elf_b_repo(folder: Path) -> Path:
+    """ELF-B-owt-torch's repo layout (one `checkpoint_<step>` of the trainer, no config.yml, a model card) on a tiny
+    random network at ELF-B's real length, 1,024 positions: the table's length applies to it as to the real one."""
+    torch.manual_seed(0)
+    model = ELFTransformerModel(
+        latent_dim=8,
+        max_length=1024,
+        hidden_size=8,
+        num_layers=1,
+        num_attention_heads=1,
+        intermediate_size=16,
+        bottleneck_dim=4,
+        vocab_size=40,
+    )
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the official initialisation, but a flow head (zero there) and a decoder that vary tokens
+        for parameter in (model.final_layer.linear.weight, model.unembed_kernel):
+            parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    official_elf_checkpoint(folder / "checkpoint_5", model.state_dict())
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# ELF-B (OpenWebText), a tiny random stand-in\n")
+    return folder
+
+
+def t5_small_repo(folder: Path) -> Path:
+    """t5-small's tokenizer files as its repo holds them (a tokenizer and the model's config.json), for the tiny
+    vocabulary of 40 tokens."""
+    tiny_tokenizer_folder(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "vocab_size": 40}))
+    return folder
+
+
+@dataclasses.dataclass
+class Transcript:
+    """What a run printed, step by step, to quote and to show when a step fails."""
+
+    entries: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, where: str, command: str, done: subprocess.CompletedProcess, seconds: float) -> None:
+        # progress bars (carriage returns) left out of stderr: the messages stay
+        errors = [line.rsplit("\r", 1)[-1] for line in done.stderr.splitlines()]
+        errors = [line for line in errors if line.strip() and "it/s]" not in line and "s/it]" not in line]
+        shown = [
+            line if len(line) <= 300 else f"{line[:300]} … ({len(line):,} characters)"
+            for line in done.stdout.splitlines()
+        ]
+        text = [f"{where}$ {command}", *shown, *errors]
+        self.entries.append("\n".join([*text, f"# exit {done.returncode}, {seconds:.1f} s"]))
+
+    def __str__(self) -> str:
+        return "\n\n".join(self.entries)
+
+
+def run_as_written(
+    transcript: Transcript, argv: list[str], shown: str, cwd: Path, env: dict
+) -> subprocess.CompletedProcess:
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    transcript.add(cwd.name, shown, done, time.monotonic() - started)
+    assert done.returncode == 0, f"`{shown}` failed:\n{transcript}\n{done.stderr[-3000:]}"
+    return done
+
+
+def test_the_readmes_workflow_runs_as_written_over_http(hub, tmp_path, one_thread):  # noqa: F811
+    """
+    The README's workflow, every line as written, against a local Hub on 127.0.0.1 that serves ELF-B-owt-torch and
+    t5-small laid out as the real repos are (tiny stand-ins, at ELF-B's length of 1,024): the first user converts by
+    repo id, calibrates and pushes the statistics only, each command a fresh process; the second user, with an empty
+    cache and another folder, runs the README's Python in a fresh process: the official weights with the published
+    statistics, untied at 8 steps, give the first user's calibrated folder's texts. `pytest -rP` prints the run.
+    """
+    shell, python = readme_workflow()
+    argvs = [shlex.split(line, comments=True) for line in shell]
+    assert [argv[:2] for argv in argvs] == [
+        ["untied-sc", "convert"],
+        ["untied-sc", "calibrate"],
+        ["untied-sc", "push-statistics"],
+    ]
+    convert, calibrate, push = argvs
+    assert convert[2:4] == ["elf", ELF_B] and len(convert) == 5
+    folder_name, statistics_repo = convert[4], push[3]
+    assert calibrate[2] == folder_name and push[2] == folder_name and f'"{statistics_repo}"' in python
+    official_commit = hub.commit(ELF_B, tiny_elf_b_repo(tmp_path / "elf-b-repo"), "ELF-B-owt-torch")
+    hub.commit("t5-small", t5_small_repo(tmp_path / "t5-small-repo"), "t5-small")
+
+    entry_point = Path(sys.executable).with_name("untied-sc")  # the command the README names, of this environment
+    launcher = [str(entry_point)] if entry_point.is_file() else [sys.executable, "-m", "untied_sc.cli"]
+    closed = "http://127.0.0.1:9"  # a proxy nobody answers at: any host but the local Hub is unreachable
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_TOKEN": "hf_local_test_token",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+        **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), closed),
+        "OMP_NUM_THREADS": "1",  # torch on one thread: on a machine whose cores are busy a second one only waits
+    }
+    transcript = Transcript()
+    users = {}
+    for user in ("first-user", "second-user"):
+        users[user] = tmp_path / user
+        users[user].mkdir()
+    first = {**env, "HF_HOME": str(tmp_path / "hf-home-1"), "HF_HUB_CACHE": str(tmp_path / "cache-1")}
+    for line, argv in zip(shell, argvs, strict=True):
+        run_as_written(transcript, [*launcher, *argv[1:]], line.split("#", 1)[0].strip(), users["first-user"], first)
+
+    converted = users["first-user"] / folder_name
+    record = json.loads((converted / "converted_from.json").read_text())
+    assert (record["repo_id"], record["commit"], record["max_length"]) == (ELF_B, official_commit, 1024)
+    assert json.loads((converted / "transformer" / "config.json").read_text())["max_length"] == 1024
+    statistics = json.loads((converted / "sampler_statistics" / "config.json").read_text())
+    assert statistics["calibrated_steps"] == [int(n) for n in calibrate[calibrate.index("--nfe") + 1 :]]
+    published = set(hub.files(statistics_repo)) - {".gitattributes"}
+    assert published == {
+        "sampler_statistics/config.json",
+        "sampler_statistics/diffusion_pytorch_model.safetensors",
+        "coefficients.json",
+        "base_checkpoint.json",
+        "README.md",
+    }
+
+    script = users["second-user"] / "workflow.py"
+    script.write_text(python)
+    second = {**env, "HF_HOME": str(tmp_path / "hf-home-2"), "HF_HUB_CACHE": str(tmp_path / "cache-2")}
+    shown = "python workflow.py   # the README's Python block"
+    done = run_as_written(transcript, [sys.executable, script.name], shown, users["second-user"], second)
+    texts = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert sorted(p.name for p in users["second-user"].iterdir()) == ["workflow.py"]  # the official weights, in memory
+    cached = {p.name for p in (tmp_path / "cache-2").iterdir() if p.name.startswith("models--")}
+    assert cached == {f"models--{repo.replace('/', '--')}" for repo in (ELF_B, "t5-small", statistics_repo)}
+
+    reference = ELFPipeline.from_pretrained(converted)  # the first user's calibrated folder, untied, same call
+    reference.set_progress_bar_config(disable=True)
+    reference.scheduler = UntiedSelfConditioningScheduler.from_config(reference.scheduler.config)
+    expected = reference(batch_size=4, num_inference_steps=8, generator=torch.Generator().manual_seed(0)).texts
+    assert texts == expected and len(texts) == 4
+    print(transcript)
 
 
 def test_the_usage_guide_says_the_readmes_workflow_verbatim():
-    readme = (ROOT / "README.md").read_text().splitlines()
-    usage = (ROOT / "docs" / "usage.md").read_text().splitlines()
-    workflow = [
-        line
-        for line in readme
-        if line.startswith(("untied-sc convert elf", "untied-sc calibrate elf-b", "untied-sc generate elf-b"))
-    ]
-    assert len(workflow) == 3 and all(line in usage for line in workflow)
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    shell, python = readme_workflow()
+    assert "```bash\n" + "\n".join(shell) + "\n```" in usage
+    assert "```python\n" + python + "```" in usage

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from untied_sc.training import corpus
-from untied_sc.training.corpus import CorpusSource, build_corpus, clean_and_split, resolve_sources
-from untied_sc.training.extra_sources import (
+from untied_sc_lab.training import corpus
+from untied_sc_lab.training.corpus import CorpusSource, build_corpus, clean_and_split, resolve_sources
+from untied_sc_lab.training.extra_sources import (
     SWORD_MODULES,
     chunk_sentences,
     moby_dick_paragraphs,
     sotu_paragraphs,
     sword_paragraphs,
 )
-from untied_sc.training.packages import download_npm, npm_tarball_name
-from untied_sc.training.sword import osis_paragraphs, read_sword_module, read_testament, verse_index_width
+from untied_sc_lab.training.packages import download_npm, npm_tarball_name
+from untied_sc_lab.training.sword import osis_paragraphs, read_sword_module, read_testament, verse_index_width
 
 
 # -- tiny packages -----------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""`make demo` (`python -m untied_sc.demo`) on a saved tiny pipeline with a tiny evaluator."""
+"""`make demo` (`python -m untied_sc_lab.demo`) on a saved tiny pipeline with a tiny evaluator."""
 
 import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc.demo import main, sample_both
+from untied_sc_lab.demo import main, sample_both
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -61,7 +61,7 @@ def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow
 
 
 def test_the_demo_says_why_an_untied_block_equals_the_official_one(langflow_golden):
-    from untied_sc.demo import correction_off_note
+    from untied_sc_lab.demo import correction_off_note
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -77,7 +77,7 @@ def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
     import json
     from pathlib import Path
 
-    from untied_sc.demo import equal_entropy_verdict
+    from untied_sc_lab.demo import equal_entropy_verdict
 
     def report(frontier: dict, own: dict) -> Path:
         results = {
@@ -108,7 +108,7 @@ def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
 def test_the_demo_finds_the_benchmarks_wherever_it_is_run_from(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from untied_sc.demo import find_results, results_candidates
+    from untied_sc_lab.demo import find_results, results_candidates
 
     checkout = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)  # outside the clone

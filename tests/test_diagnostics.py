@@ -9,23 +9,24 @@ import torch
 
 from untied_sc import ELFPipeline, LangFlowPipeline
 from untied_sc.cli import main
-from untied_sc.diagnostics import coupling as coupling_module
-from untied_sc.diagnostics.coupling import (
+from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
+from untied_sc_lab.diagnostics import coupling as coupling_module
+from untied_sc_lab.diagnostics.coupling import (
     coupled_noise,
     coupling_experiment,
     optimal_coefficient,
     quadratic_risk_terms,
     risk_ratio,
 )
-from untied_sc.diagnostics.family import corrupt, solver_time, time_of
-from untied_sc.diagnostics.innovation import (
+from untied_sc_lab.diagnostics.family import corrupt, solver_time, time_of
+from untied_sc_lab.diagnostics.innovation import (
     alignment,
     innovation_experiment,
     normalized_energy_decrease,
     overlap_energy,
     overlap_energy_gradient,
 )
-from untied_sc.diagnostics.step_scaling import (
+from untied_sc_lab.diagnostics.step_scaling import (
     fitted_exponent,
     latent_contribution,
     nested_prefixes,
@@ -34,7 +35,6 @@ from untied_sc.diagnostics.step_scaling import (
     step_scaling_experiment,
     within_step_exponent,
 )
-from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
 
 from .tiny import random_statistics, tiny_tokenizer
 
@@ -350,8 +350,8 @@ def test_diagnose_coupling_says_what_is_wrong(saved, tmp_path, capsys):
 def test_clean_latents_from_text(pipes, tmp_path, monkeypatch):
     from transformers import BertConfig, BertModel
 
-    from untied_sc.diagnostics import data
-    from untied_sc.training.encoder import FrozenTextEncoder, LatentNormalization, paragraph_windows
+    from untied_sc_lab.diagnostics import data
+    from untied_sc_lab.training.encoder import FrozenTextEncoder, LatentNormalization, paragraph_windows
 
     text = tmp_path / "text.txt"
     text.write_text("w3 w4 w5 w6 w7\n\nw8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19\nw20 w21\n", encoding="utf-8")

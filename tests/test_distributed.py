@@ -19,8 +19,8 @@ import untied_sc
 from untied_sc import ELFPipeline, ELFScheduler, UntiedSelfConditioningScheduler
 from untied_sc.cli import main
 from untied_sc.distributed import batch_shard, gather_in_order, shard_batches, slowest_process_seconds
-from untied_sc.evaluation.io import Sample, read_samples, write_samples
-from untied_sc.evaluation.sampling import batch_seed
+from untied_sc.generation import Sample, read_samples, write_samples
+from untied_sc.generation.sampling import batch_seed
 
 from .conftest import elf_from_golden
 from .tiny import random_statistics, tiny_tokenizer

@@ -9,7 +9,7 @@ import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.cli import main
-from untied_sc.experiments import run_sweep
+from untied_sc_lab.experiments import run_sweep
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -158,7 +158,7 @@ def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_sa
 
 
 def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_check(report, tmp_path):
-    from untied_sc.experiments.rescore import reports_of_samples
+    from untied_sc_lab.experiments.rescore import reports_of_samples
 
     samples = report["samples"]
     assert [path for path, _ in reports_of_samples(samples)][0] == report["json"]
@@ -170,7 +170,7 @@ def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_
 
 
 def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_baseline_entropy():
-    from untied_sc.experiments.rescore import headline_ratios
+    from untied_sc_lab.experiments.rescore import headline_ratios
 
     paired = {"untied": {"8": {"gen_ppl_ratio": 2.2, "gen_ppl_ratio_ci": [2.0, 2.4]}}}
     curve = {"untied": {"8": {"ratio": 0.46, "ratio_ci": [0.45, 0.48]}}}
@@ -196,7 +196,7 @@ def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_bas
 
 
 def test_the_head_to_head_is_checked_number_by_number_too():
-    from untied_sc.experiments.rescore import compare_headlines
+    from untied_sc_lab.experiments.rescore import compare_headlines
 
     paired = {"untied": {"16": {"gen_ppl_ratio": 0.9, "gen_ppl_ratio_ci": [0.8, 1.0]}}}
     frontier = {"untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79]}}}

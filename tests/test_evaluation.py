@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from untied_sc.evaluation import (
+from untied_sc.generation import Sample, read_samples, word_repetition, write_samples
+from untied_sc_lab.evaluation import (
     RunSamples,
-    Sample,
     bootstrap_ci,
     cluster_resample_weights,
     compare_results,
@@ -33,18 +33,15 @@ from untied_sc.evaluation import (
     monotone_cubic,
     paired_comparison,
     perplexity_from_nlls,
-    read_samples,
     retained_throughput,
     sample_nlls,
     samples_per_second,
     token_distinct_n,
     token_repetition,
     unigram_entropy,
-    word_repetition,
-    write_samples,
 )
-from untied_sc.evaluation.evaluator import describe_evaluator
-from untied_sc.experiments.cli import add_evaluate_arguments, evaluate_command
+from untied_sc_lab.evaluation.evaluator import describe_evaluator
+from untied_sc_lab.experiments.cli import add_evaluate_arguments, evaluate_command
 
 from .tiny import tiny_llama
 
@@ -503,7 +500,7 @@ def test_evaluate_samples_and_paired_comparison(evaluator, tmp_path):
 def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(evaluator, tmp_path, monkeypatch):
     # A comparison sampler that its tuning switched off draws official's texts: its run is scored once, and its
     # result still names its own sampler, exactly as scoring it alone would.
-    import untied_sc.evaluation.io as io
+    import untied_sc_lab.evaluation.io as io
 
     model, tokenizer = evaluator
     texts = ["w3 w4 w5 w6", "w7 w8 w9"]
@@ -526,7 +523,7 @@ def test_evaluate_runs_scores_a_repeated_run_once_and_reports_it_as_its_own(eval
 
 
 def test_a_result_given_another_runs_provenance_is_that_runs_own_result_to_the_byte(evaluator):
-    from untied_sc.evaluation.io import with_provenance
+    from untied_sc_lab.evaluation.io import with_provenance
 
     model, tokenizer = evaluator
     texts = ["w3 w4 w5 w6", "w7 w8 w9"]
@@ -552,7 +549,7 @@ def test_each_of_two_processes_scores_every_other_distinct_run_and_gathers_them(
     # Distinct runs 0 1 2 3 (official, untied, momentum, HiGS) are dealt 0 2 | 1 3; ACE repeats official's texts and
     # is scored by no one again. What a process scores is handed to accelerate's gather, keyed by distinct run.
     import untied_sc.distributed as distributed
-    import untied_sc.evaluation.io as io
+    import untied_sc_lab.evaluation.io as io
 
     model, tokenizer = evaluator
     texts = [["w3 w4 w5", "w6 w7"], ["w3 w3 w3", "w5 w6"], ["w8 w9", "w9 w9"], ["w10 w11", "w12"]]
@@ -660,7 +657,7 @@ def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator
     # A report's check is stopped while it scores its second distinct run; the same command with the same folder
     # scores only what no part holds and writes the file a whole check writes. Momentum repeats official's texts:
     # scored once, one part for both, each run with its own provenance.
-    import untied_sc.evaluation.io as io
+    import untied_sc_lab.evaluation.io as io
 
     model, tokenizer = evaluator
     model.save_pretrained(tmp_path / "evaluator")

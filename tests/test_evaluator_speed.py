@@ -12,13 +12,19 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LM
 
 from untied_sc import hardware
 from untied_sc.defaults import GEMMA3_NAME, SMOLLM2_NAME
-from untied_sc.evaluation import evaluator as evaluator_module
-from untied_sc.evaluation import metrics
-from untied_sc.evaluation.evaluator import describe_evaluator, evaluator_dtype, load_evaluator
-from untied_sc.evaluation.io import Sample, write_samples
-from untied_sc.evaluation.metrics import elf_token_weights, length_batches, sample_nlls, token_nlls, weighted_nll_sums
-from untied_sc.experiments.cli import add_evaluate_arguments, evaluate_command
-from untied_sc.experiments.score_reuse import ReusableScores, check_reusable
+from untied_sc.generation import Sample, write_samples
+from untied_sc_lab.evaluation import evaluator as evaluator_module
+from untied_sc_lab.evaluation import metrics
+from untied_sc_lab.evaluation.evaluator import describe_evaluator, evaluator_dtype, load_evaluator
+from untied_sc_lab.evaluation.metrics import (
+    elf_token_weights,
+    length_batches,
+    sample_nlls,
+    token_nlls,
+    weighted_nll_sums,
+)
+from untied_sc_lab.experiments.cli import add_evaluate_arguments, evaluate_command
+from untied_sc_lab.experiments.score_reuse import ReusableScores, check_reusable
 
 from .test_evaluation import EOS, VOCAB_SIZE, tiny_evaluator_tokenizer
 from .test_hardware import AMD_AVX2, ARM, INTEL

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from untied_sc.evaluation.curves import RunSamples, frontier_ratio, monotone_cubic
-from untied_sc.experiments.aggregation import frontier_comparison
+from untied_sc_lab.evaluation.curves import RunSamples, frontier_ratio, monotone_cubic
+from untied_sc_lab.experiments.aggregation import frontier_comparison
 
 
 def run(ppl: float, entropy: float, n: int = 32, spread: float = 0.0) -> RunSamples:
@@ -100,7 +100,7 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
 
 
 def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_is_none():
-    from untied_sc.experiments.report import _frontier_lines
+    from untied_sc_lab.experiments.report import _frontier_lines
 
     runs = []
     for seed in (0, 1):

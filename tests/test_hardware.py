@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from untied_sc import hardware
-from untied_sc.training.langflow import training_device
+from untied_sc_lab.training.langflow import training_device
 
 
 INTEL = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
@@ -36,7 +36,7 @@ def test_bf16_training_on_a_cpu_warns_only_where_it_is_emulated(monkeypatch, nat
 def test_the_evaluator_in_bf16_on_an_emulating_cpu_warns(monkeypatch):
     import torch
 
-    from untied_sc.evaluation import evaluator
+    from untied_sc_lab.evaluation import evaluator
 
     monkeypatch.setattr(hardware, "native_cpu_bfloat16", lambda cpuinfo=None: False)
     monkeypatch.setattr(evaluator, "_is_complete_cache", lambda folder: False)

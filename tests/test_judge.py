@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from untied_sc.cli import main
-from untied_sc.evaluation.io import Sample, write_samples
-from untied_sc.judge import (
+from untied_sc.generation import Sample, write_samples
+from untied_sc_lab.judge import (
     ChatClient,
     JudgeRequestError,
     blind_presentations,
@@ -29,7 +29,7 @@ from untied_sc.judge import (
     run_judge,
     score_verdicts,
 )
-from untied_sc.judge.run import default_cache_path
+from untied_sc_lab.judge.run import default_cache_path
 
 
 # ---------------------------------------------------------------------------------------------------------- verdicts

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc.experiments import run_sweep, sweep
+from untied_sc_lab.experiments import run_sweep, sweep
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -121,7 +121,7 @@ def test_the_command_line_refuses_reuse_samples_where_nothing_is_sampled_here(tm
 
 
 def test_a_sampler_that_draws_officials_samples_is_stored_once_and_lent_whole(tmp_path, pipe, evaluator, counted):
-    from untied_sc.evaluation import read_samples
+    from untied_sc.generation import read_samples
 
     neutral = {"official": {}, "untied": {"eta_r": 0.0, "eta_t": 0.0}}  # the official sampler, bit for bit
     first = run_sweep(pipe, samplers=neutral, output_dir=tmp_path / "first", **OPTIONS, **score(evaluator))

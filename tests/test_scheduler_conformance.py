@@ -548,8 +548,8 @@ def test_add_noise_ends_on_the_data_and_the_noise():
 
 def test_training_noises_with_add_noise(monkeypatch):
     """The objectives form their noisy latents with the schedulers' `add_noise` (one copy of each formula)."""
-    from untied_sc.training import elf as elf_training
-    from untied_sc.training import langflow as langflow_training
+    from untied_sc_lab.training import elf as elf_training
+    from untied_sc_lab.training import langflow as langflow_training
 
     calls = []
     for cls in (ELFScheduler, LangFlowScheduler):

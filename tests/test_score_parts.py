@@ -5,7 +5,7 @@ import json
 import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc.experiments import generate_sweep, score_sweep
+from untied_sc_lab.experiments import generate_sweep, score_sweep
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -41,7 +41,7 @@ class Stop(Exception):
 def test_a_stopped_scoring_resumes_from_its_parts_and_gives_the_whole_scorings_report(
     tmp_path, generation, evaluator, monkeypatch
 ):
-    import untied_sc.experiments.sweep as sweep_module
+    import untied_sc_lab.experiments.sweep as sweep_module
 
     whole = _score(generation, evaluator)
     runs = len(generation["runs"])

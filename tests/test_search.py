@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from untied_sc.calibration.search import (
+from untied_sc_lab.tuning.search import (
     METHOD_KNOBS,
     NEUTRAL,
     START,

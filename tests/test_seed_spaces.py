@@ -12,8 +12,8 @@ from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowSched
 from untied_sc.calibration.ace import ACEStatistics
 from untied_sc.calibration.calibrate import bank_seeds, base_scale_seeds, calibration_seeds
 from untied_sc.cli import main as cli_main
-from untied_sc.evaluation.sampling import batch_seed, tuning_seeds
-from untied_sc.experiments.sweep import generate_sweep, refuse_leaked_seeds
+from untied_sc.generation import refuse_leaked_seeds
+from untied_sc.generation.sampling import batch_seed, tuning_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.seeds import (
     BATCH_STRIDE,
@@ -26,6 +26,7 @@ from untied_sc.seeds import (
     seeds_in_space,
     streams_of_record,
 )
+from untied_sc_lab.experiments.sweep import generate_sweep
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer

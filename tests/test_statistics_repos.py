@@ -326,3 +326,118 @@ def test_a_copy_of_a_converted_folder_keeps_its_official_source(tmp_path):
     )
     assert record.official == HubSource(OFFICIAL_ID, "main", "c" * 40)
     assert f"--revision {'c' * 40}" in (tmp_path / "s" / "README.md").read_text()
+
+
+def _converted_from_the_hub(hub, tmp_path: Path) -> tuple[Path, str]:  # noqa: F811
+    """The tiny official LangFlow folder on the local Hub under its released id, converted by repo id."""
+    golden = Golden("langflow_sample_nfe8.safetensors")
+    official = tmp_path / "official"
+    official.mkdir()
+    (official / "config.json").write_text(json.dumps({"model_type": "LangFlow", **golden.config}))
+    save_file(golden.weights, official / "model.safetensors")
+    commit = hub.commit(OFFICIAL_ID, official, "the official weights")
+    tokenizer = tiny_tokenizer_folder(tmp_path / "tokenizer")
+    assert cli_main(["convert", "langflow", OFFICIAL_ID, str(tmp_path / "converted"), "--tokenizer", tokenizer]) == 0
+    return tmp_path / "converted", commit
+
+
+def _set_max_length(folder: Path, value: int) -> None:
+    config_path = folder / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["max_length"] = value
+    config_path.write_text(json.dumps(config))
+
+
+def test_a_copy_of_a_converted_folder_keeps_the_conversions_length_record(hub, tmp_path):  # noqa: F811
+    import shutil
+
+    converted, commit = _converted_from_the_hub(hub, tmp_path)
+    recorded = json.loads((converted / "converted_from.json").read_text())
+    length = Golden("langflow_sample_nfe8.safetensors").config["model_length"]
+    assert (recorded["repo_id"], recorded["commit"], recorded["max_length"]) == (OFFICIAL_ID, commit, length)
+    copied = Path(shutil.copytree(converted, tmp_path / "copied"))
+    saved = tmp_path / "saved"
+    LangFlowPipeline.from_pretrained(converted).save_pretrained(saved)
+    for copy in (copied, saved):
+        assert json.loads((copy / "converted_from.json").read_text()) == recorded, copy  # length, file, source, commit
+        pipe = LangFlowPipeline.from_pretrained(copy)
+        assert pipe.transformer.config.max_length == length
+        assert pipe.origin.official == HubSource(OFFICIAL_ID, None, commit)
+        assert pipe.origin.conversion.max_length == length
+        _set_max_length(copy, 2 * length)  # a network built at another length: refused, naming the record
+        with pytest.raises(ValueError, match=rf"max_length = {2 * length}, but .*converted_from.json records"):
+            LangFlowPipeline.from_pretrained(copy)
+    assert not (saved / "loaded_from.json").exists()  # loaded from a local folder: no pipeline repo to name
+    # other weights saved over the folder take their records' place: none here (built in memory)
+    _set_max_length(saved, length)
+    other = LangFlowPipeline.from_pretrained(saved)
+    other.origin = None
+    other.save_pretrained(saved)
+    assert not (saved / "converted_from.json").exists() and not (saved / "loaded_from.json").exists()
+
+
+def test_a_pipeline_read_from_a_hub_repo_and_saved_elsewhere_records_the_repo(hub, tmp_path):  # noqa: F811
+    converted, official_commit = _converted_from_the_hub(hub, tmp_path)
+    pipeline_commit = hub.commit("org/langflow-owt-pipeline", converted, "the converted pipeline")
+    hub.tag("org/langflow-owt-pipeline", "v1")
+    saved = tmp_path / "saved"
+    LangFlowPipeline.from_pretrained("org/langflow-owt-pipeline", revision="v1").save_pretrained(saved)
+    assert json.loads((saved / "loaded_from.json").read_text()) == {
+        "repo_id": "org/langflow-owt-pipeline",
+        "revision": "v1",
+        "commit": pipeline_commit,
+    }
+    assert json.loads((saved / "converted_from.json").read_text()) == json.loads(
+        (converted / "converted_from.json").read_text()
+    )
+    pipe = calibrated(LangFlowPipeline.from_pretrained(saved))
+    assert pipe.origin.pipeline == HubSource("org/langflow-owt-pipeline", "v1", pipeline_commit)
+    assert pipe.origin.official == HubSource(OFFICIAL_ID, None, official_commit)
+    published = pipe.save_sampler_statistics(tmp_path / "statistics", repo_id="someone/statistics")
+    record = BaseCheckpoint.from_json((published / BASE_CHECKPOINT_FILE).read_text())
+    assert record.pipeline == HubSource("org/langflow-owt-pipeline", "v1", pipeline_commit)
+    assert record.official == HubSource(OFFICIAL_ID, None, official_commit)
+    card = (published / "README.md").read_text()
+    assert f'from_pretrained("org/langflow-owt-pipeline", revision="{pipeline_commit}"' in card
+    # saved again from the copy, the record stays; loaded by repo id again, the snapshot names the repo itself
+    pipe.save_pretrained(tmp_path / "saved-again")
+    assert (tmp_path / "saved-again" / "loaded_from.json").read_text() == (saved / "loaded_from.json").read_text()
+    assert LangFlowPipeline.from_pretrained("org/langflow-owt-pipeline").origin.pipeline == HubSource(
+        "org/langflow-owt-pipeline", None, pipeline_commit
+    )
+
+
+def test_a_hub_that_cannot_be_reached_stops_convert_calibrate_and_push_naming_the_repo(
+    hub,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+    capsys,
+):
+    """Convert and calibrate of a repo id, and push-statistics, with the Hub down: one message naming the repo, the
+    endpoint and the fix; nothing written (push: the statistics folder kept, and named)."""
+    pipe = calibrated(LangFlowPipeline.from_pretrained(base_folder(tmp_path / "base", seed=0)))
+    pipe.save_pretrained(tmp_path / "calibrated")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    closed, down = closed_endpoint()
+    with closed:
+        point_hub_at(monkeypatch, down)
+        tokenizer = ["--tokenizer", tiny_tokenizer_folder(tmp_path / "tokenizer")]
+        assert cli_main(["convert", "langflow", OFFICIAL_ID, "out", *tokenizer]) == 2
+        error = capsys.readouterr().err
+        assert f"Could not fetch {OFFICIAL_ID!r} from the Hugging Face Hub at {down}: it could not be reached" in error
+        assert "Check the network (and HF_ENDPOINT)" in error and error.count("error:") == 1  # one message
+
+        args = ["calibrate", "org/pipeline", "--output", "calibrated", "--nfe", str(STEPS), "--bank-size", "2"]
+        assert cli_main([*args, "--no-progress"]) == 2
+        error = capsys.readouterr().err
+        assert f"Could not fetch 'org/pipeline' from the Hugging Face Hub at {down}: it could not be reached" in error
+        assert list(work.iterdir()) == []  # no folder, no staging folder
+
+        assert cli_main(["push-statistics", str(tmp_path / "calibrated"), "org/stats"]) == 2
+        error = capsys.readouterr().err
+        kept = tmp_path / "calibrated-statistics"
+        assert f"Could not push to 'org/stats' on the Hub at {down}" in error
+        assert f"kept in {kept}" in error and f"hf upload org/stats {kept}" in error
+        assert {p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()} == PUBLISHED

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from untied_sc.evaluation import corpus_bleu, rouge
+from untied_sc_lab.evaluation import corpus_bleu, rouge
 
 
 def test_bleu_of_a_hand_counted_pair():

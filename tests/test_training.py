@@ -7,10 +7,10 @@ import struct
 import pytest
 import torch
 
-from untied_sc.training import data as data_module
-from untied_sc.training.corpus import clean_and_split, keep_paragraph, normalize_text, split_of
-from untied_sc.training.ema import EMA, ema_decay_at
-from untied_sc.training.langflow import (
+from untied_sc_lab.training import data as data_module
+from untied_sc_lab.training.corpus import clean_and_split, keep_paragraph, normalize_text, split_of
+from untied_sc_lab.training.ema import EMA, ema_decay_at
+from untied_sc_lab.training.langflow import (
     LangFlowTrainConfig,
     LangFlowTrainer,
     evaluate_per_gamma,
@@ -18,8 +18,8 @@ from untied_sc.training.langflow import (
     format_gamma_table,
     lr_at,
 )
-from untied_sc.training.proposal import ProposalStats, fit_gumbel_to_curve, gumbel_range, sample_gamma
-from untied_sc.training.rserialize import unserialize
+from untied_sc_lab.training.proposal import ProposalStats, fit_gumbel_to_curve, gumbel_range, sample_gamma
+from untied_sc_lab.training.rserialize import unserialize
 
 
 TOY_TEXT = "the cat sat on the mat. the dog sat on the log. a cat and a dog sat on a mat.\n"
@@ -187,7 +187,7 @@ def test_evaluate_per_gamma(tmp_path):
 
 def test_export_loads_as_pipeline_and_generates(tmp_path):
     from untied_sc import LangFlowPipeline
-    from untied_sc.training.tokenizer import train_tokenizer
+    from untied_sc_lab.training.tokenizer import train_tokenizer
 
     text_file = tmp_path / "train.txt"
     text_file.write_text(TOY_TEXT * 20)
@@ -213,7 +213,7 @@ def test_export_loads_as_pipeline_and_generates(tmp_path):
     for name, value in LangFlowPipeline.from_pretrained(snapshot).transformer.state_dict().items():
         assert torch.equal(value, exported[name]), name  # the same EMA weights
 
-    from untied_sc.training.model_card import write_model_card
+    from untied_sc_lab.training.model_card import write_model_card
 
     quality = {
         "family": "langflow",
@@ -317,7 +317,7 @@ def test_wall_clock_budget_fixes_the_step_count(tmp_path):
 
 
 def test_forward_logits_equals_model_forward(tiny_langflow):
-    from untied_sc.training.langflow import forward_logits
+    from untied_sc_lab.training.langflow import forward_logits
 
     generator = torch.Generator().manual_seed(0)
     z = torch.randn(3, 12, 32, generator=generator)

@@ -11,7 +11,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from untied_sc import ELFPipeline
 from untied_sc.models import ELFTransformerModel
-from untied_sc.training.elf import (
+from untied_sc_lab.training.elf import (
     ELFDraws,
     ELFTrainConfig,
     ELFTrainer,
@@ -25,7 +25,7 @@ from untied_sc.training.elf import (
     sc_cfg_target,
     velocity,
 )
-from untied_sc.training.encoder import (
+from untied_sc_lab.training.encoder import (
     ENCODER_NAME,
     EncodedWindows,
     FrozenTextEncoder,
@@ -365,7 +365,7 @@ def test_train_loop_logs_and_export_generates_text(tmp_path):
     assert weights(small) < 0.6 * weights(out)
 
     # The model card reads the ELF log: velocity loss and decoder CE panels, ELF usage and docs.
-    from untied_sc.training.model_card import write_model_card
+    from untied_sc_lab.training.model_card import write_model_card
 
     card = write_model_card(out, run, "Toy ELF", "make toy", corpus_manifest="none").read_text()
     assert "from untied_sc import ELFPipeline" in card and "docs/training-elf.md" in card
@@ -422,7 +422,7 @@ def test_a_latent_generator_is_checkpointed_and_resumed(tmp_path, monkeypatch):
     plain = make_trainer(tmp_path / "plain")
     plain_losses = [plain.train_step()["loss"] for _ in range(3)]
     monkeypatch.setattr(
-        "untied_sc.training.trainer.latent_noise_generator",
+        "untied_sc_lab.training.trainer.latent_noise_generator",
         lambda device, seed: torch.Generator().manual_seed(seed * 2 + 3),
     )
     straight = make_trainer(tmp_path / "a", max_steps=6)

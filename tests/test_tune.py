@@ -9,14 +9,14 @@ import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
 from untied_sc.calibration.calibrate import CALIBRATION_SEED, calibration_seeds
-from untied_sc.calibration.search import RULE
-from untied_sc.calibration.tune import TUNE_SEED, tune_coefficients
 from untied_sc.cli import main
-from untied_sc.evaluation.sampling import tuning_seeds
-from untied_sc.experiments import run_sweep
-from untied_sc.experiments.sweep import refuse_leaked_seeds
+from untied_sc.generation import refuse_leaked_seeds
+from untied_sc.generation.sampling import tuning_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
+from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.tuning.search import RULE
+from untied_sc_lab.tuning.tune import TUNE_SEED, tune_coefficients
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer

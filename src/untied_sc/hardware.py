@@ -95,3 +95,10 @@ def check_device(device, what: str = "device") -> None:
     problem = device_problem(device)
     if problem is not None:
         raise ValueError(f"{what}: {problem}.")
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a `--dtype` name (one of `untied_sc.defaults.DTYPE_NAMES`)."""
+    import torch
+
+    return getattr(torch, name)

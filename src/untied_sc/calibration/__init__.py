@@ -2,12 +2,14 @@
 
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .calibrate import (
+    DEFAULT_PRESET,
     CalibrationResult,
     apply_calibration,
     calibrate_pipeline,
     format_summary,
     trajectory_statistics,
 )
+from .migrate import migrate_pipeline
 from .overlap import (
     OverlapBasis,
     ProjectionGeometry,

@@ -24,8 +24,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from tqdm.auto import tqdm
 
-from ..evaluation.metrics import word_repetition
-from ..evaluation.sampling import batch_seed, build_scheduler, family_of
+from ..generation.repetition import word_repetition
+from ..generation.sampling import batch_seed, build_scheduler, family_of
 from ..schedulers.sampler_statistics import SOLVERS, MatchedWeights, latent_width, model_family, model_fingerprint
 from ..seeds import LEGACY_SPACE, check_seed
 

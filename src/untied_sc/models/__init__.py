@@ -6,4 +6,10 @@ from .convert import (
     load_official_langflow,
 )
 from .elf_transformer import ELF_PRESETS, ELFTransformerModel, ELFTransformerOutput
+from .flowmap_transformer import (
+    FlowMapTransformerModel,
+    FlowMapTransformerOutput,
+    convert_official_flowmap,
+    load_official_flowmap,
+)
 from .langflow_transformer import LangFlowTransformerModel, LangFlowTransformerOutput

@@ -9,7 +9,7 @@ import operator
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 # Every component class a folder of ours names, under one library (`components.py`). Importing it also imports each
 # module model_index.json names: diffusers resolves a component's library only among modules already imported.
 from . import components
-from .artifact_checks import CONVERSION_RECORD, check_pipeline_folder
+from .artifact_checks import check_pipeline_folder
 from .remote_code import (
     MODULE_NAME,
     is_package_component,
@@ -375,16 +375,10 @@ class LanguageFlowPipeline(DiffusionPipeline):
 
             card = official_model_card(conversion, type(self).__name__, self.scheduler.config)
             (folder / "README.md").write_text(card, encoding="utf-8")
-        # The conversion's record: the length the weights do not fix (checked when the folder loads) and the official
-        # source, for `push_sampler_statistics` of a later process; a copy of a converted folder keeps the source.
-        from .statistics_repo import conversion_record, pipeline_origin
+        # Where the weights came from (the conversion, the Hub pipeline repo): a copy keeps it (`write_provenance`).
+        from .statistics_repo import write_provenance
 
-        official = pipeline_origin(self).official
-        record = conversion_record(conversion) if conversion is not None else None
-        if record is None and official is not None:
-            record = {"given": official.repo_id, **asdict(official)}
-        if record is not None:
-            (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_provenance(self, folder)
 
     def save_sampler_statistics(
         self, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False

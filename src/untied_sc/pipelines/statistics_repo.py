@@ -33,7 +33,6 @@ from .artifact_checks import CONVERSION_RECORD
 
 BASE_CHECKPOINT_FILE = "base_checkpoint.json"
 COEFFICIENTS_FILE = "coefficients.json"
-# Written by `save_pretrained` into a pipeline built from an official checkpoint: what it was converted from.
 # The scheduler config keys a statistics repo carries: the ones calibration and tuning write.
 SCHEDULER_KEYS = ("coefficients_by_steps", "tuning_by_steps")
 FORMAT_VERSION = 1
@@ -96,11 +95,13 @@ class PipelineOrigin:
             from a Hugging Face cache snapshot).
         official ([`HubSource`], *optional*): the official checkpoint the pipeline was converted from (`untied-sc
             convert`, `from_official`), where it was a Hub repo.
+        conversion ([`ConversionRecord`], *optional*): the folder's `converted_from.json`, which a save writes again.
     """
 
     given: str
     pipeline: HubSource | None = None
     official: HubSource | None = None
+    conversion: "ConversionRecord | None" = None
 
     def describe(self) -> str:
         """The pipeline repo (else the folder given), and the official checkpoint it was converted from."""
@@ -195,34 +196,88 @@ class PublishedStatistics:
 # --- where a pipeline came from -----------------------------------------------------------------------------------
 
 
-def conversion_record(conversion) -> dict:
-    """The `converted_from.json` content of a [`Conversion`]: the source as given, the checkpoint file, the length the
-    network was built for, and the Hub repo, revision and commit where the source is one."""
+@dataclass(frozen=True)
+class ConversionRecord:
+    """
+    What a pipeline folder was converted from (`converted_from.json`, written by `untied-sc convert` and by every later
+    save of the pipeline, so that a copy keeps it).
+
+    Args:
+        given (`str`): the source as given to `convert` / `from_official`.
+        checkpoint_file (`str`, *optional*): the checkpoint file's name.
+        max_length (`int`, *optional*): the length the network was built for, which no weight fixes (checked when
+            the folder loads: `artifact_checks.check_recorded_length`).
+        official ([`HubSource`], *optional*): the official checkpoint's Hub repo, revision and commit, for a Hub source.
+    """
+
+    given: str
+    checkpoint_file: str | None = None
+    max_length: int | None = None
+    official: HubSource | None = None
+
+    def to_dict(self) -> dict:
+        record = {"given": self.given, "checkpoint_file": self.checkpoint_file, "max_length": self.max_length}
+        record = {key: value for key, value in record.items() if value is not None}
+        if self.official is not None:
+            record.update(asdict(self.official))
+        return record
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ConversionRecord":
+        official = HubSource.from_dict(data) if data.get("repo_id") is not None else None  # None: a local source
+        length = data.get("max_length")
+        return cls(
+            given=str(data.get("given", official.repo_id if official is not None else "")),
+            checkpoint_file=data.get("checkpoint_file"),
+            max_length=length if isinstance(length, int) and not isinstance(length, bool) else None,
+            official=official,
+        )
+
+
+# Written beside `converted_from.json` when a pipeline read from a Hub pipeline repo is saved elsewhere: that repo,
+# its revision and commit, so that statistics published from the copy name the repo the weights came from.
+PIPELINE_SOURCE_RECORD = "loaded_from.json"
+
+
+def conversion_record(conversion) -> ConversionRecord:
+    """The [`ConversionRecord`] of a [`Conversion`]: the source as given, the checkpoint file, the length the network
+    was built for, and the Hub repo, revision and commit where the source is one."""
     origin = conversion.settings.origin
-    record = {
-        "given": origin.given,
-        "checkpoint_file": conversion.checkpoint_file.name,
-        "max_length": conversion.max_length,
-    }
-    if origin.repo_id is not None:
-        record.update(asdict(HubSource(origin.repo_id, origin.revision, origin.commit)))
-    return record
+    official = HubSource(origin.repo_id, origin.revision, origin.commit) if origin.repo_id is not None else None
+    return ConversionRecord(origin.given, conversion.checkpoint_file.name, conversion.max_length, official)
+
+
+def _read_record(path: Path) -> dict | None:
+    """A provenance record's content; `None` where it is missing or unreadable (a record for people: the fingerprint
+    and the length check are what loading relies on)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def folder_origin(folder: Path, given: str, revision: str | None = None) -> PipelineOrigin:
-    """The origin of a pipeline folder: its Hub repo and commit where it is a cache snapshot, and the official
-    checkpoint its `converted_from.json` names."""
+    """
+    The origin of a pipeline folder: its Hub repo and commit where it is a cache snapshot (else the repo its
+    `loaded_from.json` records, for a copy saved from one), and the conversion its `converted_from.json` records.
+    """
     snapshot = cache_snapshot(folder)
     pipeline = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
-    official = None
-    record = folder / CONVERSION_RECORD
-    if record.is_file():
+    if pipeline is None:
+        saved = _read_record(folder / PIPELINE_SOURCE_RECORD)
         try:
-            data = json.loads(record.read_text(encoding="utf-8"))
-            official = HubSource.from_dict(data) if data.get("repo_id") is not None else None  # a local source
-        except (ValueError, KeyError, TypeError, AttributeError):
-            official = None  # a record for people; the fingerprint is what loading checks
-    return PipelineOrigin(given, pipeline, official)
+            pipeline = HubSource.from_dict(saved)
+        except (KeyError, TypeError, AttributeError):
+            pipeline = None
+    data = _read_record(folder / CONVERSION_RECORD)
+    try:
+        conversion = ConversionRecord.from_dict(data) if data is not None else None
+    except (KeyError, TypeError, AttributeError):
+        conversion = None
+    return PipelineOrigin(given, pipeline, conversion.official if conversion else None, conversion)
 
 
 def pipeline_origin(pipe) -> PipelineOrigin:
@@ -232,12 +287,32 @@ def pipeline_origin(pipe) -> PipelineOrigin:
         return origin
     conversion = getattr(pipe, "conversion", None)
     if conversion is not None:
-        checkpoint = conversion.settings.origin
-        official = None
-        if checkpoint.repo_id is not None:
-            official = HubSource(checkpoint.repo_id, checkpoint.revision, checkpoint.commit)
-        return PipelineOrigin(checkpoint.given, None, official)
+        record = conversion_record(conversion)
+        return PipelineOrigin(record.given, None, record.official, record)
     return PipelineOrigin("a pipeline in memory")
+
+
+def write_provenance(pipe, folder: str | os.PathLike) -> None:
+    """
+    Writes into a saved pipeline folder where its weights came from: `converted_from.json` (the conversion, from
+    `from_official` or from the folder the pipeline was loaded from) and `loaded_from.json` (the Hub pipeline repo it
+    was read from). A copy keeps both, so a later load checks the network's length and statistics published from the
+    copy name the repo and the official checkpoint.
+    """
+    folder = Path(folder)
+    conversion = getattr(pipe, "conversion", None)
+    origin = pipeline_origin(pipe)
+    record = conversion_record(conversion) if conversion is not None else origin.conversion
+    if record is None and origin.official is not None:  # an origin set by hand: its official source
+        record = ConversionRecord(origin.official.repo_id, official=origin.official)
+    # A record of other weights, left by an earlier save into the folder, goes: it would name their source and length.
+    for name, content in ((CONVERSION_RECORD, record and record.to_dict()), (PIPELINE_SOURCE_RECORD, origin.pipeline)):
+        path = folder / name
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            content = asdict(content) if isinstance(content, HubSource) else content
+            path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def base_checkpoint(pipe) -> BaseCheckpoint:

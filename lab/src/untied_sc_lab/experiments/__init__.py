@@ -1,0 +1,19 @@
+"""Experiments on the samplers, the top floor over the metrics library (`untied_sc_lab.evaluation`), calibration and the
+pipelines: matched sweeps (`benchmark`), the comparison samplers' experiment, generation files split across machines,
+aggregation and reports, `untied-sc generate`, and the `evaluate` / `benchmark` command line."""
+
+from untied_sc.lazy_imports import lazy_attributes
+
+
+# Imported on first access: importing the package (e.g. for the command line's argument parser) loads nothing heavy.
+__getattr__, __dir__, __all__ = lazy_attributes(
+    __name__,
+    {
+        ".aggregation": ("aggregate", "genppl_ratio_intervals"),
+        ".generate": ("generate_samples",),
+        ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
+        ".report": ("format_markdown", "write_results"),
+        ".rescore": ("evaluator_control", "rescore_report"),
+        ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
+    },
+)

@@ -1,0 +1,393 @@
+"""`--experiment baselines` split across steps: tune and sample where the evaluator is, score with `--from`.
+
+Every comparison sampler is tuned by the search of `calibration/search.py`, whose candidates depend on the scores of
+the ones before: the tuning bank cannot be sampled ahead of the scoring. `--generate-only --tune-here` therefore tunes
+on the sampling machine, with the evaluator ([`generate_baseline_candidates`]): it stores every bank run the search
+sampled (official's curve and each candidate, with its settings), then samples the benchmark runs of each method at
+its chosen knobs (a method left at its neutral value is the official sampler bit for bit: official's runs stand for
+it). `--from` scores the stored bank and replays the search on it ([`choose_from_bank`]: the choice is a function of
+the bank's scores, so it is the same one unless another evaluator or protocol scores it, which the record shows),
+keeps the runs of the chosen values under each method's name ([`select_chosen_runs`]) and scores those. One visible
+difference from the one-machine run: a method left at its neutral value reuses the official runs' timings too, so
+its retained throughput reads exactly 1.
+"""
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from tqdm.auto import tqdm
+
+from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.generation import diversity_knob, family_of, knobs_at, resampling_clusters, run_samples
+from untied_sc.schedulers import COMPARISON_METHODS
+from untied_sc.seeds import check_seed
+
+from ..evaluation.evaluator import describe_evaluator
+from ..tuning.baseline_knobs import is_neutral, search_methods
+from ..tuning.search import BankRun
+from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
+from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
+from .definitions import BASELINE, normalise_samplers
+from .generation_files import CANDIDATES_KEY
+from .score_reuse import lend_or_score, reusable_scores, samples_fingerprint
+from .sweep import generate_sweep, place_pipeline, score_sweep
+
+
+BANK_PREFIX = "tuning bank: "
+
+
+def bank_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+    """The key of one bank run: its NFE, sampler spec and call arguments (as [`BankScorer`] caches it)."""
+    return run_key(n, spec, call_kwargs)
+
+
+def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
+    """`"tuning bank: higs (higs_weight=1.75, higs_routing=both)"`: a bank run as it appears in run names."""
+    knobs = {key: value for key, value in spec.items() if key != "scheduler"}
+    inside = ", ".join(
+        f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in {**knobs, **call_kwargs}.items()
+    )
+    return f"{BANK_PREFIX}{spec['scheduler']}" + (f" ({inside})" if inside else "")
+
+
+def generate_baseline_candidates(
+    pipe,
+    samplers: Mapping[str, Mapping],
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    num_samples: int,
+    batch_size: int,
+    tune_seed: int = TUNE_SEED,
+    tune_num_samples: int = 64,
+    budget: int = TUNE_BUDGET,
+    confidence: float = 0.95,
+    progress: bool = True,
+    state=None,
+    source: str = "PIPELINE_DIR",
+    evaluator=None,
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    evaluator_name: str | None = None,
+    curve_values: Sequence[float] | None = None,
+    extrapolate: float = EXTRAPOLATE,
+    log: Callable[[str], None] | None = None,
+    **sweep_kwargs,
+) -> dict:
+    """
+    `--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
+    benchmark runs of the chosen values, unscored (module docstring).
+
+    The checks of the one-machine run come first (seeds, ACE statistics, calibrated NFEs; nothing is sampled when one
+    fails). With a `state` of several processes every process tunes on the whole bank (the same choice: it is a
+    function of the scores; the tuning is not split), then the benchmark runs' batches are split across them, as in
+    [`generate_sweep`], with the same samples as one process.
+
+    Args:
+        pipe: the loaded pipeline.
+        samplers (`Mapping[str, Mapping]`): the `baselines` sampler set.
+        nfe, seeds, num_samples, batch_size: the benchmark sweep's.
+        tune_seed, tune_num_samples, budget, confidence, curve_values, extrapolate: the tuning's (as
+            [`tune_baselines`]).
+        progress (`bool`): progress bars.
+        state: a [`untied_sc.distributed.process_state`] (several processes), or `None`.
+        source (`str`): the pipeline as the user named it (for the commands errors suggest).
+        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair (required: the search needs scores).
+        protocol, eval_batch_size: the bank's scoring (protocol default: the model's family).
+        evaluator_name (`str`, *optional*): how the record names a loaded `evaluator` (default: its model's name).
+        log (*optional*): gets a line per scored bank run (a long run without progress bars).
+        **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_samplers`, `diversity_nfe` for
+            [`generate_sweep`].
+
+    Returns:
+        A [`generate_sweep`] result of the tuned samplers (each method sampled only where its choice is not neutral),
+        with the bank's runs, `baseline_candidates` (the sampler set, the bank's settings and how the untied
+        coefficients were chosen) and `tuned_when_sampled` (the evaluator, the protocol and the runs sampled per NFE).
+    """
+    if evaluator is None:
+        raise ValueError(
+            "The comparison samplers are tuned by a search whose every candidate depends on the scores before it, "
+            "so the tuning bank cannot be sampled ahead of scoring: tune where the evaluator is (`--generate-only "
+            "--tune-here --evaluator ...`, or the one-machine run without --generate-only)."
+        )
+    samplers = normalise_samplers(samplers)
+    tune_seed = check_seed(tune_seed, "--tune-seed")
+    if tune_num_samples < 2:
+        raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
+    place_pipeline(pipe, state, sweep_kwargs.get("device"))  # the bank is sampled before generate_sweep places it
+    knob = diversity_knob(family_of(pipe))
+    loaded, name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or name
+    bank_records = []
+    began = time.perf_counter()
+
+    def keep(spec, n, call_kwargs, texts, ids):
+        samples = run_samples(texts, ids, tune_seed, batch_size, bank_label(spec, call_kwargs), n, **{knob: None})
+        bank_records.append(
+            {
+                "sampler": bank_label(spec, call_kwargs),
+                "nfe": n,
+                "seed": tune_seed,
+                knob: None,  # a bank run is no diversity run of the benchmark: its knob is in `call`
+                "bank_key": bank_key(n, spec, call_kwargs),
+                "spec": dict(spec),
+                "call": dict(call_kwargs),
+                "num_samples": tune_num_samples,
+                "seconds": 0.0,
+                "samples": samples,
+            }
+        )
+
+    tuned, record = tune_baselines(
+        pipe,
+        samplers,
+        nfe,
+        seeds,
+        num_samples,
+        batch_size,
+        loaded,
+        tune_seed=tune_seed,
+        tune_num_samples=tune_num_samples,
+        budget=budget,
+        confidence=confidence,
+        eval_batch_size=eval_batch_size,
+        protocol=protocol,
+        progress=progress,
+        source=source,
+        curve_values=curve_values,
+        extrapolate=extrapolate,
+        on_sampled=keep,
+        evaluator_name=evaluator_name,
+        log=log,
+    )
+    bank_seconds = time.perf_counter() - began
+    candidates = {
+        "samplers": samplers,
+        "bank": {
+            "seed": tune_seed,
+            "seed_space": "tuning",
+            "num_samples": tune_num_samples,
+            "batch_size": batch_size,
+            "budget": budget,
+            "confidence": confidence,
+            "curve_values": None if curve_values is None else list(curve_values),
+            "extrapolate": extrapolate,
+        },
+        "untied": {
+            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+        },
+        "ace": ace_record(pipe),
+    }
+    only = {n: {name for name, spec in tuned.items() if _chosen_source(name, spec, n) == name} for n in nfe}
+    generation = generate_sweep(
+        pipe,
+        nfe=nfe,
+        seeds=seeds,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        samplers=tuned,
+        progress=progress,
+        state=state,
+        only=only,
+        **sweep_kwargs,
+    )
+    generation["runs"] += bank_records
+    generation["seconds"] += bank_seconds
+    generation[CANDIDATES_KEY] = candidates
+    generation["tuned_when_sampled"] = {
+        "evaluator": evaluator_name,
+        "protocol": protocol or family_of(pipe),
+        "sampled": {str(n): [name for name in tuned if name in only[n]] for n in nfe},
+    }
+    return generation
+
+
+def _chosen_source(name: str, spec: Mapping, n: int) -> str:
+    """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: official where a
+    comparison sampler chose its neutral value (bit for bit the official sampler), else itself."""
+    if spec["scheduler"] in COMPARISON_METHODS and is_neutral(spec["scheduler"], knobs_at(spec, n)):
+        return BASELINE
+    return name
+
+
+def choose_from_bank(
+    generation: Mapping,
+    evaluator,
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    progress: bool = True,
+    reusable=None,
+) -> tuple[dict[str, dict], dict]:
+    """
+    Scores the tuning bank stored in a [`generate_baseline_candidates`] result and replays the search of every
+    comparison sampler at every NFE on those scores ([`search_methods`]).
+
+    Args:
+        generation (`Mapping`): the result (or its [`read_generation`] reading).
+        evaluator: a loaded `(model, tokenizer)` pair.
+        protocol (`str`, *optional*): the scoring protocol (default: the model's family).
+        eval_batch_size (`int`): the evaluator's batch size.
+        progress (`bool`): a progress bar over the bank's runs.
+        reusable (`ReusableScores`, *optional*): an earlier report's scores ([`read_report_scores`]); bank runs it
+            scored take its scores, the first of them scored again as a check.
+
+    Returns:
+        `(samplers, record)` as [`tune_baselines`] returns them, the record with two more keys: `bank_scores`, every
+        bank run's scores under its [`samples_fingerprint`] (what a later `--reuse-scores` lends), and, when some were
+        lent, `bank_scores_reused`.
+    """
+    candidates = generation[CANDIDATES_KEY]
+    settings = candidates["bank"]
+    family = generation["family"]
+    protocol = protocol or family
+    runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
+    bank_scores, lent = {}, None
+    bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
+    scored: dict[str, BankRun] = {}
+
+    def score(n: int, spec: Mapping, **call_kwargs) -> BankRun:
+        nonlocal lent
+        key = bank_key(n, spec, call_kwargs)
+        if key in scored:
+            return scored[key]
+        run = runs.get(key)
+        if run is None:
+            raise ValueError(
+                f"The generation file holds no tuning-bank run of {bank_label(spec, call_kwargs)} at NFE {n}, which "
+                "the search asks for: it was tuned with another evaluator or protocol, or the file is incomplete. "
+                "Score it with the evaluator and protocol it was tuned with (`tuned_when_sampled`)."
+            )
+        fingerprint = samples_fingerprint(run["samples"])
+        stored = reusable.bank.get(fingerprint) if reusable is not None else None
+        result, lent = lend_or_score(
+            BankRun.from_json(stored) if isinstance(stored, Mapping) else None,
+            lent,
+            lambda: score_bank_samples(run["samples"], evaluator, protocol, eval_batch_size),
+            lambda scores: scores.nll_sum,
+            reusable.path if reusable is not None else None,
+            f"{run['sampler']} at NFE {n}",
+        )
+        bank_scores[fingerprint] = result.to_json()
+        scored[key] = result
+        bar.update()
+        return result
+
+    methods = [
+        m
+        for m in dict.fromkeys(spec["scheduler"] for spec in candidates["samplers"].values())
+        if m in COMPARISON_METHODS
+    ]
+    try:
+        results = search_methods(
+            score,
+            methods,
+            generation["nfe"],
+            family,
+            diversity_knob(family),
+            resampling_clusters(family, settings["num_samples"], settings["batch_size"]),
+            settings["budget"],
+            settings.get("curve_values"),
+            settings["extrapolate"],
+            settings["confidence"],
+        )
+    finally:
+        bar.close()
+    bank = {key: settings[key] for key in ("seed", "seed_space", "num_samples", "batch_size")}
+    bank.update(
+        evaluator=None,  # the caller names it
+        protocol=protocol,
+        budget=settings["budget"],
+        confidence=settings["confidence"],
+        ace=candidates.get("ace"),
+    )
+    samplers, record = apply_knob_choices(
+        candidates["samplers"], results, generation["nfe"], bank, candidates["untied"]
+    )
+    record["bank_scores"] = bank_scores
+    if lent is not None:
+        record["bank_scores_reused"] = lent
+    return samplers, record
+
+
+def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], record: Mapping) -> dict:
+    """
+    The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs (main and
+    diversity) at its chosen knobs, official's where it chose the neutral value, under its own name and in the
+    one-machine run's order; the bank left out; the tuned `samplers` and the tuning `record` in place of the
+    candidates.
+    """
+    knob = generation["diversity_knob"]
+    by_run = {(run["sampler"], run["nfe"], run["seed"], run[knob]): run for run in generation["runs"]}
+    plan = [(name, n, seed, None) for n in generation["nfe"] for seed in generation["seeds"] for name in samplers]
+    for value in generation.get("diversity_values") or ():
+        for n in generation.get("diversity_nfe") or generation["nfe"]:
+            plan += [
+                (name, n, seed, value) for seed in generation["seeds"] for name in generation["diversity_samplers"]
+            ]
+    runs = []
+    for name, n, seed, value in plan:
+        source = _chosen_source(name, samplers[name], n)
+        run = by_run.get((source, n, seed, value))
+        if run is None:
+            raise ValueError(_missing_chosen_run(generation, source, n))
+        samples = [sample if source == name else replace(sample, sampler=name) for sample in run["samples"]]
+        runs.append({**run, "sampler": name, "samples": samples})
+    coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
+    selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
+    selected.update(samplers=dict(samplers), runs=runs, coefficients=coefficients, knob_tuning=dict(record))
+    return selected
+
+
+def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
+    message = f"The generation holds no benchmark run of {source!r} at NFE {n}, which the report needs."
+    tuned = generation.get("tuned_when_sampled")
+    if tuned and source not in tuned["sampled"].get(str(n), [source]):
+        return (
+            f"{message} Its NFE {n} was tuned with {tuned['evaluator']} under the {tuned['protocol']} protocol, "
+            f"which chose otherwise and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
+            "evaluator and protocol."
+        )
+    return f"{message} The file is incomplete or was edited: generate it again."
+
+
+def score_baseline_candidates(
+    generation: Mapping,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    progress: bool = True,
+    evaluator_kwargs: Mapping | None = None,
+    **score_kwargs,
+) -> dict:
+    """
+    `--from` on a [`generate_baseline_candidates`] result: [`choose_from_bank`], [`select_chosen_runs`], then
+    [`score_sweep`] with the same evaluator (loaded once).
+
+    Args:
+        generation (`Mapping`): the result (or its [`read_generation`] reading).
+        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
+        protocol, eval_batch_size, progress: as in [`score_sweep`].
+        evaluator_kwargs (`Mapping`, *optional*): `cache_dir`, `device`, `dtype` for [`load_evaluator`].
+        **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
+    """
+    loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
+    reusable = score_kwargs.get("reuse_scores")
+    if reusable is not None:  # read and refused before the bank is scored, not after
+        description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
+        reusable = reusable_scores(reusable, name, description, protocol or generation["family"])
+        score_kwargs["reuse_scores"] = reusable
+    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, reusable)
+    record["evaluator"] = name
+    # The bank's scores go beside the tuning record, which stays the one-machine run's.
+    bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}
+    selected = {**select_chosen_runs(generation, samplers, record), **bank}
+    return score_sweep(
+        selected,
+        evaluator=loaded,
+        evaluator_name=name,
+        protocol=protocol,
+        eval_batch_size=eval_batch_size,
+        progress=progress,
+        **score_kwargs,
+    )

@@ -1,0 +1,214 @@
+"""The `baselines` experiment of `untied-sc benchmark`: before sampling, every check the sweep would make, then each
+comparison sampler tuned per NFE on the tuning bank (`calibration/baseline_knobs.py`), its knobs written into its spec
+(`knobs_by_steps`) and recorded for the report.
+
+The untied sampler runs its own coefficients (searched by `untied-sc tune` with the same rule on the same bank: the
+record says whether it was, and by which rule); the comparison samplers are tuned here, in the same run, so that one
+command reproduces the whole comparison.
+"""
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.generation import KNOBS_KEY, check_ace_statistics, check_runs, refuse_leaked_seeds
+from untied_sc.schedulers import COMPARISON_METHODS
+from untied_sc.seeds import check_seed
+
+from ..tuning.baseline_knobs import knob_record, tune_knobs
+from ..tuning.tune import scoring_evaluator
+from .definitions import normalise_samplers
+
+
+def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
+    """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
+    (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
+    the earlier rule (an entropy guard, no equal-entropy objective) say so in `rule`."""
+    tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
+    by_steps = {}
+    for n in nfe:
+        record = tuning.get(str(n))
+        if not record:
+            by_steps[str(n)] = None
+            continue
+        common = {
+            "seed": record["seed"],
+            "seed_space": record.get("seed_space", "benchmark"),  # records before the seed spaces: benchmark seeds
+            "num_samples": record["num_samples"],
+        }
+        if "rule" in record:
+            by_steps[str(n)] = {
+                **common,
+                "rule": record["rule"],
+                "budget": record["budget"],
+                "candidates_tried": record["candidates_tried"],
+                "chosen": dict(record["chosen"]),
+                "chosen_scores": dict(record["chosen_scores"]),
+                "best_vs_official": record["best_vs_official"],
+                "on_edge": record["on_edge"],
+                "edges": dict(record["edges"]),
+                "outcome": record["outcome"],
+            }
+            continue
+        comparison = record.get("best_vs_official")
+        if comparison is None:
+            outcome = "no admissible candidate"
+        else:
+            outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
+        by_steps[str(n)] = {
+            **common,
+            "rule": f"earlier rule: entropy guard of {record.get('max_entropy_drop')} nats, lowest raw GenPPL",
+            "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
+            "chosen_scores": {"gen_ppl": record["chosen"]["gen_ppl"], "entropy": record["chosen"]["entropy"]},
+            "max_entropy_drop": record.get("max_entropy_drop"),
+            "outcome": outcome,
+        }
+    return by_steps
+
+
+def ace_record(pipe) -> dict | None:
+    """Which ACE direction the ACE samplers ran with: its estimation settings and the sha256 of its values (`None`
+    without the component). Parts of one comparison must share it."""
+    statistics = getattr(pipe, "ace_statistics", None)
+    if statistics is None:
+        return None
+    config = statistics.config
+    direction = statistics.direction.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+    return {
+        **{
+            key: config[key] for key in ("seed", "seed_space", "num_trajectories", "num_inference_steps", "batch_size")
+        },
+        "model_fingerprint": config["model_fingerprint"],
+        "direction_sha256": hashlib.sha256(direction).hexdigest(),
+    }
+
+
+def tune_baselines(
+    pipe,
+    samplers: Mapping[str, Mapping],
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    num_samples: int,
+    batch_size: int,
+    evaluator,
+    tune_seed: int = TUNE_SEED,
+    tune_num_samples: int = 64,
+    budget: int = TUNE_BUDGET,
+    confidence: float = 0.95,
+    eval_batch_size: int = 8,
+    protocol: str | None = None,
+    progress: bool = True,
+    source: str = "PIPELINE_DIR",
+    curve_values: Sequence[float] | None = None,
+    extrapolate: float = EXTRAPOLATE,
+    parts_dir=None,
+    on_sampled=None,
+    evaluator_name: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, dict], dict]:
+    """
+    Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
+
+    Nothing is sampled when a check fails: an evaluation seed out of range or one the pipeline was tuned, calibrated
+    or ACE-estimated on (records written before the seed spaces, [`refuse_leaked_seeds`]); a tuning seed out of
+    range; an ACE sampler without the pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied
+    sampler at an uncalibrated NFE. The tuning bank is drawn in the tuning seed space (`untied_sc.seeds`), which no
+    benchmark, calibration or ACE batch reaches.
+
+    Args:
+        pipe: the loaded pipeline.
+        samplers (`Mapping[str, Mapping]`): the sampler set ([`experiment_samplers`]`("baselines")`).
+        nfe, seeds, num_samples, batch_size: the benchmark sweep's (the bank uses `batch_size` too: an ELF batch
+            shares one time grid).
+        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
+        tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
+            tune`'s default bank).
+        tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
+        budget, confidence, eval_batch_size, protocol, curve_values, extrapolate, parts_dir: as in
+            [`tune_coefficients`].
+        progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
+        source (`str`): the pipeline as the user named it (for the commands the errors suggest).
+        on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
+        evaluator_name (`str`, *optional*): how the bank names a loaded `evaluator`: the name the user gave (as
+            `untied-sc tune` records it, so that both share a parts folder); default: its model's name.
+        log (*optional*): gets a line per scored bank run (a long run without progress bars).
+
+    Returns:
+        `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
+        tuning record ([`knob_record`] per sampler and NFE, the bank, the rule, and the untied sampler's own).
+    """
+    samplers = normalise_samplers(samplers)
+    refuse_leaked_seeds(seeds, pipe)
+    tune_seed = check_seed(tune_seed, "--tune-seed")  # its bank lies in the tuning seed space: never a benchmark batch
+    check_ace_statistics(pipe, samplers, source)
+    check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
+
+    methods = {name: spec["scheduler"] for name, spec in samplers.items() if spec["scheduler"] in COMPARISON_METHODS}
+    evaluator, derived_name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or derived_name
+    results = tune_knobs(
+        pipe,
+        list(dict.fromkeys(methods.values())),
+        nfe,
+        num_samples=tune_num_samples,
+        seed=tune_seed,
+        batch_size=batch_size,
+        evaluator=evaluator,
+        protocol=protocol,
+        budget=budget,
+        curve_values=curve_values,
+        extrapolate=extrapolate,
+        confidence=confidence,
+        eval_batch_size=eval_batch_size,
+        progress=progress,
+        parts_dir=parts_dir,
+        on_sampled=on_sampled,
+        evaluator_name=evaluator_name,
+        log=log,
+    )
+    bank = {
+        "seed": tune_seed,
+        "seed_space": "tuning",
+        "num_samples": tune_num_samples,
+        "batch_size": batch_size,
+        "evaluator": evaluator_name,
+        "protocol": protocol or pipe.family,
+        "budget": budget,
+        "confidence": confidence,
+    }
+    untied = {
+        name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+    }
+    return apply_knob_choices(samplers, results, nfe, {**bank, "ace": ace_record(pipe)}, untied)
+
+
+def apply_knob_choices(
+    samplers: Mapping[str, Mapping], results: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
+) -> tuple[dict[str, dict], dict]:
+    """
+    The sampler specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the tuning record: the
+    `bank`'s settings, [`knob_record`] per sampler and NFE, and the untied samplers' own records (`untied`).
+
+    Args:
+        samplers (`Mapping[str, Mapping]`): the normalised sampler set.
+        results (`Sequence[SearchResult]`): one per (comparison method, NFE).
+        nfe (`Sequence[int]`): the NFEs.
+        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, budget)
+            and the ACE direction's [`ace_record`].
+        untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
+    """
+    by_method = {(result.method, result.num_inference_steps): result for result in results}
+    tuned = dict(samplers)
+    per_sampler = {}
+    for name, spec in samplers.items():
+        method = spec["scheduler"]
+        if method not in COMPARISON_METHODS:
+            continue
+        tuned[name] = {**spec, KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
+        per_sampler[name] = {
+            "method": method,
+            "by_steps": {str(n): knob_record(by_method[method, n]) for n in nfe},
+        }
+    return tuned, {**bank, "samplers": per_sampler, "untied": dict(untied)}

@@ -1,0 +1,132 @@
+"""The sampler sets a benchmark compares: official vs untied (`main`) and the paper's controlled experiments.
+
+A sampler set maps a name to a spec ([`run_sweep`]'s `samplers`): `{}` is the sampler at its defaults, other keys
+override the untied scheduler's config (`eta_t: 0.0`), route its correction (`correction_routing`), scale one resolved
+coefficient (`eta_t_scale: 0.5`) or go to the pipeline call (`temperature`). The sampler named `official` is the
+baseline of every paired comparison. The experiments (`--experiment`):
+
+- `placement` (Table "placement" (a)): where the correction goes: off, into the solver, into the next
+  self-conditioning input, or both;
+- `components` (Table "placement" (b)): which components are on: the SC transform alone, the correction alone, both;
+- `sensitivity` (Appendix "parameter sensitivity"): one coefficient at a time at ×½..×2 of its resolved value;
+- `directions` (Table "Controls for the solver correction"): the full untied sampler with the history direction and
+  with each control of it (`correction_direction`): the batch's common component, another sample's direction, a random
+  direction with equal RMS;
+- `baselines` (Table "matched sampler comparison"): official, untied and the comparison samplers (Momentum,
+  ACE, HiGS, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9), each a spec naming its scheduler (`"scheduler":
+  "momentum"`, ...). Their knobs are tuned per NFE on the tuning bank before sampling (`experiments/baselines.py`, the
+  one rule of `calibration/search.py`) and carried in the spec's `knobs_by_steps`. Every sampler is also swept over
+  the diversity knob (`FRONTIER_VALUES` unless `--temperatures` says otherwise), so that each is read on its own
+  frontier at official's entropy.
+"""
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from untied_sc.defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
+
+
+BASELINE = "official"
+DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
+SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
+# [choice] The `baselines` experiment's default sweep of every sampler (its frontier beside its tuned point): LangFlow
+# temperatures on both sides of 1; ELF decode temperatures, which only raise entropy from the argmax.
+FRONTIER_VALUES = {"langflow": (0.9, 1.1), "elf": (0.25, 0.5)}
+# The `baselines` experiment: report name → comparison method (a `scheduler` of `build_scheduler`).
+BASELINE_METHODS = {
+    "Momentum": "momentum",
+    "ACE": "ace",
+    "HiGS": "higs",
+    "HiGS + ACE": "higs_ace",
+    "DPM-Solver++(2M)": "multistep",
+}
+
+
+def experiment_samplers(name: str) -> dict[str, dict]:
+    """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity`, `directions` or `baselines`
+    (official always first; the comparison samplers of `baselines` at their defaults until their knobs are tuned)."""
+    if name == "main":
+        return dict(DEFAULT_SAMPLERS)
+    if name == "placement":
+        return {
+            BASELINE: {},
+            "untied (correction off)": {"eta_t": 0.0},
+            "untied (correction to solver)": {"correction_routing": "solver"},
+            "untied (correction to next SC)": {"correction_routing": "self_conditioning"},
+            "untied (correction to both)": {"correction_routing": "both"},
+        }
+    if name == "components":
+        return {
+            BASELINE: {},
+            "untied (SC transform only)": {"eta_t": 0.0},
+            "untied (correction only)": {"eta_r": 0.0},
+            "untied (both)": {},
+        }
+    if name == "sensitivity":
+        samplers = {BASELINE: {}, "untied": {}}
+        for coefficient in COEFFICIENT_NAMES:
+            for factor in SENSITIVITY_FACTORS:
+                samplers[f"untied ({coefficient} x{factor:g})"] = {f"{coefficient}_scale": factor}
+        return samplers
+    if name == "directions":
+        return {
+            BASELINE: {},
+            "untied (history)": {"correction_direction": "history"},
+            "untied (common)": {"correction_direction": "common"},
+            "untied (permuted)": {"correction_direction": "permuted"},
+            "untied (random)": {"correction_direction": "random"},
+        }
+    if name == "baselines":
+        return {**DEFAULT_SAMPLERS, **{label: {"scheduler": method} for label, method in BASELINE_METHODS.items()}}
+    raise ValueError(f"Unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
+
+
+def select_samplers(name: str, names: Sequence[str] | None = None) -> dict[str, dict]:
+    """The experiment's sampler specs ([`experiment_samplers`]), only `names` of them (and official, the pairs' first
+    side, always) in the experiment's order; all of them when `names` is `None`. An unknown name raises a `ValueError`
+    that lists the experiment's samplers."""
+    samplers = experiment_samplers(name)
+    if names is None:
+        return samplers
+    unknown = [n for n in names if n not in samplers]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not among the {name} "
+            f"experiment's samplers: {', '.join(map(repr, samplers))}."
+        )
+    return {key: spec for key, spec in samplers.items() if key == BASELINE or key in names}
+
+
+def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
+    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`); the
+    official and comparison samplers have no coefficients."""
+    if preset is None:
+        return dict(samplers)
+    return {
+        name: {"coefficients": preset, **spec} if is_untied(name, spec) else dict(spec)
+        for name, spec in samplers.items()
+    }
+
+
+def is_untied(name: str, spec: Mapping) -> bool:
+    """Whether a sampler spec runs the untied scheduler (its `scheduler`, else every sampler but `official`)."""
+    return spec.get("scheduler", "official" if name == BASELINE else "untied") == "untied"
+
+
+def normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Each spec gets an explicit `scheduler` key: `"official"` for the sampler named official, else `"untied"`."""
+    if BASELINE not in samplers:
+        raise ValueError(
+            f"`samplers` must include the baseline {BASELINE!r} (the pairs' first side), got {list(samplers)}."
+        )
+    return {
+        name: {"scheduler": "official" if name == BASELINE else "untied", **dict(spec)}
+        for name, spec in samplers.items()
+    }
+
+
+def experiment_name(pipeline: str, experiment: str, preset: str | None = None) -> str | None:
+    """`<model>-<experiment>[-<preset>]` for the controlled experiments and presets, so that they do not overwrite the
+    main results."""
+    suffix = ("" if experiment == "main" else f"-{experiment}") + (f"-{preset}" if preset else "")
+    return f"{Path(str(pipeline).rstrip('/')).name}{suffix}" if suffix else None

@@ -1,0 +1,368 @@
+"""A benchmark report's samples scored again under a second evaluator (`untied-sc benchmark --rescore`): the control
+that a sampler's gain at equal entropy is not one evaluator's taste.
+
+[`rescore_report`] rebuilds the generation a report was scored from (its settings, every run's timing and samples,
+from the report and its samples file) and hands it to [`score_sweep`], so every aggregate, the equal-entropy fit and
+the headline are computed exactly as for a fresh report; the knobs stay those chosen under the first evaluator
+(`knob_tuning` is kept as it was). The samples are stored once: the new report's `samples_file` points to the first
+report's. [`evaluator_control`] sets the two reports' headlines side by side, with the rank agreement of the samplers
+(Kendall's τ-b, [`kendall_tau`]) and the correlation of the per-sample NLLs under the two evaluators.
+"""
+
+import json
+import math
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from untied_sc.output_paths import report_paths, rescored_report_name
+
+from .generation_files import GENERATION_FORMAT
+from .report import write_results
+from .score_reuse import read_report_runs
+from .sweep import score_sweep
+
+
+# What a report must record to be scored again: the sweep's settings, as a generation file holds them.
+GENERATION_SETTINGS = (
+    "model",
+    "family",
+    "pipeline_class",
+    "nfe",
+    "seeds",
+    "num_samples",
+    "batch_size",
+    "batch_seed",
+    "samplers",
+    "baseline",
+    "diversity_knob",
+    "diversity_values",
+    "diversity_samplers",
+    "diversity_nfe",
+    "device",
+    "torch",
+    "command",
+)
+# Kept where a report has them (reports written before some of them existed lack them).
+OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
+
+
+def report_generation(report: dict, run_samples: Sequence[Sequence], path: str | os.PathLike = "the report") -> dict:
+    """The generation a report was scored from, rebuilt from its record and the samples of each run (in the report's
+    order, [`read_report_runs`]): the same runs, knob values, timings and samples, for [`score_sweep`]. Scores of the
+    first evaluator (the tuning bank's among them) are left behind."""
+    missing = [key for key in GENERATION_SETTINGS if key not in report]
+    if missing:
+        raise ValueError(
+            f"--rescore: {path} does not record {', '.join(missing)}: it was written before those were kept, so its "
+            "runs cannot be rebuilt. Score its samples with `untied-sc evaluate` instead."
+        )
+    knob = report["diversity_knob"]
+    runs = [
+        {key: record[key] for key in ("sampler", "nfe", "seed", "seconds")} | {knob: record.get(knob), "samples": run}
+        for record, run in zip(report["runs"], run_samples, strict=True)
+    ]
+    return {
+        "format": GENERATION_FORMAT,
+        **{key: report[key] for key in GENERATION_SETTINGS},
+        **{key: report[key] for key in OPTIONAL_SETTINGS if key in report},
+        "seconds": report.get("sampling_seconds", sum(run["seconds"] for run in runs)),
+        "runs": runs,
+    }
+
+
+def rescore_report(
+    report_path: str | os.PathLike,
+    evaluator="smollm2-135m",
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    num_resamples: int = 1000,
+    eval_batch_size: int | None = None,
+    max_length: int | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    evaluator_name: str | None = None,
+    scored: dict[tuple, dict] | None = None,
+    score_parts_dir: str | os.PathLike | None = None,
+    **evaluator_kwargs,
+) -> dict:
+    """
+    Scores every run of a benchmark report again under `evaluator` and analyses them as [`score_sweep`] does, with
+    the [`evaluator_control`] against the first report.
+
+    Args:
+        report_path: the first report, `<model>.json`, its samples file beside it.
+        evaluator, evaluator_name, eval_batch_size, max_length, num_resamples, progress, **evaluator_kwargs: as in
+            [`score_sweep`] (the protocol is the first report's).
+        name (`str`, *optional*): the new report's file stem and model name (default `<model>-<evaluator's short
+            name>`, [`rescored_report_name`]).
+        output_dir (`str` or `os.PathLike`, *optional*): where `<name>.json`, `.md` and `.png` go (no samples file:
+            `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
+        command (`str`, *optional*): the command that rescored (default: this process's argv).
+        scored (`dict`, *optional*): runs already scored with `evaluator`, as [`score_sweep`] takes them.
+        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every run scored here, so that a
+            stopped rescoring resumes ([`score_sweep`]).
+
+    Returns:
+        The results dict of [`score_sweep`], with `rescored_from` (the first report, its evaluator) and
+        `evaluator_control`.
+    """
+    report_path = Path(report_path)
+    first, run_samples = read_report_runs(report_path, "--rescore")
+    generation = report_generation(first, run_samples, report_path)
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+    generation["model"] = name or rescored_report_name(first["model"], evaluator_name or "evaluator")
+    if output_dir is not None and report_paths(output_dir, generation["model"])["json"].resolve() == (
+        report_path.resolve()
+    ):
+        raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")
+    results = score_sweep(
+        generation,
+        evaluator=evaluator,
+        protocol=first["protocol"],
+        eval_batch_size=eval_batch_size,
+        max_length=max_length,
+        num_resamples=num_resamples,
+        command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        progress=progress,
+        main_only=first.get("main_only", False),
+        evaluator_name=evaluator_name,
+        scored=scored,
+        score_parts_dir=score_parts_dir,
+        **evaluator_kwargs,
+    )
+    where = Path(output_dir) if output_dir is not None else report_path.parent
+    results["rescored_from"] = {
+        "report": os.path.relpath(report_path, where),
+        "evaluator": first["evaluator"],
+        "evaluator_description": first.get("evaluator_description"),
+    }
+    results["evaluator_control"] = evaluator_control(first, results)
+    results["samples_file"] = os.path.relpath(report_path.parent / first["samples_file"], where)
+    if output_dir is not None:
+        results["files"] = {key: str(path) for key, path in write_results(results, output_dir).items()}
+    return results
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Kendall's τ-b of two rankings of the same items: (concordant - discordant pairs) over the square root of the
+    pairs untied in a times those untied in b; `None` when either ranking ties everything (or with one item)."""
+    concordant = discordant = untied_a = untied_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            sign = (a[i] > a[j]) - (a[i] < a[j]), (b[i] > b[j]) - (b[i] < b[j])
+            untied_a += sign[0] != 0
+            untied_b += sign[1] != 0
+            concordant += sign[0] * sign[1] > 0
+            discordant += sign[0] * sign[1] < 0
+    return (concordant - discordant) / math.sqrt(untied_a * untied_b) if untied_a and untied_b else None
+
+
+def pearson(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Pearson's correlation of paired values; `None` when either side does not vary (or is empty)."""
+    if not a:
+        return None
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
+    spread = math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
+    return covariance / spread if spread else None
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Ranks from 1, ties given their average rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in order[start : end + 1]:
+            ranks[position] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict]]]:
+    """Each sampler's headline per NFE: the GenPPL ratio to the baseline at equal entropy with its interval, beside
+    the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
+    on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else, and where no
+    frontier reaches the baseline's entropy (ELF-small at 8 NFE: every sampler raises entropy), the baseline's curve
+    at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only). A method its tuning switched
+    off runs the baseline's samples, so its frontier is the baseline's own and reaches the baseline's entropy
+    trivially: it does not count as a frontier that reaches it."""
+    frontiers = (results.get("frontiers") or {}).get("by_sampler") or {}
+    reached = any(
+        row.get("ratio") is not None and not row.get("switched_off")
+        for by_nfe in frontiers.values()
+        for row in by_nfe.values()
+    )
+    reading = "frontier" if reached else "baseline curve" if results.get("equal_entropy") else None
+    rows = frontiers if reading == "frontier" else results.get("equal_entropy") or {}
+    out: dict[str, dict[str, dict]] = {}
+    for sampler, by_nfe in results["aggregates"]["paired"].items():
+        for nfe, cell in by_nfe.items():
+            row = rows.get(sampler, {}).get(nfe) or {}
+            out.setdefault(sampler, {})[nfe] = {
+                "ratio": row.get("ratio"),
+                "ratio_ci": row.get("ratio_ci"),
+                "raw_ratio": cell["gen_ppl_ratio"],
+                "raw_ratio_ci": cell.get("gen_ppl_ratio_headline_ci") or cell["gen_ppl_ratio_ci"],
+            }
+    return reading, out
+
+
+def _rank_agreement(first: dict, second: dict, key: str) -> dict[str, dict]:
+    """Per NFE, Kendall's τ-b of the samplers' `key` ratios under the two evaluators, over those with both."""
+    agreement = {}
+    for nfe in sorted({nfe for by_nfe in first.values() for nfe in by_nfe}, key=int):
+        ranked = [
+            sampler
+            for sampler, by_nfe in first.items()
+            if by_nfe.get(nfe, {}).get(key) is not None and second.get(sampler, {}).get(nfe, {}).get(key) is not None
+        ]
+        tau = kendall_tau([first[s][nfe][key] for s in ranked], [second[s][nfe][key] for s in ranked])
+        agreement[nfe] = {"kendall_tau": tau, "num_ranked": len(ranked), "ranked": ranked}
+    return agreement
+
+
+def _nll_correlation(first: dict, second: dict) -> dict:
+    """Per-sample NLL per token under the two evaluators, over the samples both scored. A run holding the very
+    samples of another (a comparison sampler at its neutral knob runs as official) has the same scores under both
+    evaluators as that one: it is counted once."""
+    seen, a, b = set(), [], []
+    for mine, theirs in zip(first["runs"], second["runs"], strict=True):
+        x, y = mine["per_sample"]["mean_nll"], theirs["per_sample"]["mean_nll"]
+        key = json.dumps([x, y])
+        if key in seen:
+            continue
+        seen.add(key)
+        for u, v in zip(x, y, strict=True):
+            if u is not None and v is not None and math.isfinite(u) and math.isfinite(v):
+                a.append(u)
+                b.append(v)
+    return {
+        "measure": "per-sample NLL per token (each evaluator's own tokens)",
+        "num_samples": len(a),
+        "pearson": pearson(a, b),
+        "spearman": pearson(_ranks(a), _ranks(b)),
+    }
+
+
+def evaluator_control(first: dict, second: dict) -> dict:
+    """
+    Two reports of the same runs under two evaluators, side by side: each sampler's headline ([`headline_ratios`])
+    under both, the rank agreement of the samplers per NFE (Kendall's τ-b, over the samplers each report can rank) at
+    equal entropy and raw, and the correlation of the per-sample NLLs.
+
+    Returns:
+        `dict` with `first` and `second` (evaluator and its description), `reading` (the equal-entropy reading),
+        `by_sampler` (`{sampler: {nfe: {"first": ratios, "second": ratios}}}`), `rank_agreement` (`{"equal_entropy"
+        | "raw": {nfe: {"kendall_tau", "num_ranked", "ranked"}}}`) and `nll_correlation`.
+    """
+    reading, mine = headline_ratios(first)
+    _, theirs = headline_ratios(second)
+    return {
+        "first": {key: first.get(key) for key in ("evaluator", "evaluator_description")},
+        "second": {key: second.get(key) for key in ("evaluator", "evaluator_description")},
+        "reading": reading,
+        "by_sampler": {
+            sampler: {nfe: {"first": row, "second": theirs.get(sampler, {}).get(nfe)} for nfe, row in by_nfe.items()}
+            for sampler, by_nfe in mine.items()
+        },
+        "rank_agreement": {
+            "equal_entropy": _rank_agreement(mine, theirs, "ratio"),
+            "raw": _rank_agreement(mine, theirs, "raw_ratio"),
+        },
+        "nll_correlation": _nll_correlation(first, second),
+    }
+
+
+# `untied-sc evaluate` on a report's samples reproduces its headline when every number agrees to this (relative): the
+# NLLs agree to ~1e-7 across evaluator batchings, the bootstrap draws are seeded alike.
+HEADLINE_TOLERANCE = 1e-4
+SAMPLES_SUFFIX = ".samples.jsonl.gz"
+
+
+def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict]]:
+    """The benchmark reports beside a samples file that score it, each with its contents, read once: `<model>.json`
+    for `<model>.samples.jsonl.gz` first, then the rescorings (`--rescore`) whose `samples_file` names it; none for
+    another kind of file, or beside another kind of record (`benchmarks/model_quality.py`'s has rows, not runs)."""
+    samples_path = Path(samples_path)
+    if not samples_path.name.endswith(SAMPLES_SUFFIX):
+        return []
+    own = samples_path.with_name(samples_path.name[: -len(SAMPLES_SUFFIX)] + ".json")
+    found = []
+    for candidate in [own, *sorted(path for path in samples_path.parent.glob("*.json") if path != own)]:
+        try:
+            report = json.loads(candidate.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(report, dict):
+            continue
+        names = report.get("samples_file")
+        if (candidate == own and "runs" in report) or (
+            report.get("rescored_from") and names and (candidate.parent / names).resolve() == samples_path.resolve()
+        ):
+            found.append((candidate, report))
+    return found
+
+
+def head_to_head_ratios(results: dict) -> dict[str, dict[str, dict]]:
+    """The report's head to head at equal entropy (each untied sampler against the best other method, both on their
+    own frontiers): `{nfe: {"<sampler> vs <against>": {"ratio", "ratio_ci"}}}`; empty where there is none."""
+    rows = ((results.get("frontiers") or {}).get("head_to_head")) or {}
+    return {
+        nfe: {
+            f"{row['sampler']} vs {row['against']}": {key: row.get(key) for key in ("ratio", "ratio_ci")} for row in by
+        }
+        for nfe, by in rows.items()
+        if by
+    }
+
+
+def _flat_numbers(by_sampler: dict) -> dict[tuple, float | None]:
+    """Every number of a [`headline_ratios`] table by (sampler, NFE, field, position)."""
+    numbers = {}
+    for sampler, by_nfe in by_sampler.items():
+        for nfe, row in by_nfe.items():
+            for field_name in ("ratio", "raw_ratio", "ratio_ci", "raw_ratio_ci"):
+                value = row.get(field_name)
+                values = list(value) if isinstance(value, (list, tuple)) else [value]
+                for position, number in enumerate(values):
+                    numbers[(sampler, nfe, field_name, position)] = number
+    return numbers
+
+
+def compare_headlines(computed: dict, report: dict) -> dict:
+    """[`headline_ratios`] and [`head_to_head_ratios`] of freshly scored runs against a report's: the largest relative
+    difference over every number both give, the numbers only one gives, and whether the report is reproduced
+    ([`HEADLINE_TOLERANCE`])."""
+    reading, ours = headline_ratios(computed)
+    report_reading, theirs = headline_ratios(report)
+    heads, reported_heads = head_to_head_ratios(computed), head_to_head_ratios(report)
+    mine, reported = _flat_numbers(ours), _flat_numbers(theirs)
+    # keyed apart from the samplers' rows: ("head to head", NFE, pair, field, position)
+    mine.update({("head to head", *key): value for key, value in _flat_numbers(heads).items()})
+    reported.update({("head to head", *key): value for key, value in _flat_numbers(reported_heads).items()})
+    largest, unmatched = 0.0, []
+    for key in sorted(set(mine) | set(reported), key=str):
+        a, b = mine.get(key), reported.get(key)
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                unmatched.append(list(map(str, key)))
+            continue
+        largest = max(largest, abs(a - b) / max(abs(b), 1e-300))
+    return {
+        "reading": reading,
+        "by_sampler": ours,
+        "reported": theirs,
+        "head_to_head": heads,
+        "reported_head_to_head": reported_heads,
+        "max_relative_difference": largest,
+        "unmatched": unmatched,
+        "reproduced": reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
+    }

@@ -1,0 +1,492 @@
+"""The matched generation sweep behind `untied-sc benchmark`: every sampler at every NFE and seed, then scored
+(docs/algorithm.md §6).
+
+For every seed s, NFE N and sampler, the pipeline generates `num_samples` samples in batches; batch b of every
+sampler is drawn from `torch.Generator().manual_seed(batch_seed(s, b))`, so sample i of the official run and sample i
+of the untied run share the initial latent z_0 and the random stream (pairs are matched; results depend on
+`batch_size` through the batch seeds, which is recorded). Each run is scored with [`evaluate_samples`] (GenPPL under
+the evaluator and protocol, entropies, Rep-4, distinct-n, per-sample NLL) and timed (samples/s of sampling alone).
+The diversity sweep runs the official sampler at several values of the family's diversity knob (LangFlow: the
+temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the temperature T of the final decode's softmax, 0 = argmax)
+so that samplers can be compared at equal entropy.
+
+[`run_sweep`] is [`generate_sweep`] (sampling, e.g. on a GPU) then [`score_sweep`] (scoring, where the evaluator is);
+`generation_files.py` carries a generation between the two. The statistics are
+[`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
+
+The sweep runs pipelines (with `sampling.generate`; `generate.py`, behind `untied-sc generate`, is the only other
+place in `evaluation` that does) but scores only texts and token ids.
+Under `accelerate launch` the sampling is split across the processes by batch (`untied_sc.distributed`) with the same
+samples as one process; scoring runs once, on the main process, which alone writes files.
+"""
+
+import os
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Collection, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from untied_sc.defaults import DEFAULT_NFE, DEFAULT_SEEDS
+from untied_sc.distributed import is_main_process, main_process_progress, process_device, process_rank
+from untied_sc.generation import (
+    CALL_KEYS,
+    build_scheduler,
+    check_ace_statistics,
+    check_runs,
+    diversity_knob,
+    family_of,
+    generate,
+    refuse_leaked_seeds,
+    run_samples,
+    tokenizer_description,
+    warn_few_clusters,
+)
+from untied_sc.pipelines import load_pipeline
+from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matched_setting
+
+from ..evaluation.evaluator import describe_evaluator, load_evaluator
+from ..evaluation.io import evaluate_samples
+from ..evaluation.metrics import samples_per_second
+from .aggregation import AGGREGATED_METRICS, analyse
+from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
+from .generation_files import GENERATION_FORMAT
+from .report import write_results
+from .sample_reuse import ReusableSamples, check_settings, lend_samples, read_report_samples
+from .score_parts import ScoreParts
+from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
+
+
+BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
+
+
+def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
+    per_sample = result["per_sample"]
+    return {
+        "sampler": sampler,
+        "nfe": nfe,
+        "seed": seed,
+        knob: value,
+        "num_samples": result["num_samples"],
+        "num_scored": result["num_scored"],
+        "seconds": seconds,
+        "samples_per_second": samples_per_second(result["num_samples"], seconds),
+        **{key: result.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        "num_tokens": result["num_tokens"],
+        "per_sample": {key: [r.get(key) for r in per_sample] for key in PER_SAMPLE_KEYS},
+    }
+
+
+def _sweep_runs(
+    nfe: Sequence[int],
+    seeds: Sequence[int],
+    samplers: Mapping[str, Mapping],
+    diversity_values: Sequence[float] | None,
+    diversity_samplers: Sequence[str],
+    diversity_nfe: Sequence[int] | None,
+) -> list[tuple[str, int, int, float | None]]:
+    """The sweep's runs in order: (sampler, NFE, seed, diversity value or `None` for a main run)."""
+    plan = [(s, n, seed, None) for n in nfe for seed in seeds for s in samplers]
+    for value in diversity_values or ():
+        plan += [(s, n, seed, value) for n in (diversity_nfe or nfe) for seed in seeds for s in diversity_samplers]
+    return plan
+
+
+def place_pipeline(pipe, state=None, device: str | torch.device | None = None) -> None:
+    """Moves `pipe` where a sweep samples: `device`, or under several processes each process's own
+    ([`process_device`]); left where it is when neither names one."""
+    if state is not None:
+        device = process_device(state, device)
+    if device is not None:
+        pipe.to(device)
+
+
+def default_name(pipeline_dir_or_pipe) -> str:
+    """The model name of a sweep's files when none is given: the pipeline folder's (or Hub id's) last part."""
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        return Path(str(pipeline_dir_or_pipe).rstrip("/")).name
+    pipe = pipeline_dir_or_pipe
+    return Path(str(getattr(pipe, "name_or_path", None) or type(pipe).__name__).rstrip("/")).name
+
+
+def generate_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    name: str | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+    state=None,
+    knob_tuning: dict | None = None,
+    only: Mapping[int, Collection[str]] | None = None,
+    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
+) -> dict:
+    """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
+
+    The arguments are [`run_sweep`]'s, and `only`: per NFE, the samplers to sample there (the others' runs are left
+    out; `--experiment baselines --tune-here` samples only the chosen knob values). `reuse_samples`, an earlier
+    report with its samples file, lends its samples and sampling seconds to the runs it holds (see [`sample_reuse`]:
+    the first batch of each lent sampler is sampled again as a check). With a `state` of several processes ([`untied_sc.distributed.process_state`],
+    e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
+    ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
+    process would. Sampling and scoring can run on different machines (sample on a GPU, score on
+    a machine that has the evaluator): [`write_generation`] saves the result, [`read_generation`] loads it and
+    [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
+
+    Returns:
+        `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
+        `batch_size`, `samplers`, `diversity_*`), `coefficients` (η_R, η_T, η_O, α each untied sampler ran with, by
+        NFE), `device`, `num_processes`, `torch`, `command`, `seconds` (wall time) and
+        `runs`: one dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling (its slowest process's)
+        and its `samples` ([`Sample`]s).
+    """
+    began = time.perf_counter()
+    if command is None:
+        command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
+        pipe = load_pipeline(pipeline_dir_or_pipe)
+    else:
+        pipe = pipeline_dir_or_pipe
+    name = name or default_name(pipeline_dir_or_pipe)
+    place_pipeline(pipe, state, device)
+    num_processes = process_rank(state)[1]
+    family = family_of(pipe)
+    statistics = getattr(pipe, "sampler_statistics", None)
+    refuse_leaked_seeds(seeds, pipe)
+    knob = diversity_knob(family)
+    samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
+    unknown = [s for s in diversity_samplers if s not in samplers]
+    if diversity_values and unknown:
+        raise ValueError(f"diversity_samplers {unknown} are not among the samplers {list(samplers)}.")
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"num_samples and batch_size must be positive, got {num_samples} and {batch_size}.")
+    warn_few_clusters(family, len(seeds), num_samples, batch_size)  # ELF: one time grid per batch
+    plan = _sweep_runs(nfe, seeds, samplers, diversity_values, diversity_samplers, diversity_nfe)
+    if only is not None:
+        plan = [run for run in plan if run[0] in only.get(run[1], ())]
+    source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
+    check_ace_statistics(pipe, samplers, source)
+    check_runs(pipe, samplers, plan, source)
+    reusable = None
+    if reuse_samples is not None:  # read and checked before any sampling
+        reusable = reuse_samples if isinstance(reuse_samples, ReusableSamples) else read_report_samples(reuse_samples)
+        settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
+        settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
+        check_settings(reusable, {**settings, "batch_seed": BATCH_SEED_RULE})
+
+    original_scheduler = pipe.scheduler
+    progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    runs = []
+    coefficients: dict[str, dict[str, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
+    try:
+        for sampler, n, seed, value in main_process_progress(plan, state, progress, desc=f"sampling {name}"):
+            spec = samplers[sampler]
+            pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
+            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
+            if value is not None:
+                call_kwargs[knob] = value
+            if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) and value is None:
+                resolved = pipe.scheduler.resolve_coefficients(n, statistics)
+                stored = entropy_matched_setting(pipe.scheduler.config, n, knob)
+                if stored is not None and knob not in call_kwargs:  # the pipeline's call runs it: say so
+                    resolved[knob] = stored
+                coefficients.setdefault(sampler, {})[str(n)] = resolved
+
+            def sample(
+                count: int = num_samples, sampler=sampler, n=n, seed=seed, value=value, call_kwargs=call_kwargs
+            ):
+                texts, ids, seconds = generate(pipe, n, seed, count, batch_size, state=state, **call_kwargs)
+                return run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value}), seconds
+
+            ran = coefficients.get(sampler, {}).get(str(n))
+            lent = lend_samples(reusable, (sampler, n, seed, value), spec, ran, lambda: sample(batch_size)[0])
+            samples, seconds = lent if lent is not None else sample()
+            runs.append(
+                {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
+            )
+    finally:
+        pipe.scheduler = original_scheduler
+        pipe.set_progress_bar_config(**progress_config)
+    if reusable is not None and reusable.lent == 0:
+        warnings.warn(
+            f"--reuse-samples: {reusable.path} holds none of these runs (with these specs and coefficients); every "
+            "run was sampled here.",
+            stacklevel=2,
+        )
+    return {
+        "format": GENERATION_FORMAT,
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": BATCH_SEED_RULE,
+        "samplers": samplers,
+        "coefficients": coefficients,
+        "baseline": BASELINE,
+        "diversity_knob": knob,
+        "diversity_values": list(diversity_values or []),
+        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
+        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
+        "device": str(pipe.device)
+        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else "")
+        + (f", {num_processes} processes" if num_processes > 1 else ""),
+        "num_processes": num_processes,  # a run's `seconds` are its slowest process's
+        "torch": torch.__version__,
+        "command": command,
+        "seconds": time.perf_counter() - began,
+        **({"knob_tuning": knob_tuning} if knob_tuning is not None else {}),
+        **({"reused_samples": reusable.record()} if reusable is not None else {}),
+        "runs": runs,
+    }
+
+
+def score_sweep(
+    generation: dict,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    output_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    main_only: bool = False,
+    evaluator_name: str | None = None,
+    reuse_scores: str | os.PathLike | ReusableScores | None = None,
+    scored: Mapping[tuple, dict] | None = None,
+    score_parts_dir: str | os.PathLike | None = None,
+    **evaluator_kwargs,
+) -> dict:
+    """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
+    aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
+    generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
+    `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
+    `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
+    [`score_reuse`]; the first such run is scored again as a check); `scored` holds runs already scored here with this
+    evaluator (`untied-sc evaluate`'s), by [`samples_key`], as [`evaluate_samples`] returns them; `score_parts_dir`
+    keeps every run scored here as a file, read back instead of scored again by a later call ([`ScoreParts`])."""
+    began = time.perf_counter()
+    family, knob = generation["family"], generation["diversity_knob"]
+    if main_only:
+        main = [run for run in generation["runs"] if run[knob] is None]
+        generation = {
+            **generation,
+            "runs": main,
+            "diversity_values": [],
+            "diversity_samplers": [],
+            "diversity_nfe": [],
+        }
+    protocol = protocol or family
+    if isinstance(evaluator, (str, os.PathLike)):
+        evaluator_name = str(evaluator)
+        evaluator = load_evaluator(evaluator, **evaluator_kwargs)
+    elif evaluator_name is None:
+        evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
+    description = describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype)
+    reusable = None
+    if reuse_scores is not None:  # read and checked before any scoring
+        reusable = reusable_scores(reuse_scores, evaluator_name, description, protocol)
+    runs, reused = [], None
+    # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
+    # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
+    scored = dict(scored or {})
+    parts = None
+    if score_parts_dir is not None:
+        parts = ScoreParts(Path(score_parts_dir), description, protocol, eval_batch_size, max_length)
+    for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
+        key = samples_key(run["samples"])
+        if key not in scored:
+            name = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
+
+            def score(samples=run["samples"]) -> dict:
+                return evaluate_samples(
+                    samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
+                )
+
+            if parts is not None:
+                score = partial(parts.scored, run["samples"], score, name)
+            scored[key], reused = lend_or_score(
+                reusable.by_samples.get(key) if reusable is not None else None,
+                reused,
+                score,
+                lambda result: [r["nll_sum"] for r in result["per_sample"]],
+                reusable.path if reusable is not None else None,
+                name,
+            )
+        result = scored[key]
+        runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
+    if reusable is not None and reused is None:
+        warnings.warn(
+            f"--reuse-scores: {reusable.path} holds none of these runs' samples; every run was scored here.",
+            stacklevel=2,
+        )
+
+    knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
+    settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
+    results = {
+        **{key: generation[key] for key in settings},
+        "protocol": protocol,
+        "evaluator": evaluator_name,
+        "evaluator_description": description,
+        "samplers": generation["samplers"],
+        "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        "generator_tokenizer": generation.get("generator_tokenizer"),
+        **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
+        **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
+        "num_processes": generation.get("num_processes", 1),  # absent from generation files written before it
+        "runs": runs,
+        "diversity_default": knob_default,
+        "command": generation["command"],
+        "main_only": main_only,
+        **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
+        **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
+        **({"reused_scores": reused} if reused is not None else {}),
+        **({"score_parts": parts.record()} if parts is not None else {}),
+        **({"reused_samples": generation["reused_samples"]} if "reused_samples" in generation else {}),
+        # --experiment baselines scored on another machine: the tuning bank's scores, for a later --reuse-scores
+        **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
+    }
+    if command is not None and command != generation["command"]:
+        results["scoring_command"] = command
+        results["scoring_device"] = str(next(evaluator[0].parameters()).device)
+    analyse(results, num_resamples=num_resamples)
+    results["sampling_seconds"] = generation["seconds"]
+    results["scoring_seconds"] = time.perf_counter() - began
+    results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
+    if output_dir is not None:
+        samples = [sample for run in generation["runs"] for sample in run["samples"]]
+        results["samples_file"] = f"{results['model']}.samples.jsonl.gz"
+        results["files"] = {k: str(v) for k, v in write_results(results, output_dir, samples).items()}
+    return results
+
+
+def run_sweep(
+    pipeline_dir_or_pipe,
+    nfe: Sequence[int] = DEFAULT_NFE,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    num_samples: int = 256,
+    batch_size: int = 32,
+    samplers: Mapping[str, Mapping] | None = None,
+    evaluator="smollm2-135m",
+    protocol: str | None = None,
+    diversity_values: Sequence[float] | None = None,
+    diversity_samplers: Sequence[str] = (BASELINE,),
+    diversity_nfe: Sequence[int] | None = None,
+    eval_batch_size: int = 8,
+    max_length: int | None = None,
+    num_resamples: int = 1000,
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+    state=None,
+    knob_tuning: dict | None = None,
+    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
+    reuse_scores: str | os.PathLike | ReusableScores | None = None,
+    score_parts_dir: str | os.PathLike | None = None,
+    **evaluator_kwargs,
+) -> dict | None:
+    """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
+
+    [`generate_sweep`] then [`score_sweep`]: use those two to sample and score on different machines.
+
+    Args:
+        pipeline_dir_or_pipe: a pipeline folder / Hub id ([`load_pipeline`]) or a loaded pipeline. The untied sampler
+            needs its `sampler_statistics` calibrated at every NFE in `nfe` (`untied-sc calibrate`).
+        nfe (`Sequence[int]`, defaults to `(8, 16, 32, 64)`): numbers of function evaluations.
+        seeds (`Sequence[int]`, defaults to `(0, 1, 2)`): benchmark seeds; batch b of seed s uses
+            [`batch_seed`]`(s, b)` for every sampler and NFE.
+        num_samples (`int`, defaults to 256): samples per (sampler, NFE, seed).
+        batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
+        samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
+            `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
+            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other
+            key (`eta_r`, `eta_t`, `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config.
+            `"official"` must be present: it is the baseline of the paired comparisons.
+        evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
+            `(model, tokenizer)` pair.
+        protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
+        diversity_values (`Sequence[float]`, *optional*): values of the family's diversity knob (LangFlow: temperature
+            T; ELF: decode temperature) at which `diversity_samplers` also run, for GenPPL–entropy curves.
+        diversity_samplers (`Sequence[str]`, defaults to `("official",)`): samplers swept over `diversity_values`.
+        diversity_nfe (`Sequence[int]`, *optional*): NFEs of the diversity sweep (default: all of `nfe`).
+        eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
+        num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
+        name (`str`, *optional*): the model name of the output files (default: the pipeline folder's name).
+        output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` and
+            the scored samples `<name>.samples.jsonl.gz`; nothing is written when `None`.
+        command (`str`, *optional*): the command line stored in the results (default: this process's argv).
+        progress (`bool`, defaults to `True`): a tqdm bar over the runs.
+        device: where to run the pipeline and a named evaluator (default: where the pipeline is; evaluator on CPU).
+        state: the [`untied_sc.distributed.process_state`] of several processes (`accelerate launch`): sampling is
+            split across them by batch ([`generate_sweep`]); the main process alone scores and writes, the others
+            return `None`. Scoring is not split: it runs once, on the main process.
+        knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
+            ([`untied_sc_lab.experiments.baselines.tune_baselines`]), kept in the results and the report.
+        reuse_samples (`str` or `os.PathLike`, *optional*): an earlier report whose runs lend their samples to the
+            same runs here ([`generate_sweep`]).
+        reuse_scores (`str` or `os.PathLike`, *optional*): an earlier report of this evaluator whose scores are lent
+            to the runs whose samples it holds ([`score_sweep`]).
+        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every scored run, so that a
+            stopped scoring resumes ([`score_sweep`], [`ScoreParts`]).
+        **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
+
+    Returns:
+        The results dict (see [`write_results`] for the files): `model`, `family`, `protocol`, `evaluator`, settings,
+        `diversity_knob`, `runs` (one record per (sampler, NFE, seed[, knob value]) with its metrics, samples/s and
+        per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
+        process other than the main one.
+    """
+    generation = generate_sweep(
+        pipeline_dir_or_pipe,
+        nfe=nfe,
+        seeds=seeds,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        samplers=samplers,
+        diversity_values=diversity_values,
+        diversity_samplers=diversity_samplers,
+        diversity_nfe=diversity_nfe,
+        name=name,
+        command=command,
+        progress=progress,
+        device=device,
+        state=state,
+        knob_tuning=knob_tuning,
+        reuse_samples=reuse_samples,
+    )
+    if not is_main_process(state):
+        return None
+    if device is not None and isinstance(evaluator, (str, os.PathLike)):
+        evaluator_kwargs.setdefault("device", device)
+    return score_sweep(
+        generation,
+        evaluator=evaluator,
+        protocol=protocol,
+        eval_batch_size=eval_batch_size,
+        max_length=max_length,
+        num_resamples=num_resamples,
+        output_dir=output_dir,
+        progress=progress,
+        reuse_scores=reuse_scores,
+        score_parts_dir=score_parts_dir,
+        **evaluator_kwargs,
+    )

@@ -1,0 +1,275 @@
+"""Sampling for evaluation: seeding, schedulers by sampler spec, and the resampling unit of the samples.
+
+Shared by `untied-sc benchmark` and `untied-sc tune`: batch b of seed s is drawn from
+`torch.Generator().manual_seed(batch_seed(s, b))` for every sampler and NFE, so sample i of two samplers shares its
+initial latent and random stream (a matched pair). The benchmark draws in the benchmark seed space and the tuning
+bank in the tuning space (`untied_sc.seeds`): no tuning seed can draw a benchmark batch.
+
+The resampling unit ([`resampling_unit`]) is the unit of randomness that samples share, which the bootstrap must
+resample whole: ELF draws one random time grid per pipeline call, so the samples of one batch are correlated through
+their grid and the unit is the batch; LangFlow's grid is fixed, so its unit is the sample.
+"""
+
+import inspect
+import time
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+from ..distributed import (
+    gather_in_order,
+    main_process_progress,
+    process_rank,
+    shard_batches,
+    slowest_process_seconds,
+)
+from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
+from ..seeds import LEGACY_SPACE, generator_seed
+from .samples import Sample
+
+
+# Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
+CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
+# A spec key holding config overrides by NFE (`{"8": {"momentum_beta": 0.8}}`): knobs tuned per NFE.
+KNOBS_KEY = "knobs_by_steps"
+
+RESAMPLING_UNITS = {
+    "elf": ("batch", "ELF draws one time grid per batch, shared by the batch's samples"),
+    "langflow": ("sample", "LangFlow's time grid is fixed; samples share no random draw"),
+}
+
+
+def resampling_unit(family: str) -> str:
+    """`"batch"` (ELF) or `"sample"` (LangFlow): the unit the bootstrap resamples (see the module docstring)."""
+    if family not in RESAMPLING_UNITS:
+        raise ValueError(f"Unknown family {family!r}; expected one of {sorted(RESAMPLING_UNITS)}.")
+    return RESAMPLING_UNITS[family][0]
+
+
+def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[int]:
+    """The cluster label of samples 0..num_samples-1 of one seed: the batch index (ELF) or the sample index."""
+    if resampling_unit(family) == "batch":
+        return [i // batch_size for i in range(num_samples)]
+    return list(range(num_samples))
+
+
+# The fewest independent clusters (ELF time grids) a cell of the benchmark should pool: with fewer, intervals rest on
+# a handful of grids ([`warn_few_clusters`]; the report's headline then uses the t-interval, `statistics.py`).
+MIN_INDEPENDENT_CLUSTERS = 48
+
+
+def independent_clusters(family: str, num_seeds: int, num_samples: int, batch_size: int) -> int:
+    """The independent clusters a (sampler, NFE) cell pools: every seed's batches (ELF: one time grid each) or its
+    samples (LangFlow)."""
+    return num_seeds * len(set(resampling_clusters(family, num_samples, batch_size)))
+
+
+def warn_few_clusters(family: str, num_seeds: int, num_samples: int, batch_size: int) -> None:
+    """Warns when a cell pools fewer than [`MIN_INDEPENDENT_CLUSTERS`] independent clusters, naming the batch size
+    (part of the seeding: an explicit choice) or the sample count that reaches it."""
+    count = independent_clusters(family, num_seeds, num_samples, batch_size)
+    if count >= MIN_INDEPENDENT_CLUSTERS:
+        return
+    per_seed = -(-MIN_INDEPENDENT_CLUSTERS // num_seeds)  # grids each seed needs
+    smaller = num_samples // per_seed
+    remedy = (
+        f"pass --batch-size {smaller} ({num_seeds} seeds × {-(-num_samples // smaller)} grids; the batch size is part "
+        "of the seeding, so the samples change)"
+        if smaller >= 1
+        else f"use more seeds or at least {per_seed} samples per seed"
+    )
+    what = "independent time grids" if resampling_unit(family) == "batch" else "independent samples"
+    warnings.warn(
+        f"Each (sampler, NFE) cell pools {count} {what} ({num_seeds} seed{'s' * (num_seeds != 1)} × {num_samples} "
+        f"samples, batch size {batch_size}), fewer than {MIN_INDEPENDENT_CLUSTERS}: its intervals rest on few "
+        f"clusters (the report's headline uses the t-interval). For {MIN_INDEPENDENT_CLUSTERS}, {remedy}.",
+        stacklevel=2,
+    )
+
+
+def tokenizer_description(tokenizer) -> str:
+    """A tokenizer named for reports: its kind and vocabulary size, e.g. "BPE, 8,192 ids"."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    kind = type(backend.model).__name__ if backend is not None else type(tokenizer).__name__
+    return f"{kind}, {len(tokenizer):,} ids"
+
+
+def batch_seed(seed: int, batch_index: int, space: str = "benchmark") -> int:
+    """Generator seed of batch `batch_index` of seed `seed` in a seed space (`untied_sc.seeds`; the benchmark's by
+    default: `1_000_003·seed + batch_index`, the same for every sampler and NFE, so pairs match)."""
+    return generator_seed(space, seed, batch_index)
+
+
+def tuning_seeds(pipe) -> set[int]:
+    """
+    The benchmark seeds whose batches tuned `pipe`'s coefficients (evaluating on them would leak): records of the
+    scheduler config's `tuning_by_steps`, and an old-layout folder's record inside its sampler statistics, that were
+    written before tuning had its own seed space (a record without `seed_space`). Newer tuning banks lie in the
+    `tuning` space, which no benchmark seed reaches.
+    """
+    records = list((pipe.scheduler.config.get("tuning_by_steps") or {}).values())
+    statistics = getattr(pipe, "sampler_statistics", None)
+    if statistics is not None:
+        records += list((statistics.config.get("tuning") or {}).values())
+    return {int(r["seed"]) for r in records if r.get("seed_space", LEGACY_SPACE) == "benchmark"}
+
+
+def family_of(pipe) -> str:
+    """`"elf"` or `"langflow"`: which solver family a pipeline samples with (its `family`)."""
+    family = getattr(pipe, "family", None)
+    if family not in RESAMPLING_UNITS:
+        raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+    return family
+
+
+def diversity_knob(family: str) -> str:
+    """
+    The pipeline-call argument that moves a family's entropy: `"temperature"` (LangFlow: of x̂'s softmax),
+    `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
+    bundled ELF, which hardly uses self-conditioning).
+    """
+    return "decode_temperature" if family == "elf" else "temperature"
+
+
+def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
+    """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
+
+    `spec["scheduler"]` is `"official"` (the family's official scheduler), `"untied"`
+    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides) or a
+    comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the family's class from
+    [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`, with the spec's
+    other keys, e.g. `momentum_beta`, as overrides).
+    A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
+    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1]. A key `knobs_by_steps` (`{"8":
+    {"momentum_beta": 0.8}, ...}`, the benchmark's tuned knobs) adds the overrides of `num_inference_steps`.
+    """
+    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler", KNOBS_KEY)}
+    if KNOBS_KEY in spec:
+        overrides.update(knobs_at(spec, num_inference_steps))
+    scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
+    config = dict(pipe.scheduler.config if config is None else config)
+    if spec["scheduler"] == "official" or spec["scheduler"] in COMPARISON_METHODS:
+        if scales:
+            raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
+        if spec["scheduler"] == "official":
+            cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+        else:
+            cls = comparison_scheduler_class(spec["scheduler"], family_of(pipe))
+        accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
+        unknown = sorted(set(overrides) - set(accepted))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no config keys {unknown} (sampler spec {dict(spec)}).")
+        return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
+    if spec["scheduler"] != "untied":
+        raise ValueError(
+            f"A sampler's 'scheduler' must be 'official', 'untied' or one of {COMPARISON_METHODS}, got "
+            f"{spec['scheduler']!r}."
+        )
+    scheduler = UntiedSelfConditioningScheduler.from_config(config, **overrides)
+    if not scales:
+        return scheduler
+    if num_inference_steps is None:
+        raise ValueError("Coefficient scales need the number of inference steps to resolve the base coefficients.")
+    base = scheduler.resolve_coefficients(num_inference_steps, pipe.sampler_statistics)
+    scaled = {name: base[name] * factor for name, factor in scales.items()}
+    if "alpha" in scaled:
+        scaled["alpha"] = min(scaled["alpha"], 1.0)
+    return UntiedSelfConditioningScheduler.from_config(config, **{**overrides, **scaled})
+
+
+def knobs_at(spec: Mapping, num_inference_steps: int | None) -> dict:
+    """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps` (an error where it has none)."""
+    by_steps = spec[KNOBS_KEY]
+    if num_inference_steps is None or str(num_inference_steps) not in by_steps:
+        raise ValueError(
+            f"The sampler spec has knobs for NFE {sorted(by_steps, key=int)} only, not {num_inference_steps}: tune "
+            "its knobs at that NFE (`untied-sc benchmark --experiment baselines` tunes every --nfe)."
+        )
+    return dict(by_steps[str(num_inference_steps)])
+
+
+def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:
+    """The generator's ids of each sample: LangFlow every position; ELF up to the EOS cut (trailing pads removed)."""
+    rows = sequences.cpu().tolist()
+    if family != "elf" or pad_token_id is None:
+        return rows
+    trimmed = []
+    for row in rows:
+        end = len(row)
+        while end > 0 and row[end - 1] == pad_token_id:
+            end -= 1
+        trimmed.append(row[:end])
+    return trimmed
+
+
+def run_samples(
+    texts: list[str],
+    ids: list[list[int]],
+    seed: int,
+    batch_size: int,
+    sampler: str,
+    nfe: int,
+    record_batch_seed: bool = False,
+    **extra,
+) -> list:
+    """The [`Sample`]s of one [`generate`] run: sample i lies in batch i // batch_size; `extra` holds its `index`,
+    with `record_batch_seed` its batch's [`batch_seed`], then the given `extra` keys (e.g. a diversity knob's value)."""
+    return [
+        Sample(
+            text=text,
+            ids=row,
+            seed=seed,
+            batch=i // batch_size,
+            sampler=sampler,
+            nfe=nfe,
+            extra={
+                "index": i,
+                **({"batch_seed": batch_seed(seed, i // batch_size)} if record_batch_seed else {}),
+                **extra,
+            },
+        )
+        for i, (text, row) in enumerate(zip(texts, ids, strict=True))
+    ]
+
+
+def generate(
+    pipe,
+    num_inference_steps: int,
+    seed: int,
+    num_samples: int,
+    batch_size: int,
+    state=None,
+    progress: bool = False,
+    seed_space: str = "benchmark",
+    **call_kwargs,
+):
+    """Generates `num_samples` samples in batches seeded by [`batch_seed`] in `seed_space` (`untied-sc tune` draws
+    its bank in the `tuning` space); returns (texts, generator ids, seconds).
+
+    With a `state` ([`untied_sc.distributed.process_state`]) of several processes, this process samples only its
+    shard of the batches ([`shard_batches`]) and every process returns all the samples, in batch order: the same
+    samples as one process, since batch b is drawn from `batch_seed(seed, b)` whatever process draws it. `seconds` is
+    the sampling time of the slowest process (the sum of its batches' times; with one process, of all batches).
+    `progress` shows a bar over this process's batches on the main process.
+    """
+    family = family_of(pipe)
+    pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else pipe.tokenizer.eos_token_id
+    num_batches = -(-num_samples // batch_size)
+    mine = {}
+    for batch_index in main_process_progress(shard_batches(num_batches, state), state, progress, desc="batches"):
+        start = batch_index * batch_size
+        size = min(batch_size, num_samples - start)
+        generator = torch.Generator().manual_seed(batch_seed(seed, batch_index, seed_space))
+        began = time.perf_counter()
+        output = pipe(batch_size=size, num_inference_steps=num_inference_steps, generator=generator, **call_kwargs)
+        if output.sequences is not None and output.sequences.is_cuda:
+            torch.cuda.synchronize(output.sequences.device)
+        seconds = time.perf_counter() - began
+        mine[batch_index] = (output.texts, generator_ids(output.sequences, family, pad), seconds)
+    batches = gather_in_order(mine, state)
+    texts = [text for batch_texts, _, _ in batches for text in batch_texts]
+    ids = [row for _, batch_ids, _ in batches for row in batch_ids]
+    seconds = slowest_process_seconds([batch_seconds for _, _, batch_seconds in batches], process_rank(state)[1])
+    return texts, ids, seconds

@@ -1,0 +1,184 @@
+"""FlowMapPipeline: unconditional sampling from the self-conditioned flow-map family (FMLM*, ELF*, the ELF teacher)."""
+
+import os
+from pathlib import Path
+
+import torch
+from diffusers import DiffusionPipeline
+
+from ..models.flowmap_transformer import FlowMapTransformerModel, read_official_flowmap
+from ..schedulers.noise import global_generator
+from ..schedulers.scheduling_elf import ELFScheduler
+from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
+from .conversion import save_atomically
+from .pipeline_utils import LanguageFlowPipelineOutput
+
+
+# The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),
+# ELF* 3.0 (`owt_ELF_star.yml`), the ELF teacher 3 (`owt_ELF_b.yml`).
+DEFAULT_SC_CFG_SCALE = {"fmlm-star": 5.0, "elf-star": 3.0, "elf": 3.0}
+# The default step counts, the largest the official sampling configs run: FMLM* 1 / 2 / 4 (`owt_FMLM_star.yml`),
+# ELF* 8 / 16 / 32 (`owt_ELF_star.yml`), the teacher 32 / 64 (`owt_ELF_b.yml`; 32 as the README's evaluation).
+DEFAULT_STEPS = {"fmlm-star": 4, "elf-star": 32, "elf": 32}
+# The teacher's SDE churn: 32 steps → 1.5, 64 → 1.0 (`owt_ELF_b.yml`); other counts as `ELFScheduler` interpolates.
+TEACHER_SDE_GAMMA = {"32": 1.5, "64": 1.0}
+OUTPUT_TYPES = ("text", "seq", "latent")
+
+
+class FlowMapPipeline(DiffusionPipeline):
+    r"""
+    Samples token sequences from an FMLM*, ELF* or ELF-teacher network with one of the official samplers: the
+    scheduler says which ([`FlowMapLMScheduler`]: ctm or flow_map, for FMLM*; [`CDEQScheduler`]: cdeq, for ELF*;
+    [`ELFScheduler`]: the teacher's self-conditioned SDE, its grid drawn from the generator first). The final latent
+    is decoded by the network's own decoder head at t = s = 1 with a zero self-conditioning input (official
+    `dlm_decode_batch`), argmax per position.
+
+    Randomness as the official evaluation (`eval_lightning.py` lines 238-264), one generator for everything: the
+    random grid (cdeq, the teacher), then z_0 = noise_scale·randn(B, L, D), then the sampler's draws in step order.
+
+    Args:
+        transformer ([`FlowMapTransformerModel`]): the network.
+        scheduler ([`FlowMapLMScheduler`], [`CDEQScheduler`] or [`ELFScheduler`]): the sampler.
+        tokenizer (*optional*): the GPT-2 tokenizer, for `output_type="text"`.
+        sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (5.0 for FMLM*, 3.0 for ELF* and the teacher).
+    """
+
+    model_cpu_offload_seq = "transformer"
+    _optional_components = ["tokenizer"]
+
+    def __init__(self, transformer, scheduler, tokenizer=None, sc_cfg_scale: float | None = None):
+        super().__init__()
+        if not isinstance(transformer, FlowMapTransformerModel):
+            raise TypeError(f"transformer must be a FlowMapTransformerModel, got {type(transformer).__name__}.")
+        if not isinstance(scheduler, FlowMapLMScheduler | CDEQScheduler | ELFScheduler):
+            raise TypeError(
+                "scheduler must be a FlowMapLMScheduler (FMLM*), CDEQScheduler (ELF*) or ELFScheduler (the ELF "
+                f"teacher), got {type(scheduler).__name__}."
+            )
+        self.register_modules(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)
+        self.register_to_config(sc_cfg_scale=sc_cfg_scale)
+
+    @property
+    def variant(self) -> str:
+        if isinstance(self.scheduler, ELFScheduler):
+            return "elf"
+        return "elf-star" if isinstance(self.scheduler, CDEQScheduler) else "fmlm-star"
+
+    def _network(self, sample, target, source, self_conditioning, scale, phase=None):
+        return self.transformer(
+            sample,
+            target,
+            source_timestep=source,
+            self_conditioning=self_conditioning,
+            sc_cfg_scale=scale,
+            phase=phase,
+        ).sample
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        batch_size: int = 1,
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
+        sc_cfg_scale: float | None = None,
+        output_type: str = "text",
+        return_dict: bool = True,
+    ) -> LanguageFlowPipelineOutput | tuple:
+        r"""
+        Args:
+            batch_size (`int`, defaults to 1): number of sequences.
+            num_inference_steps (`int`, *optional*): network calls (FMLM* default 4, ELF* 32).
+            generator (`torch.Generator`, *optional*): all randomness; `None`: torch's global generator.
+            sc_cfg_scale (`float`, *optional*): w; default the pipeline's, else the official config's.
+            output_type (`str`, defaults to `"text"`): `"text"` (needs the tokenizer), `"seq"` or `"latent"`.
+            return_dict (`bool`, defaults to `True`): return a [`LanguageFlowPipelineOutput`] or a tuple.
+        """
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+        if output_type == "text" and self.tokenizer is None:
+            raise ValueError("output_type='text' needs a tokenizer; load one, or ask for output_type='seq'.")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        steps = num_inference_steps if num_inference_steps is not None else DEFAULT_STEPS[self.variant]
+        scale = sc_cfg_scale if sc_cfg_scale is not None else self.config.sc_cfg_scale
+        scale = float(scale if scale is not None else DEFAULT_SC_CFG_SCALE[self.variant])
+        device = self._execution_device
+        config = self.transformer.config
+        scheduler = self.scheduler
+        if generator is None:
+            generator = global_generator(device)
+        if isinstance(scheduler, CDEQScheduler):
+            scheduler.set_timesteps(steps, device=device, generator=generator)  # the grid is drawn first
+        elif isinstance(scheduler, ELFScheduler):  # the official run draws the grid from the same generator first
+            scheduler.set_timesteps(steps, device=device, generator=generator, grid_generator=generator)
+        else:
+            scheduler.set_timesteps(steps, device=device)
+        shape = (batch_size, config.max_length, config.latent_dim)
+        latents = torch.randn(shape, generator=generator, device=generator.device).to(device)
+        latents = latents * scheduler.config.noise_scale
+        for k, t in enumerate(self.progress_bar(scheduler.timesteps)):
+            latents = self.denoise_step(latents, k, float(t), scale, generator)
+        return self.decode(latents, scale, output_type, return_dict)
+
+    def denoise_step(self, latents, k, t, scale, generator):
+        """One official step: the network call(s) the scheduler asks for, then its `step`."""
+        scheduler = self.scheduler
+        if isinstance(scheduler, ELFScheduler):  # the teacher: m_k = x̂_{k−1} (zeros at k = 0), one call per step
+            model_input = scheduler.scale_model_input(latents, t)
+            prediction = self._network(model_input, t, t, scheduler.self_conditioning, scale)
+            return scheduler.step(prediction, t, latents).prev_sample
+        if isinstance(scheduler, CDEQScheduler):
+            model_input = scheduler.scale_model_input(latents)
+            t_b = scheduler.model_timestep()
+            prediction = self._network(model_input, t_b, t_b, None, scale, phase=scheduler.config.phase)
+            return scheduler.step(prediction, t, latents).prev_sample
+        if scheduler.needs_prepass:
+            scheduler.set_prepass(self._network(latents, t, t, None, scale))
+        target = scheduler.prediction_timesteps[k]
+        prediction = self._network(latents, target, t, scheduler.self_conditioning_input(latents), scale)
+        return scheduler.step(prediction, t, latents, generator=generator).prev_sample
+
+    def decode(self, latents, scale, output_type="seq", return_dict=True):
+        """The official decode: argmax of the decoder head at t = s = 1, zero self-conditioning input."""
+        if output_type == "latent":
+            output = LanguageFlowPipelineOutput(latents=latents)
+            return output if return_dict else (None, None, latents)
+        logits = self.transformer(
+            latents, 1.0, source_timestep=1.0, sc_cfg_scale=scale, decoder_step_active=True
+        ).logits
+        ids = torch.argmax(logits, dim=-1)
+        texts = None
+        if output_type == "text":
+            texts = [self.tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in ids.cpu()]
+        if not return_dict:
+            return (texts, ids, latents)
+        return LanguageFlowPipelineOutput(texts=texts, sequences=ids, latents=latents)
+
+
+def convert_flowmap_pipeline(
+    source: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    variant: str,
+    overwrite: bool = False,
+    tokenizer=None,
+    **load_kwargs,
+) -> FlowMapPipeline:
+    """
+    An official FMLM*/ELF*/teacher checkpoint ([`read_official_flowmap`]) → a pipeline folder that
+    `FlowMapPipeline.from_pretrained` loads: the network, the official sampler of the variant (FMLM*: ctm in the
+    checkpoint's self-conditioning regime; ELF*: cdeq; the teacher: ELF's SDE) at the official settings, the official SC-CFG scale, and `tokenizer` if given. Written whole or not at all
+    ([`save_atomically`]); a non-empty `output_dir` is replaced only with `overwrite=True`.
+    """
+    output = Path(output_dir).expanduser()
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        raise FileExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it.")
+    model, settings = read_official_flowmap(source, variant, **load_kwargs)
+    if variant == "fmlm-star":
+        scheduler = FlowMapLMScheduler(self_conditioning=settings.self_conditioning)
+    elif variant == "elf-star":
+        scheduler = CDEQScheduler()
+    else:
+        scheduler = ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
+    pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
+    save_atomically(pipe, output, overwrite)
+    return pipe
