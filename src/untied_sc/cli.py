@@ -16,6 +16,7 @@ from .defaults import (
     BASE_SCALE_STEPS,
     DTYPE_NAMES,
 )
+from .families import family_names
 from .generation.command import register_generate_command
 from .input_checks import (
     check_local_pipeline_folder,
@@ -381,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Convert an official ELF or LangFlow checkpoint into a complete pipeline folder (network, tokenizer, "
         "official sampler settings, model card).",
     )
-    convert.add_argument("family", choices=["elf", "langflow"], help="Model family of the checkpoint.")
+    convert.add_argument("family", choices=family_names(), help="Model family of the checkpoint.")
     convert.add_argument("source", help="Local file/folder or Hub repo id of the official checkpoint.")
     convert.add_argument(
         "output",

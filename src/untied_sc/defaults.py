@@ -1,8 +1,12 @@
-"""Defaults shared by the library and the `untied-sc` command line, in a module that imports nothing.
+"""Defaults shared by the library and the `untied-sc` command line, in a module that imports only the family registry
+(which imports nothing).
 
 The argument parsers read their defaults from here, so that `untied-sc --help` does not import torch, diffusers or
 transformers; the modules that use these values import them from here too (one source for each default).
 """
+
+from .families import families
+
 
 # Default calibration seed (`untied-sc calibrate --seed`). Calibration, tuning, ACE and the benchmark draw in seed
 # spaces of their own (`untied_sc.seeds`), so no combination of their seeds shares a batch.
@@ -31,7 +35,8 @@ EXPERIMENTS = ("main", "placement", "components", "sensitivity", "directions", "
 JUDGE_NUM_RESAMPLES = 10_000
 # The untied sampler's coefficients, in the order of the paper's tables (`coefficients_by_steps` entries).
 COEFFICIENT_NAMES = ("eta_r", "eta_t", "eta_o", "alpha")
-# GenPPL protocols (`untied-sc evaluate --protocol`, `benchmark --protocol`), one per model family.
+# GenPPL protocols (`untied-sc evaluate --protocol`, `benchmark --protocol`): the official evaluations of ELF and
+# LangFlow (`evaluation/metrics.py`); each family scores with one of them (`Family.protocol`).
 PROTOCOLS = ("elf", "langflow")
 # Evaluator dtypes by name (`--dtype`).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -40,8 +45,7 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 EVALUATOR_DTYPE_NAMES = ("auto", *DTYPE_NAMES)
 # The tuning rule shared by every sampler (`calibration/search.py`): scored candidates per NFE, how far (nats) beyond
 # the official curve's measured entropies a candidate is still read off its end tangent, and the official curve's knob
-# values on the bank per family (the default value first): LangFlow's temperature moves entropy both ways; ELF's
-# decode temperature only raises it from the argmax.
+# values on the bank per family (the default value first; `Family.curve_values`).
 TUNE_BUDGET = 20
 EXTRAPOLATE = 0.02
-CURVE_VALUES = {"langflow": (1.0, 0.8, 0.9, 1.1, 1.2), "elf": (0.0, 0.25, 0.5, 0.75, 1.0)}
+CURVE_VALUES = {family.name: family.curve_values for family in families()}

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from untied_sc.calibration import DEFAULT_PRESET
+from untied_sc.families import get_family
 from untied_sc.generation import Sample
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler
@@ -41,7 +41,7 @@ def sample_both(pipe, steps: int, batch_size: int, seed: int, progress=None) -> 
     """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed.
     `progress` (a tqdm bar, optional) is told each sampler's name as it starts."""
     official_scheduler = pipe.scheduler
-    preset = DEFAULT_PRESET[pipe.family]
+    preset = get_family(pipe.family).default_preset
     overrides = {"official": None, "untied": {}, f"untied ({preset} preset)": {"coefficients": preset}}
     results = {}
     try:
@@ -77,7 +77,7 @@ def results_candidates(artifacts: Path) -> list[Path]:
     places = [
         Path(artifacts).resolve().parent / RESULTS,
         Path.cwd() / RESULTS,
-        Path(__file__).resolve().parents[2] / RESULTS,
+        Path(__file__).resolve().parents[3] / RESULTS,
     ]
     return list(dict.fromkeys(places))
 
@@ -202,7 +202,7 @@ def _run(args: argparse.Namespace) -> int:
     for folder in folders:
         pipe = load_pipeline(folder)
         pipe.set_progress_bar_config(disable=True)  # one bar per model below, not one per sampling loop
-        protocol = "elf" if type(pipe).__name__ == "ELFPipeline" else "langflow"
+        protocol = get_family(pipe.family).protocol
         print(f"\n=== {folder.name} ({type(pipe).__name__}), {args.steps} steps, seed {args.seed} ===")
         reference = reference_scores(folder, results) if results is not None else None
         if reference is not None:

@@ -2,7 +2,6 @@
 
 from .base_scales import base_scales_from_gram, elf_response_gram
 from .calibrate import (
-    DEFAULT_PRESET,
     CalibrationResult,
     apply_calibration,
     calibrate_pipeline,

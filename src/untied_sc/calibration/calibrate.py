@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS
+from ..families import get_family
 from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
@@ -20,11 +21,6 @@ from .overlap import overlap_basis_from_model
 from .prompts import PromptBank
 from .reduction import is_main_process, process_share, sum_across_processes
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
-
-
-# Coefficients written with the statistics when none are given: the paper's closest system ([choice]; `untied-sc
-# tune` replaces them with values searched for the model).
-DEFAULT_PRESET = {"elf": "elf-b", "langflow": "langflow-lm1b"}
 
 
 @dataclass
@@ -217,7 +213,8 @@ def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str
         for n in steps:
             check_coefficients(coefficients[n], where=f" at {n} steps")
         return {n: dict(coefficients[n]) for n in steps}
-    name = coefficients or DEFAULT_PRESET[solver]
+    # The paper's closest system ([choice]; `untied-sc tune` replaces it with values searched for the model).
+    name = coefficients or get_family(solver).default_preset
     check_preset(name, solver)
     return {n: preset_entry(name, n)[1] for n in steps}
 

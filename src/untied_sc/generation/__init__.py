@@ -15,7 +15,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "CALL_KEYS",
             "KNOBS_KEY",
             "MIN_INDEPENDENT_CLUSTERS",
-            "RESAMPLING_UNITS",
             "batch_seed",
             "build_scheduler",
             "diversity_knob",

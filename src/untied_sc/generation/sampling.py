@@ -24,7 +24,8 @@ from ..distributed import (
     shard_batches,
     slowest_process_seconds,
 )
-from ..schedulers import ELFScheduler, LangFlowScheduler, UntiedSelfConditioningScheduler
+from ..families import family_names, get_family
+from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 from ..seeds import LEGACY_SPACE, generator_seed
 from .samples import Sample
@@ -35,17 +36,10 @@ CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
 # A spec key holding config overrides by NFE (`{"8": {"momentum_beta": 0.8}}`): knobs tuned per NFE.
 KNOBS_KEY = "knobs_by_steps"
 
-RESAMPLING_UNITS = {
-    "elf": ("batch", "ELF draws one time grid per batch, shared by the batch's samples"),
-    "langflow": ("sample", "LangFlow's time grid is fixed; samples share no random draw"),
-}
-
 
 def resampling_unit(family: str) -> str:
     """`"batch"` (ELF) or `"sample"` (LangFlow): the unit the bootstrap resamples (see the module docstring)."""
-    if family not in RESAMPLING_UNITS:
-        raise ValueError(f"Unknown family {family!r}; expected one of {sorted(RESAMPLING_UNITS)}.")
-    return RESAMPLING_UNITS[family][0]
+    return get_family(family).resampling_unit
 
 
 def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[int]:
@@ -119,8 +113,9 @@ def tuning_seeds(pipe) -> set[int]:
 def family_of(pipe) -> str:
     """`"elf"` or `"langflow"`: which solver family a pipeline samples with (its `family`)."""
     family = getattr(pipe, "family", None)
-    if family not in RESAMPLING_UNITS:
-        raise ValueError(f"Expected an ELFPipeline or LangFlowPipeline, got {type(pipe).__name__}.")
+    if family not in family_names():
+        pipelines = " or ".join(get_family(name).pipeline.name for name in family_names())
+        raise ValueError(f"Expected an {pipelines}, got {type(pipe).__name__}.")
     return family
 
 
@@ -130,7 +125,7 @@ def diversity_knob(family: str) -> str:
     `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
     bundled ELF, which hardly uses self-conditioning).
     """
-    return "decode_temperature" if family == "elf" else "temperature"
+    return get_family(family).diversity_knob
 
 
 def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
@@ -154,7 +149,7 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
         if scales:
             raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
         if spec["scheduler"] == "official":
-            cls = ELFScheduler if family_of(pipe) == "elf" else LangFlowScheduler
+            cls = get_family(family_of(pipe)).official_scheduler.load()
         else:
             cls = comparison_scheduler_class(spec["scheduler"], family_of(pipe))
         accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from ..families import get_family
 from .official_checkpoints import (
     ELF_PYTORCH,
     ELF_TEXT_ENCODER,
@@ -141,7 +142,7 @@ def refuse_conditional(checkpoint: OfficialCheckpoint | None, family: str) -> No
 
 
 def _pipeline(family: str) -> str:
-    return "ELFPipeline" if family == "elf" else "LangFlowPipeline"
+    return get_family(family).pipeline.name
 
 
 def _conditional_message(what: str, task: str) -> str:

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..families import family_names, get_family
+
 
 def _count_blocks(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
     indices = {int(m.group(1)) for key in state_dict if (m := re.match(re.escape(prefix) + r"(\d+)\.", key))}
@@ -62,14 +64,9 @@ def langflow_config_from_state_dict(state_dict: dict[str, torch.Tensor], source:
     }
 
 
-# What the weights say about each config field (the config's value must be the same), per model family.
-CONFIG_FROM_WEIGHTS = {
-    "elf": lambda weights, source: {
-        key: value for key, value in elf_config_from_state_dict(weights, 0, source).items() if key != "max_length"
-    },
-    "langflow": langflow_config_from_state_dict,
-}
-BLOCK_PREFIXES = {"elf": "blocks.", "langflow": "backbone.blocks."}
+def elf_config_from_weights(weights: dict, source: str) -> dict:
+    """What ELF weights say about the config (`max_length` aside: the weights do not fix it)."""
+    return {key: value for key, value in elf_config_from_state_dict(weights, 0, source).items() if key != "max_length"}
 
 
 def saved_weight_files(folder: Path, variant: str | None = None) -> list[Path]:
@@ -106,13 +103,16 @@ def check_saved_model(model_cls, folder: str | os.PathLike, variant: str | None 
     with torch.device("meta"):  # the model the config builds, without memory or initialisation cost
         model = model_cls.from_config(config)
     tensors = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
+    if model_cls.family not in family_names():
+        return  # a network outside the registry (the flow maps) has no sizes to read here: diffusers checks
+    family = get_family(model_cls.family)
     try:
-        saved = CONFIG_FROM_WEIGHTS[model_cls.family](tensors, str(weights))
+        saved = family.config_from_weights.load()(tensors, str(weights))
     except (KeyError, ValueError):
         saved = {}  # a tensor the sizes are read from is missing: the comparison below lists it
     wrong = {key: value for key, value in saved.items() if model.config.get(key) != value}
     if wrong:
-        prefix = BLOCK_PREFIXES[model_cls.family]
+        prefix = family.block_prefix
         fields = "; ".join(
             f"{key} = {model.config.get(key)!r} in {config_path.name}, {value!r} in the weights"
             + (f" (they hold {prefix}0 … {prefix}{value - 1})" if key == "num_layers" and value else "")

@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 from .. import schedulers
+from ..families import family_names, family_of_pipeline_class, get_family
 from ..schedulers.coefficients import check_coefficients, coefficients_table
 from ..schedulers.config_checks import check_config_ranges
 from ..schedulers.sampler_statistics import SamplerStatistics
@@ -22,8 +23,6 @@ from .remote_code import saved_class_name
 CONVERSION_RECORD = "converted_from.json"
 CONFIG_FILES = {"scheduler": ("scheduler_config.json",), "tokenizer": ("tokenizer_config.json", "tokenizer.json")}
 MODEL_CONFIG_FILES = ("config.json",)
-PIPELINE_FAMILIES = {"ELFPipeline": "elf", "LangFlowPipeline": "langflow"}
-FAMILY_PIPELINES = {family: name for name, family in PIPELINE_FAMILIES.items()}
 
 
 def safetensors_tensor_names(path: Path) -> list[str]:
@@ -154,20 +153,8 @@ def check_scheduler_config(path: Path) -> None:
         raise ValueError(f"{path}: {error} Fix the entry (or run `untied-sc tune` again).") from None
 
 
-# The `model_index.json` entry of each component, as `save_pretrained` writes it.
+# The `model_index.json` entry of each component the families share, as `save_pretrained` writes it.
 COMPONENT_ENTRIES = {
-    "transformer": {
-        "elf": ["untied_sc.models.elf_transformer", "ELFTransformerModel"],
-        "langflow": ["untied_sc.models.langflow_transformer", "LangFlowTransformerModel"],
-    },
-    "scheduler": {
-        "elf": ["untied_sc.schedulers.scheduling_elf", "ELFScheduler"],
-        "langflow": ["untied_sc.schedulers.scheduling_langflow", "LangFlowScheduler"],
-    },
-    "tokenizer": {
-        "elf": ["transformers", "PreTrainedTokenizerFast"],
-        "langflow": ["transformers", "PreTrainedTokenizerFast"],
-    },
     "sampler_statistics": ["untied_sc.schedulers.sampler_statistics", "SamplerStatistics"],
     "ace_statistics": ["untied_sc.calibration.ace", "ACEStatistics"],
 }
@@ -175,9 +162,13 @@ COMPONENT_ENTRIES = {
 
 def _index_entry(name: str, family: str | None) -> str:
     """The `"name": [module, class]` line to add to `model_index.json` for component `name`."""
-    entry = COMPONENT_ENTRIES.get(name)
-    if isinstance(entry, dict):
-        entry = entry.get(family or "elf")
+    record = get_family(family or family_names()[0])
+    family_entries = {
+        "transformer": record.network,
+        "scheduler": record.official_scheduler,
+        "tokenizer": record.tokenizer,
+    }
+    entry = family_entries[name].index_entry() if name in family_entries else COMPONENT_ENTRIES.get(name)
     return f'"{name}": {json.dumps(entry)}' if entry else f'"{name}": [MODULE, CLASS]'
 
 
@@ -188,7 +179,8 @@ def check_index_lists_components(folder: Path, index: dict, pipeline_class: type
     calibration the folder already has.
     """
     index_path = folder / "model_index.json"
-    family = PIPELINE_FAMILIES.get(saved_class_name(index)) or getattr(pipeline_class, "family", None)
+    saved = family_of_pipeline_class(saved_class_name(index))
+    family = saved.name if saved is not None else getattr(pipeline_class, "family", None)
     parameters = inspect.signature(pipeline_class.__init__).parameters.values()
     required = [p.name for p in parameters if p.name != "self" and p.default is inspect.Parameter.empty]
     optional = getattr(pipeline_class, "_optional_components", [])
@@ -226,7 +218,7 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
     index = read_json(index_path)
     saved_class = saved_class_name(index)
     family = getattr(pipeline_class, "family", None)
-    saved_family = PIPELINE_FAMILIES.get(saved_class)
+    saved_family = getattr(family_of_pipeline_class(saved_class), "name", None)
     if family is not None and saved_family is not None and saved_family != family:
         raise ValueError(
             f"{folder} holds a {saved_class} ({saved_family!r} model), not a {pipeline_class.__name__}. Load it with "

@@ -12,15 +12,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..families import family_names, get_family
 from ..hub import HUB_KWARGS
 from ..models.official_settings import UnconditionalCheckpointError
 from .official_text2text import CONDITIONAL_OPTIONS, is_conditional_elf
-from .pipeline_elf import ELFPipeline
 from .pipeline_elf_text2text import ELFText2TextPipeline
-from .pipeline_langflow import LangFlowPipeline
-
-
-PIPELINES = {"elf": ELFPipeline, "langflow": LangFlowPipeline}
 
 
 def _refuse_non_empty(output: Path, overwrite: bool) -> None:
@@ -59,22 +55,23 @@ def convert_official(
     Builds the pipeline of an official checkpoint (`ELFPipeline.from_official` / `LangFlowPipeline.from_official`
     with `kwargs`) and saves it to `output` whole ([`save_atomically`]). Returns the pipeline.
     """
-    if family not in PIPELINES:
-        raise ValueError(f"family must be one of {sorted(PIPELINES)}, got {family!r}.")
+    if family not in family_names():
+        raise ValueError(f"family must be one of {sorted(family_names())}, got {family!r}.")
     _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
-    pipeline_class = PIPELINES[family]
+    pipeline_class = get_family(family).pipeline.load()
     if family == "elf":
-        pipeline_class, kwargs = conversion_pipeline_class(source, kwargs)
+        pipeline_class, kwargs = conversion_pipeline_class(pipeline_class, source, kwargs)
     pipe = pipeline_class.from_official(source, **kwargs)
     save_atomically(pipe, output, overwrite)
     return pipe
 
 
-def conversion_pipeline_class(source, kwargs: dict) -> tuple[type, dict]:
+def conversion_pipeline_class(unconditional: type, source, kwargs: dict) -> tuple[type, dict]:
     """
     The pipeline class `untied-sc convert elf` builds for `source` ([`ELFText2TextPipeline`] for a conditional
-    checkpoint, [`ELFPipeline`] otherwise), and the keyword arguments it takes: the conditional options left out
-    where none was given; given to an unconditional checkpoint, they are refused naming the flags.
+    checkpoint, `unconditional` (the family's, [`ELFPipeline`]) otherwise), and the keyword arguments it takes: the
+    conditional options left out where none was given; given to an unconditional checkpoint, they are refused
+    naming the flags.
     """
     given = {key: kwargs[key] for key in CONDITIONAL_OPTIONS if kwargs.get(key) is not None}
     rest = {key: value for key, value in kwargs.items() if key not in CONDITIONAL_OPTIONS}
@@ -87,4 +84,4 @@ def conversion_pipeline_class(source, kwargs: dict) -> tuple[type, dict]:
             f"{flags}: for a conditional checkpoint only, and {source} is unconditional (it takes no source text): "
             "leave them out."
         )
-    return ELFPipeline, rest
+    return unconditional, rest

@@ -5,15 +5,16 @@ import json
 import os
 from pathlib import Path
 
+from ..families import families
 from ..hub import HUB_KWARGS, resolve_local
 from ..input_checks import check_writes_stay_inside, pipeline_writes
-from .pipeline_elf import ELFPipeline
 from .pipeline_elf_text2text import ELFText2TextPipeline
-from .pipeline_langflow import LangFlowPipeline
 from .remote_code import saved_class_name, write_remote_code
 
 
-PIPELINES = {cls.__name__: cls for cls in (ELFPipeline, ELFText2TextPipeline, LangFlowPipeline)}
+# The families' pipelines, and the conditional one, which only callers that handle prompts load.
+PIPELINES = {family.pipeline.name: family.pipeline.load() for family in families()}
+PIPELINES[ELFText2TextPipeline.__name__] = ELFText2TextPipeline
 CONDITIONAL = {ELFText2TextPipeline.__name__}
 
 

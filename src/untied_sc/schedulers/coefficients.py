@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Mapping
 from importlib import resources
 
+from ..families import family_names, get_family
 from .config_checks import unusual_coefficient_message
 from .sampler_statistics import COEFFICIENT_NAMES
 
@@ -86,7 +87,8 @@ def check_coefficients(values: Mapping[str, float | None], where: str = "") -> N
         raise ValueError(f"alpha{where} must lie in (0, 1], got {values['alpha']}.")
 
 
-FAMILY_NAMES = {"elf": "ELF", "langflow": "LangFlow"}
+def _display_name(family: str) -> str:
+    return get_family(family).display_name if family in family_names() else family
 
 
 def preset_family(name: str) -> str:
@@ -109,11 +111,11 @@ def check_preset(name: str | None, family: str | None = None, where: str = "") -
     if name not in paper_coefficients():
         raise ValueError(f"Unknown coefficient preset {name!r}; choose one of {sorted(paper_coefficients())}.")
     if family is not None and preset_family(name) != family:
-        owner = FAMILY_NAMES.get(preset_family(name), preset_family(name))
+        owner = _display_name(preset_family(name))
         raise ValueError(
             f"Coefficient preset {name!r}{where} is the paper's {owner} preset, but this is a "
-            f"{FAMILY_NAMES.get(family, family)} sampler: another family's coefficients would run out of their "
-            f"setting. Choose one of the {FAMILY_NAMES.get(family, family)} presets: "
+            f"{_display_name(family)} sampler: another family's coefficients would run out of their "
+            f"setting. Choose one of the {_display_name(family)} presets: "
             f"{', '.join(family_presets(family))} (or leave coefficients out to use the tuned or calibrated ones)."
         )
 

@@ -11,15 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling_methods import ROUTINGS
 from .baseline_functions import elf_log_snr, langflow_log_snr
 from .comparison_names import ELF_COMPARISON_SCHEDULERS, LANGFLOW_COMPARISON_SCHEDULERS
 from .contract import OfficialBaseMixin
 from .outputs import LanguageFlowSchedulerOutput
 from .scheduling_elf import ELF_CONFIG_RANGES, ELFScheduler
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, LangFlowScheduler
-
-
-ROUTINGS = ("solver", "self_conditioning", "both")
 
 
 def route(routing: str, solver_input: torch.Tensor, self_conditioning: torch.Tensor, modify):

@@ -11,18 +11,19 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from ..defaults import CALIBRATION_SEED, COEFFICIENT_NAMES  # noqa: F401  (re-exported)
+from ..families import family_names, get_family
 
 
 # Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
 # `tuning` record) moved to the scheduler config (`coefficients_by_steps`, `tuning_by_steps`).
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-SOLVERS = ("elf", "langflow")
+SOLVERS = family_names()
 
 
 def num_update_steps(solver: str, num_inference_steps: int) -> int:
     """K_u: every ELF evaluation updates (the last is the ODE step); LangFlow's final evaluation does not."""
-    return num_inference_steps if solver == "elf" else num_inference_steps - 1
+    return get_family(solver).num_update_steps(num_inference_steps)
 
 
 def model_family(model: torch.nn.Module) -> str | None:
@@ -32,7 +33,7 @@ def model_family(model: torch.nn.Module) -> str | None:
 
 def latent_width(model: torch.nn.Module) -> int:
     """D, the width of the latent the sampler moves: ELF's `latent_dim`, LangFlow's `hidden_size`."""
-    return model.config.latent_dim if model_family(model) == "elf" else model.config.hidden_size
+    return model.config[get_family(model_family(model)).latent_width_key]
 
 
 def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from diffusers.configuration_utils import ConfigMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..families import family_names, get_family
 from .coefficients import paper_coefficients  # noqa: F401  (its former home; still imported from here)
 from .contract import init_keys
 from .scheduling_untied_elf import UntiedELFScheduler
@@ -23,9 +24,9 @@ UNTIED_SCHEDULERS = {cls.family: cls for cls in (UntiedELFScheduler, UntiedLangF
 
 def untied_scheduler_class(family: str) -> type:
     """The untied scheduler of `family` (`"elf"` or `"langflow"`)."""
-    if family not in UNTIED_SCHEDULERS:
-        raise ValueError(f"The solver family must be one of {sorted(UNTIED_SCHEDULERS)}, got {family!r}.")
-    return UNTIED_SCHEDULERS[family]
+    if family not in family_names():
+        raise ValueError(f"The solver family must be one of {sorted(family_names())}, got {family!r}.")
+    return get_family(family).untied_scheduler.load()
 
 
 def _class_family(class_name) -> str | None:

@@ -2,6 +2,7 @@
 
 import torch
 
+from ..sampling_methods import ROUTINGS
 from .coefficients import check_coefficients, check_preset, coefficients_table, resolve_coefficients
 from .config_checks import POSITIVE
 from .contract import OfficialBaseMixin
@@ -36,7 +37,7 @@ from .untied_step import (
 )
 
 
-CORRECTION_ROUTINGS = ("solver", "self_conditioning", "both")
+CORRECTION_ROUTINGS = ROUTINGS
 TRANSFORM_ASSIGNMENTS = ("overlap", "reversed", "random")
 COSINE_DISTANCE_SOURCES = ("precomputed", "online")
 # Defaults of the untied config keys (both families): the paper's sampler.

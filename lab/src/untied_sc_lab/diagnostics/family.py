@@ -9,10 +9,10 @@ import math
 
 import torch
 
-from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
+from untied_sc.families import family_names, get_family
 
 
-FAMILIES = ("elf", "langflow")
+FAMILIES = family_names()
 
 
 def check_family(pipe) -> str:
@@ -24,7 +24,7 @@ def check_family(pipe) -> str:
 
 def official_scheduler(pipe):
     """The family's official scheduler, from the pipeline scheduler's config (an untied config's extra keys dropped)."""
-    cls = ELFScheduler if check_family(pipe) == "elf" else LangFlowScheduler
+    cls = get_family(check_family(pipe)).official_scheduler.load()
     keys = cls._get_init_keys(cls) - {"self"}
     return cls(**{key: value for key, value in pipe.scheduler.config.items() if key in keys})
 

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from untied_sc.schedulers import TRANSFORM_ASSIGNMENTS, UntiedELFScheduler, UntiedLangFlowScheduler, preset_entry
+from untied_sc.families import get_family
+from untied_sc.schedulers import TRANSFORM_ASSIGNMENTS, preset_entry
 
 from .family import check_family
 
@@ -141,7 +142,7 @@ def innovation_experiment(
         generator = torch.Generator().manual_seed(0)
     device = pipe.transformer.device
     basis, rho_sq = statistics.basis.to(device), statistics.rho_sq.to(device)
-    scheduler_cls = UntiedELFScheduler if family == "elf" else UntiedLangFlowScheduler
+    scheduler_cls = get_family(family).untied_scheduler.load()
     sizes = [min(batch_size, num_trajectories - s) for s in range(0, num_trajectories, batch_size)]
     configurations = ["official", *assignments]
     result = InnovationResult(

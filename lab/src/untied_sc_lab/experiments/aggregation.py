@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from untied_sc.generation import RESAMPLING_UNITS, resampling_clusters
+from untied_sc.families import get_family
+from untied_sc.generation import resampling_clusters
 
 from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, frontier_ratio, gen_ppl_on_curve
 from ..evaluation.metrics import retained_throughput
@@ -475,7 +476,8 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
     if small_sample is None:
         small_sample = "aggregates" not in results or "interval_rule" in results
     knob = results["diversity_knob"]
-    unit, why = RESAMPLING_UNITS[results["family"]]
+    family = get_family(results["family"])
+    unit, why = family.resampling_unit, family.resampling_why
     clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
     results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
     if small_sample:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.families import default_protocol
 from untied_sc.generation import diversity_knob, family_of, knobs_at, resampling_clusters, run_samples
 from untied_sc.schedulers import COMPARISON_METHODS
 from untied_sc.seeds import check_seed
@@ -197,7 +198,7 @@ def generate_baseline_candidates(
     generation[CANDIDATES_KEY] = candidates
     generation["tuned_when_sampled"] = {
         "evaluator": evaluator_name,
-        "protocol": protocol or family_of(pipe),
+        "protocol": protocol or default_protocol(family_of(pipe)),
         "sampled": {str(n): [name for name in tuned if name in only[n]] for n in nfe},
     }
     return generation
@@ -240,7 +241,7 @@ def choose_from_bank(
     candidates = generation[CANDIDATES_KEY]
     settings = candidates["bank"]
     family = generation["family"]
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
     bank_scores, lent = {}, None
     bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
@@ -375,7 +376,7 @@ def score_baseline_candidates(
     reusable = score_kwargs.get("reuse_scores")
     if reusable is not None:  # read and refused before the bank is scored, not after
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
-        reusable = reusable_scores(reusable, name, description, protocol or generation["family"])
+        reusable = reusable_scores(reusable, name, description, protocol or default_protocol(generation["family"]))
         score_kwargs["reuse_scores"] = reusable
     samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, reusable)
     record["evaluator"] = name

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.families import default_protocol
 from untied_sc.generation import KNOBS_KEY, check_ace_statistics, check_runs, refuse_leaked_seeds
 from untied_sc.schedulers import COMPARISON_METHODS
 from untied_sc.seeds import check_seed
@@ -174,7 +175,7 @@ def tune_baselines(
         "num_samples": tune_num_samples,
         "batch_size": batch_size,
         "evaluator": evaluator_name,
-        "protocol": protocol or pipe.family,
+        "protocol": protocol or default_protocol(pipe.family),
         "budget": budget,
         "confidence": confidence,
     }

@@ -26,6 +26,7 @@ from untied_sc.defaults import (
     TUNE_BUDGET,
     TUNE_SEED,
 )
+from untied_sc.families import get_family
 from untied_sc.input_checks import (
     PROTOCOLS,
     check_samples_file,
@@ -413,9 +414,7 @@ def add_benchmark_arguments(parser):
     parser.add_argument("--num-samples", type=int, help="Samples per (sampler, NFE, seed) (default 256).")
     parser.add_argument("--batch-size", type=int, help="Samples per pipeline call, part of the seeding (default 32).")
     parser.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
-    parser.add_argument(
-        "--protocol", choices=["elf", "langflow"], help="GenPPL protocol (default: the pipeline's family)."
-    )
+    parser.add_argument("--protocol", choices=PROTOCOLS, help="GenPPL protocol (default: the pipeline's family).")
     parser.add_argument(
         "--temperatures",
         type=float,
@@ -817,11 +816,9 @@ def _tuning_log(args):
 
 
 def _default_frontier(sweep: dict, pipe) -> None:
-    """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `FRONTIER_VALUES`."""
-    from .definitions import FRONTIER_VALUES
-
+    """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `frontier_values`."""
     if sweep["diversity_values"] is None:
-        sweep["diversity_values"] = list(FRONTIER_VALUES[pipe.family])
+        sweep["diversity_values"] = list(get_family(pipe.family).frontier_values)
 
 
 def _generate_baseline_candidates(args, sweep: dict, state) -> dict:

@@ -16,7 +16,7 @@ baseline of every paired comparison. The experiments (`--experiment`):
   ACE, HiGS, HiGS + ACE, DPM-Solver++(2M); docs/algorithm.md §9), each a spec naming its scheduler (`"scheduler":
   "momentum"`, ...). Their knobs are tuned per NFE on the tuning bank before sampling (`experiments/baselines.py`, the
   one rule of `calibration/search.py`) and carried in the spec's `knobs_by_steps`. Every sampler is also swept over
-  the diversity knob (`FRONTIER_VALUES` unless `--temperatures` says otherwise), so that each is read on its own
+  the diversity knob (the family's `frontier_values` unless `--temperatures` says otherwise), so that each is read on its own
   frontier at official's entropy.
 """
 
@@ -24,22 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from untied_sc.defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
+from untied_sc.sampling_methods import get_method
 
 
 BASELINE = "official"
 DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
 SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
-# [choice] The `baselines` experiment's default sweep of every sampler (its frontier beside its tuned point): LangFlow
-# temperatures on both sides of 1; ELF decode temperatures, which only raise entropy from the argmax.
-FRONTIER_VALUES = {"langflow": (0.9, 1.1), "elf": (0.25, 0.5)}
-# The `baselines` experiment: report name → comparison method (a `scheduler` of `build_scheduler`).
-BASELINE_METHODS = {
-    "Momentum": "momentum",
-    "ACE": "ace",
-    "HiGS": "higs",
-    "HiGS + ACE": "higs_ace",
-    "DPM-Solver++(2M)": "multistep",
-}
+# The `baselines` experiment's comparison methods, in its reports' order, and their report names (the `label` of
+# each method, a `scheduler` of `build_scheduler`).
+BASELINE_ORDER = ("momentum", "ace", "higs", "higs_ace", "multistep")
+BASELINE_METHODS = {get_method(name).label: name for name in BASELINE_ORDER}
 
 
 def experiment_samplers(name: str) -> dict[str, dict]:

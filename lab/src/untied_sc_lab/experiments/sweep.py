@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from untied_sc.defaults import DEFAULT_NFE, DEFAULT_SEEDS
 from untied_sc.distributed import is_main_process, main_process_progress, process_device, process_rank
+from untied_sc.families import default_protocol
 from untied_sc.generation import (
     CALL_KEYS,
     build_scheduler,
@@ -293,7 +294,7 @@ def score_sweep(
             "diversity_samplers": [],
             "diversity_nfe": [],
         }
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
         evaluator = load_evaluator(evaluator, **evaluator_kwargs)

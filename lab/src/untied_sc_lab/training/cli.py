@@ -9,11 +9,12 @@ import importlib
 import sys
 
 from untied_sc.cli_parser import Parser
+from untied_sc.families import family_names, get_family
 
 from .config import ELFTrainConfig, LangFlowTrainConfig
 
 
-FAMILIES = ("elf", "langflow")
+FAMILIES = family_names()
 SPLITS = ["train", "validation", "heldout"]
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -165,7 +166,7 @@ def build_parser(family: str) -> argparse.ArgumentParser:
     """The parser of `python -m untied_sc_lab.training.<family>`; each action names its handler in that module."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
-    module = f"untied_sc_lab.training.{family}"
+    module = get_family(family).training_module
     parser = Parser(prog=f"python -m {module}", description=f"Train, export and evaluate a small {family} run.")
     commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
     (_add_elf_actions if family == "elf" else _add_langflow_actions)(commands)
@@ -175,7 +176,7 @@ def build_parser(family: str) -> argparse.ArgumentParser:
 def main(family: str, argv: list[str] | None = None) -> int:
     """Parses `argv` (`--help` exits here, before torch is imported), then runs the action in the family's module."""
     args = build_parser(family).parse_args(argv)
-    module = importlib.import_module(f"untied_sc_lab.training.{family}")
+    module = importlib.import_module(get_family(family).training_module)
     try:
         getattr(module, args.handler)(args)
     except ModuleNotFoundError as error:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from untied_sc.defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.families import default_protocol
 from untied_sc.generation import diversity_knob, family_of, resampling_clusters
 
 from .search import (
@@ -112,7 +113,7 @@ def tune_knobs(
     """
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     family = family_of(pipe)
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     with bank_scoring(
         pipe,
         "tune knobs",

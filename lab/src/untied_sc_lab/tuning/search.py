@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET
+from untied_sc.sampling_methods import Knob, methods
 
 from ..evaluation.curves import RunSamples, equal_entropy_ratio, gen_ppl_on_curve
 
@@ -48,84 +49,13 @@ FINE_FACTORS = (2**-0.5, 2**0.5)
 KNOB_DEFAULTS = {"temperature": 1.0, "decode_temperature": 0.0}
 
 
-@dataclass(frozen=True)
-class Knob:
-    """
-    One coordinate of a method's search.
-
-    `kind` is `"scale"` (a non-negative strength moved by multiplicative steps) or `"choice"` (one of `choices`). A
-    scale knob with `complement` moves `1 − value` instead (Momentum's β: the step acts on 1 − β, so β = 1, no
-    momentum, is its 0). `upper` caps the moved quantity (a hard limit, inclusive); `positive` excludes 0 (α).
-    """
-
-    name: str
-    kind: str = "scale"
-    upper: float | None = None
-    positive: bool = False
-    complement: bool = False
-    choices: tuple[str, ...] = ()
-    why: str = ""
-
-    def to_search(self, value):
-        return 1.0 - float(value) if self.complement else value
-
-    def to_config(self, x):
-        return 1.0 - float(x) if self.complement else x
-
-    def lowest(self) -> float | None:
-        """The moved quantity's hard lower limit (`None` where it is open, as α's 0)."""
-        return None if self.positive else 0.0
-
-    def step(self, x: float, factor: float) -> float | None:
-        """`x·factor` within the knob's limits (capped at `upper`; `None` when it leaves them)."""
-        value = x * factor
-        if self.positive and value <= 0:
-            return None
-        if self.upper is not None:
-            value = min(value, self.upper)
-        return value
-
-
-ROUTINGS = ("solver", "self_conditioning", "both")
-_UNTIED = tuple(Knob(name, why="the paper's coefficient") for name in ("eta_r", "eta_t", "eta_o")) + (
-    Knob("alpha", upper=1.0, positive=True, why="the paper's coefficient, in (0, 1]"),
-)
-# [choice] Each method's knobs: its strength, and the choices its source leaves open (docs/algorithm.md §9).
-METHOD_KNOBS: dict[str, tuple[Knob, ...]] = {
-    "untied": _UNTIED,
-    "momentum": (
-        Knob("momentum_beta", upper=0.95, complement=True, why="β ∈ (0, 1]; the search moves 1 − β"),
-        Knob("momentum_routing", "choice", choices=ROUTINGS, why="written for samplers without self-conditioning"),
-    ),
-    "higs": (
-        Knob("higs_weight", why="w_HiGS"),
-        Knob("higs_routing", "choice", choices=ROUTINGS, why="the paper does not say where D̃ goes"),
-    ),
-    "ace": (Knob("ace_strength", why="λ; its routing (the next SC input) is the source's code"),),
-    "higs_ace": (
-        Knob("higs_weight", why="w_HiGS"),
-        Knob("higs_routing", "choice", choices=ROUTINGS, why="the paper does not say where D̃ goes"),
-        Knob("ace_strength", why="λ"),
-    ),
-    "multistep": (Knob("multistep_strength", why="1 = DPM-Solver++(2M)"),),
-}
-# The values at which each method is the official sampler bit for bit (knobs not named keep their start).
-NEUTRAL = {
-    "untied": {"eta_r": 0.0, "eta_t": 0.0},
-    "momentum": {"momentum_beta": 1.0},
-    "higs": {"higs_weight": 0.0},
-    "ace": {"ace_strength": 0.0},
-    "higs_ace": {"higs_weight": 0.0, "ace_strength": 0.0},
-    "multistep": {"multistep_strength": 0.0},
-}
-# The sources' defaults: where the comparison methods' searches start (the untied sampler starts from calibration).
-START = {
-    "momentum": {"momentum_beta": 0.9, "momentum_routing": "solver"},
-    "higs": {"higs_weight": 1.75, "higs_routing": "both"},
-    "ace": {"ace_strength": 2.0},
-    "higs_ace": {"higs_weight": 1.75, "higs_routing": "both", "ace_strength": 2.0},
-    "multistep": {"multistep_strength": 1.0},
-}
+# [choice] Each method's knobs (its strength, and the choices its source leaves open: docs/algorithm.md §9), the
+# values at which it is the official sampler bit for bit (knobs not named keep their start), and its source's
+# defaults, where a comparison method's search starts (the untied sampler starts from calibration): the registry of
+# sampling methods.
+METHOD_KNOBS: dict[str, tuple[Knob, ...]] = {method.name: method.knobs for method in methods()}
+NEUTRAL = {method.name: dict(method.neutral) for method in methods()}
+START = {method.name: dict(method.start) for method in methods() if method.start is not None}
 
 
 @dataclass

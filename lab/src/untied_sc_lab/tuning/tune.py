@@ -39,6 +39,7 @@ from untied_sc.defaults import (
     TUNE_BUDGET,
     TUNE_SEED,  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 )
+from untied_sc.families import default_protocol
 from untied_sc.generation import Sample, build_scheduler, diversity_knob, family_of, generate, resampling_clusters
 from untied_sc.schedulers import COEFFICIENT_NAMES
 from untied_sc.seeds import check_seed
@@ -306,7 +307,7 @@ def tune_coefficients(
     check_search_options(num_samples, batch_size, budget, extrapolate, confidence)
     seed = check_seed(seed, "seed")
     family = family_of(pipe)
-    protocol = protocol or family
+    protocol = protocol or default_protocol(family)
     knob = diversity_knob(family)
     curve_values = CURVE_VALUES[family] if curve_values is None else curve_values
     clusters = resampling_clusters(family, num_samples, batch_size)
