@@ -430,13 +430,11 @@ def test_a_hub_id_is_read_through_the_cache_and_names_its_commit(tmp_path, tiny_
 
 @pytest.mark.parametrize("name", ["ELF-B-xsum-torch", "ELF-B-de-en-torch"])
 def test_conditional_checkpoints_are_refused_before_any_download(tmp_path, capsys, monkeypatch, name):
+    # ELFPipeline takes no prompt: it names the conditional pipeline (`convert` builds that one: test_conditional_convert)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing answers there: a download would fail
-    assert main(["convert", "elf", f"embedded-language-flows/{name}", str(tmp_path / "out")]) == 2
-    error = capsys.readouterr().err
-    assert "conditional ELF checkpoint" in error and "does not take prompts yet" in error
-    assert "ELFText2TextPipeline" in error  # what samples it
-    assert "ELF-B-owt-torch" in error and not (tmp_path / "out").exists()
-    assert list(tmp_path.iterdir()) == []  # no staging folder either
+    with pytest.raises(ValueError, match="conditional ELF checkpoint") as refused:
+        ELFPipeline.from_official(f"embedded-language-flows/{name}")
+    assert "ELFText2TextPipeline.from_official" in str(refused.value) and "ELF-B-owt-torch" in str(refused.value)
 
 
 def test_a_trainer_config_of_a_conditional_run_is_refused(tmp_path, capsys):
@@ -444,9 +442,9 @@ def test_a_trainer_config_of_a_conditional_run_is_refused(tmp_path, capsys):
     official_elf_checkpoint(tmp_path / "src" / "checkpoint_7", golden.weights)
     config = elf_trainer_config(golden, [], eval_data_path="embedded-language-flows/xsum_validation_t5")
     (tmp_path / "src" / "config.yml").write_text(yaml.dump(config))
-    assert main(["convert", "elf", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
-    error = capsys.readouterr().err
-    assert "conditional ELF checkpoint" in error and "eval_data_path" in error and "config.yml" in error
+    with pytest.raises(ValueError, match="conditional ELF checkpoint") as refused:
+        ELFPipeline.from_official(tmp_path / "src")
+    assert "eval_data_path" in str(refused.value) and "config.yml" in str(refused.value)
 
 
 def test_a_checkpoint_without_recorded_settings_names_the_flags_that_give_them(tmp_path, capsys):

@@ -43,7 +43,14 @@ def refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --o
 def _convert(args: argparse.Namespace) -> None:
     refuse_existing_folder(args.output, args.overwrite)
     check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
-    elf_only = {"--max-length": args.max_length, "--sde-gamma": args.sde_gamma, "--sc-cfg-scale": args.sc_cfg_scale}
+    elf_only = {
+        "--max-length": args.max_length,
+        "--sde-gamma": args.sde_gamma,
+        "--sc-cfg-scale": args.sc_cfg_scale,
+        "--text-encoder": args.text_encoder,
+        "--guidance-scale": args.guidance_scale,
+        "--max-source-length": args.max_source_length,
+    }
     given = [flag for flag, value in elf_only.items() if value is not None]
     if args.family == "langflow" and given:
         raise ValueError(
@@ -63,14 +70,20 @@ def _convert(args: argparse.Namespace) -> None:
             sc_cfg_scale=args.sc_cfg_scale,
             weights=args.weights,
             allow_pickle=args.allow_pickle,
+            text_encoder=args.text_encoder,
+            guidance_scale=args.guidance_scale,
+            max_source_length=args.max_source_length,
         )
     pipe = convert_official(args.family, args.source, args.output, overwrite=args.overwrite, **kwargs)
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
     settings = pipe.conversion.settings
+    encoder = getattr(pipe.conversion, "text_encoder", None)  # a conditional checkpoint's T5 encoder
+    components = f"tokenizer {pipe.conversion.tokenizer.value}" + (
+        f", text encoder {encoder.value}" if encoder else ""
+    )
     print(
         f"Wrote {type(pipe).__name__} ({type(pipe.transformer).__name__}, {parameters / 1e6:.1f}M parameters; "
-        f"tokenizer {pipe.conversion.tokenizer.value}; {type(pipe.scheduler).__name__} at the settings of "
-        f"{settings.settings_from}) to {args.output}"
+        f"{components}; {type(pipe.scheduler).__name__} at the settings of {settings.settings_from}) to {args.output}"
     )
 
 
@@ -173,8 +186,10 @@ def _calibrate(args: argparse.Namespace) -> None:
         from diffusers.utils import logging as diffusers_logging
 
         diffusers_logging.disable_progress_bar()
+    prompts = _prompt_bank(args.pipeline, args.prompts)
     pipe = _load_for_calibration(args.pipeline, args.overwrite)
     result = pipe.calibrate(
+        prompts=prompts,
         nfe=args.nfe,
         bank_size=args.bank_size,
         seed=args.seed,
@@ -203,6 +218,29 @@ def _calibrate(args: argparse.Namespace) -> None:
     wait_for_everyone(state)  # the other processes return once the files are written
 
 
+def _prompt_bank(source: str, prompts: str | None):
+    """`--prompts FILE` read (errors name the file and line), and, for a local folder, checked against the pipeline
+    class its model_index.json names before anything loads: a conditional one needs prompts, another takes none."""
+    from pathlib import Path
+
+    from .pipelines.pipeline_utils import saved_pipeline_class
+
+    held = saved_pipeline_class(Path(source)) if Path(source).is_dir() else None
+    if held == "ELFText2TextPipeline" and prompts is None:
+        raise ValueError(
+            f"{source} holds an ELFText2TextPipeline, which generates from a source text: its calibration needs "
+            "prompts. Pass --prompts FILE, source texts like the ones it will translate or summarise, one per line "
+            "(or JSONL with an 'input' field)."
+        )
+    if held not in (None, "ELFText2TextPipeline", "an unreadable model_index.json") and prompts is not None:
+        raise ValueError(f"--prompts: {source} holds an unconditional {held}, which takes no prompts; leave it out.")
+    if prompts is None:
+        return None
+    from .calibration.prompts import read_prompt_bank
+
+    return read_prompt_bank(prompts)
+
+
 def _load_for_calibration(source: str, overwrite: bool):
     """
     The pipeline to calibrate. With `--overwrite`, sampler statistics that cannot be loaded (a corrupt file, NaN
@@ -211,7 +249,7 @@ def _load_for_calibration(source: str, overwrite: bool):
     from .pipelines import load_pipeline
 
     try:
-        return load_pipeline(source)
+        return load_pipeline(source, conditional=True)
     except ValueError as error:
         if not overwrite or "sampler statistics" not in str(error):
             raise
@@ -220,7 +258,7 @@ def _load_for_calibration(source: str, overwrite: bool):
             "are calibrated afresh: only the NFEs given now will be calibrated.",
             file=sys.stderr,
         )
-        return load_pipeline(source, sampler_statistics=None)
+        return load_pipeline(source, conditional=True, sampler_statistics=None)
 
 
 def _ace(args: argparse.Namespace) -> None:
@@ -266,7 +304,7 @@ def _push_statistics_command(args: argparse.Namespace) -> None:
 
     from .pipelines import load_pipeline
 
-    pipe = load_pipeline(args.pipeline, **({"revision": args.revision} if args.revision else {}))
+    pipe = load_pipeline(args.pipeline, conditional=True, **({"revision": args.revision} if args.revision else {}))
     if pipe.sampler_statistics is None:
         raise ValueError(
             f"{args.pipeline} has no sampler statistics to push: calibrate it first (`untied-sc calibrate "
@@ -385,6 +423,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="W",
         help="ELF only: the SC-CFG scale w at every NFE, over the recorded ones; required as --sde-gamma is.",
     )
+    convert.add_argument(
+        "--text-encoder",
+        metavar="NAME_OR_PATH",
+        help="Conditional ELF only (XSum, WMT14 De-En): the frozen T5 encoder (Hub id or folder). Default: the "
+        "checkpoint's, as the official code loads it (t5-small, through the Hugging Face cache).",
+    )
+    convert.add_argument(
+        "--guidance-scale",
+        type=float,
+        metavar="G",
+        help="Conditional ELF only: the default classifier-free guidance scale, over the recorded one (official 2).",
+    )
+    convert.add_argument(
+        "--max-source-length",
+        type=int,
+        metavar="N",
+        help="Conditional ELF only: the source positions, where nothing records them (the training config's "
+        "max_input_length: 1024 XSum, 64 WMT14 De-En).",
+    )
     convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(
         "--allow-pickle", action="store_true", help="ELF only: allow full unpickling (trusted files only)."
@@ -464,6 +521,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Where the batches' random draws are made: cpu (the CPU stream: the same statistics on every device) "
         "or cuda (no CPU draws to wait for: faster at large banks, statistics of the same distribution but not the "
         "same numbers).",
+    )
+    calibrate.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="A conditional pipeline (ELFText2TextPipeline) only, and required there: the source texts its "
+        "calibration trajectories are generated from, one per line (or a .jsonl file, one object per line with an "
+        "'input' or 'prompt' field); cycled through each bank. The statistics record the file's name, fingerprint and "
+        "count.",
     )
     calibrate.add_argument("--no-progress", action="store_true", help="No progress bars.")
     calibrate.add_argument(

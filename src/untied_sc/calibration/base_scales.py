@@ -93,25 +93,49 @@ def elf_response_gram_sums(
     epsilon: float = 1e-2,
     alpha: float = 0.8,
     progress=None,
+    conditionings: list | None = None,
+    guidance_scale: float = 1.0,
 ) -> tuple[torch.Tensor, int]:
     """
     (Σ over samples and steps of the per-sample 2×2 Grams ⟨r_a, r_b⟩ in float64, number of terms) over the batches
     of `generators`; [`response_gram`] divides. Sums from disjoint sets of batches (several processes) add.
     `batch_size`: one size for every batch, or each batch's size.
+
+    A conditional pipeline's batches hold a source each (`conditionings`, one `SourceConditioning` per batch): the
+    trajectories are the official conditional ones (the source held in z, in the self-conditioning input and in the
+    prediction; with `guidance_scale` ≠ 1 the guided prediction x̂_u + g·(x̂_c − x̂_u)), and the perturbations' sizes
+    and directions are taken over the generated positions only, where the responses then lie.
     """
     model, device = pipe.transformer, pipe._execution_device
     basis = overlap.basis.to(device=device, dtype=torch.float32)
     rho_sq = overlap.rho_sq.to(device=device, dtype=torch.float32)
     scale = pipe.sc_cfg_scale
     gram, count = torch.zeros(2, 2, dtype=torch.float64), 0
+    source = None  # the batch's SourceConditioning, or None (unconditional)
+
+    def hold(x):
+        return x if source is None else source.hold(x)
+
+    def generated(x):
+        return x if source is None else x * (~source.mask)[..., None].to(x.dtype)
 
     def predict(z, t, m):
-        return model(z, t, m, scale).sample.float()
+        if source is None:
+            return model(z, t, m, scale).sample.float()
+        previous = torch.zeros_like(z) if m is None else m
+        conditional = model(source.hold(z), t, source.hold(previous), scale).sample.float()
+        if guidance_scale == 1:
+            return source.hold(conditional)
+        unconditional = model(source.drop(z), t, source.drop(previous), scale).sample.float()
+        return source.hold(unconditional + guidance_scale * (conditional - unconditional))
 
     sizes = [batch_size] * len(generators) if isinstance(batch_size, int) else list(batch_size)
     if len(sizes) != len(generators):
         raise ValueError(f"Got {len(generators)} generators but {len(sizes)} batch sizes; give one per generator.")
-    for generator, rows in zip(generators, sizes, strict=True):
+    if conditionings is not None and len(conditionings) != len(generators):
+        raise ValueError(f"Got {len(generators)} generators but {len(conditionings)} conditionings; one per batch.")
+    for index, (generator, rows) in enumerate(zip(generators, sizes, strict=True)):
+        source = None if conditionings is None else conditionings[index]
         scheduler = ELFScheduler.from_config(pipe.scheduler.config)
         scheduler.set_timesteps(num_inference_steps, generator=generator)
         solver = scheduler.solver
@@ -121,21 +145,23 @@ def elf_response_gram_sums(
         noises = [draw_normal(shape, generator, device) for _ in range(solver.num_update_steps - 1)]
 
         m = None
+        z = hold(z)
         z_b = _model_input(solver, noises, 0, z)
         p = predict(z_b, solver.eval_time(0), None)
         ema = torch.zeros_like(p)  # E_0 = 0
         for k in range(solver.num_update_steps - 1):
-            z_next = solver.update(k, z_b, p)
+            z_next = hold(solver.update(k, z_b, p))
             z_b_next = _model_input(solver, noises, k + 1, z_next)
             p_next = predict(z_b_next, solver.eval_time(k + 1), p)
             if m is not None:
-                size = epsilon * _per_sample_norm(m)[:, None, None]
-                overlap_m = (m @ basis) * rho_sq @ basis.T  # K m per token
+                size = epsilon * _per_sample_norm(generated(m))[:, None, None]
+                overlap_m = generated((m @ basis) * rho_sq @ basis.T)  # K m per (generated) token
                 direction_m = -overlap_m / _per_sample_norm(overlap_m).clamp(min=1e-30)[:, None, None]
                 r1 = (predict(z_b, solver.eval_time(k), m + size * direction_m) - p) / epsilon
-                history = p - ema
+                history = generated(p - ema)
                 direction_q = history / _per_sample_norm(history).clamp(min=1e-30)[:, None, None]
-                z_perturbed = _model_input(solver, noises, k + 1, solver.update(k, z_b, p + size * direction_q))
+                update = hold(solver.update(k, z_b, p + size * direction_q))
+                z_perturbed = _model_input(solver, noises, k + 1, update)
                 r2 = (predict(z_perturbed, solver.eval_time(k + 1), p) - p_next) / epsilon
                 responses = torch.stack([r1.flatten(1), r2.flatten(1)], dim=1).double()  # (B, 2, L·D)
                 gram += torch.einsum("bin,bjn->ij", responses, responses).cpu()

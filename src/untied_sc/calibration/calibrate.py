@@ -1,6 +1,7 @@
 """Calibration: from a frozen pipeline to its SamplerStatistics (overlap basis, base scales, per-NFE statistics)."""
 
 import copy
+import inspect
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from ..seeds import check_seed, generator_seed, seeds_in_space
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
 from .migrate import migrate_pipeline
 from .overlap import overlap_basis_from_model
+from .prompts import PromptBank
 from .reduction import is_main_process, process_share, sum_across_processes
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
 
@@ -88,15 +90,63 @@ def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> Re
     return reference_recurrence(pipe.family, base_correction_scale, **{**config, "alpha": alpha})
 
 
-def run_updates(pipe, scheduler, num_inference_steps: int, generator: torch.Generator, batch_size: int) -> None:
+def run_updates(
+    pipe, scheduler, num_inference_steps: int, generator: torch.Generator, batch_size: int, prompts=None
+) -> None:
     """
     Runs the update steps of one batch through the pipeline's denoising loop with `scheduler` (the reference
     recurrence, which records its corrections); LangFlow's final evaluation, which updates nothing, is skipped.
+    A conditional pipeline's batch is generated from `prompts` (one per trajectory), with its guidance scale: its
+    loop hands the scheduler the generated positions as the mask, so the moments exclude the held source.
     """
     update_steps = num_update_steps(scheduler.family, num_inference_steps)
     pipe.denoise(
-        batch_size, num_inference_steps, generator, scheduler=scheduler, max_steps=update_steps, progress=False
+        batch_size,
+        num_inference_steps,
+        generator,
+        scheduler=scheduler,
+        max_steps=update_steps,
+        progress=False,
+        **conditional_kwargs(pipe, prompts),
     )
+
+
+def takes_prompts(pipe) -> bool:
+    """Whether `pipe` generates from a source text (ELFText2TextPipeline: its `encode_prompt`)."""
+    return callable(getattr(pipe, "encode_prompt", None))
+
+
+def conditional_kwargs(pipe, prompts: list[str] | None) -> dict:
+    """The denoising loop's conditioning of a batch of `prompts` (none for an unconditional pipeline)."""
+    if prompts is None:
+        return {}
+    return {"conditioning": pipe.encode_prompt(prompts), "guidance_scale": pipe.config.guidance_scale}
+
+
+def check_prompt_bank(pipe, prompts) -> PromptBank | None:
+    """The prompt bank as a [`PromptBank`]: required by a conditional pipeline, refused by an unconditional one."""
+    if not takes_prompts(pipe):
+        if prompts is not None:
+            raise ValueError(
+                f"{type(pipe).__name__} is unconditional: it generates without a source text, so it is calibrated "
+                "without prompts. Leave out --prompts (prompts=)."
+            )
+        return None
+    if prompts is None:
+        raise ValueError(
+            f"{type(pipe).__name__} generates from a source text, so its calibration trajectories need prompts: pass "
+            "--prompts FILE (prompts=), a file of source texts, one per line (or JSONL with an 'input' field), like "
+            "the texts it will translate or summarise."
+        )
+    return prompts if isinstance(prompts, PromptBank) else PromptBank(tuple(prompts))
+
+
+def _with_offsets(bank: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(seed, size, index of the batch's first trajectory in the bank) of each batch."""
+    offsets = [0]
+    for _, size in bank[:-1]:
+        offsets.append(offsets[-1] + size)
+    return [(seed, size, offset) for (seed, size), offset in zip(bank, offsets, strict=True)]
 
 
 def trajectory_statistics(
@@ -109,6 +159,7 @@ def trajectory_statistics(
     progress: bool = True,
     process_state=None,
     generator_device: str = "cpu",
+    prompts: PromptBank | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """
     μ_k, σ_k, δ̄_k from the reference recurrence on two disjoint banks (eq. empirical_carrier_statistics).
@@ -119,6 +170,8 @@ def trajectory_statistics(
     process returns the same statistics, those of one process (`calibration.reduction`).
     Batch seeds seed `torch.Generator(generator_device)`: the CPU stream by default (the same statistics on any
     device), or a CUDA stream (no CPU draws to wait for; statistics of the same distribution, not the same numbers).
+    A conditional pipeline's trajectory j of a bank is generated from `prompts.batch(j, 1)` (the bank cycles), and
+    its moments are taken over the generated positions only.
     Returns float32 (K_u, D), (K_u,), (K_u,).
     """
     if num_inference_steps < 2:
@@ -136,9 +189,11 @@ def trajectory_statistics(
     for bank_name, bank in (("μ, δ̄", bank_mu), ("σ", bank_sigma)):
         scheduler.accumulator = MomentAccumulator(updates, dim)
         description = f"NFE {num_inference_steps}, bank {bank_name}"
-        for seed, size in tqdm(process_share(bank, process_state), desc=description, disable=not show, leave=False):
+        batches = process_share(_with_offsets(bank), process_state)
+        for seed, size, offset in tqdm(batches, desc=description, disable=not show, leave=False):
             generator = torch.Generator(generator_device).manual_seed(seed)
-            run_updates(pipe, scheduler, num_inference_steps, generator, size)
+            batch_prompts = None if prompts is None else prompts.batch(offset, size)
+            run_updates(pipe, scheduler, num_inference_steps, generator, size, batch_prompts)
         scheduler.accumulator.load_sums(sum_across_processes(scheduler.accumulator.sums(), process_state))
         accumulators.append(scheduler.accumulator)
     mu_bank, sigma_bank = accumulators
@@ -178,6 +233,7 @@ def calibrate_pipeline(
     dtype: torch.dtype | None = None,
     process_state=None,
     generator_device: str = "cpu",
+    prompts: PromptBank | list[str] | None = None,
 ) -> CalibrationResult:
     """
     Computes the pipeline's [`SamplerStatistics`] for the NFEs in `nfe`, keeping other NFEs already calibrated for
@@ -213,8 +269,14 @@ def calibrate_pipeline(
         process_state (accelerate `PartialState`, *optional*): several processes (`torchrun`, `accelerate
             launch`) split every bank's batches by index and add their float64 sums (`calibration.reduction`);
             each returns the same result, that of one process. `None`: this process runs every batch.
+        prompts ([`PromptBank`] or `list[str]`, *optional*): a conditional pipeline's (ELFText2TextPipeline)
+            source texts, required there and refused elsewhere: every bank's trajectory j (the base scales' too) is
+            generated from prompt j mod their number, with the pipeline's guidance scale; the held source positions
+            are left out of every statistic. The bank's file, fingerprint and count are recorded per NFE
+            (`prompt_banks`).
     """
     seed = check_seed(seed, "seed")
+    prompts = check_prompt_bank(pipe, prompts)
     nfe = sorted(set(nfe))
     if not nfe or any(not isinstance(n, int) or n < 2 for n in nfe):
         raise ValueError(f"Every NFE must be an integer ≥ 2, got {nfe}.")
@@ -252,6 +314,8 @@ def calibrate_pipeline(
 
     steps, bank_sizes, seeds, alphas, existing_scales = _existing(pipe)
     kept = sorted(set(steps) - set(nfe))
+    held = getattr(getattr(pipe, "sampler_statistics", None), "config", {}).get("prompt_banks") or {}
+    prompt_banks = {n: dict(record) for n, record in held.items() if int(n) in kept}
     calibration_start = start = _clock(run_device)
     if solver == "elf" and kept:
         # The kept NFEs' moments were measured with these base scales, and the scheduler runs them with them:
@@ -267,8 +331,19 @@ def calibrate_pipeline(
         # The response Gram is a finite difference at ε = 1e-2 of the input, coarser than float32's rounding but
         # not bf16's (2⁻⁸ relative): it runs in float32 on the run's device whatever the trajectories' dtype.
         gram_runner = pipeline_on(pipe, run_device, torch.float32)
+        conditionings = None
+        if prompts is not None:
+            conditionings = [gram_runner.encode_prompt(prompts.batch(o, n)) for _, n, o in _with_offsets(batches)]
+            conditionings = process_share(conditionings, process_state)
         gram_sum, count = elf_response_gram_sums(
-            gram_runner, overlap, generators, sizes, base_scale_steps, progress=bar
+            gram_runner,
+            overlap,
+            generators,
+            sizes,
+            base_scale_steps,
+            progress=bar,
+            conditionings=conditionings,
+            guidance_scale=pipe.config.guidance_scale if prompts is not None else 1.0,
         )
         del gram_runner
         bar.close()
@@ -286,8 +361,10 @@ def calibrate_pipeline(
         bank_mu, bank_sigma = (bank_seeds(seed, bank, bank_size, batch_size) for bank in (0, 1))
         alpha = per_nfe_coefficients[n]["alpha"]
         mean, rms, distance = trajectory_statistics(
-            runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state, generator_device
+            runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state, generator_device, prompts
         )
+        if prompts is not None:
+            prompt_banks[str(n)] = prompts.record()
         steps[n] = StepStatistics(mean, rms, distance)
         alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
         result.coefficients_by_steps[str(n)] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
@@ -299,7 +376,17 @@ def calibrate_pipeline(
     basis, rho_sq = overlap.storage_tensors()
     solver_config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
     result.statistics = SamplerStatistics.build(
-        pipe.transformer, solver, basis, rho_sq, base_scales, steps, solver_config, bank_sizes, seeds, alphas
+        pipe.transformer,
+        solver,
+        basis,
+        rho_sq,
+        base_scales,
+        steps,
+        solver_config,
+        bank_sizes,
+        seeds,
+        alphas,
+        prompt_banks=prompt_banks,
     )
     return result
 
@@ -322,7 +409,9 @@ def pipeline_on(pipe, device: str | torch.device | None = None, dtype: torch.dty
     if autocast:
         copied.disable_autocast()
     components = {**pipe.components, "transformer": copied, "sampler_statistics": None}
-    extra = {"sc_cfg_scale": pipe.sc_cfg_scale} if pipe.family == "elf" else {}
+    # The pipeline's own settings (ELF's SC-CFG scales, a conditional pipeline's source length and guidance).
+    accepted = inspect.signature(type(pipe).__init__).parameters
+    extra = {key: value for key, value in pipe.config.items() if key in accepted and key not in components}
     return type(pipe)(**components, **extra)
 
 

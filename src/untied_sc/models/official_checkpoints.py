@@ -86,6 +86,27 @@ class LangFlowSampling:
 
 
 @dataclass(frozen=True)
+class ELFConditioning:
+    """
+    How a conditional ELF checkpoint takes its source text (`ELFText2TextPipeline`'s settings besides the sampler's).
+
+    Args:
+        text_encoder: the frozen encoder's Hub id, as the official code loads it (`T5EncoderModel.from_pretrained`).
+        max_source_length: the source positions (the training config's `max_input_length`).
+        guidance_scale: the classifier-free guidance scale of the official evaluation (`cfgs`).
+        latent_mean, latent_std: the encoder latents' normalisation (the training config's).
+        pad_token: `"eos"` or `"pad"`, the padding id (the training config's `pad_token`).
+    """
+
+    text_encoder: Sourced[str]
+    max_source_length: Sourced[int]
+    guidance_scale: Sourced[float]
+    latent_mean: Sourced[float]
+    latent_std: Sourced[float]
+    pad_token: Sourced[str]
+
+
+@dataclass(frozen=True)
 class OfficialCheckpoint:
     """
     One released checkpoint.
@@ -96,10 +117,10 @@ class OfficialCheckpoint:
         description: what it is, for the model card.
         tokenizer: the tokenizer's Hub id, as the official code loads it.
         max_length: the sequence length it was trained at.
-        sampling: the official sampler's settings (`None` for a conditional checkpoint, which this package does not
-            sample).
+        sampling: the official sampler's settings.
         conditional_task: the task of a checkpoint that needs a prompt (`None`: unconditional).
         evaluation_steps: the step counts the official evaluation reports, for the model card.
+        conditioning: how a conditional checkpoint takes its source (`None`: unconditional).
     """
 
     repo_id: str
@@ -107,9 +128,10 @@ class OfficialCheckpoint:
     description: str
     tokenizer: Sourced[str]
     max_length: Sourced[int]
-    sampling: ELFSampling | LangFlowSampling | None
+    sampling: ELFSampling | LangFlowSampling
     conditional_task: str | None = None
     evaluation_steps: Sourced[tuple[int, ...]] | None = None
+    conditioning: ELFConditioning | None = None
 
 
 def _elf_train_config(size: str) -> str:
@@ -170,16 +192,44 @@ def _elf_pd_sampling() -> ELFSampling:
     )
 
 
-def _elf_conditional(task: str, name: str, max_length: int) -> OfficialCheckpoint:
-    config = f"{ELF_PYTORCH} src/configs/training_configs/train_{name}_ELF-B.yml"
+ELF_COND_SAMPLING = f"{ELF_PYTORCH} src/configs/sampling_configs/cond_sampling_configs.yml"
+ELF_TEXT_ENCODER = (
+    f"{ELF_PYTORCH} src/eval.py line 120, get_encoder(config.encoder_model_name), which runs "
+    "T5EncoderModel.from_pretrained(model_name) (src/modules/t5_encoder.py line 51)"
+)
+
+
+def _elf_conditional(task: str, name: str, max_length: int, max_source_length: int) -> OfficialCheckpoint:
+    # The two conditional training configs set the same keys on the same lines.
+    train = f"{ELF_PYTORCH} src/configs/training_configs/train_{name}_ELF-B.yml"
+    sampling = ELFSampling(
+        sde_gamma_by_steps=(),
+        sc_cfg_scale_by_steps=(),
+        sc_cfg_scale=Sourced(1.0, f"{ELF_COND_SAMPLING} line 4 (self_cond_cfg_scales: [1])"),
+        noise_scale=Sourced(2.0, f"{train} line 23 (denoiser_noise_scale)"),
+        p_mean=Sourced(-1.5, f"{train} line 21 (denoiser_p_mean)"),
+        p_std=Sourced(0.8, f"{train} line 22 (denoiser_p_std)"),
+        t_eps=Sourced(0.05, f"{train} line 24 (t_eps)"),
+        sde_gamma=Sourced(0.0, f"{ELF_COND_SAMPLING} line 1 (sampling_method: ode: no churn)"),
+    )
+    conditioning = ELFConditioning(
+        text_encoder=Sourced("t5-small", f"{ELF_TEXT_ENCODER}, with encoder_model_name: t5-small ({train} line 9)"),
+        max_source_length=Sourced(max_source_length, f"{train} line 5 (max_input_length)"),
+        guidance_scale=Sourced(2.0, f"{ELF_COND_SAMPLING} line 3 (cfgs: [2])"),
+        latent_mean=Sourced(0.0, f"{train} line 10 (latent_mean)"),
+        latent_std=Sourced(0.2, f"{train} line 11 (latent_std)"),
+        pad_token=Sourced("eos", f"{train} line 6 (pad_token)"),
+    )
     return OfficialCheckpoint(
         repo_id=f"embedded-language-flows/ELF-B-{name}-torch",
         family="elf",
         description=f"ELF-B, conditional: {task}",
         tokenizer=Sourced("t5-small", ELF_TOKENIZER),
-        max_length=Sourced(max_length, f"{config} (max_length)"),
-        sampling=None,
+        max_length=Sourced(max_length, f"{train} line 4 (max_length)"),
+        sampling=sampling,
         conditional_task=task,
+        evaluation_steps=Sourced((64,), f"{ELF_COND_SAMPLING} line 2 (num_sampling_steps: [64])"),
+        conditioning=conditioning,
     )
 
 
@@ -211,8 +261,8 @@ OFFICIAL_CHECKPOINTS: tuple[OfficialCheckpoint, ...] = (
         sampling=_elf_pd_sampling(),
         evaluation_steps=Sourced((2, 4, 8, 16, 32), ELF_FEWSTEP_SAMPLING),
     ),
-    _elf_conditional("summarisation (XSum)", "xsum", 1088),
-    _elf_conditional("translation (WMT14 De-En)", "de-en", 128),
+    _elf_conditional("summarisation (XSum)", "xsum", 1088, 1024),
+    _elf_conditional("translation (WMT14 De-En)", "de-en", 128, 64),
     _langflow(
         "owt",
         "OpenWebText",
@@ -244,6 +294,11 @@ def cache_snapshot(path: str | Path) -> tuple[str, str] | None:
     return None if match is None else (f"{match['owner']}/{match['name']}", match["commit"])
 
 
-def official_ids(family: str) -> list[str]:
-    """The repo ids of the released checkpoints of `family` that convert (the unconditional ones), for messages."""
-    return [c.repo_id for c in OFFICIAL_CHECKPOINTS if c.family == family and c.conditional_task is None]
+def official_ids(family: str, conditional: bool = False) -> list[str]:
+    """The repo ids of the released unconditional (or, `conditional`, conditional) checkpoints of `family`, for
+    messages."""
+    return [
+        c.repo_id
+        for c in OFFICIAL_CHECKPOINTS
+        if c.family == family and (c.conditional_task is not None) == conditional
+    ]

@@ -17,8 +17,10 @@ import yaml
 from ..families import get_family
 from .official_checkpoints import (
     ELF_PYTORCH,
+    ELF_TEXT_ENCODER,
     LANGFLOW_GRID,
     OFFICIAL_CHECKPOINTS,
+    ELFConditioning,
     ELFSampling,
     LangFlowSampling,
     OfficialCheckpoint,
@@ -47,6 +49,10 @@ KNOWN_VOCABULARIES = {50257: "gpt2", 30522: "bert-base-uncased", 32100: "t5-smal
 
 class ConditionalCheckpointError(ValueError):
     """A checkpoint trained to continue a prompt (summarisation, translation): the pipelines take no prompts."""
+
+
+class UnconditionalCheckpointError(ValueError):
+    """A checkpoint without a source text (unconditional) given where a conditional one is expected."""
 
 
 class MissingSettingsError(ValueError):
@@ -86,6 +92,7 @@ class OfficialSettings:
         sampling: the official sampler's settings.
         max_length: ELF's sequence length where something records it (`None`: read later from the checkpoint's
             config, or given).
+        conditioning: a conditional ELF checkpoint's source settings (text encoder, source length, guidance).
     """
 
     family: str
@@ -94,6 +101,7 @@ class OfficialSettings:
     tokenizer: Sourced[str] | None
     sampling: ELFSampling | LangFlowSampling
     max_length: Sourced[int] | None = None
+    conditioning: ELFConditioning | None = None
 
 
 def recognise(source: str, path: Path | None, official_id: str | None) -> CheckpointOrigin:
@@ -140,9 +148,9 @@ def _pipeline(family: str) -> str:
 def _conditional_message(what: str, task: str) -> str:
     unconditional = ", ".join(official_ids("elf"))
     return (
-        f"{what} is a conditional ELF checkpoint ({task}): it generates from a prompt, and ELFPipeline does not take "
-        f"prompts yet, so it is not converted; ELFText2TextPipeline samples it, built from its components "
-        f"(docs/usage.md, 'ELF with a source text'). The unconditional ELF checkpoints convert: {unconditional}."
+        f"{what} is a conditional ELF checkpoint ({task}): it generates from a prompt, which ELFPipeline does not "
+        "take. Build it with ELFText2TextPipeline.from_official (`untied-sc convert elf SOURCE OUTPUT` writes such a "
+        f"folder; docs/usage.md, 'ELF with a source text'). The unconditional ELF checkpoints: {unconditional}."
     )
 
 
@@ -354,3 +362,190 @@ def langflow_settings(origin: CheckpointOrigin, folder: Path, tokenizer=None) ->
         )
     sampling = LangFlowSampling(quantile_eps=Sourced(1e-5, LANGFLOW_GRID))
     return OfficialSettings("langflow", origin, LANGFLOW_GRID, _given_tokenizer(tokenizer), sampling)
+
+
+# What the official `Config` class defaults to for the conditional keys a trainer's config.yml may leave out.
+ELF_CONDITIONAL_DEFAULTS = {"latent_mean": 0.0, "latent_std": 1.0, "pad_token": "pad"}
+CONDITIONAL_FLAGS = "--sde-gamma G, --sc-cfg-scale W and --guidance-scale G"
+
+
+def is_conditional_config(config: dict) -> bool:
+    """Whether a trainer's config is a conditional run's: it names an evaluation set of sources or a source length
+    (the official `eval.py` generates from sources when `eval_data_path` is set)."""
+    return bool(config.get("eval_data_path")) or config.get("max_input_length") is not None
+
+
+def _conditional_value(config: dict, key: str, path: Path, kind: type) -> Sourced:
+    if config.get(key) is None:
+        return Sourced(ELF_CONDITIONAL_DEFAULTS[key], f"{ELF_CONFIG_CLASS}: {path} does not set {key}")
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{path}: {key} = {value!r} is not a {kind.__name__}; fix it.")
+    return Sourced(value, f"{path} ({key})")
+
+
+def _single(entry: dict, key: str, where: str, flag: str) -> float:
+    values = entry.get(key, [1.0])
+    if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], int | float):
+        raise ValueError(
+            f"{where}: {key} {values!r} is not one number, so the value to sample with is ambiguous: pass {flag}."
+        )
+    return float(values[0])
+
+
+def _conditional_sampling_from_config(config: dict, path: Path) -> tuple[ELFSampling | None, Sourced[float] | None]:
+    """The conditional evaluation's settings in a trainer's `sampling_configs`: per-NFE γ (0 for the ODE) and w, and
+    the one guidance scale `cfgs` gives. `(None, None)` when the config lists none."""
+    entries = config.get("sampling_configs") or []
+    gammas, scales, guidance = {}, {}, None
+    for i, entry in enumerate(entries):
+        where = f"{path}, sampling_configs[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not a mapping of sampling settings; fix it.")
+        method, schedule = entry.get("sampling_method", "ode"), entry.get("time_schedule", "logit_normal")
+        if method not in ("ode", "sde") or schedule != "logit_normal":
+            raise ValueError(
+                f"{where}: sampling_method {method!r}, time_schedule {schedule!r}; ELFScheduler runs the official ODE "
+                f"and SDE samplers on the logit-normal grid only. Remove that entry, or pass {CONDITIONAL_FLAGS}."
+            )
+        cfg = _single(entry, "cfgs", where, "--guidance-scale G")
+        if guidance is not None and guidance.value != cfg:
+            raise ValueError(
+                f"{where}: cfgs {cfg} differs from an earlier entry's {guidance.value}: pass --guidance-scale G."
+            )
+        guidance = guidance or Sourced(cfg, f"{where} (cfgs)")
+        w = _single(entry, "self_cond_cfg_scales", where, "--sc-cfg-scale W")
+        gamma = float(entry.get("sde_gamma", 0.0)) if method == "sde" else 0.0
+        for steps in entry.get("num_sampling_steps", []):
+            if isinstance(steps, int) and steps >= 2:
+                gammas[steps], scales[steps] = StepValue(steps, gamma, where), StepValue(steps, w, where)
+    if not gammas:
+        return None, guidance
+    first = scales[min(scales)]
+    one_w = len({v.value for v in scales.values()}) == 1
+    sampling = ELFSampling(
+        sde_gamma_by_steps=tuple(gammas[n] for n in sorted(gammas)),
+        sc_cfg_scale_by_steps=() if one_w else tuple(scales[n] for n in sorted(scales)),
+        sc_cfg_scale=Sourced(first.value, f"{first.source} (self_cond_cfg_scales)"),
+        noise_scale=_number(config, "denoiser_noise_scale", path),
+        p_mean=_number(config, "denoiser_p_mean", path),
+        p_std=_number(config, "denoiser_p_std", path),
+        t_eps=_number(config, "t_eps", path),
+    )
+    return sampling, guidance
+
+
+def _given(value, flag: str) -> Sourced | None:
+    return None if value is None else Sourced(value, f"{GIVEN} ({flag})")
+
+
+def elf_conditional_settings(
+    origin: CheckpointOrigin,
+    checkpoint_file: Path,
+    tokenizer=None,
+    text_encoder=None,
+    sde_gamma: float | None = None,
+    sc_cfg_scale: float | None = None,
+    guidance_scale: float | None = None,
+    max_source_length: int | None = None,
+) -> OfficialSettings:
+    """
+    The settings of the conditional ELF checkpoint `checkpoint_file`: the table's for a released one, else those of
+    the trainer's `config.yml` beside it (`max_input_length`, `encoder_model_name`, `latent_mean`, `latent_std`,
+    `pad_token`, `sampling_configs`); a given value wins. An unconditional checkpoint is refused naming ELFPipeline.
+    """
+    conditional = ", ".join(official_ids("elf", conditional=True))
+    released = origin.checkpoint
+    if released is not None and released.conditioning is None:
+        raise UnconditionalCheckpointError(
+            f"{released.repo_id} is an unconditional checkpoint: it takes no source text. Use ELFPipeline.from_official "
+            f"(`untied-sc convert elf` without --text-encoder / --guidance-scale / --max-source-length); the "
+            f"conditional ones are {conditional}."
+        )
+    if released is not None:
+        conditioning, sampling = released.conditioning, released.sampling
+        settings_from, recorded_tokenizer = (
+            f"the table of released checkpoints ({released.repo_id})",
+            released.tokenizer,
+        )
+        max_length = released.max_length
+    else:
+        found = elf_training_config(checkpoint_file)
+        if found is None:
+            raise MissingSettingsError(
+                f"{checkpoint_file} is not a released conditional ELF checkpoint this package knows, and no config.yml "
+                "beside it records its source settings (the official trainer writes one into its output folder). "
+                f"For a copy of a released checkpoint pass its Hub id with --official-id ({conditional})."
+            )
+        path, config = found
+        if not is_conditional_config(config):
+            raise UnconditionalCheckpointError(
+                f"{path} sets neither eval_data_path nor max_input_length: {checkpoint_file} is an unconditional "
+                "checkpoint, which takes no source text. Use ELFPipeline.from_official (`untied-sc convert elf` "
+                "without --text-encoder / --guidance-scale / --max-source-length)."
+            )
+        length = config.get("max_input_length")
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ValueError(f"{path}: max_input_length = {length!r} is not a positive integer; fix it.")
+        name = config.get("encoder_model_name") or ELF_CONFIG_DEFAULTS["encoder_model_name"]
+        tokenizer_name = config.get("tokenizer_name") or name
+        sampling, guidance = _conditional_sampling_from_config(config, path)
+        if sampling is None:
+            missing = [
+                flag for flag, v in (("--sde-gamma G", sde_gamma), ("--sc-cfg-scale W", sc_cfg_scale)) if v is None
+            ]
+            if missing:
+                raise MissingSettingsError(
+                    f"{path} has no sampling_configs (the trainer writes them there when its YAML sets "
+                    f"sampling_configs_path): pass {' and '.join(missing)} (the released conditional models: the ODE, "
+                    "γ 0, and w 1 at 64 steps, with --guidance-scale 2)."
+                )
+            sampling = replace(
+                _elf_sampling_from_flags(checkpoint_file, sde_gamma, sc_cfg_scale),
+                noise_scale=_number(config, "denoiser_noise_scale", path),
+                p_mean=_number(config, "denoiser_p_mean", path),
+                p_std=_number(config, "denoiser_p_std", path),
+                t_eps=_number(config, "t_eps", path),
+            )
+        if guidance is None and guidance_scale is None:
+            raise MissingSettingsError(
+                f"{path} records no classifier-free guidance scale (sampling_configs' cfgs): pass --guidance-scale G "
+                "(guidance_scale=; the released conditional models: 2)."
+            )
+        conditioning = ELFConditioning(
+            text_encoder=Sourced(str(name), f"{path} (encoder_model_name), loaded as {ELF_TEXT_ENCODER}"),
+            max_source_length=Sourced(length, f"{path} (max_input_length)") if length is not None else None,
+            guidance_scale=guidance,
+            latent_mean=_conditional_value(config, "latent_mean", path, int | float),
+            latent_std=_conditional_value(config, "latent_std", path, int | float),
+            pad_token=_conditional_value(config, "pad_token", path, str),
+        )
+        settings_from = str(path)
+        recorded_tokenizer = Sourced(str(tokenizer_name), f"{path} (tokenizer_name or encoder_model_name)")
+        max_length = None
+    recorded_length = conditioning.max_source_length
+    if recorded_length is not None and max_source_length is not None and max_source_length != recorded_length.value:
+        raise ValueError(
+            f"--max-source-length {max_source_length} (max_source_length=) disagrees with {recorded_length.value}, "
+            f"the source length the checkpoint was trained with ({recorded_length.source}): leave it out."
+        )
+    if recorded_length is None and max_source_length is None:
+        raise MissingSettingsError(
+            f"Nothing records the source length of {checkpoint_file} (the training config's max_input_length): pass "
+            "--max-source-length N (max_source_length=; the released models: 1024 for XSum, 64 for WMT14 De-En)."
+        )
+    conditioning = replace(
+        conditioning,
+        text_encoder=_given(text_encoder, "--text-encoder") or conditioning.text_encoder,
+        guidance_scale=_given(guidance_scale, "--guidance-scale") or conditioning.guidance_scale,
+        max_source_length=recorded_length or _given(max_source_length, "--max-source-length"),
+    )
+    return OfficialSettings(
+        "elf",
+        origin,
+        settings_from,
+        _given_tokenizer(tokenizer) or recorded_tokenizer,
+        _with_given_sampling(sampling, sde_gamma, sc_cfg_scale),
+        max_length,
+        conditioning,
+    )

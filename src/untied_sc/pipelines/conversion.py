@@ -1,7 +1,8 @@
 """`untied-sc convert`: an official checkpoint to a complete pipeline folder, written whole or not at all.
 
-The pipeline is `ELFPipeline.from_official` / `LangFlowPipeline.from_official` and its `save_pretrained` (the
-network, the tokenizer, the official scheduler's config, `model_index.json`, the module files and the model card).
+The pipeline is `ELFPipeline.from_official` / `LangFlowPipeline.from_official` (a conditional ELF checkpoint:
+`ELFText2TextPipeline.from_official`) and its `save_pretrained` (the network, the tokenizer, the official scheduler's
+config, `model_index.json`, the module files and the model card).
 It is written into a temporary folder beside the output and renamed onto it at the end, so that an error or an
 interruption leaves no half-written pipeline behind.
 """
@@ -12,6 +13,10 @@ import tempfile
 from pathlib import Path
 
 from ..families import family_names, get_family
+from ..hub import HUB_KWARGS
+from ..models.official_settings import UnconditionalCheckpointError
+from .official_text2text import CONDITIONAL_OPTIONS, is_conditional_elf
+from .pipeline_elf_text2text import ELFText2TextPipeline
 
 
 def _refuse_non_empty(output: Path, overwrite: bool) -> None:
@@ -53,6 +58,30 @@ def convert_official(
     if family not in family_names():
         raise ValueError(f"family must be one of {sorted(family_names())}, got {family!r}.")
     _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
-    pipe = get_family(family).pipeline.load().from_official(source, **kwargs)
+    pipeline_class = get_family(family).pipeline.load()
+    if family == "elf":
+        pipeline_class, kwargs = conversion_pipeline_class(pipeline_class, source, kwargs)
+    pipe = pipeline_class.from_official(source, **kwargs)
     save_atomically(pipe, output, overwrite)
     return pipe
+
+
+def conversion_pipeline_class(unconditional: type, source, kwargs: dict) -> tuple[type, dict]:
+    """
+    The pipeline class `untied-sc convert elf` builds for `source` ([`ELFText2TextPipeline`] for a conditional
+    checkpoint, `unconditional` (the family's, [`ELFPipeline`]) otherwise), and the keyword arguments it takes: the
+    conditional options left out where none was given; given to an unconditional checkpoint, they are refused
+    naming the flags.
+    """
+    given = {key: kwargs[key] for key in CONDITIONAL_OPTIONS if kwargs.get(key) is not None}
+    rest = {key: value for key, value in kwargs.items() if key not in CONDITIONAL_OPTIONS}
+    hub_kwargs = {key: value for key, value in rest.items() if key in HUB_KWARGS}
+    if is_conditional_elf(source, rest.get("official_id"), **hub_kwargs):
+        return ELFText2TextPipeline, {**rest, **given}
+    if given:
+        flags = ", ".join(CONDITIONAL_OPTIONS[key] for key in given)
+        raise UnconditionalCheckpointError(
+            f"{flags}: for a conditional checkpoint only, and {source} is unconditional (it takes no source text): "
+            "leave them out."
+        )
+    return unconditional, rest

@@ -8,17 +8,22 @@ from pathlib import Path
 from ..families import families
 from ..hub import HUB_KWARGS, resolve_local
 from ..input_checks import check_writes_stay_inside, pipeline_writes
+from .pipeline_elf_text2text import ELFText2TextPipeline
 from .remote_code import saved_class_name, write_remote_code
 
 
+# The families' pipelines, and the conditional one, which only callers that handle prompts load.
 PIPELINES = {family.pipeline.name: family.pipeline.load() for family in families()}
+PIPELINES[ELFText2TextPipeline.__name__] = ELFText2TextPipeline
+CONDITIONAL = {ELFText2TextPipeline.__name__}
 
 
-def load_pipeline(source: str | os.PathLike, **kwargs):
+def load_pipeline(source: str | os.PathLike, conditional: bool = False, **kwargs):
     """
     Loads an [`ELFPipeline`] or [`LangFlowPipeline`] folder (or Hub repo id), picking the class from
     `model_index.json`; the keyword arguments are `from_pretrained`'s (`sampler_statistics=` a statistics folder or
-    repo, `sampler_statistics_revision=` its revision).
+    repo, `sampler_statistics_revision=` its revision). With `conditional=True` (a caller that handles prompts), an
+    [`ELFText2TextPipeline`] folder too; otherwise such a folder is refused, naming what takes it.
     """
     hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
     folder = resolve_local(source, **hub_kwargs)
@@ -28,6 +33,12 @@ def load_pipeline(source: str | os.PathLike, **kwargs):
     name = saved_class_name(json.loads(index.read_text()))
     if name not in PIPELINES:
         raise ValueError(f"{index} names pipeline {name!r}; untied-sc loads {sorted(PIPELINES)}.")
+    if name in CONDITIONAL and not conditional:
+        raise ValueError(
+            f"{index} names {name}, a conditional model that generates from a source text; this command samples "
+            f"without prompts. Sample it with `{name}.from_pretrained(...)(prompt=...)`; `untied-sc calibrate "
+            "--prompts FILE` and `untied-sc push-statistics` take it."
+        )
     # The Hub arguments again: the folder is local now, and they still name its revision (for `pipe.origin`) and
     # serve a statistics repo's download (token, cache_dir).
     pipe = PIPELINES[name].from_pretrained(folder, **hub_kwargs, **kwargs)

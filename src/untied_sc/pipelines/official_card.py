@@ -40,6 +40,22 @@ def _langflow_rows(sampling: LangFlowSampling, proposal: list[float] | None) -> 
     return rows
 
 
+def _conditioning_rows(conversion) -> list[str]:
+    """A conditional checkpoint's source settings: the text encoder loaded, the source length, the guidance scale
+    and the latent normalisation, each with its source."""
+    conditioning = conversion.settings.conditioning
+    rows = _sourced("text encoder (T5EncoderModel)", getattr(conversion, "text_encoder", None))
+    for name, value in (
+        ("source positions (max_source_length)", conditioning.max_source_length),
+        ("classifier-free guidance scale", conditioning.guidance_scale),
+        ("encoder latent mean", conditioning.latent_mean),
+        ("encoder latent std", conditioning.latent_std),
+        ("padding token", conditioning.pad_token),
+    ):
+        rows += _sourced(name, value)
+    return rows
+
+
 def official_model_card(conversion, pipeline_class: str, scheduler_config) -> str:
     """The README.md text of a pipeline that `from_official` built (`conversion`: its [`Conversion`] record)."""
     settings, origin = conversion.settings, conversion.settings.origin
@@ -73,6 +89,8 @@ def official_model_card(conversion, pipeline_class: str, scheduler_config) -> st
         _row("tokenizer", f"`{conversion.tokenizer.value}`", conversion.tokenizer.source),
         _row("sequence length", conversion.max_length, settings.max_length.source if settings.max_length else ""),
     ]
+    if settings.conditioning is not None:
+        setting_rows += _conditioning_rows(conversion)
     if isinstance(settings.sampling, ELFSampling):
         setting_rows += _elf_rows(settings.sampling)
         scheduler = "ELFScheduler"
@@ -101,6 +119,12 @@ def official_model_card(conversion, pipeline_class: str, scheduler_config) -> st
     ]
     if steps is not None:
         lines += [f"The official evaluation samples at {', '.join(map(str, steps.value))} steps ({steps.source}).", ""]
+    if settings.conditioning is not None:
+        call = 'texts = pipe(prompt=["A source text."], num_inference_steps=64).texts  # the official sampler'
+        calibrate = "untied-sc calibrate PIPELINE_DIR --nfe 8 16 64 --prompts sources.txt   # calibrated on prompts"
+    else:
+        call = "texts = pipe(batch_size=4, num_inference_steps=32).texts  # the official sampler"
+        calibrate = "untied-sc calibrate PIPELINE_DIR --nfe 8 16 32 64   # sampler statistics for the untied sampler"
     lines += [
         "## Use",
         "",
@@ -108,12 +132,16 @@ def official_model_card(conversion, pipeline_class: str, scheduler_config) -> st
         f"from untied_sc import {pipeline_class}",
         "",
         f'pipe = {pipeline_class}.from_pretrained("PIPELINE_DIR")',
-        "texts = pipe(batch_size=4, num_inference_steps=32).texts  # the official sampler",
+        call,
         "```",
         "",
         "```bash",
-        "untied-sc calibrate PIPELINE_DIR --nfe 8 16 32 64   # sampler statistics for the untied sampler",
-        "untied-sc generate PIPELINE_DIR --nfe 8 --out samples.jsonl",
+        calibrate,
+        *(
+            []
+            if settings.conditioning is not None
+            else ["untied-sc generate PIPELINE_DIR --nfe 8 --out samples.jsonl"]
+        ),
         "```",
         "",
     ]

@@ -69,8 +69,8 @@ def _refuses_prompt(call):
         if "prompt" in kwargs:
             raise TypeError(
                 f"{type(self).__name__} samples unconditional ELF models and takes no prompt. For a conditional "
-                "checkpoint (XSum summarisation, WMT14 De-En translation) use ELFText2TextPipeline(transformer, "
-                "scheduler, tokenizer, text_encoder, max_source_length=...)(prompt=...)."
+                "checkpoint (XSum summarisation, WMT14 De-En translation) use ELFText2TextPipeline (`untied-sc "
+                "convert elf` writes its folder; ELFText2TextPipeline.from_official builds it)(prompt=...)."
             )
         return call(self, *args, **kwargs)
 
@@ -261,7 +261,8 @@ class ELFPipeline(LanguageFlowPipeline):
         per NFE included); for another, the `sampling_configs` of the trainer's `config.yml` beside it.
         `pipe.save_pretrained(folder)` then writes the complete pipeline folder with a model card naming the source
         and every setting's origin (what `untied-sc convert elf` does). The conditional checkpoints (XSum, WMT14
-        De-En) are refused: the pipeline takes no prompts.
+        De-En) are refused, naming [`ELFText2TextPipeline.from_official`], which builds them: this pipeline takes no
+        prompts.
 
         Args:
             checkpoint: `checkpoint_<step>` file, folder, or Hub repo id.

@@ -7,6 +7,7 @@ source and target in one sequence (`utils/data_utils.py` `get_dataloader.collate
 `test_generation_cond`: `shift_left`, the cut to `max_length − max_input_length`, `mask_after_eos`).
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -353,8 +354,17 @@ class ELFText2TextPipeline(ELFPipeline):
         if conditioning is None or len(conditioning.lengths) != batch_size:
             raise ValueError("denoise needs the batch's `conditioning` (encode_prompt), one row per trajectory.")
         scale = self._scale(sc_cfg_scale, num_inference_steps)
+        # The untied sampler acts on the generated positions only (its correction, and calibration's moments): the
+        # held source positions are masked out (and restored after every step below).
         batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
-            batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
+            batch_size,
+            num_inference_steps,
+            generator,
+            latents,
+            scheduler,
+            statistics,
+            ace_statistics,
+            mask=~conditioning.mask,
         )
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
         # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
@@ -413,9 +423,55 @@ class ELFText2TextPipeline(ELFPipeline):
         return ids if eos is None else mask_after_eos(ids, eos, self.pad_token_id)
 
     @classmethod
-    def from_official(cls, *args, **kwargs):
-        """Not yet: build the pipeline from its components (see docs/usage.md, "ELF with a source text")."""
-        raise NotImplementedError(
-            "Converting the conditional checkpoints is not implemented yet: build ELFText2TextPipeline from its "
-            "components (transformer from load_official_elf, T5EncoderModel, tokenizer, ELFScheduler(sde_gamma=0.0))."
+    def from_official(
+        cls,
+        checkpoint: str | os.PathLike,
+        tokenizer=None,
+        text_encoder=None,
+        max_length: int | None = None,
+        max_source_length: int | None = None,
+        official_id: str | None = None,
+        sde_gamma: float | None = None,
+        sc_cfg_scale: float | None = None,
+        guidance_scale: float | None = None,
+        **kwargs,
+    ) -> "ELFText2TextPipeline":
+        """
+        Builds the pipeline of an official conditional ELF checkpoint (`ELF-B-xsum-torch`, `ELF-B-de-en-torch`, or a
+        trainer's output folder whose `config.yml` sets `max_input_length`) with the official conditional sampler at
+        its official settings: the ODE (γ = 0), SC-CFG scale 1 and guidance scale 2 of the official
+        `cond_sampling_configs.yml`, the source length and latent normalisation of the training config, the T5
+        tokenizer and the frozen T5 encoder the official code loads (`t5-small`). `pipe.save_pretrained(folder)`
+        writes the complete folder (what `untied-sc convert elf` does), with a model card naming every setting's
+        source. An unconditional checkpoint is refused, naming [`ELFPipeline.from_official`].
+
+        Args:
+            checkpoint: `checkpoint_<step>` file, folder, or Hub repo id.
+            tokenizer: a tokenizer or its name/path; `None`: the checkpoint's (`t5-small`).
+            text_encoder: a `T5EncoderModel` or its name/path; `None`: the checkpoint's (`t5-small`, through the
+                Hugging Face cache, as the official `T5EncoderModel.from_pretrained(encoder_model_name)`).
+            max_length, official_id, sde_gamma, sc_cfg_scale: as [`ELFPipeline.from_official`].
+            max_source_length (`int`, *optional*): the source positions, where nothing records them (the training
+                config's `max_input_length`; must agree with a recorded one).
+            guidance_scale (`float`, *optional*): the default guidance scale, over the recorded one.
+            kwargs: as [`ELFPipeline.from_official`] (`weights`, `allow_pickle`, the Hub download's, and
+                `sampler_statistics`, `sampler_statistics_revision`).
+        """
+        from .official_text2text import build_elf_text2text
+
+        statistics = kwargs.pop("sampler_statistics", None)
+        revision = kwargs.pop("sampler_statistics_revision", None)
+        pipe = build_elf_text2text(
+            cls,
+            checkpoint,
+            tokenizer,
+            text_encoder,
+            max_length,
+            max_source_length,
+            official_id,
+            sde_gamma,
+            sc_cfg_scale,
+            guidance_scale,
+            **kwargs,
         )
+        return cls._attach_official_statistics(pipe, statistics, revision, kwargs)

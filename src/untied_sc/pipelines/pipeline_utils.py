@@ -645,11 +645,14 @@ class LanguageFlowPipeline(DiffusionPipeline):
         """Number of steps of the loop in progress or last run (diffusers' convention, for callbacks)."""
         return self._num_timesteps
 
-    def _start_run(self, batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics):
+    def _start_run(
+        self, batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics, mask=None
+    ):
         """
         A denoising run's start: the call checked, the scheduler (`self.scheduler` unless given) checked and its
         `set_timesteps` called with the run's generator and the statistics it takes (each checked against the
-        transformer). Returns the checked batch size, NFE and generator, the scheduler and the device.
+        transformer), and `mask` (the (B, L) positions the sampler generates) where it takes one. Returns the
+        checked batch size, NFE and generator, the scheduler and the device.
         """
         batch_size, num_inference_steps, generator = self._checked_call(
             batch_size, num_inference_steps, generator, latents
@@ -661,6 +664,8 @@ class LanguageFlowPipeline(DiffusionPipeline):
             scheduler.set_timesteps,
             {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
         )
+        if mask is not None and "mask" in _accepted_kwargs(scheduler.set_timesteps, {"mask": mask}):
+            timestep_kwargs["mask"] = mask.to(device)
         for name in ("statistics", "ace_statistics"):
             if timestep_kwargs.get(name) is not None:
                 timestep_kwargs[name].check_model(self.transformer)

@@ -335,6 +335,8 @@ def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
     cls = record.pipeline_class
     swap = "pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)  # the untied sampler"
     call = f"texts = pipe(batch_size=4, num_inference_steps={steps}).texts"
+    if cls == "ELFText2TextPipeline":  # a conditional model generates from a source text
+        call = f'texts = pipe(prompt=["A source text."], num_inference_steps={steps}).texts'
     python = ["```python", f"from untied_sc import {cls}, UntiedSelfConditioningScheduler", ""]
     if record.pipeline is not None:
         pin = f', revision="{record.pipeline.pin}"' if record.pipeline.pin else ""

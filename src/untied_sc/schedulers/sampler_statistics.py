@@ -133,6 +133,8 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         calibration_alpha (`dict`, *optional*): per NFE (as strings), the EMA weight α of the reference recurrence
             the moments were measured with.
         tuning (`dict`, *optional*): format 1 only: the tuning record, now the scheduler config's `tuning_by_steps`.
+        prompt_banks (`dict`, *optional*): a conditional model's: per NFE (as strings), the prompts the trajectories
+            were generated from (`{"file": name, "fingerprint": sha256 of the texts, "count": n}`).
     """
 
     @register_to_config
@@ -149,6 +151,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         seeds: dict | None = None,
         calibration_alpha: dict | None = None,
         tuning: dict | None = None,
+        prompt_banks: dict | None = None,
     ):
         super().__init__()
         if solver not in SOLVERS:
@@ -184,9 +187,11 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         bank_sizes: dict | None = None,
         seeds: dict | None = None,
         calibration_alpha: dict | None = None,
+        prompt_banks: dict | None = None,
     ) -> "SamplerStatistics":
         """Assembles statistics for `model` from computed tensors (what calibration produces)."""
         statistics = cls(
+            prompt_banks=prompt_banks or None,
             solver=solver,
             latent_dim=basis.shape[0],
             rank=basis.shape[1],

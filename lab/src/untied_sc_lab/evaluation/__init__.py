@@ -34,6 +34,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "unigram_entropy",
         ),
         ".plots": ("plot_benchmark",),
+        ".task_metrics": ("RougeScores", "corpus_bleu", "rouge"),
         ".statistics": (
             "ClusterIntervals",
             "PairedComparison",
