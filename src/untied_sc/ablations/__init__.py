@@ -2,6 +2,7 @@
 
 from .schedulers import (
     ABLATION_SCHEDULERS,
+    TRANSFORM_ASSIGNMENTS,
     AblationUntiedELFScheduler,
     AblationUntiedLangFlowScheduler,
     AblationUntiedMixin,
