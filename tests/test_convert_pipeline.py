@@ -42,7 +42,7 @@ from untied_sc.models.official_checkpoints import OFFICIAL_CHECKPOINTS, Sourced,
 from .conftest import Golden, golden_call, replay_official_draws, replay_official_network
 from .hub_cache import populate_hub_cache
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
-from .test_hub_http import hub, loopback_only  # noqa: F401  (fixtures)
+from .test_hub_http import hub, loopback_guard  # noqa: F401  (fixtures)
 from .tiny import random_statistics, tiny_tokenizer_folder
 
 
@@ -596,7 +596,7 @@ def run_as_written(
     return done
 
 
-def test_the_readmes_workflow_runs_as_written_over_http(hub, tmp_path, one_thread):  # noqa: F811
+def test_the_readmes_workflow_runs_as_written_over_http(hub, loopback_guard, tmp_path, one_thread):  # noqa: F811
     """
     The README's workflow, every line as written, against a local Hub on 127.0.0.1 that serves ELF-B-owt-torch and
     t5-small laid out as the real repos are (tiny stand-ins, at ELF-B's length of 1,024): the first user converts by

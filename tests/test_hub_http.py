@@ -36,8 +36,8 @@ STATISTICS = "sampler_statistics/diffusion_pytorch_model.safetensors"
 STEPS = 4
 
 
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
+@pytest.fixture
+def loopback_guard(monkeypatch):
     """Records (and refuses) every name resolution of a non-loopback host made during a test."""
     real, attempts = socket.getaddrinfo, []
 
@@ -50,6 +50,12 @@ def loopback_only(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", guarded)
     yield
     assert not attempts, f"a test tried to reach {attempts}"
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(loopback_guard):
+    """Every test of this module talks to the local Hub only (a module importing `loopback_guard` instead guards the
+    tests that ask for it)."""
 
 
 def point_hub_at(monkeypatch, endpoint: str) -> None:
