@@ -695,7 +695,7 @@ def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, 
 
 
 def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
-    from untied_sc.schedulers.scheduling_untied import paper_coefficients
+    from untied_sc.schedulers.coefficients import paper_coefficients
     from untied_sc_lab.experiments.definitions import experiment_name, with_preset
 
     samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")

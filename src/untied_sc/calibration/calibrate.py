@@ -14,7 +14,6 @@ from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics,
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from ..seeds import check_seed, generator_seed, seeds_in_space
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
-from .migrate import migrate_pipeline
 from .overlap import overlap_basis_from_model
 from .reduction import is_main_process, process_share, sum_across_processes
 from .reference import MomentAccumulator, ReferenceRecurrenceMixin, reference_recurrence
@@ -354,7 +353,6 @@ def apply_calibration(pipe, result: CalibrationResult, overwrite: bool = False) 
     calibration ran at (given explicitly), `overwrite=True` replaces it, with that NFE's tuned temperature and tuning
     record; otherwise the entry is kept and a warning names both.
     """
-    migrate_pipeline(pipe)  # an old-layout folder's coefficients move to the scheduler config first
     pipe.register_modules(sampler_statistics=result.statistics)
     current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})
     tuning = dict(pipe.scheduler.config.get("tuning_by_steps") or {})
@@ -387,8 +385,6 @@ def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[
         statistics.check_model(pipe.transformer)
     except ValueError:
         return {}, {}, {}, {}, None
-    if statistics.is_legacy:
-        statistics = statistics.migrate()[0]
     steps = {n: statistics.for_steps(n) for n in statistics.config.calibrated_steps or []}
     config = statistics.config
     scales = tuple(float(x) for x in statistics.base_scales.tolist())

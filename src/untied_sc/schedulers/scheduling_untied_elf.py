@@ -62,7 +62,6 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
     family = "elf"
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", *ELF_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = ("sc_cfg_scale",)
     _config_ranges = {**ELF_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config

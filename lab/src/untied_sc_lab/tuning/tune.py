@@ -32,7 +32,6 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from untied_sc.calibration import migrate_pipeline
 from untied_sc.defaults import (
     CURVE_VALUES,
     EXTRAPOLATE,
@@ -290,7 +289,6 @@ def tune_coefficients(
         One [`SearchResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values (and the
         entropy-matching knob) and its `tuning_by_steps` the search's record.
     """
-    migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
         raise ValueError(
