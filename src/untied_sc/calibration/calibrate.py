@@ -76,8 +76,8 @@ def _batches(space: str, stream: int, size: int, batch_size: int) -> list[tuple[
 
 
 def calibration_seeds(statistics) -> set[int]:
-    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs calibrated before calibration
-    had its own seed space (their `seeds` entry is a plain list). Newer banks lie in the calibration space."""
+    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs whose `seeds` entry is a plain
+    list (the benchmark space, `untied_sc.seeds.DEFAULT_RECORD_SPACE`); a mapping names the calibration space."""
     if statistics is None:
         return set()
     return seeds_in_space((statistics.config.get("seeds") or {}).values(), "benchmark")
