@@ -127,7 +127,7 @@ class ELFPipeline(LanguageFlowPipeline):
         if sc_cfg_scale is None:
             sc_cfg_scale = DEFAULT_SC_CFG_SCALE
         self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale, "the pipeline's sc_cfg_scale"))
-        if sc_cfg_scale_by_steps:  # only where there is one: other folders' model_index.json stays as it was
+        if sc_cfg_scale_by_steps:  # only where there is one: a folder without a table saves none
             self.register_to_config(sc_cfg_scale_by_steps=_check_sc_cfg_scale_by_steps(sc_cfg_scale_by_steps))
 
     @_refuses_prompt

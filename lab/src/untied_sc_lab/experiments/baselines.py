@@ -25,7 +25,7 @@ from .definitions import normalise_samplers
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
     """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
     (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
-    the earlier rule (an entropy guard, no equal-entropy objective) say so in `rule`."""
+    the entropy-guard rule (no equal-entropy objective; the bundled folders' 32- and 64-NFE ones) say so in `rule`."""
     tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
     by_steps = {}
     for n in nfe:

@@ -346,7 +346,7 @@ def score_sweep(
         "evaluator": evaluator_name,
         "evaluator_description": description,
         "samplers": generation["samplers"],
-        "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        "coefficients": generation.get("coefficients"),  # absent from generation files that record none
         "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},

@@ -388,8 +388,8 @@ def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, ru
 
 
 def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
-    """The coefficients calibration ran at for this NFE, as remembered by an earlier tuning record (`None` if
-    untuned). Records written before this field existed fall back to the coefficients their search started from."""
+    """The coefficients calibration ran at for this NFE, as its tuning record remembers them (`None` if untuned); a
+    record without `calibrated` gives the coefficients its search started from."""
     record = (scheduler_config.get("tuning_by_steps") or {}).get(str(num_inference_steps))
     if not record:
         return None
