@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import schedulers
 from ..schedulers.coefficients import check_coefficients, coefficients_table
 from ..schedulers.config_checks import check_config_ranges
+from ..schedulers.contract import init_keys
 from ..schedulers.sampler_statistics import SamplerStatistics, check_format_version
 from .remote_code import saved_class_name
 
@@ -143,14 +144,14 @@ def check_scheduler_config(path: Path) -> None:
     """A scheduler config of this package has every numeric setting in range (see `_config_ranges`) and, for an
     untied scheduler, every stored per-NFE coefficient entry checked."""
     config = read_json(path)
-    if "sc_cfg_scale" in config:
+    cls = getattr(schedulers, str(config.get("_class_name")), None)
+    if "sc_cfg_scale" in config and (cls is None or "sc_cfg_scale" not in init_keys(cls)):
         raise ValueError(
             f"{path} holds `sc_cfg_scale: {config['sc_cfg_scale']}`, which this untied-sc reads from the pipeline, not "
             'the scheduler. Move it to the folder\'s model_index.json (`"sc_cfg_scale": '
             f"{config['sc_cfg_scale']}`) and delete it from {path.name}, or re-export the pipeline (`untied-sc "
             "convert` of the checkpoint)."
         )
-    cls = getattr(schedulers, str(config.get("_class_name")), None)
     ranges = getattr(cls, "_config_ranges", None)
     if ranges:
         check_config_ranges(cls.__name__, config, ranges, where=str(path))
