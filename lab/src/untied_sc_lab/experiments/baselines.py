@@ -112,7 +112,7 @@ def tune_baselines(
     Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
 
     Nothing is sampled when a check fails: an evaluation seed out of range or one the pipeline was tuned, calibrated
-    or ACE-estimated on (records written before the seed spaces, [`refuse_leaked_seeds`]); a tuning seed out of
+    or ACE-estimated on (records that name no seed space, [`refuse_leaked_seeds`]); a tuning seed out of
     range; an ACE sampler without the pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied
     sampler at an uncalibrated NFE. The tuning bank is drawn in the tuning seed space (`untied_sc.seeds`), which no
     benchmark, calibration or ACE batch reaches.

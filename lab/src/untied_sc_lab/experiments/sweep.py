@@ -350,7 +350,7 @@ def score_sweep(
         "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
-        "num_processes": generation.get("num_processes", 1),  # absent from generation files written before it
+        "num_processes": generation.get("num_processes", 1),  # absent from generation files that record none (1)
         "runs": runs,
         "diversity_default": knob_default,
         "command": generation["command"],
