@@ -11,8 +11,8 @@ differences run in float32). The paper: 128 s on one H100 for ELF-B, 8 NFE, 2 ×
 every process runs its share of each bank's batches (`untied_sc.calibration.reduction`), and the JSON (written by the
 main process) records the number of processes, so 1- and N-process runs of the same bank give the speed-up.
 Writes benchmarks/results/calibration_cost_elf_b_<device>_<dtype>_bank<N>_<P>proc.json; an existing file is kept
-unless `--overwrite`. (benchmarks/results/calibration_cost_elf_b_random.json is the per-trajectory-step CPU timing of
-an earlier version of this script.)
+unless `--overwrite`. (benchmarks/results/calibration_cost_elf_b_random.json is a per-trajectory-step CPU timing, in
+its own layout.)
 
 A pipeline folder: seconds per calibrated NFE, and the relative error between the calibrated σ_k, μ_k and those of a
 held-out bank (sampling error). Writes benchmarks/results/calibration_cost_<folder>.json.

@@ -10,7 +10,7 @@
     reproduces itself for a seed.
 (c) The official ELF scheduler's share of run time at ELF-B shape (random weights), batch 32, 8 NFE: the time inside
     `set_timesteps`, `scale_model_input` and `step`, with the device synchronised around each call (as in
-    benchmarks/overhead.py), for a CPU generator with draw-ahead (the default), without it (the old inline draws) and
+    benchmarks/overhead.py), for a CPU generator with draw-ahead (the default), without it (inline draws) and
     for a CUDA generator. z_0 is drawn as the pipeline draws it and counts in the run, not in the scheduler.
 
 Runs in well under a minute on an H100. `--device cpu` with a small `--batch-size`/`--max-length`/`--layers` runs

@@ -1,11 +1,12 @@
 """Re-analyse committed benchmark reports from their run records, and re-render them (JSON, Markdown, plot).
 
-A report's statistics are a function of its per-sample records (`untied_sc_lab.experiments.benchmark.analyse`): when the
-way intervals or the equal-entropy control are computed changes, the committed reports are brought up to date with
+A report's statistics are a function of its per-sample records (`untied_sc_lab.experiments.aggregation.analyse`):
+when the way intervals or the equal-entropy control are computed changes, the committed reports are brought up to
+date with
 
     python benchmarks/rerender_reports.py benchmarks/results/*.json --overwrite
 
-Reports analysed before the few-cluster intervals existed keep their bootstrap-only tables (they re-render byte for
+Reports analysed without the few-cluster intervals keep their bootstrap-only tables (they re-render byte for
 byte); `--small-sample-intervals` adds the t-interval and bootstrap-t beside the cluster bootstrap and the headline
 rule (`untied_sc_lab.experiments.aggregation.INTERVAL_RULE`), as every new report has them.
 

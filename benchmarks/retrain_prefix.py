@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from untied_sc_lab.training.langflow import start_or_resume
+from untied_sc_lab.training.trainer import start_or_resume
 
 
 COMPARED = ("loss", "loss_sc", "loss_no_sc", "l2_sc", "l2_no_sc", "ce", "grad_norm", "lr")

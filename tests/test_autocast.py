@@ -111,7 +111,7 @@ def test_elf_autocasts_only_its_blocks(elf, elf_golden, caller_autocast):
     outputs = {}
 
     def run():
-        # a caller's own autocast (the old benchmark wrapped the whole forward) must not widen the regions
+        # a caller's own autocast (e.g. around the whole forward) must not widen the regions
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=caller_autocast):
             outputs.update(_elf_outputs(elf, elf_golden, decoder_step_active=True))
 

@@ -170,7 +170,7 @@ def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_toge
     assert row["ratio"] == pytest.approx(0.5)
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
     assert row["entropy_resampled"] and row["fraction_outside"] == 0.0
-    # Records without per-sample entropies (older reports): the entropies are held, the interval still computed.
+    # Records without per-sample entropies (some committed reports): the entropies are held, the interval computed.
     for r in runs:
         del r["per_sample"]["entropy"]
     row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
@@ -695,7 +695,7 @@ def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, 
 
 
 def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
-    from untied_sc.schedulers.scheduling_untied import paper_coefficients
+    from untied_sc.schedulers.coefficients import paper_coefficients
     from untied_sc_lab.experiments.definitions import experiment_name, with_preset
 
     samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")
@@ -708,16 +708,3 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     assert coefficients == {**paper_coefficients()["langflow-lm1b"]["8"], "eta_r": 0.0}
     assert experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
     assert experiment_name("hub/x", "main") is None
-
-
-def test_the_benchmark_module_still_exports_what_it_did_from_the_modules_that_now_hold_it():
-    from untied_sc_lab.experiments import aggregation, benchmark, cli, generation_files, report, sweep
-    from untied_sc_lab.experiments import definitions as experiments
-
-    homes = (aggregation, cli, experiments, generation_files, report, sweep)
-    renamed = {"_experiment_name": experiments.experiment_name, "command_line": cli.benchmark_command_line}
-    for name in set(benchmark.__all__) - set(renamed):
-        held = [module for module in homes if getattr(module, name, None) is getattr(benchmark, name)]
-        assert held, f"benchmark.{name} is not the object of any of the modules that hold the benchmark's jobs"
-    for name, function in renamed.items():
-        assert getattr(benchmark, name) is function

@@ -306,7 +306,7 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
     assert f"at most): {RULE}." in text
     row = next(line for line in text.splitlines() if line.startswith("| untied | 8 |"))
     assert "| the same (`untied-sc tune`) |" in row and f"eta_t: {result.edges['eta_t']}" in row
-    # a record of the earlier rule (entropy guard) is still read, and says which rule it was
+    # a record of the entropy-guard rule (the bundled folders' 32- and 64-NFE ones) is read, and says its rule
     old = {
         "seed": 10_000,
         "num_samples": 32,

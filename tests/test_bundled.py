@@ -27,9 +27,7 @@ def test_bundled_pipeline_loads_and_generates(name):
     pipe.set_progress_bar_config(disable=True)
     statistics = pipe.sampler_statistics
     assert statistics.config.calibrated_steps == [8, 16, 32, 64]
-    assert (
-        not statistics.is_legacy
-    )  # the bundled folders have the current layout: coefficients in the scheduler config
+    assert statistics.config.format_version == 2  # the coefficients live in the scheduler config
     scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
     for nfe in (8, 16, 32, 64):
         coefficients = scheduler_config["coefficients_by_steps"][str(nfe)]

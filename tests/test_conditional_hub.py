@@ -21,7 +21,7 @@ from untied_sc import ELFText2TextPipeline, UntiedELFScheduler
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
 from .test_conditional_convert import encoder_folder
 from .test_convert_pipeline import official_elf_checkpoint
-from .test_hub_http import hub, loopback_only, point_hub_at  # noqa: F401  (fixtures)
+from .test_hub_http import hub, loopback_guard, loopback_only, point_hub_at  # noqa: F401  (fixtures)
 from .test_pipelines_conditional import GOLDEN
 from .tiny import tiny_tokenizer_folder
 

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from untied_sc import hardware
-from untied_sc_lab.training.langflow import training_device
+from untied_sc_lab.training.trainer import training_device
 
 
 INTEL = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"

@@ -306,19 +306,11 @@ def test_interleaved_calls_with_different_knobs_equal_separate_calls(pipes, fami
     assert not torch.equal(alone_outer.latents, alone_inner.latents)
 
 
-def _old_layout_scheduler(sc_cfg_scale):
-    """An ELF scheduler loaded from a config saved when the SC-CFG scale lived there."""
-    config = {key: value for key, value in ELFScheduler().config.items() if not key.startswith("_")}
-    return ELFScheduler.from_config({**config, "sc_cfg_scale": sc_cfg_scale})
-
-
-def test_sc_cfg_scale_resolution_call_then_pipeline_then_legacy_scheduler_key_then_default(pipes):
+def test_sc_cfg_scale_resolution_call_then_pipeline_then_default(pipes):
     transformer = pipes["elf"].transformer
     assert ELFPipeline(transformer, FlowMatchEulerDiscreteScheduler(), tiny_tokenizer()).sc_cfg_scale == 3.0
-    legacy = ELFPipeline(transformer, _old_layout_scheduler(5.0), tiny_tokenizer())
-    assert legacy.config.sc_cfg_scale == legacy.sc_cfg_scale == 5.0
-    owned = ELFPipeline(transformer, _old_layout_scheduler(5.0), tiny_tokenizer(), sc_cfg_scale=4.0)
-    assert owned.config.sc_cfg_scale == 4.0
+    owned = ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=4.0)
+    assert owned.config.sc_cfg_scale == owned.sc_cfg_scale == 4.0
     owned.set_progress_bar_config(disable=True)
     scales = _spy_network_scales(owned)
     _sample(owned)
@@ -328,29 +320,23 @@ def test_sc_cfg_scale_resolution_call_then_pipeline_then_legacy_scheduler_key_th
         _sample(owned, sc_cfg_scale="3")
 
 
-def test_sc_cfg_scale_is_saved_in_model_index_and_old_folders_keep_their_scheduler_value(tmp_path, pipes):
+def test_sc_cfg_scale_is_saved_in_model_index_and_a_folder_without_one_runs_the_default(tmp_path, pipes):
     transformer = pipes["elf"].transformer
     ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=4.0).save_pretrained(tmp_path / "new")
     assert json.loads((tmp_path / "new" / "model_index.json").read_text())["sc_cfg_scale"] == 4.0
     assert ELFPipeline.from_pretrained(tmp_path / "new").sc_cfg_scale == 4.0
     assert ELFPipeline.from_pretrained(tmp_path / "new", sc_cfg_scale=6.0).sc_cfg_scale == 6.0
 
-    # an old folder: no pipeline value, the scale in the scheduler config
-    old = tmp_path / "old"
-    ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer()).save_pretrained(old)
-    index = json.loads((old / "model_index.json").read_text())
+    # a model_index.json without the value (hand-made): the released models' 3.0, written on the next save
+    bare = tmp_path / "bare"
+    ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=5.0).save_pretrained(bare)
+    index = json.loads((bare / "model_index.json").read_text())
     del index["sc_cfg_scale"]
-    (old / "model_index.json").write_text(json.dumps(index))
-    scheduler_config = json.loads((old / "scheduler" / "scheduler_config.json").read_text())
-    (old / "scheduler" / "scheduler_config.json").write_text(json.dumps({**scheduler_config, "sc_cfg_scale": 5.0}))
-    loaded = ELFPipeline.from_pretrained(old)
-    loaded.set_progress_bar_config(disable=True)
-    assert loaded.sc_cfg_scale == 5.0
-    built = ELFPipeline(transformer, ELFScheduler(), tiny_tokenizer(), sc_cfg_scale=5.0)
-    built.set_progress_bar_config(disable=True)
-    assert torch.equal(_sample(loaded, seed=5).latents, _sample(built, seed=5).latents)
-    loaded.save_pretrained(tmp_path / "resaved")  # re-saving moves the value into model_index.json
-    assert json.loads((tmp_path / "resaved" / "model_index.json").read_text())["sc_cfg_scale"] == 5.0
+    (bare / "model_index.json").write_text(json.dumps(index))
+    loaded = ELFPipeline.from_pretrained(bare)
+    assert loaded.sc_cfg_scale == 3.0
+    loaded.save_pretrained(tmp_path / "resaved")
+    assert json.loads((tmp_path / "resaved" / "model_index.json").read_text())["sc_cfg_scale"] == 3.0
 
 
 # ---- the public denoising loop -----------------------------------------------------------------------------------

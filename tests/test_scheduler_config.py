@@ -184,7 +184,7 @@ def test_untied_config_holds_its_family_keys_only(family):
 
 
 def test_a_coefficient_table_written_after_init_survives_an_in_memory_swap():
-    # `untied-sc tune` and the migration write coefficients_by_steps into the scheduler config of a live pipeline.
+    # `untied-sc tune` and calibration write coefficients_by_steps into the scheduler config of a live pipeline.
     official = ELFScheduler()
     table = {"8": dict(COEFFICIENTS)}
     official.register_to_config(coefficients_by_steps=table)
@@ -194,17 +194,19 @@ def test_a_coefficient_table_written_after_init_survives_an_in_memory_swap():
     assert UntiedELFScheduler.from_config(untied.config).config.coefficients_by_steps == {"16": COEFFICIENTS}
 
 
-def test_a_legacy_sc_cfg_scale_loads_silently_and_stays_for_the_pipeline(tmp_path):
-    legacy = {**_public(ELFScheduler().config), "_class_name": "ELFScheduler", "sc_cfg_scale": 2.5}
-    (tmp_path / "scheduler_config.json").write_text(json.dumps(legacy))
-    with diffusers_warnings() as logged:
-        official = ELFScheduler.from_pretrained(tmp_path)
-        untied = UntiedSelfConditioningScheduler.from_config(official.config, coefficients="elf-b")
-        back = ELFScheduler.from_config(untied.config)
-    assert not logged, [record.getMessage() for record in logged]
-    assert official.config.sc_cfg_scale == untied.config.sc_cfg_scale == back.config.sc_cfg_scale == 2.5
+def test_a_scheduler_config_holding_sc_cfg_scale_is_refused_naming_the_file_and_the_fix(tmp_path, make_pipe):
+    make_pipe("elf").save_pretrained(tmp_path)
+    path = tmp_path / "scheduler" / "scheduler_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "sc_cfg_scale": 2.5}))
+    with pytest.raises(ValueError) as error:
+        ELFPipeline.from_pretrained(tmp_path)
+    message = str(error.value)
+    for part in (str(path), "`sc_cfg_scale: 2.5`", "model_index.json", "untied-sc convert"):
+        assert part in message, part
+    with pytest.warns(UserWarning, match="ELFScheduler has no config key 'sc_cfg_scale'; it is ignored"):
+        ELFScheduler.from_pretrained(tmp_path / "scheduler")  # the scheduler alone: an unknown key
     with pytest.raises(TypeError, match="sc_cfg_scale"):
-        ELFScheduler(sc_cfg_scale=3.0)  # no longer a scheduler setting: the pipeline's
+        ELFScheduler(sc_cfg_scale=3.0)  # the pipeline's setting, not the scheduler's
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,61 +225,6 @@ def test_factory_picks_the_family_from_the_class_name(family):
     assert not isinstance(FAMILIES[family][0](), UntiedSelfConditioningScheduler)
 
 
-def _legacy_config(family: str) -> dict:
-    """A scheduler_config.json of the single untied scheduler of earlier versions: both families' keys."""
-    return {
-        "_class_name": "UntiedSelfConditioningScheduler",
-        "_diffusers_version": "0.42.1",
-        "solver": family,
-        **_public(ELFScheduler().config),
-        "sc_cfg_scale": 3.0,
-        "quantile_eps": 1e-5,
-        "eta_r": None,
-        "eta_t": None,
-        "eta_o": None,
-        "alpha": None,
-        "coefficients": "elf-b" if family == "elf" else "langflow-owt",
-        "eps_fp": 0.01,
-        "degeneracy_eps": 1e-12,
-        "correction_routing": "solver",
-        "transform_assignment": "overlap",
-        "transform_seed": 0,
-        "global_scaling": True,
-        "cosine_distance": "precomputed",
-    }
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_factory_loads_a_legacy_folder_silently_without_the_other_family_keys(tmp_path, family):
-    (tmp_path / "scheduler_config.json").write_text(json.dumps(_legacy_config(family)))
-    with diffusers_warnings() as logged:
-        scheduler = UntiedSelfConditioningScheduler.from_pretrained(tmp_path)
-    assert not logged, [record.getMessage() for record in logged]
-    assert type(scheduler) is FAMILIES[family][1]
-    assert "solver" not in scheduler.config and scheduler.config.cosine_distance == "precomputed"
-    if family == "elf":
-        assert scheduler.config.sc_cfg_scale == 3.0 and "quantile_eps" not in scheduler.config
-    else:
-        assert not {"noise_scale", "sde_gamma_by_steps", "sc_cfg_scale"} & set(scheduler.config)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_a_legacy_pipeline_folder_loads_and_samples_as_the_new_one(tmp_path, make_pipe, family):
-    pipe = make_pipe(family)
-    pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **COEFFICIENTS)
-    expected = _latents(pipe)
-    pipe.save_pretrained(tmp_path)
-    legacy = {**_legacy_config(family), **COEFFICIENTS, "cosine_distance": "precomputed", "coefficients": None}
-    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(legacy))
-    index = json.loads((tmp_path / "model_index.json").read_text())
-    index["scheduler"] = ["untied_sc.schedulers.scheduling_untied", "UntiedSelfConditioningScheduler"]
-    (tmp_path / "model_index.json").write_text(json.dumps(index))
-    reloaded = type(pipe).from_pretrained(tmp_path)
-    reloaded.set_progress_bar_config(disable=True)
-    assert type(reloaded.scheduler) is FAMILIES[family][1]
-    assert torch.equal(_latents(reloaded), expected)
-
-
 def test_factory_direct_construction_and_its_errors():
     scheduler = UntiedSelfConditioningScheduler(solver="langflow", coefficients="langflow-owt")
     assert type(scheduler) is UntiedLangFlowScheduler and scheduler.config.coefficients == "langflow-owt"
@@ -289,6 +236,10 @@ def test_factory_direct_construction_and_its_errors():
         UntiedSelfConditioningScheduler.from_config(ELFScheduler().config, solver="langflow")
     with pytest.raises(ValueError, match="Cannot tell the solver family of a FlowMatchEulerDiscreteScheduler"):
         UntiedSelfConditioningScheduler.from_config({"_class_name": "FlowMatchEulerDiscreteScheduler"})
+    with pytest.raises(ValueError, match="Cannot tell the solver family of a UntiedSelfConditioningScheduler"):
+        UntiedSelfConditioningScheduler.from_config(
+            {"_class_name": "UntiedSelfConditioningScheduler", "solver": "elf"}
+        )
 
     class Subclass(UntiedSelfConditioningScheduler):
         pass
@@ -302,32 +253,18 @@ def test_factory_direct_construction_and_its_errors():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class LegacyStatistics:
-    """The part of old-layout `SamplerStatistics` the rule reads: `legacy_coefficients(N)` (None if it has none)."""
-
-    is_legacy = True
-
-    def __init__(self, table: dict[int, dict]):
-        self.table = table
-        self.config = type("Config", (), {"calibrated_steps": sorted(table), "solver": "elf"})()
-
-    def legacy_coefficients(self, num_inference_steps: int):
-        return self.table.get(num_inference_steps)
-
-
 TUNED = {"eta_r": 0.3, "eta_t": 0.6, "eta_o": 0.9, "alpha": 0.5}
-STORED = {"eta_r": 2.0, "eta_t": 2.0, "eta_o": 2.0, "alpha": 1.0}
 
 
-def _resolve(steps: int, statistics=None, **config):
+def _resolve(steps: int, **config):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # only the legacy rule may warn, and it is tested on its own
-        return UntiedELFScheduler(**config).resolve_coefficients(steps, statistics)
+        warnings.simplefilter("error")  # resolving warns of nothing
+        return UntiedELFScheduler(**config).resolve_coefficients(steps)
 
 
-def test_an_explicit_value_wins_over_preset_table_and_statistics():
+def test_an_explicit_value_wins_over_preset_and_table():
     everything = {"coefficients": "elf-b", "coefficients_by_steps": {"8": TUNED}}
-    assert _resolve(8, LegacyStatistics({8: STORED}), eta_t=0.25, **everything) == {
+    assert _resolve(8, eta_t=0.25, **everything) == {
         **paper_coefficients()["elf-b"]["8"],
         "eta_t": 0.25,
     }
@@ -339,17 +276,10 @@ def test_the_preset_comes_before_the_table_where_it_covers_the_nfe():
     assert _resolve(12, coefficients="elf-b", coefficients_by_steps={"12": TUNED}) == TUNED
 
 
-def test_the_table_comes_before_legacy_statistics_which_warn():
-    assert _resolve(8, LegacyStatistics({8: STORED}), coefficients_by_steps={"8": TUNED}) == TUNED
-    with pytest.warns(FutureWarning, match="old layout.*untied-sc migrate"):
-        resolved = UntiedELFScheduler(eta_o=0.4).resolve_coefficients(8, LegacyStatistics({8: STORED}))
-    assert resolved == {**STORED, "eta_o": 0.4}
-
-
 def test_no_coefficients_is_an_error_naming_every_option_and_the_nfes_that_have_some():
     scheduler = UntiedELFScheduler(eta_r=1.0, coefficients_by_steps={"12": TUNED})
     with pytest.raises(ValueError) as error:
-        scheduler.resolve_coefficients(24, LegacyStatistics({8: STORED, 16: STORED}))
+        scheduler.resolve_coefficients(24)
     message = str(error.value)
     for part in (
         "No coefficients for 24 steps (eta_t, eta_o, alpha unset)",
@@ -357,7 +287,6 @@ def test_no_coefficients_is_an_error_naming_every_option_and_the_nfes_that_have_
         "`coefficients=` (one of ['elf-b', 'elf-l', 'elf-m', 'langflow-lm1b', 'langflow-owt'])",
         "`untied-sc calibrate PIPELINE_DIR --nfe 24`",
         "`coefficients_by_steps` (this config has NFEs [12]; `untied-sc tune` writes them)",
-        "the old-layout sampler statistics (NFEs [8, 16])",
     ):
         assert part in message
     with pytest.raises(ValueError, match=r"No coefficients for 8 steps .*this config has NFEs \[\]"):

@@ -1,5 +1,5 @@
-"""Seed spaces: calibration, tuning, ACE and benchmark batches are disjoint by construction, old records
-still read and still refused."""
+"""Seed spaces: calibration, tuning, ACE and benchmark batches are disjoint by construction; records that name no
+space (the bundled folders') read as the benchmark's, and their seeds are refused."""
 
 import json
 import shutil

@@ -1,5 +1,5 @@
-"""SamplerStatistics' layouts: the current one holds only model-derived tensors; the old one (format 1, with the
-coefficients and tuning record inside) still loads, samples as before, and migrates."""
+"""SamplerStatistics' layout (format 2): only model-derived tensors, the coefficients in the scheduler config; a folder
+of another format version is refused on load, naming the file, the field and the fix."""
 
 import json
 
@@ -7,29 +7,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from untied_sc import LangFlowPipeline, LangFlowScheduler, SamplerStatistics, UntiedSelfConditioningScheduler
-from untied_sc.calibration.migrate import migrate_pipeline
+from untied_sc import LangFlowPipeline, LangFlowScheduler, SamplerStatistics
 from untied_sc.cli import main
 from untied_sc.pipelines import load_pipeline
-from untied_sc.pipelines.migration import migrate_folder
-from untied_sc.pipelines.remote_code import is_package_component, is_package_module, package_components
-from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES, FORMAT_VERSION, shortest_float
+from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES, FORMAT_VERSION
 
 from .conftest import langflow_from_golden
 from .tiny import random_statistics, tiny_tokenizer
 
 
-# What a format-1 folder held per NFE: float32 coefficients (0.3 is stored as 0.30000001192…) and a tuning record.
-LEGACY = {
-    "8": {"eta_r": 0.3, "eta_t": 1.7, "eta_o": 1.0, "alpha": 0.7},
-    "32": {"eta_r": 2.5, "eta_t": 0.0, "eta_o": 1.0, "alpha": 1.0},
-}
 TUNING = {"8": {"seed": 10000, "calibrated": {"eta_r": 2.5, "eta_t": 2.5, "eta_o": 1.0, "alpha": 0.8}}}
 
 
-def write_legacy_layout(statistics: SamplerStatistics, folder) -> None:
-    """Saves `statistics` as untied-sc wrote them before format 2: coefficient buffers and `tuning` inside."""
-    statistics.save_pretrained(folder)
+def write_format_1(folder) -> None:
+    """Rewrites the saved statistics in `folder` as format 1 held them: coefficient buffers and `tuning` inside."""
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("calibration_alpha", None)
@@ -37,101 +28,66 @@ def write_legacy_layout(statistics: SamplerStatistics, folder) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     weights_path = folder / "diffusion_pytorch_model.safetensors"
     tensors = load_file(weights_path)
-    for n, values in LEGACY.items():
-        tensors[f"coefficients_nfe{n}"] = torch.tensor([values[name] for name in COEFFICIENT_NAMES])
+    for n in config["calibrated_steps"]:
+        tensors[f"coefficients_nfe{n}"] = torch.ones(len(COEFFICIENT_NAMES))
     save_file(tensors, weights_path, metadata={"format": "pt"})
 
 
 @pytest.fixture
-def legacy_folder(langflow_golden, tmp_path):
-    """A LangFlow pipeline folder whose sampler statistics have the old layout."""
+def format_1_folder(langflow_golden, tmp_path):
+    """A LangFlow pipeline folder whose sampler statistics have format version 1."""
     model = langflow_from_golden(langflow_golden)
     pipe = LangFlowPipeline(model, LangFlowScheduler(), tiny_tokenizer())
     pipe.register_modules(sampler_statistics=random_statistics(model, "langflow", steps=(8, 32)))
     pipe.save_pretrained(tmp_path / "pipe")
-    write_legacy_layout(pipe.sampler_statistics, tmp_path / "pipe" / "sampler_statistics")
+    write_format_1(tmp_path / "pipe" / "sampler_statistics")
     return tmp_path / "pipe"
 
 
-def _untied_sample(pipe, seed=0):
-    pipe.set_progress_bar_config(disable=True)
-    pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
-    output = pipe(
-        batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(seed), output_type="seq"
-    )
-    return output.latents
-
-
-def test_shortest_float_undoes_float32_storage():
-    assert shortest_float(torch.tensor(0.3).item()) == 0.3
-    assert shortest_float(torch.tensor(1.7).item()) == 1.7
-    assert shortest_float(0.25) == 0.25
-
-
-def test_current_layout_holds_no_coefficients(langflow_golden):
+def test_current_layout_holds_no_coefficients_and_saves_its_config_keys(langflow_golden, tmp_path):
     statistics = random_statistics(langflow_from_golden(langflow_golden), "langflow", steps=(8,))
     assert statistics.config.format_version == FORMAT_VERSION == 2
     assert not any(name.startswith("coefficients") for name in statistics.state_dict())
-    assert statistics.legacy_coefficients(8) is None
-    with pytest.raises(ValueError, match="already have the current layout"):
-        statistics.migrate()
+    statistics.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["format_version"] == 2 and config["tuning"] is None  # the keys the released folders hold
+    with pytest.raises(ValueError, match="holds no tuning record"):
+        SamplerStatistics(solver="langflow", tuning=TUNING)
 
 
-def test_old_layout_loads_and_reads_its_coefficients_exactly(legacy_folder):
-    statistics = SamplerStatistics.from_pretrained(legacy_folder / "sampler_statistics")
-    assert statistics.is_legacy
-    assert statistics.legacy_coefficients(8) == LEGACY["8"]  # 0.3, not 0.30000001192092896
-    assert statistics.legacy_coefficients(16) is None  # not calibrated
-    migrated, coefficients, tuning = statistics.migrate()
-    assert coefficients == LEGACY and tuning == TUNING
-    assert migrated.config.format_version == FORMAT_VERSION and not migrated.is_legacy
-    # α of the reference recurrence: the calibration's (tuning record) where tuned, else the stored one
-    assert migrated.config.calibration_alpha == {"8": 0.8, "32": 1.0}
-    for name, tensor in migrated.state_dict().items():
-        assert torch.equal(tensor, statistics.state_dict()[name]), name
+def _refusal_parts(folder) -> tuple[str, ...]:
+    path = folder / "sampler_statistics" / "config.json"
+    return (str(path), "`format_version: 1`", "`untied-sc calibrate PIPELINE_DIR --nfe 8 32 --overwrite`", "convert")
 
 
-def test_old_layout_samples_as_before_and_after_migration(legacy_folder):
-    pipe = load_pipeline(legacy_folder)
-    with pytest.warns(FutureWarning, match="migrate"):
-        before = _untied_sample(pipe)
-    pipe = load_pipeline(legacy_folder)
-    assert migrate_pipeline(pipe)
-    assert pipe.scheduler.config.coefficients_by_steps == LEGACY
-    assert pipe.scheduler.config.tuning_by_steps == TUNING
-    assert not migrate_pipeline(pipe)  # nothing left to move
-    assert torch.equal(_untied_sample(pipe), before)
-    # the same coefficients given explicitly (scalars win over the config's per-NFE values): the same samples
-    explicit = load_pipeline(legacy_folder)
-    migrate_pipeline(explicit)
-    explicit.set_progress_bar_config(disable=True)
-    explicit.scheduler = UntiedSelfConditioningScheduler.from_config(explicit.scheduler.config, **LEGACY["8"])
-    generator = torch.Generator().manual_seed(0)
-    assert torch.equal(
-        explicit(batch_size=2, num_inference_steps=8, generator=generator, output_type="seq").latents, before
-    )
+def test_a_format_1_folder_is_refused_on_load_naming_the_file_the_field_and_the_fix(format_1_folder):
+    for load in (
+        lambda: load_pipeline(format_1_folder),
+        lambda: LangFlowPipeline.from_pretrained(format_1_folder),
+        lambda: SamplerStatistics.from_pretrained(format_1_folder / "sampler_statistics"),
+    ):
+        with pytest.raises(ValueError) as error:
+            load()
+        for part in _refusal_parts(format_1_folder):
+            assert part in str(error.value), part
+    with pytest.raises(ValueError, match="has `format_version: 1`; this untied-sc reads sampler statistics of format"):
+        SamplerStatistics(solver="langflow", format_version=1)
 
 
-def test_migrate_command_refuses_to_overwrite_and_rewrites_only_statistics_and_scheduler(legacy_folder, tmp_path):
-    weights = (legacy_folder / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
-    assert main(["migrate", str(legacy_folder)]) == 2  # in place needs --overwrite
-    assert SamplerStatistics.from_pretrained(legacy_folder / "sampler_statistics").is_legacy
-    assert main(["migrate", str(legacy_folder), "--output", str(tmp_path / "copy")]) == 0
-    assert main(["migrate", str(legacy_folder), "--output", str(tmp_path / "copy")]) == 2  # exists: refused
-    assert main(["migrate", str(legacy_folder), "--overwrite"]) == 0
-    for folder in (legacy_folder, tmp_path / "copy"):
-        pipe = load_pipeline(folder)
-        assert not pipe.sampler_statistics.is_legacy
-        assert pipe.scheduler.config.coefficients_by_steps == LEGACY
-        # the module files diffusers' generic loader needs by repo id, in place as in a saved copy
-        index = json.loads((folder / "model_index.json").read_text())
-        assert is_package_module(folder)
-        for component, (module, name) in package_components(index).items():
-            assert is_package_component(folder, component, module, name), component
-    assert (legacy_folder / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == weights
-    assert main(["migrate", str(legacy_folder), "--overwrite"]) == 2  # nothing to migrate
-    with pytest.raises(ValueError, match="already has the current layout; nothing to migrate"):
-        migrate_folder(legacy_folder, overwrite=True)
+def test_the_cli_refuses_a_format_1_folder_in_one_message_and_calibrate_overwrite_replaces_it(
+    format_1_folder, tmp_path, capsys
+):
+    assert main(["generate", str(format_1_folder), "--nfe", "8", "--out", str(tmp_path / "samples.jsonl")]) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and not (tmp_path / "samples.jsonl").exists()
+    for part in _refusal_parts(format_1_folder):
+        assert part in error, part
+    # the fix the message names works: the statistics are computed afresh, in format 2
+    argv = ["calibrate", str(format_1_folder), "--nfe", "8", "--overwrite", "--bank-size", "2", "--batch-size", "2"]
+    assert main([*argv, "--no-progress"]) == 0
+    statistics = load_pipeline(format_1_folder).sampler_statistics
+    assert statistics.config.format_version == 2 and statistics.config.calibrated_steps == [8]
+    assert not any(name.startswith("coefficients") for name in statistics.state_dict())
 
 
 def test_calibration_writes_its_coefficients_into_the_scheduler_config_and_keeps_tuned_ones(langflow_golden):

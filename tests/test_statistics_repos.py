@@ -27,7 +27,7 @@ from untied_sc.schedulers.sampler_statistics import model_fingerprint
 
 from .conftest import Golden
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
-from .test_hub_http import hub, loopback_only, point_hub_at  # noqa: F401  (fixtures)
+from .test_hub_http import hub, loopback_guard, loopback_only, point_hub_at  # noqa: F401  (fixtures)
 from .tiny import random_statistics, tiny_tokenizer, tiny_tokenizer_folder
 
 

@@ -16,10 +16,10 @@ from untied_sc_lab.training.langflow import (
     evaluate_per_gamma,
     export_pipeline,
     format_gamma_table,
-    lr_at,
 )
 from untied_sc_lab.training.proposal import ProposalStats, fit_gumbel_to_curve, gumbel_range, sample_gamma
 from untied_sc_lab.training.rserialize import unserialize
+from untied_sc_lab.training.trainer import lr_at
 
 
 TOY_TEXT = "the cat sat on the mat. the dog sat on the log. a cat and a dog sat on a mat.\n"

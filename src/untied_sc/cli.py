@@ -313,13 +313,6 @@ def _push_statistics_command(args: argparse.Namespace) -> None:
     push_statistics(pipe, args.repo, statistics_dir)
 
 
-def _migrate(args: argparse.Namespace) -> None:
-    from .pipelines.migration import migrate_folder
-
-    folder = migrate_folder(args.pipeline, args.output, overwrite=args.overwrite)
-    print(f"Wrote {folder} in the current layout (coefficients in scheduler/scheduler_config.json)")
-
-
 # The lab's commands, named so that calling one without the lab says how to install it rather than "invalid choice".
 LAB_COMMANDS = ("tune", "evaluate", "benchmark", "judge", "diagnose", "data", "train")
 COMMANDS_ENTRY_POINT = "untied_sc.commands"
@@ -576,14 +569,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     push.add_argument("--overwrite", action="store_true", help="Replace a non-empty --statistics-dir.")
     push.set_defaults(handler=_push_statistics_command)
-
-    migrate = commands.add_parser(
-        "migrate", help="Rewrite a pipeline saved with the old sampler-statistics layout (coefficients inside)."
-    )
-    migrate.add_argument("pipeline", help="Local pipeline folder in the old layout.")
-    migrate.add_argument("--output", help="Write a migrated copy here (a new folder) instead of in place.")
-    migrate.add_argument("--overwrite", action="store_true", help="Rewrite the folder in place.")
-    migrate.set_defaults(handler=_migrate)
 
     register_generate_command(commands)
     _register_plugin_commands(commands)

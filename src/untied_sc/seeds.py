@@ -4,8 +4,8 @@ Every batch the package samples for a measurement is drawn from `torch.Generator
 
     g = generator_seed(space, seed, b) = SPACE_OFFSETS[space] + 1_000_003 · seed + b
 
-for batch b of stream `seed` of a space. The offsets are 2⁵⁶ apart and the benchmark's is 0, so benchmark batches
-keep the seeds they always had (`1_000_003 · s + b`). With 0 ≤ seed < MAX_STREAM and 0 ≤ b < BATCH_STRIDE (both
+for batch b of stream `seed` of a space. The offsets are 2⁵⁶ apart and the benchmark's is 0, so a benchmark batch's
+seed is `1_000_003 · s + b`. With 0 ≤ seed < MAX_STREAM and 0 ≤ b < BATCH_STRIDE (both
 checked), 1_000_003 · seed + b < 2⁵⁶: two spaces never share a generator, whatever seeds the commands are given. So a
 calibration, a tuning bank or an ACE estimation can never draw the batches a benchmark evaluates on, and the
 benchmark's default seeds (0, 1, 2) are safe after `pipe.calibrate(..., seed=0)`.
@@ -17,8 +17,9 @@ The spaces and the streams of one command-line seed s:
 - `tuning`: `untied-sc tune --seed`: stream s;
 - `ace`: ACE's offline estimation: stream s.
 
-Folders calibrated or tuned before the spaces existed recorded benchmark-space seeds (e.g. the bundled folders:
-banks 4000 and 4001, tuning bank 10000); their records read as such, and the benchmark still refuses those seeds.
+A record that names no space (a plain list of seeds, a tuning record without `seed_space`: the bundled folders'
+calibration banks 4000 and 4001 and 32- and 64-NFE tuning bank 10000) is in the benchmark space
+([`DEFAULT_RECORD_SPACE`]), and the benchmark refuses those seeds.
 """
 
 BATCH_STRIDE = 1_000_003
@@ -34,8 +35,10 @@ SPACE_OFFSETS = {
     "tuning": 3 * SPACE_WIDTH,
     "ace": 4 * SPACE_WIDTH,
 }
-# The space of records written before the spaces existed (a tuning record or a statistics entry without one).
-LEGACY_SPACE = "benchmark"
+# The space of a record that names none (a plain list of calibration seeds, a tuning record without `seed_space`): the
+# benchmark's, in which those banks were drawn (the bundled folders' calibration banks, seeds 4000 and 4001, and
+# their 32- and 64-NFE tuning banks, seed 10000).
+DEFAULT_RECORD_SPACE = "benchmark"
 
 
 def check_seed(seed, option: str = "seed") -> int:
@@ -61,11 +64,11 @@ def generator_seed(space: str, stream: int, batch_index: int) -> int:
 
 
 def streams_of_record(record) -> tuple[str, list[int]]:
-    """(space, streams) of a calibration `seeds` entry or a tuning/ACE record: a list of seeds (written before the
-    spaces existed: the benchmark space) or a mapping with `space` and `streams`."""
+    """(space, streams) of a calibration `seeds` entry or a tuning/ACE record: a list of seeds (in
+    [`DEFAULT_RECORD_SPACE`]) or a mapping with `space` and `streams`."""
     if isinstance(record, dict):
         return str(record["space"]), [int(s) for s in record["streams"]]
-    return LEGACY_SPACE, [int(s) for s in record]
+    return DEFAULT_RECORD_SPACE, [int(s) for s in record]
 
 
 def seeds_in_space(records, space: str) -> set[int]:

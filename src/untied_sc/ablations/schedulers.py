@@ -218,7 +218,7 @@ class AblationUntiedELFScheduler(AblationUntiedMixin, UntiedELFScheduler):
             `"permuted"` and `"random"` draws (the sampling stream itself is not drawn from).
     """
 
-    _legacy_config_keys = ("sc_cfg_scale",)
+    _kept_config_keys = ()
 
     @register_to_config
     def __init__(
@@ -259,7 +259,7 @@ class AblationUntiedLangFlowScheduler(AblationUntiedMixin, UntiedLangFlowSchedul
         correction_direction, direction_seed: the switches, as for [`AblationUntiedELFScheduler`].
     """
 
-    _legacy_config_keys = ()
+    _kept_config_keys = ()
 
     @register_to_config
     def __init__(

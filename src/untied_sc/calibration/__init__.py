@@ -8,7 +8,6 @@ from .calibrate import (
     format_summary,
     trajectory_statistics,
 )
-from .migrate import migrate_pipeline
 from .overlap import (
     OverlapBasis,
     ProjectionGeometry,

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..generation.repetition import word_repetition
 from ..generation.sampling import batch_seed, build_scheduler, family_of
 from ..schedulers.sampler_statistics import SOLVERS, MatchedWeights, latent_width, model_family, model_fingerprint
-from ..seeds import LEGACY_SPACE, check_seed
+from ..seeds import DEFAULT_RECORD_SPACE, check_seed
 
 
 FORMAT_VERSION = 1
@@ -98,8 +98,8 @@ class ACEStatistics(ModelMixin, ConfigMixin):
             carried over to another ([`for_model`]; ACE's recipe reuses ELF-B's direction for ELF-M and ELF-L).
         format_version (`int`): layout version.
         num_trajectories (`int`), num_inference_steps (`int`), batch_size (`int`), seed (`int`): the estimation.
-        seed_space (`str`): the seed space its batches were drawn in (`"ace"`; `"benchmark"` for directions
-            estimated before ACE had its own space, whose seed the benchmark then refuses).
+        seed_space (`str`): the seed space its batches were drawn in (`"ace"`; a direction drawn in `"benchmark"`
+            has its seed refused by the benchmark).
         solver_config (`dict`, *optional*): the official scheduler's configuration during estimation.
         call_kwargs (`dict`, *optional*): the pipeline-call arguments of the estimation (e.g. `sc_cfg_scale`).
         label (`str`): the repetition label (`"word_rep4"`).
@@ -119,7 +119,7 @@ class ACEStatistics(ModelMixin, ConfigMixin):
         num_inference_steps: int = 0,
         batch_size: int = 0,
         seed: int = ACE_SEED,
-        seed_space: str = LEGACY_SPACE,
+        seed_space: str = DEFAULT_RECORD_SPACE,
         solver_config: dict | None = None,
         call_kwargs: dict | None = None,
         label: str = LABEL,
@@ -145,13 +145,14 @@ class ACEStatistics(ModelMixin, ConfigMixin):
     def batch_seeds(self) -> set[int]:
         """The generator seeds of the estimation's batches (evaluating on them would reuse its trajectories)."""
         batches = math.ceil(self.config.num_trajectories / max(self.config.batch_size, 1))
-        space = self.config.get("seed_space", LEGACY_SPACE)
+        space = self.config.get("seed_space", DEFAULT_RECORD_SPACE)
         return {batch_seed(self.config.seed, b, space) for b in range(batches)}
 
     @property
     def benchmark_seeds(self) -> set[int]:
-        """The benchmark seeds the estimation drew (only a direction estimated before ACE had its own seed space)."""
-        return {int(self.config.seed)} if self.config.get("seed_space", LEGACY_SPACE) == "benchmark" else set()
+        """The benchmark seeds the estimation drew (none unless its seed space is the benchmark's)."""
+        space = self.config.get("seed_space", DEFAULT_RECORD_SPACE)
+        return {int(self.config.seed)} if space == "benchmark" else set()
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Raises if this direction is for another model (family, width or input-projection weights)."""

@@ -16,7 +16,6 @@ from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics,
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from ..seeds import check_seed, generator_seed, seeds_in_space
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
-from .migrate import migrate_pipeline
 from .overlap import overlap_basis_from_model
 from .prompts import PromptBank
 from .reduction import is_main_process, process_share, sum_across_processes
@@ -75,8 +74,8 @@ def _batches(space: str, stream: int, size: int, batch_size: int) -> list[tuple[
 
 
 def calibration_seeds(statistics) -> set[int]:
-    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs calibrated before calibration
-    had its own seed space (their `seeds` entry is a plain list). Newer banks lie in the calibration space."""
+    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs whose `seeds` entry is a plain
+    list (the benchmark space, `untied_sc.seeds.DEFAULT_RECORD_SPACE`); a mapping names the calibration space."""
     if statistics is None:
         return set()
     return seeds_in_space((statistics.config.get("seeds") or {}).values(), "benchmark")
@@ -440,7 +439,6 @@ def apply_calibration(pipe, result: CalibrationResult, overwrite: bool = False) 
     calibration ran at (given explicitly), `overwrite=True` replaces it, with that NFE's tuned temperature and tuning
     record; otherwise the entry is kept and a warning names both.
     """
-    migrate_pipeline(pipe)  # an old-layout folder's coefficients move to the scheduler config first
     pipe.register_modules(sampler_statistics=result.statistics)
     current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})
     tuning = dict(pipe.scheduler.config.get("tuning_by_steps") or {})
@@ -473,8 +471,6 @@ def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[
         statistics.check_model(pipe.transformer)
     except ValueError:
         return {}, {}, {}, {}, None
-    if statistics.is_legacy:
-        statistics = statistics.migrate()[0]
     steps = {n: statistics.for_steps(n) for n in statistics.config.calibrated_steps or []}
     config = statistics.config
     scales = tuple(float(x) for x in statistics.base_scales.tolist())

@@ -14,9 +14,8 @@ def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> 
     """Raises when an evaluation seed is out of range or one the pipeline was tuned, calibrated or ACE-estimated on
     (the result would leak); `option` is the command-line option the error tells the user to change.
 
-    Calibration, tuning and ACE draw in seed spaces of their own (`untied_sc.seeds`), so only records written before
-    those spaces existed (e.g. the bundled folders': banks 4000 and 4001, tuning bank 10000) can name a benchmark
-    seed."""
+    Calibration, tuning and ACE draw in seed spaces of their own (`untied_sc.seeds`), so only records that name no
+    space (e.g. the bundled folders': banks 4000 and 4001, tuning bank 10000) can name a benchmark seed."""
     for seed in seeds:
         check_seed(seed, option)
     ace = getattr(pipe, "ace_statistics", None)

@@ -28,7 +28,7 @@ from ..distributed import (
 from ..families import family_names, get_family
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
-from ..seeds import LEGACY_SPACE, generator_seed
+from ..seeds import DEFAULT_RECORD_SPACE, generator_seed
 from .samples import Sample
 
 
@@ -100,15 +100,11 @@ def batch_seed(seed: int, batch_index: int, space: str = "benchmark") -> int:
 def tuning_seeds(pipe) -> set[int]:
     """
     The benchmark seeds whose batches tuned `pipe`'s coefficients (evaluating on them would leak): records of the
-    scheduler config's `tuning_by_steps`, and an old-layout folder's record inside its sampler statistics, that were
-    written before tuning had its own seed space (a record without `seed_space`). Newer tuning banks lie in the
-    `tuning` space, which no benchmark seed reaches.
+    scheduler config's `tuning_by_steps` whose banks lie in the benchmark space (a record without `seed_space`, as
+    the bundled folders' 32- and 64-NFE ones). Banks in the `tuning` space are reached by no benchmark seed.
     """
-    records = list((pipe.scheduler.config.get("tuning_by_steps") or {}).values())
-    statistics = getattr(pipe, "sampler_statistics", None)
-    if statistics is not None:
-        records += list((statistics.config.get("tuning") or {}).values())
-    return {int(r["seed"]) for r in records if r.get("seed_space", LEGACY_SPACE) == "benchmark"}
+    records = (pipe.scheduler.config.get("tuning_by_steps") or {}).values()
+    return {int(r["seed"]) for r in records if r.get("seed_space", DEFAULT_RECORD_SPACE) == "benchmark"}
 
 
 def family_of(pipe) -> str:

@@ -15,7 +15,8 @@ from .. import schedulers
 from ..families import family_names, family_of_pipeline_class, get_family
 from ..schedulers.coefficients import check_coefficients, coefficients_table
 from ..schedulers.config_checks import check_config_ranges
-from ..schedulers.sampler_statistics import SamplerStatistics
+from ..schedulers.contract import init_keys
+from ..schedulers.sampler_statistics import SamplerStatistics, check_format_version
 from .remote_code import saved_class_name
 
 
@@ -63,6 +64,7 @@ def check_statistics_folder(folder: Path) -> None:
     """The sampler statistics file holds every tensor its config promises (each calibrated NFE's moments)."""
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
+    check_format_version(config, str(config_path))
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         return  # a .bin file: diffusers reports it
@@ -142,6 +144,13 @@ def check_scheduler_config(path: Path) -> None:
     untied scheduler, every stored per-NFE coefficient entry checked."""
     config = read_json(path)
     cls = getattr(schedulers, str(config.get("_class_name")), None)
+    if "sc_cfg_scale" in config and (cls is None or "sc_cfg_scale" not in init_keys(cls)):
+        raise ValueError(
+            f"{path} holds `sc_cfg_scale: {config['sc_cfg_scale']}`, which this untied-sc reads from the pipeline, not "
+            'the scheduler. Move it to the folder\'s model_index.json (`"sc_cfg_scale": '
+            f"{config['sc_cfg_scale']}`) and delete it from {path.name}, or re-export the pipeline (`untied-sc "
+            "convert` of the checkpoint)."
+        )
     ranges = getattr(cls, "_config_ranges", None)
     if ranges:
         check_config_ranges(cls.__name__, config, ranges, where=str(path))

@@ -15,8 +15,7 @@ from .pipeline_utils import (
 )
 
 
-# The SC-CFG scale of the released models: the pipeline's default when neither its config nor (old folders) the
-# scheduler config carries one.
+# The SC-CFG scale of the released models: the pipeline's default when its config carries none.
 DEFAULT_SC_CFG_SCALE = 3.0
 
 
@@ -89,8 +88,7 @@ class ELFPipeline(LanguageFlowPipeline):
     The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's value for the call's NFE
     ([`sc_cfg_scale_for`]): `config.sc_cfg_scale_by_steps[str(N)]` where that table lists N (a checkpoint whose
     official w depends on the number of steps, as ELF-B-PD's), else `config.sc_cfg_scale`. That default is fixed
-    when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when loading), else, for
-    folders saved before the pipeline owned it, the scheduler config's legacy `sc_cfg_scale` key, else 3.0
+    when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when loading), else 3.0
     (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes both to `model_index.json` (the table
     only where there is one).
 
@@ -126,10 +124,10 @@ class ELFPipeline(LanguageFlowPipeline):
         sc_cfg_scale_by_steps: dict[str, float] | None = None,
     ):
         super().__init__(transformer, scheduler, tokenizer, sampler_statistics, ace_statistics)
-        if sc_cfg_scale is None:  # a folder saved before the pipeline owned w keeps it in the scheduler config
-            sc_cfg_scale = scheduler.config.get("sc_cfg_scale", DEFAULT_SC_CFG_SCALE)
+        if sc_cfg_scale is None:
+            sc_cfg_scale = DEFAULT_SC_CFG_SCALE
         self.register_to_config(sc_cfg_scale=_check_sc_cfg_scale(sc_cfg_scale, "the pipeline's sc_cfg_scale"))
-        if sc_cfg_scale_by_steps:  # only where there is one: other folders' model_index.json stays as it was
+        if sc_cfg_scale_by_steps:  # only where there is one: a folder without a table saves none
             self.register_to_config(sc_cfg_scale_by_steps=_check_sc_cfg_scale_by_steps(sc_cfg_scale_by_steps))
 
     @_refuses_prompt

@@ -506,9 +506,6 @@ def load_statistics_source(
 
     check_statistics_folder(statistics_folder)
     statistics = SamplerStatistics.from_pretrained(statistics_folder)
-    legacy_coefficients, legacy_tuning = {}, {}
-    if statistics.is_legacy:  # an old-layout pipeline folder: its coefficients lived in the statistics
-        statistics, legacy_coefficients, legacy_tuning = statistics.migrate()
     base = None
     if (folder / BASE_CHECKPOINT_FILE).is_file():
         path = folder / BASE_CHECKPOINT_FILE
@@ -519,11 +516,11 @@ def load_statistics_source(
     else:
         entries = {}
     where = folder / (COEFFICIENTS_FILE if base is not None else "scheduler/scheduler_config.json")
-    try:  # values the scheduler config holds win over an old layout's, as `migrate_pipeline` does
-        coefficients = coefficients_table({**legacy_coefficients, **(entries.get("coefficients_by_steps") or {})})
+    try:
+        coefficients = coefficients_table(entries.get("coefficients_by_steps") or {})
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
-    tuning = {**legacy_tuning, **(entries.get("tuning_by_steps") or {})}
+    tuning = entries.get("tuning_by_steps") or {}
     coefficients = coefficients or None
     tuning = {str(n): dict(record) for n, record in tuning.items()} or None
     snapshot = cache_snapshot(folder)

@@ -5,9 +5,7 @@ For N steps, per coefficient, the first of these that has a value wins:
 1. the explicit scalar in the scheduler config (`eta_r`, `eta_t`, `eta_o`, `alpha`);
 2. the paper preset named by the config's `coefficients` (e.g. `"elf-b"`), if it lists N;
 3. the config's `coefficients_by_steps[str(N)]` (what `untied-sc tune` or calibration wrote);
-4. legacy folders only: the coefficients stored with the sampler statistics
-   (`statistics.legacy_coefficients(N)`), with a `FutureWarning` (migrate with `untied-sc migrate`);
-5. the named preset at an NFE it does not list: its entry at the nearest listed NFE (`preset_entry`);
+4. the named preset at an NFE it does not list: its entry at the nearest listed NFE (`preset_entry`);
 
 and if none has, a `ValueError` names every option and the NFEs each one covers.
 
@@ -212,14 +210,13 @@ def _steps(table: Mapping | None) -> list[int]:
     return sorted(int(n) for n in table or {})
 
 
-def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=None) -> dict[str, float]:
+def resolve_coefficients(config: Mapping, num_inference_steps: int) -> dict[str, float]:
     """
     (η_R, η_T, η_O, α) for `num_inference_steps` from an untied scheduler's `config` (the module's rule).
 
     Args:
         config (`Mapping`): the scheduler config (`eta_r`…`alpha`, `coefficients`, `coefficients_by_steps`).
         num_inference_steps (`int`): N.
-        statistics ([`SamplerStatistics`], *optional*): read only for a legacy folder's coefficients.
     """
     n = str(num_inference_steps)
     resolved = {name: config.get(name) for name in COEFFICIENT_NAMES}
@@ -229,25 +226,14 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int, statistics=N
     preset = config.get("coefficients")
     preset_table = paper_coefficients()[preset] if preset is not None else {}
     by_steps = config.get("coefficients_by_steps") or {}
-    legacy = getattr(statistics, "legacy_coefficients", None)
     if n in preset_table:
         fallback = preset_table[n]
     elif n in by_steps:
         fallback = {name: by_steps[n][name] for name in COEFFICIENT_NAMES}
-    elif legacy is not None and (fallback := legacy(num_inference_steps)) is not None:
-        warnings.warn(
-            "These coefficients come from sampler statistics saved in the old layout, which stored them with the "
-            "statistics; they now live in the scheduler config (`coefficients_by_steps`). Migrate the folder with "
-            "`untied-sc migrate PIPELINE_DIR --overwrite` (or `--output NEW_DIR`).",
-            FutureWarning,
-            stacklevel=3,
-        )
     elif preset is not None:
         fallback = preset_entry(preset, num_inference_steps)[1]
     else:
         sources = [f"`coefficients_by_steps` (this config has NFEs {_steps(by_steps)}; `untied-sc tune` writes them)"]
-        if legacy is not None and getattr(statistics, "is_legacy", False):
-            sources.append(f"the old-layout sampler statistics (NFEs {sorted(statistics.config.calibrated_steps)})")
         raise ValueError(
             f"No coefficients for {num_inference_steps} steps ({', '.join(missing)} unset). Set them as config "
             f"values (`eta_r=`, `eta_t=`, `eta_o=`, `alpha=`), name a paper preset with `coefficients=` (one of "

@@ -155,7 +155,6 @@ class ELFComparisonMixin:
     family = "elf"
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", "UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = ("sc_cfg_scale",)
     _config_ranges = ELF_CONFIG_RANGES
 
     def log_snrs(self, k: int) -> tuple[float, float]:

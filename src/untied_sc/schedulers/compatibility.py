@@ -22,8 +22,9 @@ class CompatibleSchedulerMixin:
     - `_compatibles` names the schedulers a config can be swapped with (`Cls.from_config(other.config)`); names
       resolve in `untied_sc.schedulers`, then in `diffusers`. A sibling's keys are then filtered silently and kept
       as hidden config, so official → untied → official keeps the untied keys without a "will be ignored" warning.
-    - `_legacy_config_keys` names keys that old configs carry but this class no longer takes (e.g. ELF's
-      `sc_cfg_scale`, now the pipeline's): they load silently and stay in the config, for whoever still reads them.
+    - `_kept_config_keys` names keys this class does not take but keeps in its config when a config carries them
+      (the lab's ablation switches at the paper's values): they load silently, so that swapping back to a class that
+      takes them gives them back.
     - The config carries `_class_name` from the start (diffusers adds it only when saving), so that
       `UntiedSelfConditioningScheduler.from_config(scheduler.config)` can tell the family of a config in memory.
     - `_use_default_values` is kept sorted, so that two configs of equal values compare equal (diffusers lists the
@@ -37,7 +38,7 @@ class CompatibleSchedulerMixin:
     """
 
     _compatibles: list[str] = []
-    _legacy_config_keys: tuple[str, ...] = ()
+    _kept_config_keys: tuple[str, ...] = ()
     _config_ranges: dict[str, Range] = {}
 
     @classmethod
@@ -50,18 +51,16 @@ class CompatibleSchedulerMixin:
     @classmethod
     def extract_init_dict(cls, config_dict, **kwargs):
         defaults = config_dict.get("_use_default_values", [])
-        legacy = {
-            key: config_dict[key] for key in cls._legacy_config_keys if key in config_dict and key not in defaults
-        }
-        current = {key: value for key, value in config_dict.items() if key not in cls._legacy_config_keys}
+        kept = {key: config_dict[key] for key in cls._kept_config_keys if key in config_dict and key not in defaults}
+        current = {key: value for key, value in config_dict.items() if key not in cls._kept_config_keys}
         init_dict, unused_kwargs, hidden_config = super().extract_init_dict(current, **kwargs)
-        known = set(cls._legacy_config_keys)
+        known = set(cls._kept_config_keys)
         for scheduler in cls._get_compatibles():
-            known |= init_keys(scheduler) | set(getattr(scheduler, "_legacy_config_keys", ()))
+            known |= init_keys(scheduler) | set(getattr(scheduler, "_kept_config_keys", ()))
         for key in unused_kwargs:
             if not key.startswith("_") and key not in known and key != "dtype":
                 warnings.warn(unknown_key_message(cls.__name__, key, known), UserWarning, stacklevel=3)
-        return init_dict, unused_kwargs, {**hidden_config, **legacy}
+        return init_dict, unused_kwargs, {**hidden_config, **kept}
 
     def register_to_config(self, **kwargs) -> None:
         first = "_internal_dict" not in self.__dict__

@@ -1,11 +1,11 @@
 """SamplerStatistics: the precomputed tensors the untied scheduler needs, saved as a pipeline component."""
 
 import hashlib
+import json
 import os
 import weakref
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
@@ -14,11 +14,25 @@ from ..defaults import CALIBRATION_SEED, COEFFICIENT_NAMES  # noqa: F401  (re-ex
 from ..families import family_names, get_family
 
 
-# Version 2 holds only what the model determines; the coefficients (version 1's `coefficients_nfe{N}` buffers and
-# `tuning` record) moved to the scheduler config (`coefficients_by_steps`, `tuning_by_steps`).
+# The layout of this component: only what the model determines (the coefficients that run live in the scheduler
+# config, `coefficients_by_steps` and `tuning_by_steps`). A folder of any other version is refused.
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
 SOLVERS = family_names()
+
+
+def check_format_version(config: dict, where: str) -> None:
+    """Refuses sampler statistics whose config (`where`, its `config.json`) has another layout than
+    [`FORMAT_VERSION`], naming the field and the fix."""
+    version = config.get("format_version", FORMAT_VERSION)
+    if version == FORMAT_VERSION:
+        return
+    steps = " ".join(map(str, sorted(config.get("calibrated_steps") or [8])))
+    raise ValueError(
+        f"{where} has `format_version: {version}`; this untied-sc reads sampler statistics of format version "
+        f"{FORMAT_VERSION} only (the coefficients that run live in the scheduler config). Recalibrate the pipeline "
+        f"with `untied-sc calibrate PIPELINE_DIR --nfe {steps} --overwrite` (its statistics are computed afresh), "
+        "or re-export it (`untied-sc convert` of the checkpoint, `untied-sc train ... export`) and calibrate that."
+    )
 
 
 def num_update_steps(solver: str, num_inference_steps: int) -> int:
@@ -104,11 +118,6 @@ class StepStatistics:
     cosine_distance: torch.Tensor
 
 
-def shortest_float(value: float) -> float:
-    """The shortest decimal that rounds to the same float32 (a float32 0.3 reads 0.3, not 0.30000001192092896)."""
-    return float(np.format_float_positional(np.float32(value), unique=True, trim="0"))
-
-
 class SamplerStatistics(ModelMixin, ConfigMixin):
     r"""
     Precomputed statistics of untied self-conditioning for one model (docs/algorithm.md §5), as persistent buffers.
@@ -127,12 +136,13 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         rank (`int`): number r of overlap directions.
         calibrated_steps (`list[int]`): the calibrated NFEs.
         model_fingerprint (`str`): [`model_fingerprint`] of the model the statistics were computed for.
-        format_version (`int`): layout version of this component (1: the old layout, read for its coefficients).
+        format_version (`int`): layout version of this component ([`FORMAT_VERSION`], the only one read).
         solver_config (`dict`): the base solver's configuration during calibration (grid parameters, churn).
         bank_sizes (`dict`), seeds (`dict`): calibration bank sizes and seeds per NFE (as strings).
         calibration_alpha (`dict`, *optional*): per NFE (as strings), the EMA weight α of the reference recurrence
             the moments were measured with.
-        tuning (`dict`, *optional*): format 1 only: the tuning record, now the scheduler config's `tuning_by_steps`.
+        tuning (`None`): always `None`; kept so that saved configs keep their key (the tuning record is the scheduler
+            config's `tuning_by_steps`).
         prompt_banks (`dict`, *optional*): a conditional model's: per NFE (as strings), the prompts the trajectories
             were generated from (`{"file": name, "fingerprint": sha256 of the texts, "count": n}`).
     """
@@ -156,11 +166,13 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         super().__init__()
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
-        if format_version not in READABLE_VERSIONS:
+        check_format_version(
+            {"format_version": format_version, "calibrated_steps": calibrated_steps}, "The sampler statistics' config"
+        )
+        if tuning is not None:
             raise ValueError(
-                f"These sampler statistics have format version {format_version}; this untied-sc reads versions "
-                f"{READABLE_VERSIONS}. Recalibrate with `untied-sc calibrate PIPELINE_DIR --nfe "
-                f"{' '.join(map(str, sorted(calibrated_steps or [8])))}` or install a matching untied-sc."
+                "SamplerStatistics holds no tuning record (`tuning` must be None): it is the scheduler config's "
+                "`tuning_by_steps`."
             )
         self._matched_weights = MatchedWeights()
         self.register_buffer("basis", torch.zeros(latent_dim, rank))
@@ -171,8 +183,6 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             self.register_buffer(f"mean_nfe{steps}", torch.zeros(updates, latent_dim))
             self.register_buffer(f"rms_nfe{steps}", torch.zeros(updates))
             self.register_buffer(f"cosine_distance_nfe{steps}", torch.zeros(updates))
-            if format_version == 1:  # (η_R, η_T, η_O, α), read by `legacy_coefficients`
-                self.register_buffer(f"coefficients_nfe{steps}", torch.ones(len(COEFFICIENT_NAMES)))
 
     @classmethod
     def build(
@@ -215,7 +225,7 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
 
     @staticmethod
     def tensor_names(config: dict) -> list[str]:
-        """The tensors a statistics file with this config must hold (format 1 also held the coefficients)."""
+        """The tensors a statistics file with this config must hold."""
         return list(SamplerStatistics.tensor_shapes(config))
 
     @staticmethod
@@ -228,8 +238,6 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             updates = num_update_steps(solver, steps)
             shapes.update({f"mean_nfe{steps}": (updates, dim), f"rms_nfe{steps}": (updates,)})
             shapes[f"cosine_distance_nfe{steps}"] = (updates,)
-            if config.get("format_version") == 1:
-                shapes[f"coefficients_nfe{steps}"] = (len(COEFFICIENT_NAMES),)
         return shapes
 
     @classmethod
@@ -240,6 +248,10 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         """
         return_info = kwargs.pop("output_loading_info", False)
         where = os.path.join(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        config_path = os.path.join(where, "config.json")
+        if os.path.isfile(config_path):  # a local folder: refused before diffusers reads the tensors
+            with open(config_path, encoding="utf-8") as file:
+                check_format_version(json.load(file), config_path)
         try:
             statistics, info = super().from_pretrained(
                 pretrained_model_name_or_path, output_loading_info=True, **kwargs
@@ -301,48 +313,6 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             rms=getattr(self, f"rms_nfe{num_inference_steps}"),
             cosine_distance=getattr(self, f"cosine_distance_nfe{num_inference_steps}"),
         )
-
-    @property
-    def is_legacy(self) -> bool:
-        """Saved in the format-1 layout, which also held the coefficients (see `migrate`)."""
-        return self.config.format_version == 1
-
-    def legacy_coefficients(self, num_inference_steps: int) -> dict[str, float] | None:
-        """
-        Format 1 only: the (η_R, η_T, η_O, α) this folder stored at `num_inference_steps`, at float32's shortest
-        decimals; `None` for the current layout (coefficients live in the scheduler config) or an uncalibrated NFE.
-        """
-        if not self.is_legacy or num_inference_steps not in (self.config.calibrated_steps or []):
-            return None
-        values = getattr(self, f"coefficients_nfe{num_inference_steps}").tolist()
-        return {name: shortest_float(value) for name, value in zip(COEFFICIENT_NAMES, values, strict=True)}
-
-    def migrate(self) -> tuple["SamplerStatistics", dict[str, dict], dict[str, dict]]:
-        """
-        The current-layout copy of format-1 statistics, with the coefficients and tuning record they carried:
-        `(statistics, coefficients_by_steps, tuning_by_steps)`, the last two for the scheduler config. The
-        tensors are copied exactly, so sampling with the same seed and coefficients gives the same samples.
-        """
-        if not self.is_legacy:
-            raise ValueError("These sampler statistics already have the current layout; nothing to migrate.")
-        steps = sorted(self.config.calibrated_steps or [])
-        coefficients = {str(n): self.legacy_coefficients(n) for n in steps}
-        tuning = {str(n): dict(record) for n, record in (self.config.tuning or {}).items()}
-        # Format 1 measured the moments with the α calibration stored; tuning may have replaced it since, and its
-        # record remembers the calibration's coefficients ("calibrated", or "start" in the earliest records).
-        alphas = {}
-        for n in steps:
-            record = tuning.get(str(n)) or {}
-            alphas[str(n)] = shortest_float(
-                (record.get("calibrated") or record.get("start") or coefficients[str(n)])["alpha"]
-            )
-        keep = {"solver", "latent_dim", "rank", "calibrated_steps", "model_fingerprint"}
-        keep |= {"solver_config", "bank_sizes", "seeds"}
-        config = {key: value for key, value in self.config.items() if key in keep}
-        migrated = type(self)(**config, calibration_alpha=alphas)
-        state = {key: value for key, value in self.state_dict().items() if not key.startswith("coefficients_nfe")}
-        migrated.load_state_dict(state)
-        return migrated, coefficients, tuning
 
     def _recalibrate_command(self) -> str:
         """The command that recalibrates these statistics' NFEs for the pipeline's own model."""

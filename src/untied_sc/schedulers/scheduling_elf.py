@@ -141,14 +141,12 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     wraps this one) chooses [`NoiseStream`]'s draw-ahead: `None` (default) when a CPU generator feeds latents on
     another device, `True` also on the CPU, `False` never. It changes no number.
 
-    The SC-CFG scale, a network input, is the pipeline's (`ELFPipeline`); configs saved when the scheduler held it
-    (`sc_cfg_scale`) load silently and keep it, for the pipeline to read.
+    The SC-CFG scale, a network input, is the pipeline's (`ELFPipeline`), not a scheduler setting.
     """
 
     family = "elf"
     order = 1
     _compatibles = ["UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = ("sc_cfg_scale",)
     _config_ranges = ELF_CONFIG_RANGES
     draw_ahead: bool | None = None
 

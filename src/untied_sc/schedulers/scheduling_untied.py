@@ -1,8 +1,4 @@
-"""UntiedSelfConditioningScheduler: the untied scheduler of a pipeline's family, chosen from its config.
-
-This module path stays importable for published folders whose `model_index.json` names
-`["untied_sc.schedulers.scheduling_untied", "UntiedSelfConditioningScheduler"]`.
-"""
+"""UntiedSelfConditioningScheduler: the untied scheduler of a pipeline's family, chosen from its config."""
 
 import importlib
 from abc import ABCMeta
@@ -12,8 +8,6 @@ from diffusers.configuration_utils import ConfigMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from ..families import family_names, get_family
-from .coefficients import paper_coefficients  # noqa: F401  (its former home; still imported from here)
-from .contract import init_keys
 from .scheduling_untied_elf import UntiedELFScheduler
 from .scheduling_untied_langflow import UntiedLangFlowScheduler
 from .untied_mixin import UntiedSelfConditioningMixin
@@ -40,12 +34,10 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin, metaclass=ABC
     The untied scheduler for a config's family: [`UntiedELFScheduler`] or [`UntiedLangFlowScheduler`].
 
     `UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config, **overrides)` reads the family from the
-    config's `_class_name` (`ELFScheduler` and `UntiedELFScheduler` → ELF; LangFlow likewise), or from a legacy
-    `solver` key (`"elf"` / `"langflow"`), or from a `solver=` argument, and returns that family's scheduler built
-    from the config. `from_pretrained(folder)` does the same from a saved `scheduler_config.json`, including folders
-    saved by the single untied scheduler of earlier versions (`_class_name: "UntiedSelfConditioningScheduler"`
-    with `solver`, and the other family's keys, which are dropped). `UntiedSelfConditioningScheduler(solver="elf",
-    eta_r=...)` builds one directly.
+    config's `_class_name` (`ELFScheduler` and `UntiedELFScheduler` → ELF; LangFlow likewise), or from a `solver=`
+    argument, and returns that family's scheduler built from the config. `from_pretrained(folder)` does the same
+    from a saved `scheduler_config.json`. `UntiedSelfConditioningScheduler(solver="elf", eta_r=...)` builds one
+    directly.
 
     It is never itself instantiated; `isinstance(scheduler, UntiedSelfConditioningScheduler)` is true for every
     untied scheduler ([`UntiedSelfConditioningMixin`]).
@@ -68,11 +60,10 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin, metaclass=ABC
 
     @classmethod
     def family_of(cls, config: Mapping, solver: str | None = None) -> str:
-        """The family of `config`: from `solver`, its `_class_name`, or a legacy `solver` key (they must agree)."""
+        """The family of `config`: from `solver` or its `_class_name` (they must agree)."""
         sources = {
             "the solver argument": solver,
             f"_class_name {config.get('_class_name')!r}": _class_family(config.get("_class_name")),
-            "the config's solver key": config.get("solver"),
         }
         found = {source: family for source, family in sources.items() if family is not None}
         if len(set(found.values())) > 1:
@@ -80,7 +71,7 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin, metaclass=ABC
         if not found:
             raise ValueError(
                 f"Cannot tell the solver family of a {config.get('_class_name') or 'scheduler'} config: it is neither "
-                "an ELF nor a LangFlow scheduler's and has no `solver` key. Pass solver='elf' or 'langflow', or use "
+                "an ELF nor a LangFlow scheduler's. Pass solver='elf' or 'langflow', or use "
                 "UntiedELFScheduler.from_config / UntiedLangFlowScheduler.from_config."
             )
         return next(iter(found.values()))
@@ -90,10 +81,6 @@ class UntiedSelfConditioningScheduler(SchedulerMixin, ConfigMixin, metaclass=ABC
         """The family's untied scheduler from `config` (see the class docstring); `kwargs` override config values."""
         config = dict(config or {})
         target = untied_scheduler_class(cls.family_of(config, kwargs.pop("solver", None)))
-        if config.get("solver") is not None:  # the single scheduler of earlier versions held both families' keys
-            known = {c: init_keys(c) | set(c._legacy_config_keys) for c in UNTIED_SCHEDULERS.values()}
-            foreign = {"solver"}.union(*known.values()) - known[target]
-            config = {key: value for key, value in config.items() if key not in foreign}
         return target.from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
 

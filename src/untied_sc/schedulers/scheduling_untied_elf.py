@@ -20,8 +20,8 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
     and back with `ELFScheduler.from_config(pipe.scheduler.config)`; the untied keys stay in the official config.
 
     Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
-    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; for legacy folders only, the coefficients stored
-    with the sampler statistics (with a `FutureWarning`); else an error naming these options.
+    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; the preset's entry at its nearest listed NFE;
+    else an error naming these options.
 
     Args:
         noise_scale, p_mean, p_std, sde_gamma, sde_gamma_by_steps, t_eps: [`ELFScheduler`]'s config.
@@ -44,7 +44,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
     family = "elf"
     base_scheduler_class = ELFScheduler
     _compatibles = ["ELFScheduler", *ELF_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = ("sc_cfg_scale", *ABLATION_DEFAULTS)
+    _kept_config_keys = tuple(ABLATION_DEFAULTS)
     _config_ranges = {**ELF_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config

@@ -21,8 +21,8 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     coefficients="langflow-owt")` and back with `LangFlowScheduler.from_config(pipe.scheduler.config)`.
 
     Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
-    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; for legacy folders only, the coefficients stored
-    with the sampler statistics (with a `FutureWarning`); else an error naming these options.
+    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; the preset's entry at its nearest listed NFE;
+    else an error naming these options.
 
     Args:
         quantile_eps, proposal: [`LangFlowScheduler`]'s config.
@@ -35,7 +35,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     family = "langflow"
     base_scheduler_class = LangFlowScheduler
     _compatibles = ["LangFlowScheduler", *LANGFLOW_COMPARISON_SCHEDULERS]
-    _legacy_config_keys = tuple(ABLATION_DEFAULTS)
+    _kept_config_keys = tuple(ABLATION_DEFAULTS)
     _config_ranges = {**LANGFLOW_CONFIG_RANGES, **UNTIED_CONFIG_RANGES}
 
     @register_to_config

@@ -140,8 +140,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     def resolve_coefficients(
         self, num_inference_steps: int, statistics: SamplerStatistics | None = None
     ) -> dict[str, float]:
-        """(η_R, η_T, η_O, α) for `num_inference_steps`, by the rule of docs/algorithm.md §4.5."""
-        return resolve_coefficients(self.config, num_inference_steps, statistics)
+        """(η_R, η_T, η_O, α) for `num_inference_steps`, by the rule of docs/algorithm.md §4.5 (the config's alone;
+        `statistics` hold none)."""
+        return resolve_coefficients(self.config, num_inference_steps)
 
     def _set_timesteps(
         self,

@@ -18,8 +18,8 @@ entropy through the measured points. Why this one:
 The interval resamples the whole curve with the same clusters as the candidate ([`equal_entropy_ratio`]): every series
 of one seed shares its samples' initial latents and random streams, so one set of cluster weights is applied to the
 candidate and to every point of the curve, and the curve is re-fitted on each resample. Per-sample entropies are
-resampled with the NLLs when the run records hold them; older records hold only each run's mean entropy, which is then
-kept at its measured value (the report says which).
+resampled with the NLLs when the run records hold them; records that hold only each run's mean entropy keep it at its
+measured value (the report says which).
 """
 
 import math

@@ -1,4 +1,4 @@
-"""A scored sweep's statistics, from its run records alone (so old reports can be re-analysed: [`analyse`]).
+"""A scored sweep's statistics, from its run records alone (so committed reports can be re-analysed: [`analyse`]).
 
 Aggregates per (sampler, NFE): mean ± standard error over seeds. Paired per (candidate, NFE) against the baseline
 sampler, pooling the pairs of all seeds: the GenPPL ratio candidate / baseline with a paired bootstrap CI
@@ -327,7 +327,7 @@ def _run_samples(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value)
     blocks = []
     for run in chosen:
         per_sample = run["per_sample"]
-        entropy = per_sample.get("entropy")  # absent from reports written before per-sample entropies were kept
+        entropy = per_sample.get("entropy")  # absent from reports that hold each run's mean entropy only
         blocks.append(RunSamples(per_sample["nll_sum"], per_sample["num_tokens"], entropy, run["entropy"]))
     return blocks
 
@@ -466,12 +466,12 @@ def frontier_comparison(
 def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None = None) -> dict:
     """Computes a scored sweep's statistics from its run records, in place: the resampling unit, `aggregates`,
     `diversity_curves`, `equal_entropy` and, where samplers besides the baseline were swept, `frontiers` (a report
-    is a function of its runs, so old reports can be re-analysed).
+    is a function of its runs, so committed reports can be re-analysed).
 
     `small_sample` adds the few-cluster intervals and the headline rule ([`aggregate`]; `interval_rule` records
     [`INTERVAL_RULE`]). `None` (the default) keeps a report as it was first analysed: a fresh analysis (no
-    `aggregates` yet) or a report that records an `interval_rule` gets them, a report analysed before they existed
-    does not, so committed reports re-render byte for byte; pass `True` to add them to such a report.
+    `aggregates` yet) or a report that records an `interval_rule` gets them, another report does not, so committed
+    reports re-render byte for byte; pass `True` to add them to such a report.
     """
     if small_sample is None:
         small_sample = "aggregates" not in results or "interval_rule" in results
@@ -502,7 +502,7 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
     frontiers = frontier_comparison(
         results, runs, knob, results.get("baseline", BASELINE), clusters, num_resamples=num_resamples
     )
-    if frontiers["by_sampler"]:  # only sweeps that swept more than the baseline (older reports stay as they were)
+    if frontiers["by_sampler"]:  # only sweeps that swept more than the baseline (other reports hold no frontiers)
         results["frontiers"] = frontiers
     else:
         results.pop("frontiers", None)

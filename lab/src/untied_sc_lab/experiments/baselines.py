@@ -26,7 +26,7 @@ from .definitions import normalise_samplers
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
     """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
     (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
-    the earlier rule (an entropy guard, no equal-entropy objective) say so in `rule`."""
+    the entropy-guard rule (no equal-entropy objective; the bundled folders' 32- and 64-NFE ones) say so in `rule`."""
     tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
     by_steps = {}
     for n in nfe:
@@ -113,7 +113,7 @@ def tune_baselines(
     Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
 
     Nothing is sampled when a check fails: an evaluation seed out of range or one the pipeline was tuned, calibrated
-    or ACE-estimated on (records written before the seed spaces, [`refuse_leaked_seeds`]); a tuning seed out of
+    or ACE-estimated on (records that name no seed space, [`refuse_leaked_seeds`]); a tuning seed out of
     range; an ACE sampler without the pipeline's `ace_statistics` (the error names `untied-sc ace`); an untied
     sampler at an uncalibrated NFE. The tuning bank is drawn in the tuning seed space (`untied_sc.seeds`), which no
     benchmark, calibration or ACE batch reaches.

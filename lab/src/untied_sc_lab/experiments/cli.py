@@ -328,7 +328,7 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
             progress=False,
             scored=scored,
         )
-    except ValueError as error:  # a report written before its settings were recorded: run by run only
+    except ValueError as error:  # a report that records no settings: run by run only
         print(f"{source}: its headline is not computed again ({error})", file=sys.stderr)
         return None
     reference, reported = same_scoring[0] if same_scoring else (None, computed)

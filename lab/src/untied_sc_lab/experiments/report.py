@@ -233,7 +233,7 @@ def _throughput_lines(results: dict, samplers: Sequence[str]) -> list[str]:
 
 
 def _coefficient_lines(results: dict) -> list[str]:
-    """η_R, η_T, η_O, α each untied sampler ran with, by NFE (absent from reports written before they were kept)."""
+    """η_R, η_T, η_O, α each untied sampler ran with, by NFE (absent from reports that record none)."""
     if not results.get("coefficients"):
         return []
     lines = ["", "## Coefficients the untied samplers ran with", ""]
@@ -265,7 +265,7 @@ def _knob_value(knobs: dict) -> str:
 
 def _knob_lines(results: dict) -> list[str]:
     """How each sampler was tuned on the tuning bank (`--experiment baselines`): the rule, the budget, the choice, its
-    bank scores and the keep rule's outcome (reports of the earlier grid rule as they were)."""
+    bank scores and the keep rule's outcome (reports of the fixed-grid rule in their own layout)."""
     tuning = results.get("knob_tuning")
     if not tuning:
         return []
@@ -339,7 +339,7 @@ def _rescored_knob_note(results: dict) -> str:
 
 
 def _grid_knob_lines(tuning: dict) -> list[str]:
-    """A report of the earlier rule (a fixed grid per method, an entropy guard, raw GenPPL), rendered as it was."""
+    """A report of the fixed-grid rule (a fixed grid per method, an entropy guard, raw GenPPL), in its own layout."""
     lines = [
         "",
         "## Knobs chosen on the tuning bank",

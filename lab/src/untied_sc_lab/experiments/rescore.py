@@ -45,7 +45,7 @@ GENERATION_SETTINGS = (
     "torch",
     "command",
 )
-# Kept where a report has them (reports written before some of them existed lack them).
+# Kept where a report has them (some committed reports lack them).
 OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
 
 

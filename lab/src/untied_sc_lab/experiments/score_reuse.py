@@ -105,7 +105,7 @@ def read_report_scores(path: str | os.PathLike) -> ReusableScores:
     for record, run in zip(report["runs"], runs, strict=True):
         reusable.by_samples[samples_key(run)] = _scoring_result(record)
     for fingerprint, scores in report.get("bank_scores", {}).items():
-        # a bank run's per-sample records (the equal-entropy search); reports of the earlier rule kept mean NLLs
+        # a bank run's per-sample records (the equal-entropy search); reports of the fixed-grid rule keep mean NLLs
         # alone, which the search cannot read: those are scored again
         if isinstance(scores, dict):
             reusable.bank[fingerprint] = dict(scores)

@@ -347,11 +347,11 @@ def score_sweep(
         "evaluator": evaluator_name,
         "evaluator_description": description,
         "samplers": generation["samplers"],
-        "coefficients": generation.get("coefficients"),  # absent from generation files written before it existed
+        "coefficients": generation.get("coefficients"),  # absent from generation files that record none
         "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
-        "num_processes": generation.get("num_processes", 1),  # absent from generation files written before it
+        "num_processes": generation.get("num_processes", 1),  # absent from generation files that record none (1)
         "runs": runs,
         "diversity_default": knob_default,
         "command": generation["command"],

@@ -43,19 +43,16 @@ from untied_sc.schedulers import LangFlowScheduler
 
 from .cli import build_parser as build_family_parser
 from .cli import main as family_main
-from .config import LangFlowTrainConfig, TrainConfig  # noqa: F401 (TrainConfig: importable from here too)
+from .config import LangFlowTrainConfig
 from .data import fixed_windows, load_split_tokens, sample_windows, unigram_entropy
 from .proposal import ProposalStats, fit_gumbel_to_curve, gumbel_entropy, gumbel_range, sample_gamma
-from .trainer import (  # lr_at, start_or_resume, training_device: importable from here too, as before the split
+from .trainer import (
     FlowTrainer,
     load_run,
-    lr_at,  # noqa: F401
     model_to_evaluate,
     print_export,
     save_portable_pipeline,
-    start_or_resume,  # noqa: F401
     train_from_command_line,
-    training_device,  # noqa: F401
     write_training_info,
 )
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from untied_sc.calibration import migrate_pipeline
 from untied_sc.defaults import (
     CURVE_VALUES,
     EXTRAPOLATE,
@@ -291,7 +290,6 @@ def tune_coefficients(
         One [`SearchResult`] per NFE. The scheduler config's `coefficients_by_steps` holds the chosen values (and the
         entropy-matching knob) and its `tuning_by_steps` the search's record.
     """
-    migrate_pipeline(pipe)  # an old-layout folder: its coefficients and tuning record move to the scheduler config
     statistics = getattr(pipe, "sampler_statistics", None)
     if statistics is None:
         raise ValueError(
@@ -391,8 +389,8 @@ def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, ru
 
 
 def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
-    """The coefficients calibration ran at for this NFE, as remembered by an earlier tuning record (`None` if
-    untuned). Records written before this field existed fall back to the coefficients their search started from."""
+    """The coefficients calibration ran at for this NFE, as its tuning record remembers them (`None` if untuned); a
+    record without `calibrated` gives the coefficients its search started from."""
     record = (scheduler_config.get("tuning_by_steps") or {}).get(str(num_inference_steps))
     if not record:
         return None
