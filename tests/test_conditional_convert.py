@@ -280,26 +280,36 @@ def usage_section() -> str:
     return text.split("## ELF with a source text", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_usage_guides_convert_calibrate_and_untied_example_run_as_written(tmp_path, tiny_released, monkeypatch):
+def test_the_usage_guides_convert_calibrate_and_untied_example_run_as_written(tmp_path, monkeypatch, one_thread):
+    """docs/usage.md's conditional commands and their Python, every line as written, on the released id's table
+    lengths (128 positions, 64 of them the source): the official recording's tiny weights (no learned positions:
+    they run at any length) under `ELF-B-de-en-torch` and the tiny T5 under `t5-small`, in the Hugging Face cache."""
     import shlex
 
     section = usage_section()
     commands = [line for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines() if line]
     example = section.split("```python\n")[3].split("```", 1)[0]
-    assert [shlex.split(c)[:2] for c in commands] == [["untied-sc", "convert"], ["untied-sc", "calibrate"]]
+    argvs = [shlex.split(c) for c in commands]
+    assert [argv[:2] for argv in argvs] == [["untied-sc", "convert"], ["untied-sc", "calibrate"]]
+    calibrate = argvs[1]
+    prompt_file = calibrate[calibrate.index("--prompts") + 1]
+    nfes = [int(n) for n in calibrate[calibrate.index("--nfe") + 1 :] if n.isdigit()]
     cache = tmp_path / "cache"
     checkpoint = official_elf_checkpoint(tmp_path / "src" / "checkpoint_5", GOLDEN.weights)
     populate_hub_cache(cache, DE_EN, {"checkpoint_5": checkpoint})
     t5_small_in_cache(cache, tmp_path)
     offline_cache(monkeypatch, cache)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "sources.txt").write_text("\n".join(GOLDEN.run["prompts"]) + "\n")
-    # The calibration as written, with smaller banks than its default (64; the trajectories' count only).
-    small = ["--bank-size", "8", "--base-scale-bank-size", "4", "--no-progress"]
-    for command in commands:
-        assert main([*shlex.split(command)[1:], *(small if "calibrate" in command else [])]) == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / prompt_file).write_text("\n".join(GOLDEN.run["prompts"]) + "\n")  # the prompt file the doc names
+    for argv in argvs:
+        assert main(argv[1:]) == 0, argv
+    index = json.loads((work / argvs[0][4] / "model_index.json").read_text())
+    assert index["max_source_length"] == 64
+    assert json.loads((work / argvs[0][4] / "transformer" / "config.json").read_text())["max_length"] == 128
     scope = {}
     exec(compile(example, "docs/usage.md", "exec"), scope)
     assert type(scope["pipe"].scheduler).__name__ == "UntiedELFScheduler"
-    assert scope["pipe"].sampler_statistics.config.calibrated_steps == [8, 16]
+    assert scope["pipe"].sampler_statistics.config.calibrated_steps == nfes
     assert len(scope["out"].texts) == 1 and isinstance(scope["out"].texts[0], str)
