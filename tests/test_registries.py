@@ -2,12 +2,22 @@
 records agree with the classes, and unknown names fail with the known ones listed."""
 
 import dataclasses
+import re
 
 import pytest
 
 from untied_sc.defaults import CURVE_VALUES
-from untied_sc.families import families, family_names, family_of, get_family, register
+from untied_sc.families import (
+    default_protocol,
+    families,
+    family_names,
+    family_of,
+    get_family,
+    register,
+    untied_families,
+)
 from untied_sc.generation.sampling import diversity_knob, resampling_unit
+from untied_sc.generation.sampling import family_of as sampling_family_of
 from untied_sc.models.official_checkpoints import OFFICIAL_CHECKPOINTS
 from untied_sc.sampling_methods import ROUTINGS, comparison_methods, get_method, methods
 from untied_sc.sampling_methods import register as register_method
@@ -17,8 +27,8 @@ from untied_sc.schedulers.scheduling_ace import ACEStatisticsMixin
 
 
 def test_unknown_names_list_the_known_ones():
-    with pytest.raises(ValueError, match="Unknown model family 'flowmap'; the families are elf, langflow"):
-        get_family("flowmap")
+    with pytest.raises(ValueError, match="Unknown model family 'dit'; the families are elf, langflow, flowmap"):
+        get_family("dit")
     with pytest.raises(ValueError, match="Unknown sampling method 'dpm'; the methods are untied, momentum, "):
         get_method("dpm")
     with pytest.raises(ValueError, match="registered already"):
@@ -36,20 +46,47 @@ def test_family_references_name_the_family_classes(name):
         ref.load() for ref in (family.network, family.official_scheduler, family.untied_scheduler, family.pipeline)
     )
     assert network.family == official.family == untied.family == pipeline.family == name
+    assert callable(family.converter.load()) and callable(family.config_from_weights.load())
+    assert family_of(pipeline) is family and hasattr(family.tokenizer.load(), "from_pretrained")
+    assert family.official_checkpoints() == [c for c in OFFICIAL_CHECKPOINTS if c.family == name]
+    assert family.num_update_steps(8) == (8 if family.updates_on_last_step else 7)
+    assert family.latent_width_key in network._get_init_keys(network)  # a config field of the network
+    assert family.block_prefix.endswith(".")
+    if name not in untied_families():
+        return  # the checks of Algorithm 1's sampler and the lab's measurements: below, for the families they serve
     assert issubclass(untied, UntiedSelfConditioningMixin) and not issubclass(official, UntiedSelfConditioningMixin)
     assert type(UntiedSelfConditioningScheduler.from_config(official().config)) is untied
     assert (
         family.official_scheduler.name in untied._compatibles and family.untied_scheduler.name in official._compatibles
     )
-    assert callable(family.converter.load()) and callable(family.config_from_weights.load())
-    assert family_of(pipeline) is family and hasattr(family.tokenizer.load(), "from_pretrained")
     assert family.default_preset in family.presets() and all(p in paper_coefficients() for p in family.presets())
-    assert family.official_checkpoints() == [c for c in OFFICIAL_CHECKPOINTS if c.family == name]
     assert family.protocol in ("elf", "langflow") and family.resampling_unit in ("batch", "sample")
     assert resampling_unit(name) == family.resampling_unit and diversity_knob(name) == family.diversity_knob
     assert CURVE_VALUES[name] == family.curve_values
-    assert family.num_update_steps(8) == (8 if family.updates_on_last_step else 7)
-    assert family.latent_width_key in network._get_init_keys(network)  # a config field of the network
+
+
+@pytest.mark.parametrize("name", [name for name in family_names() if name not in untied_families()])
+def test_a_family_outside_algorithm_1_leaves_its_fields_out_and_is_refused_by_their_readers(name):
+    """A family Algorithm 1's untied scheduler does not serve (the flow maps: their untied transform wraps the
+    official flow-map sampler, `UntiedFlowMapLMScheduler`, with no paper preset, GenPPL protocol or training module)
+    leaves those fields `None`; every reader refuses it with one message naming the family and the field."""
+    family = get_family(name)
+    untied, official = family.untied_scheduler.load(), family.official_scheduler.load()
+    assert issubclass(untied, official) and not issubclass(untied, UntiedSelfConditioningMixin)
+    for field in ("default_preset", "diversity_knob", "curve_values", "frontier_values", "protocol"):
+        assert getattr(family, field) is None
+        with pytest.raises(ValueError, match=f"{re.escape(family.display_name)} family.*no {field}"):
+            family.require(field, "this")
+    assert name not in CURVE_VALUES and family.presets() == []
+    with pytest.raises(ValueError, match="no protocol"):
+        default_protocol(name)
+    with pytest.raises(ValueError, match="no resampling_unit"):
+        resampling_unit(name)
+    with pytest.raises(ValueError, match="no diversity_knob"):
+        diversity_knob(name)
+    pipe = object.__new__(family.pipeline.load())  # the class is what the sampling commands check
+    with pytest.raises(ValueError, match=f"got {family.pipeline.name}; {family.pipeline.name} is sampled by its own"):
+        sampling_family_of(pipe)
 
 
 def test_every_family_has_a_record_and_each_record_its_own_classes():
@@ -69,6 +106,10 @@ def test_method_records_agree_with_their_schedulers(method):
         assert knob.kind in ("scale", "choice") and (knob.kind == "scale") == (not knob.choices)
         assert not knob.choices or set(knob.choices) == set(ROUTINGS)
     for family in family_names():
+        if family not in untied_families():  # no comparison sampler: the method refuses the family, naming it
+            with pytest.raises(ValueError, match=f"No {method.name!r} sampler for family {family!r}"):
+                method.scheduler_class(family)
+            continue
         cls = method.scheduler_class(family)
         assert cls.family == family and cls.__name__ == method.schedulers[family]
         keys = set(cls._get_init_keys(cls))

@@ -48,4 +48,4 @@ EVALUATOR_DTYPE_NAMES = ("auto", *DTYPE_NAMES)
 # values on the bank per family (the default value first; `Family.curve_values`).
 TUNE_BUDGET = 20
 EXTRAPOLATE = 0.02
-CURVE_VALUES = {family.name: family.curve_values for family in families()}
+CURVE_VALUES = {family.name: family.curve_values for family in families() if family.curve_values is not None}

@@ -1,4 +1,5 @@
-"""The model families untied-sc samples (ELF, LangFlow): one record each, in one registry.
+"""The model families untied-sc samples (ELF, LangFlow, the self-conditioned flow maps): one record each, in one
+registry.
 
 A [`Family`] names everything that differs between families: the network, the official and the untied scheduler,
 the pipeline, the converter of an official checkpoint, the model-index entries, the paper presets and the sampling
@@ -17,6 +18,12 @@ Adding a family is one [`register`] call at the end of this module, with:
 - its paper presets in `data/coefficients.json` named `<family>-...`, and `default_preset` among them;
 - its sampling defaults (the fields below without a default), and the comparison samplers' classes of each method in
   `sampling_methods.py` (a method without one for the family is refused for it).
+
+The fields that describe the untied sampler of Algorithm 1 and the lab's measurements of it (`default_preset`,
+`diversity_knob`, `curve_values`, `frontier_values`, `resampling_unit`, `protocol`, `training_module`) are `None`
+for a family that has none of them (the flow maps: no paper preset, no GenPPL protocol of the lab, no training
+module); the code that needs one asks [`Family.require`], which refuses such a family naming the field and the use.
+The families the untied sampler of Algorithm 1 serves are [`untied_families`].
 
 What differs in behaviour rather than in a value is written in the family's classes, except in these functions,
 which still branch on the family name and need a branch of the new family's: the self-conditioning geometry
@@ -64,15 +71,24 @@ class Family:
         latent_width_key (`str`): the network config field that is D, the width of the latent the sampler moves.
         updates_on_last_step (`bool`): whether the final evaluation updates the state (ELF: its last step is the ODE
             step), so that K_u = N; otherwise K_u = N − 1.
-        default_preset (`str`): the paper preset `untied-sc calibrate` uses when none is named.
-        diversity_knob (`str`): the pipeline-call argument that moves the family's entropy.
-        curve_values (`tuple[float, ...]`): the official curve's knob values on the tuning bank (the default first).
-        frontier_values (`tuple[float, ...]`): the `baselines` experiment's default sweep of the diversity knob.
-        resampling_unit, resampling_why (`str`): the unit the bootstrap resamples (`"batch"` or `"sample"`) and why.
-        protocol (`str`): the GenPPL protocol its samples are scored with by default (`evaluation/metrics.py`: the
-            official evaluation of ELF or of LangFlow).
-        training_module (`str`): the module of `untied-sc train <family>` (its `build_parser`, `main`).
+        default_preset (`str`, *optional*): the paper preset `untied-sc calibrate` uses when none is named; `None`
+            for a family without paper presets (not sampled by Algorithm 1's untied scheduler).
+        diversity_knob (`str`, *optional*): the pipeline-call argument that moves the family's entropy.
+        curve_values (`tuple[float, ...]`, *optional*): the official curve's knob values on the tuning bank (the
+            default first).
+        frontier_values (`tuple[float, ...]`, *optional*): the `baselines` experiment's default sweep of the
+            diversity knob.
+        resampling_unit, resampling_why (`str`, *optional*): the unit the bootstrap resamples (`"batch"` or
+            `"sample"`) and why.
+        protocol (`str`, *optional*): the GenPPL protocol its samples are scored with by default
+            (`evaluation/metrics.py`: the official evaluation of ELF or of LangFlow).
+        training_module (`str`, *optional*): the module of `untied-sc train <family>` (its `build_parser`, `main`).
         tokenizer (`ClassRef`): the tokenizer class saved in `model_index.json`.
+        convert_options (`tuple[str, ...]`): the `untied-sc convert` options (argument names) this family takes
+            beyond SOURCE, OUTPUT, --tokenizer, --revision and --overwrite; any other given is refused.
+        variants (`tuple[str, ...]`): the released models a checkpoint of the family may hold where its weights do not
+            say which (`untied-sc convert --variant`); empty where they do.
+        missing_why (`str`): why the optional fields left `None` are missing, for [`require`]'s message.
     """
 
     name: str
@@ -86,15 +102,29 @@ class Family:
     block_prefix: str
     latent_width_key: str
     updates_on_last_step: bool
-    default_preset: str
-    diversity_knob: str
-    curve_values: tuple[float, ...]
-    frontier_values: tuple[float, ...]
-    resampling_unit: str
-    resampling_why: str
-    protocol: str
-    training_module: str
+    default_preset: str | None
+    diversity_knob: str | None
+    curve_values: tuple[float, ...] | None
+    frontier_values: tuple[float, ...] | None
+    resampling_unit: str | None
+    resampling_why: str | None
+    protocol: str | None
+    training_module: str | None
     tokenizer: ClassRef = ClassRef("transformers", "PreTrainedTokenizerFast")
+    convert_options: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
+    missing_why: str = ""
+
+    def require(self, field: str, use: str):
+        """The value of `field`; a `ValueError` naming the family, the field and `use` where the family has none."""
+        value = getattr(self, field)
+        if value is None:
+            served = ", ".join(get_family(name).display_name for name in untied_families())
+            raise ValueError(
+                f"{use}: not available for the {self.display_name} family ({self.pipeline.name}), which has no "
+                f"{field} ({self.missing_why}); it serves the {served} pipelines."
+            )
+        return value
 
     def num_update_steps(self, num_inference_steps: int) -> int:
         """K_u, the evaluations that update the state in a run of `num_inference_steps`."""
@@ -130,6 +160,12 @@ def families() -> tuple[Family, ...]:
     return tuple(_FAMILIES.values())
 
 
+def untied_families() -> tuple[str, ...]:
+    """The families Algorithm 1's untied scheduler, its calibration and the lab's experiments serve: those with
+    paper presets (`default_preset`)."""
+    return tuple(name for name, family in _FAMILIES.items() if family.default_preset is not None)
+
+
 def get_family(name: str) -> Family:
     """The family named `name`; an unknown name raises a `ValueError` listing the known ones."""
     if name not in _FAMILIES:
@@ -148,8 +184,9 @@ def family_of(component) -> Family:
 
 
 def default_protocol(name: str) -> str:
-    """The GenPPL protocol of family `name`'s samples (an unknown name raises, listing the families)."""
-    return get_family(name).protocol
+    """The GenPPL protocol of family `name`'s samples (an unknown name raises, listing the families; a family
+    without one, naming it)."""
+    return get_family(name).require("protocol", "Scoring samples with a default GenPPL protocol")
 
 
 def family_of_pipeline_class(class_name: str | None) -> Family | None:
@@ -180,6 +217,10 @@ register(
         resampling_why="ELF draws one time grid per batch, shared by the batch's samples",
         protocol="elf",
         training_module="untied_sc_lab.training.elf",
+        convert_options=(
+            *("official_id", "max_length", "sde_gamma", "sc_cfg_scale", "weights", "allow_pickle"),
+            *("text_encoder", "guidance_scale", "max_source_length"),
+        ),
     )
 )
 register(
@@ -204,5 +245,37 @@ register(
         resampling_why="LangFlow's time grid is fixed; samples share no random draw",
         protocol="langflow",
         training_module="untied_sc_lab.training.langflow",
+        # A LangFlow checkpoint records its sequence length, and the official LangFlow sampler has no setting here.
+        convert_options=("official_id",),
+    )
+)
+register(
+    Family(
+        name="flowmap",
+        display_name="flow-map (FMLM*, ELF*)",
+        network=ClassRef("untied_sc.models.flowmap_transformer", "FlowMapTransformerModel"),
+        official_scheduler=ClassRef("untied_sc.schedulers.scheduling_flowmap", "FlowMapLMScheduler"),
+        untied_scheduler=ClassRef("untied_sc.schedulers.scheduling_flowmap", "UntiedFlowMapLMScheduler"),
+        pipeline=ClassRef("untied_sc.pipelines.pipeline_flowmap", "FlowMapPipeline"),
+        converter=ClassRef("untied_sc.models.flowmap_transformer", "load_official_flowmap"),
+        config_from_weights=ClassRef("untied_sc.models.weights_config", "flowmap_config_from_weights"),
+        block_prefix="blocks.",
+        latent_width_key="latent_dim",
+        # Every flow-map step moves the state, the last one too (z_N = x̂_{N−1}, `sampling_utils.py` flow_map_step).
+        updates_on_last_step=True,
+        default_preset=None,
+        diversity_knob=None,
+        curve_values=None,
+        frontier_values=None,
+        resampling_unit=None,
+        resampling_why=None,
+        protocol=None,
+        training_module=None,
+        tokenizer=ClassRef("transformers", "GPT2TokenizerFast"),
+        convert_options=("variant", "max_length", "self_conditioning", "weights", "allow_pickle"),
+        # FMLM* (stage 3), ELF* (stage 2) and the ELF teacher (stage 1): README "Checkpoints".
+        variants=("fmlm-star", "elf-star", "elf"),
+        missing_why="its untied transform is calibrated by `untied_sc.calibration.flowmap`, without paper presets; "
+        "no GenPPL protocol or training module of the lab covers it (three distillation stages)",
     )
 )

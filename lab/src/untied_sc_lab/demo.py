@@ -41,7 +41,7 @@ def sample_both(pipe, steps: int, batch_size: int, seed: int, progress=None) -> 
     """Official, untied with the folder's coefficients, and untied with the paper's closest preset; same seed.
     `progress` (a tqdm bar, optional) is told each sampler's name as it starts."""
     official_scheduler = pipe.scheduler
-    preset = get_family(pipe.family).default_preset
+    preset = get_family(pipe.family).require("default_preset", "The demo's preset comparison")
     overrides = {"official": None, "untied": {}, f"untied ({preset} preset)": {"coefficients": preset}}
     results = {}
     try:
@@ -202,7 +202,7 @@ def _run(args: argparse.Namespace) -> int:
     for folder in folders:
         pipe = load_pipeline(folder)
         pipe.set_progress_bar_config(disable=True)  # one bar per model below, not one per sampling loop
-        protocol = get_family(pipe.family).protocol
+        protocol = get_family(pipe.family).require("protocol", "The demo's GenPPL scoring")
         print(f"\n=== {folder.name} ({type(pipe).__name__}), {args.steps} steps, seed {args.seed} ===")
         reference = reference_scores(folder, results) if results is not None else None
         if reference is not None:

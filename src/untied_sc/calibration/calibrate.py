@@ -213,7 +213,7 @@ def resolve_preset_coefficients(solver: str, steps: list[int], coefficients: str
             check_coefficients(coefficients[n], where=f" at {n} steps")
         return {n: dict(coefficients[n]) for n in steps}
     # The paper's closest system ([choice]; `untied-sc tune` replaces it with values searched for the model).
-    name = coefficients or get_family(solver).default_preset
+    name = coefficients or get_family(solver).require("default_preset", "Calibrating with a paper preset")
     check_preset(name, solver)
     return {n: preset_entry(name, n)[1] for n in steps}
 

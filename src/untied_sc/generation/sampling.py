@@ -25,7 +25,7 @@ from ..distributed import (
     shard_batches,
     slowest_process_seconds,
 )
-from ..families import family_names, get_family
+from ..families import family_names, get_family, untied_families
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 from ..seeds import DEFAULT_RECORD_SPACE, generator_seed
@@ -40,7 +40,7 @@ KNOBS_KEY = "knobs_by_steps"
 
 def resampling_unit(family: str) -> str:
     """`"batch"` (ELF) or `"sample"` (LangFlow): the unit the bootstrap resamples (see the module docstring)."""
-    return get_family(family).resampling_unit
+    return get_family(family).require("resampling_unit", "Resampling samples for a bootstrap interval")
 
 
 def resampling_clusters(family: str, num_samples: int, batch_size: int) -> list[int]:
@@ -108,11 +108,15 @@ def tuning_seeds(pipe) -> set[int]:
 
 
 def family_of(pipe) -> str:
-    """`"elf"` or `"langflow"`: which solver family a pipeline samples with (its `family`)."""
+    """`"elf"` or `"langflow"`: which solver family a pipeline samples with (its `family`); a family that Algorithm 1
+    does not serve (the flow maps) is refused."""
     family = getattr(pipe, "family", None)
-    if family not in family_names():
-        pipelines = " or ".join(get_family(name).pipeline.name for name in family_names())
-        raise ValueError(f"Expected an {pipelines}, got {type(pipe).__name__}.")
+    if family not in untied_families():
+        pipelines = " or ".join(get_family(name).pipeline.name for name in untied_families())
+        other = f"; {type(pipe).__name__} is sampled by its own call, `pipe(...)`" if family in family_names() else ""
+        raise ValueError(
+            f"Expected an {pipelines} (the untied sampler of Algorithm 1), got {type(pipe).__name__}{other}."
+        )
     return family
 
 
@@ -122,7 +126,7 @@ def diversity_knob(family: str) -> str:
     `"decode_temperature"` (ELF: of the final decode's softmax; the SC-CFG scale w, tried first, barely moved the
     bundled ELF, which hardly uses self-conditioning).
     """
-    return get_family(family).diversity_knob
+    return get_family(family).require("diversity_knob", "Sweeping a diversity knob")
 
 
 def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):

@@ -24,6 +24,7 @@ from .convert import _check_state_dict, _torch_load
 from .elf_transformer import BottleneckTextProj, ELFBlock, FinalLayer, TimestepEmbedder, interleaved_rope_tables
 from .embeddings import DtypeAliasMixin, broadcast_per_example
 from .official_checkpoints import cache_snapshot
+from .weights_config import flowmap_config_from_weights
 
 
 OFFICIAL_FMLM = "github.com/Ugness/self-conditioned-fmlm@f2472c9"
@@ -234,27 +235,13 @@ def flowmap_config_from_state_dict(state_dict: dict[str, torch.Tensor], max_leng
     if variant not in FLOWMAP_VARIANTS:
         raise ValueError(f"Unknown variant {variant!r}; choose one of {sorted(FLOWMAP_VARIANTS)}.")
     try:
-        hidden = state_dict["t_emb_tokens"].shape[2]
-        head_dim = state_dict["blocks.0.attn.q_norm.weight"].shape[0]
-        config = {
-            "latent_dim": state_dict["self_cond_proj.weight"].shape[0],
-            "max_length": max_length,
-            "hidden_size": hidden,
-            "num_layers": len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")}),
-            "num_attention_heads": hidden // head_dim,
-            "intermediate_size": state_dict["blocks.0.mlp.w3.weight"].shape[1],
-            "bottleneck_dim": state_dict["text_proj.proj1.weight"].shape[0],
-            "num_time_tokens": state_dict["t_emb_tokens"].shape[1],
-            "vocab_size": state_dict["unembed_bias"].shape[0],
-        }
-    except KeyError as error:
+        config = flowmap_config_from_weights(state_dict, "The weights")
+    except ValueError as error:
         raise ValueError(
-            f"The weights lack {error}; an official FMLM*/ELF* network state dict has it (built with "
-            "self_cond_prob > 0, as the released ones)."
+            f"{error} An official FMLM*/ELF* network state dict has it (built with self_cond_prob > 0, as the "
+            "released ones)."
         ) from None
-    for name, key in (("num_sc_cfg_tokens", "self_cond_cfg_tokens"), ("num_phase_tokens", "phase_emb_tokens")):
-        config[name] = state_dict[key].shape[1] if key in state_dict else 0
-    config["num_mode_tokens"] = state_dict["mode_tokens"].shape[1] if "mode_tokens" in state_dict else 0
+    config["max_length"] = max_length
     config["two_time"] = FLOWMAP_VARIANTS[variant]["two_time"]
     config["const_phase"] = FLOWMAP_VARIANTS[variant]["const_phase"]
     return config

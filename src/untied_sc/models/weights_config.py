@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..families import family_names, get_family
+from ..families import get_family
 
 
 def _count_blocks(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
@@ -69,6 +69,26 @@ def elf_config_from_weights(weights: dict, source: str) -> dict:
     return {key: value for key, value in elf_config_from_state_dict(weights, 0, source).items() if key != "max_length"}
 
 
+def flowmap_config_from_weights(weights: dict, source: str = "state dict") -> dict:
+    """The flow-map network sizes the tensor shapes fix (official `ELF`, `model.py` lines 38-226; not `max_length`,
+    `two_time` or `const_phase`, which no weight holds: the stage of the checkpoint says them)."""
+    hidden_size = _require(weights, "t_emb_tokens", source).shape[2]
+    head_dim = _require(weights, "blocks.0.attn.q_norm.weight", source).shape[0]
+    prefix_blocks = {"num_sc_cfg_tokens": "self_cond_cfg_tokens", "num_phase_tokens": "phase_emb_tokens"}
+    prefix_blocks["num_mode_tokens"] = "mode_tokens"
+    return {
+        "latent_dim": _require(weights, "self_cond_proj.weight", source).shape[0],
+        "hidden_size": hidden_size,
+        "num_layers": _count_blocks(weights, "blocks."),
+        "num_attention_heads": hidden_size // head_dim,
+        "intermediate_size": _require(weights, "blocks.0.mlp.w3.weight", source).shape[1],
+        "bottleneck_dim": _require(weights, "text_proj.proj1.weight", source).shape[0],
+        "num_time_tokens": _require(weights, "t_emb_tokens", source).shape[1],
+        **{name: weights[key].shape[1] if key in weights else 0 for name, key in prefix_blocks.items()},
+        "vocab_size": _require(weights, "unembed_bias", source).shape[0],
+    }
+
+
 def saved_weight_files(folder: Path, variant: str | None = None) -> list[Path]:
     """The safetensors files `from_pretrained` reads in a model folder (one file, or the shards an index names);
     empty where there are none (a `.bin` file: diffusers reads and checks it)."""
@@ -103,8 +123,6 @@ def check_saved_model(model_cls, folder: str | os.PathLike, variant: str | None 
     with torch.device("meta"):  # the model the config builds, without memory or initialisation cost
         model = model_cls.from_config(config)
     tensors = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
-    if model_cls.family not in family_names():
-        return  # a network outside the registry (the flow maps) has no sizes to read here: diffusers checks
     family = get_family(model_cls.family)
     try:
         saved = family.config_from_weights.load()(tensors, str(weights))

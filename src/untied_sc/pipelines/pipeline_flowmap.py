@@ -43,6 +43,7 @@ class FlowMapPipeline(DiffusionPipeline):
         sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (5.0 for FMLM*, 3.0 for ELF* and the teacher).
     """
 
+    family = "flowmap"
     model_cpu_offload_seq = "transformer"
     _optional_components = ["tokenizer"]
 
@@ -63,6 +64,32 @@ class FlowMapPipeline(DiffusionPipeline):
         if isinstance(self.scheduler, ELFScheduler):
             return "elf"
         return "elf-star" if isinstance(self.scheduler, CDEQScheduler) else "fmlm-star"
+
+    @classmethod
+    def from_official(
+        cls, source: str | os.PathLike, variant: str, tokenizer=None, **load_kwargs
+    ) -> "FlowMapPipeline":
+        """
+        The pipeline of an official FMLM*/ELF*/teacher checkpoint ([`read_official_flowmap`], `load_kwargs` its
+        arguments: `max_length`, `self_conditioning`, `weights`, `allow_pickle`, Hub `revision`...): the network, the
+        official sampler of `variant` (FMLM*: ctm in the checkpoint's self-conditioning regime; ELF*: cdeq; the
+        teacher: ELF's SDE) at the official settings and the official SC-CFG scale. `tokenizer`: a tokenizer, or
+        its Hub id or folder (the released models use GPT-2's, `gpt2`); `None` samples ids only.
+        """
+        if variant not in DEFAULT_STEPS:
+            raise ValueError(f"Unknown variant {variant!r}; choose one of {sorted(DEFAULT_STEPS)} (--variant).")
+        if isinstance(tokenizer, str | os.PathLike):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        model, settings = read_official_flowmap(source, variant, **load_kwargs)
+        if variant == "fmlm-star":
+            scheduler = FlowMapLMScheduler(self_conditioning=settings.self_conditioning)
+        elif variant == "elf-star":
+            scheduler = CDEQScheduler()
+        else:
+            scheduler = ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
+        return cls(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
 
     def _network(self, sample, target, source, self_conditioning, scale, phase=None):
         return self.transformer(
@@ -164,21 +191,13 @@ def convert_flowmap_pipeline(
     **load_kwargs,
 ) -> FlowMapPipeline:
     """
-    An official FMLM*/ELF*/teacher checkpoint ([`read_official_flowmap`]) → a pipeline folder that
-    `FlowMapPipeline.from_pretrained` loads: the network, the official sampler of the variant (FMLM*: ctm in the
-    checkpoint's self-conditioning regime; ELF*: cdeq; the teacher: ELF's SDE) at the official settings, the official SC-CFG scale, and `tokenizer` if given. Written whole or not at all
-    ([`save_atomically`]); a non-empty `output_dir` is replaced only with `overwrite=True`.
+    An official FMLM*/ELF*/teacher checkpoint → a pipeline folder that `FlowMapPipeline.from_pretrained` loads
+    ([`FlowMapPipeline.from_official`]). Written whole or not at all ([`save_atomically`]); a non-empty `output_dir`
+    is replaced only with `overwrite=True`.
     """
     output = Path(output_dir).expanduser()
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise FileExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it.")
-    model, settings = read_official_flowmap(source, variant, **load_kwargs)
-    if variant == "fmlm-star":
-        scheduler = FlowMapLMScheduler(self_conditioning=settings.self_conditioning)
-    elif variant == "elf-star":
-        scheduler = CDEQScheduler()
-    else:
-        scheduler = ELFScheduler(sde_gamma_by_steps=TEACHER_SDE_GAMMA)
-    pipe = FlowMapPipeline(model, scheduler, tokenizer=tokenizer, sc_cfg_scale=DEFAULT_SC_CFG_SCALE[variant])
+    pipe = FlowMapPipeline.from_official(source, variant, tokenizer=tokenizer, **load_kwargs)
     save_atomically(pipe, output, overwrite)
     return pipe

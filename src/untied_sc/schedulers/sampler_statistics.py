@@ -11,13 +11,13 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from ..defaults import CALIBRATION_SEED, COEFFICIENT_NAMES  # noqa: F401  (re-exported)
-from ..families import family_names, get_family
+from ..families import get_family, untied_families
 
 
 # The layout of this component: only what the model determines (the coefficients that run live in the scheduler
 # config, `coefficients_by_steps` and `tuning_by_steps`). A folder of any other version is refused.
 FORMAT_VERSION = 2
-SOLVERS = family_names()
+SOLVERS = untied_families()  # the families Algorithm 1 samples (the flow maps keep `FlowMapStatistics`)
 
 
 def check_format_version(config: dict, where: str) -> None:

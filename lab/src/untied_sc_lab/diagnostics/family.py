@@ -9,10 +9,10 @@ import math
 
 import torch
 
-from untied_sc.families import family_names, get_family
+from untied_sc.families import get_family, untied_families
 
 
-FAMILIES = family_names()
+FAMILIES = untied_families()
 
 
 def check_family(pipe) -> str:

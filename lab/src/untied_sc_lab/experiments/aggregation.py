@@ -477,7 +477,8 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
         small_sample = "aggregates" not in results or "interval_rule" in results
     knob = results["diversity_knob"]
     family = get_family(results["family"])
-    unit, why = family.resampling_unit, family.resampling_why
+    unit = family.require("resampling_unit", "Aggregating a sweep's bootstrap intervals")
+    why = family.resampling_why
     clusters = resampling_clusters(results["family"], results["num_samples"], results["batch_size"])
     results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
     if small_sample:

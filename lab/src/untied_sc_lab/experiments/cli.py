@@ -818,7 +818,9 @@ def _tuning_log(args):
 def _default_frontier(sweep: dict, pipe) -> None:
     """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `frontier_values`."""
     if sweep["diversity_values"] is None:
-        sweep["diversity_values"] = list(get_family(pipe.family).frontier_values)
+        sweep["diversity_values"] = list(
+            get_family(pipe.family).require("frontier_values", "The baselines experiment's default sweep")
+        )
 
 
 def _generate_baseline_candidates(args, sweep: dict, state) -> dict:

@@ -9,12 +9,12 @@ import importlib
 import sys
 
 from untied_sc.cli_parser import Parser
-from untied_sc.families import family_names, get_family
+from untied_sc.families import families, get_family
 
 from .config import ELFTrainConfig, LangFlowTrainConfig
 
 
-FAMILIES = family_names()
+FAMILIES = tuple(family.name for family in families() if family.training_module is not None)
 SPLITS = ["train", "validation", "heldout"]
 DTYPES = ["float32", "bfloat16", "float16"]
 
