@@ -7,6 +7,7 @@ evaluation does (`eval_lightning.py` lines 146-152).
 """
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_converter_errors_name_the_fix(tmp_path):
 def test_cli_convert_then_pipeline_gives_the_official_tokens(tmp_path, one_thread):
     source = lightning_checkpoint(tmp_path / "fmlm_star.ckpt")
     out = tmp_path / "pipe"
-    assert main(["convert-flowmap", str(source), str(out), "--variant", "fmlm-star"]) == 0
+    assert main(["convert", "flowmap", str(source), str(out), "--variant", "fmlm-star"]) == 0
     pipe = FlowMapPipeline.from_pretrained(out)
     assert isinstance(pipe.scheduler, FlowMapLMScheduler) and pipe.config.sc_cfg_scale == 5.0
     pipe.set_progress_bar_config(disable=True)
@@ -121,7 +122,7 @@ def test_cli_convert_then_pipeline_gives_the_official_tokens(tmp_path, one_threa
     ids = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(42), output_type="seq")
     assert torch.equal(ids.sequences, run["ids"])
     # an existing folder is kept unless --overwrite; nothing half-written is left beside it
-    assert main(["convert-flowmap", str(source), str(out), "--variant", "fmlm-star"]) == 2
+    assert main(["convert", "flowmap", str(source), str(out), "--variant", "fmlm-star"]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yml", "fmlm_star.ckpt", "pipe"]
 
 
@@ -148,3 +149,28 @@ def test_teacher_pipeline_folder_gives_the_official_sde_tokens(tmp_path, one_thr
     pipe.set_progress_bar_config(disable=True)
     out = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(42), output_type="seq")
     assert torch.equal(out.sequences, RECORDINGS["elf_teacher"].run("sde_g1.5_n8")["ids"])
+
+
+def test_convert_takes_the_flow_map_options_only_for_flow_maps(tmp_path, capsys):
+    source = lightning_checkpoint(tmp_path / "fmlm_star.ckpt")
+    out = str(tmp_path / "pipe")
+    assert main(["convert", "flowmap", str(source), out]) == 2  # which stage the weights are: they cannot say
+    assert "needs --variant" in capsys.readouterr().err
+    assert main(["convert", "flowmap", str(source), out, "--variant", "fmlm-star", "--sde-gamma", "1"]) == 2
+    assert "--sde-gamma: not options of a flow-map (FMLM*, ELF*) checkpoint" in capsys.readouterr().err
+    assert main(["convert", "flowmap", str(source), out, "--variant", "fmlm-star", "--weights", "ema_params1"]) == 2
+    assert "has ema or raw" in capsys.readouterr().err
+    assert main(["convert", "langflow", str(source), out, "--variant", "fmlm-star"]) == 2
+    assert "--variant: not options of a LangFlow checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "pipe").exists()
+
+
+def test_a_saved_config_that_does_not_fit_the_weights_names_the_field(tmp_path, one_thread):
+    lightning_checkpoint(tmp_path / "fmlm_star.ckpt")
+    pipe = convert_flowmap_pipeline(tmp_path / "fmlm_star.ckpt", tmp_path / "pipe", "fmlm-star")
+    config_path = tmp_path / "pipe" / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    layers = pipe.transformer.config.num_layers
+    config_path.write_text(json.dumps({**config, "num_layers": layers + 1}))
+    with pytest.raises(ValueError, match=f"num_layers = {layers + 1} in config.json, {layers} in the weights"):
+        FlowMapPipeline.from_pretrained(tmp_path / "pipe")

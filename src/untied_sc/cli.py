@@ -9,14 +9,13 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .cli_flowmap import add_flowmap_commands
 from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
     BASE_SCALE_STEPS,
     DTYPE_NAMES,
 )
-from .families import family_names
+from .families import family_names, get_family
 from .generation.command import register_generate_command
 from .input_checks import (
     check_local_pipeline_folder,
@@ -40,50 +39,78 @@ def refuse_existing_folder(folder: str, overwrite: bool, remedy: str = "pass --o
         raise ValueError(f"{path} already exists and is not empty; {remedy}, or name a new folder.")
 
 
+# The `convert` options beyond SOURCE, OUTPUT, --tokenizer, --revision and --overwrite, by argument name: the flag,
+# and what it is left at when not given. A family takes those its record lists (`Family.convert_options`).
+CONVERT_OPTIONS = {
+    "official_id": ("--official-id", None),
+    "max_length": ("--max-length", None),
+    "sde_gamma": ("--sde-gamma", None),
+    "sc_cfg_scale": ("--sc-cfg-scale", None),
+    "text_encoder": ("--text-encoder", None),
+    "guidance_scale": ("--guidance-scale", None),
+    "max_source_length": ("--max-source-length", None),
+    "weights": ("--weights", None),
+    "allow_pickle": ("--allow-pickle", False),
+    "variant": ("--variant", None),
+    "self_conditioning": ("--self-conditioning", None),
+}
+# Where a family needs an option, or reads another default than the parser's.
+CONVERT_REQUIRED = {"flowmap": ("variant",)}
+CONVERT_DEFAULTS = {"elf": {"weights": "ema_params1"}, "flowmap": {"weights": "ema"}}
+WEIGHT_SETS = {"flowmap": ("ema", "raw")}
+
+
+def convert_kwargs(args: argparse.Namespace) -> dict:
+    """The family's converter options of `untied-sc convert` (its record's `convert_options`); an option given to
+    a family that does not take it, a required one missing or a weight set it does not have is one error naming the
+    flags and the family."""
+    family = get_family(args.family)
+    given = {name for name, (_, unset) in CONVERT_OPTIONS.items() if getattr(args, name) != unset}
+    foreign = [CONVERT_OPTIONS[name][0] for name in CONVERT_OPTIONS if name in given - set(family.convert_options)]
+    if foreign:
+        takes = ", ".join(CONVERT_OPTIONS[name][0] for name in family.convert_options) or "none of them"
+        raise ValueError(
+            f"{', '.join(foreign)}: not options of a {family.display_name} checkpoint (`convert {family.name}` "
+            f"takes {takes}); leave them out."
+        )
+    missing = [CONVERT_OPTIONS[name][0] for name in CONVERT_REQUIRED.get(family.name, ()) if name not in given]
+    if missing:
+        raise ValueError(f"`untied-sc convert {family.name}` needs {', '.join(missing)}.")
+    kwargs = {name: getattr(args, name) for name in family.convert_options}
+    for name, value in CONVERT_DEFAULTS.get(family.name, {}).items():
+        kwargs[name] = value if kwargs.get(name) is None else kwargs[name]
+    sets = WEIGHT_SETS.get(family.name)
+    if sets is not None and kwargs["weights"] not in sets:
+        raise ValueError(f"--weights {kwargs['weights']}: a {family.display_name} checkpoint has {' or '.join(sets)}.")
+    return kwargs
+
+
 def _convert(args: argparse.Namespace) -> None:
     refuse_existing_folder(args.output, args.overwrite)
+    kwargs = convert_kwargs(args)
     check_source_exists(args.source, f"an official {args.family} checkpoint", "SOURCE")
-    elf_only = {
-        "--max-length": args.max_length,
-        "--sde-gamma": args.sde_gamma,
-        "--sc-cfg-scale": args.sc_cfg_scale,
-        "--text-encoder": args.text_encoder,
-        "--guidance-scale": args.guidance_scale,
-        "--max-source-length": args.max_source_length,
-    }
-    given = [flag for flag, value in elf_only.items() if value is not None]
-    if args.family == "langflow" and given:
-        raise ValueError(
-            f"{', '.join(given)}: ELF only; a LangFlow checkpoint records its sequence length and the "
-            "official LangFlow sampler has no such setting."
-        )
 
     from .pipelines.conversion import convert_official
 
-    kwargs = {"tokenizer": args.tokenizer, "official_id": args.official_id}
+    kwargs["tokenizer"] = args.tokenizer
     if args.revision is not None:
         kwargs["revision"] = args.revision
-    if args.family == "elf":
-        kwargs.update(
-            max_length=args.max_length,
-            sde_gamma=args.sde_gamma,
-            sc_cfg_scale=args.sc_cfg_scale,
-            weights=args.weights,
-            allow_pickle=args.allow_pickle,
-            text_encoder=args.text_encoder,
-            guidance_scale=args.guidance_scale,
-            max_source_length=args.max_source_length,
-        )
     pipe = convert_official(args.family, args.source, args.output, overwrite=args.overwrite, **kwargs)
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
-    settings = pipe.conversion.settings
-    encoder = getattr(pipe.conversion, "text_encoder", None)  # a conditional checkpoint's T5 encoder
-    components = f"tokenizer {pipe.conversion.tokenizer.value}" + (
-        f", text encoder {encoder.value}" if encoder else ""
-    )
+    conversion = getattr(pipe, "conversion", None)  # the ELF and LangFlow pipelines' record of the settings read
+    if conversion is None:
+        print(
+            f"Wrote {type(pipe).__name__} ({type(pipe.transformer).__name__}, {parameters / 1e6:.1f}M parameters; "
+            f"{type(pipe.scheduler).__name__}; tokenizer {getattr(pipe.tokenizer, 'name_or_path', None)}) to "
+            f"{args.output}"
+        )
+        return
+    encoder = getattr(conversion, "text_encoder", None)  # a conditional checkpoint's T5 encoder
+    components = f"tokenizer {conversion.tokenizer.value}" + (f", text encoder {encoder.value}" if encoder else "")
     print(
         f"Wrote {type(pipe).__name__} ({type(pipe.transformer).__name__}, {parameters / 1e6:.1f}M parameters; "
-        f"{components}; {type(pipe.scheduler).__name__} at the settings of {settings.settings_from}) to {args.output}"
+        f"{components}; {type(pipe.scheduler).__name__} at the settings of {conversion.settings.settings_from}) to "
+        f"{args.output}"
     )
 
 
@@ -372,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = commands.add_parser(
         "convert",
-        help="Convert an official ELF or LangFlow checkpoint into a complete pipeline folder (network, tokenizer, "
-        "official sampler settings, model card).",
+        help="Convert an official ELF, LangFlow or self-conditioned flow-map (FMLM*, ELF*) checkpoint into a complete "
+        "pipeline folder (network, tokenizer, official sampler settings; ELF and LangFlow: a model card).",
     )
     convert.add_argument("family", choices=family_names(), help="Model family of the checkpoint.")
     convert.add_argument("source", help="Local file/folder or Hub repo id of the official checkpoint.")
@@ -399,9 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--max-length",
         type=int,
-        help="ELF only: the model's sequence length, as trained. Default: the one recorded by the trainer's "
+        help="ELF and flow maps: the model's sequence length, as trained. Default: the one recorded by the trainer's "
         "config.yml beside the checkpoint (or, for a released checkpoint, its official config); required otherwise "
-        "(1024 OpenWebText, 1088 XSum, 128 WMT14 De-En).",
+        "(ELF: 1024 OpenWebText, 1088 XSum, 128 WMT14 De-En; flow maps: 1024).",
     )
     convert.add_argument(
         "--sde-gamma",
@@ -435,13 +462,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="Conditional ELF only: the source positions, where nothing records them (the training config's "
         "max_input_length: 1024 XSum, 64 WMT14 De-En).",
     )
-    convert.add_argument("--weights", default="ema_params1", help="ELF only: weight set to convert.")
     convert.add_argument(
-        "--allow-pickle", action="store_true", help="ELF only: allow full unpickling (trusted files only)."
+        "--weights",
+        help="ELF and flow maps: the weight set to convert (ELF: default ema_params1; flow maps: ema, the official "
+        "eval's, or raw).",
+    )
+    convert.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="ELF and flow maps: allow full unpickling (trusted files only; Lightning checkpoints pickle their "
+        "hyper-parameters).",
+    )
+    convert.add_argument(
+        "--variant",
+        choices=sorted({v for name in family_names() for v in get_family(name).variants}),
+        help="Flow maps only (required): the model the checkpoint holds (FMLM* and ELF* weights have the same shapes): "
+        "fmlm-star (fmlm_star.ckpt, sampled by ctm), elf-star (elf_star.ckpt, by cdeq) or elf (elf.ckpt, the "
+        "self-conditioned teacher, by ELF's SDE).",
+    )
+    convert.add_argument(
+        "--self-conditioning",
+        choices=("free", "chained"),
+        help="Flow maps, fmlm-star only: its sampling regime (elfmap_student_sc_free; the released FMLM*: free). "
+        "Default: the trainer's config.yml beside the checkpoint, or the released repo's; required otherwise.",
     )
     convert.add_argument("--overwrite", action="store_true", help="Replace OUTPUT if it exists and is not empty.")
     convert.set_defaults(handler=_convert)
-    add_flowmap_commands(commands)
 
     from .defaults import CALIBRATION_SEED
 

@@ -20,8 +20,8 @@ CONDITIONAL = {ELFText2TextPipeline.__name__}
 
 def load_pipeline(source: str | os.PathLike, conditional: bool = False, **kwargs):
     """
-    Loads an [`ELFPipeline`] or [`LangFlowPipeline`] folder (or Hub repo id), picking the class from
-    `model_index.json`; the keyword arguments are `from_pretrained`'s (`sampler_statistics=` a statistics folder or
+    Loads a pipeline folder (or Hub repo id) of a registered family ([`ELFPipeline`], [`LangFlowPipeline`],
+    [`FlowMapPipeline`]), picking the class from `model_index.json`; the keyword arguments are `from_pretrained`'s (`sampler_statistics=` a statistics folder or
     repo, `sampler_statistics_revision=` its revision). With `conditional=True` (a caller that handles prompts), an
     [`ELFText2TextPipeline`] folder too; otherwise such a folder is refused, naming what takes it.
     """
@@ -42,6 +42,8 @@ def load_pipeline(source: str | os.PathLike, conditional: bool = False, **kwargs
     # The Hub arguments again: the folder is local now, and they still name its revision (for `pipe.origin`) and
     # serve a statistics repo's download (token, cache_dir).
     pipe = PIPELINES[name].from_pretrained(folder, **hub_kwargs, **kwargs)
+    if getattr(pipe, "origin", None) is None:  # a pipeline that records no origin (the flow maps')
+        return pipe
     if pipe.origin.given != str(source):
         pipe.origin = dataclasses.replace(pipe.origin, given=str(source))
     return pipe
