@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from diffusers import DiffusionPipeline
 
+from ..hub import HUB_KWARGS, resolve_local
 from ..models.flowmap_transformer import FlowMapTransformerModel, read_official_flowmap
 from ..schedulers.noise import global_generator
 from ..schedulers.scheduling_elf import ELFScheduler
@@ -64,6 +65,17 @@ class FlowMapPipeline(DiffusionPipeline):
         if isinstance(self.scheduler, ELFScheduler):
             return "elf"
         return "elf-star" if isinstance(self.scheduler, CDEQScheduler) else "fmlm-star"
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "FlowMapPipeline":
+        """
+        diffusers' `from_pretrained`, for a local folder or a Hub repo id: a repo id is downloaded whole first
+        ([`resolve_local`]; `revision`, `token`, `cache_dir`... apply), since diffusers' own download would look for
+        the components' `untied_sc` module files in the repo.
+        """
+        hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
+        folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
+        return super().from_pretrained(folder, **kwargs)
 
     @classmethod
     def from_official(
