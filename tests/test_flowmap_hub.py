@@ -110,6 +110,8 @@ def test_convert_by_repo_id_push_the_pipeline_then_load_it_by_repo_id_and_sample
 
     # The first user: convert by repo id (the released repo's settings: length 1024, FMLM* self-conditioning-free).
     convert = [*cli, "convert", "flowmap", FMLM, "fmlm-star", "--variant", "fmlm-star"]
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    assert f"untied-sc {' '.join(convert[-6:])} --allow-pickle\n" in usage  # the guide's command, as run here
     refused = subprocess.run(convert, cwd=first_user, env=env, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "allow_pickle" in refused.stderr  # Lightning pickles: only when allowed
     assert not (first_user / "fmlm-star").exists()
