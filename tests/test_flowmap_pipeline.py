@@ -159,7 +159,7 @@ def test_convert_takes_the_flow_map_options_only_for_flow_maps(tmp_path, capsys)
     assert main(["convert", "flowmap", str(source), out, "--variant", "fmlm-star", "--sde-gamma", "1"]) == 2
     assert "--sde-gamma: not options of a flow-map (FMLM*, ELF*) checkpoint" in capsys.readouterr().err
     assert main(["convert", "flowmap", str(source), out, "--variant", "fmlm-star", "--weights", "ema_params1"]) == 2
-    assert "has ema or raw" in capsys.readouterr().err
+    assert "weights must be 'ema' or 'raw'" in capsys.readouterr().err
     assert main(["convert", "langflow", str(source), out, "--variant", "fmlm-star"]) == 2
     assert "--variant: not options of a LangFlow checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "pipe").exists()

@@ -84,6 +84,10 @@ def test_a_family_outside_algorithm_1_leaves_its_fields_out_and_is_refused_by_th
         resampling_unit(name)
     with pytest.raises(ValueError, match="no diversity_knob"):
         diversity_knob(name)
+    with pytest.raises(
+        ValueError, match=f"not sampled by Algorithm 1's untied scheduler: build its own, {untied.__name__}"
+    ):
+        UntiedSelfConditioningScheduler(solver=name)
     pipe = object.__new__(family.pipeline.load())  # the class is what the sampling commands check
     with pytest.raises(ValueError, match=f"got {family.pipeline.name}; {family.pipeline.name} is sampled by its own"):
         sampling_family_of(pipe)

@@ -54,16 +54,11 @@ CONVERT_OPTIONS = {
     "variant": ("--variant", None),
     "self_conditioning": ("--self-conditioning", None),
 }
-# Where a family needs an option, or reads another default than the parser's.
-CONVERT_REQUIRED = {"flowmap": ("variant",)}
-CONVERT_DEFAULTS = {"elf": {"weights": "ema_params1"}, "flowmap": {"weights": "ema"}}
-WEIGHT_SETS = {"flowmap": ("ema", "raw")}
 
 
 def convert_kwargs(args: argparse.Namespace) -> dict:
     """The family's converter options of `untied-sc convert` (its record's `convert_options`); an option given to
-    a family that does not take it, a required one missing or a weight set it does not have is one error naming the
-    flags and the family."""
+    a family that does not take it or a required one missing is one error naming the flags and the family; the values are checked by the family's converter."""
     family = get_family(args.family)
     given = {name for name, (_, unset) in CONVERT_OPTIONS.items() if getattr(args, name) != unset}
     foreign = [CONVERT_OPTIONS[name][0] for name in CONVERT_OPTIONS if name in given - set(family.convert_options)]
@@ -73,15 +68,12 @@ def convert_kwargs(args: argparse.Namespace) -> dict:
             f"{', '.join(foreign)}: not options of a {family.display_name} checkpoint (`convert {family.name}` "
             f"takes {takes}); leave them out."
         )
-    missing = [CONVERT_OPTIONS[name][0] for name in CONVERT_REQUIRED.get(family.name, ()) if name not in given]
+    missing = [CONVERT_OPTIONS[name][0] for name in family.convert_required if name not in given]
     if missing:
         raise ValueError(f"`untied-sc convert {family.name}` needs {', '.join(missing)}.")
     kwargs = {name: getattr(args, name) for name in family.convert_options}
-    for name, value in CONVERT_DEFAULTS.get(family.name, {}).items():
+    for name, value in family.convert_defaults:
         kwargs[name] = value if kwargs.get(name) is None else kwargs[name]
-    sets = WEIGHT_SETS.get(family.name)
-    if sets is not None and kwargs["weights"] not in sets:
-        raise ValueError(f"--weights {kwargs['weights']}: a {family.display_name} checkpoint has {' or '.join(sets)}.")
     return kwargs
 
 

@@ -15,6 +15,8 @@ Adding a family is one [`register`] call at the end of this module, with:
   scheduler (a subclass of `UntiedSelfConditioningMixin`), each with `family` set likewise, and its pipeline;
 - `converter`, the function that loads an official checkpoint as the network, and `config_from_weights`, the config
   fields its weights fix (`models/weights_config.py`);
+- the `untied-sc convert` options its converter takes (`convert_options`, `convert_required`, `convert_defaults`; a
+  new option is one entry of `cli.py`'s `CONVERT_OPTIONS` and one argument of the `convert` parser);
 - its paper presets in `data/coefficients.json` named `<family>-...`, and `default_preset` among them;
 - its sampling defaults (the fields below without a default), and the comparison samplers' classes of each method in
   `sampling_methods.py` (a method without one for the family is refused for it).
@@ -30,8 +32,7 @@ which still branch on the family name and need a branch of the new family's: the
 (`schedulers/sampler_statistics.py` `input_projection_weights`, `calibration/overlap.py` `overlap_basis_from_model`),
 the calibration's ELF-only steps (`calibration/calibrate.py`), the diagnostics' forward corruption and time
 coordinate (`diagnostics/family.py`, `diagnostics/step_scaling.py`), the reference recurrence's classes
-(`calibration/reference.py`), the `convert` command's ELF-only options (`cli.py`) and the training actions
-(`training/cli.py`). The GenPPL protocols (`evaluation/metrics.py`) are the official evaluations, not families: a new
+(`calibration/reference.py`) and the training actions (`training/cli.py`). The GenPPL protocols (`evaluation/metrics.py`) are the official evaluations, not families: a new
 family names the one it is scored with (`protocol`).
 """
 
@@ -86,6 +87,9 @@ class Family:
         tokenizer (`ClassRef`): the tokenizer class saved in `model_index.json`.
         convert_options (`tuple[str, ...]`): the `untied-sc convert` options (argument names) this family takes
             beyond SOURCE, OUTPUT, --tokenizer, --revision and --overwrite; any other given is refused.
+        convert_required (`tuple[str, ...]`): those of `convert_options` the family cannot convert without.
+        convert_defaults (`tuple[tuple[str, object], ...]`): `(option, value)` for the options left out whose default
+            is the family's own (ELF's weight set `ema_params1`, the flow maps' `ema`).
         variants (`tuple[str, ...]`): the released models a checkpoint of the family may hold where its weights do not
             say which (`untied-sc convert --variant`); empty where they do.
         missing_why (`str`): why the optional fields left `None` are missing, for [`require`]'s message.
@@ -112,6 +116,8 @@ class Family:
     training_module: str | None
     tokenizer: ClassRef = ClassRef("transformers", "PreTrainedTokenizerFast")
     convert_options: tuple[str, ...] = ()
+    convert_required: tuple[str, ...] = ()
+    convert_defaults: tuple[tuple[str, object], ...] = ()
     variants: tuple[str, ...] = ()
     missing_why: str = ""
 
@@ -221,6 +227,7 @@ register(
             *("official_id", "max_length", "sde_gamma", "sc_cfg_scale", "weights", "allow_pickle"),
             *("text_encoder", "guidance_scale", "max_source_length"),
         ),
+        convert_defaults=(("weights", "ema_params1"),),
     )
 )
 register(
@@ -273,6 +280,8 @@ register(
         training_module=None,
         tokenizer=ClassRef("transformers", "GPT2TokenizerFast"),
         convert_options=("variant", "max_length", "self_conditioning", "weights", "allow_pickle"),
+        convert_required=("variant",),  # the weights of FMLM* and ELF* have the same shapes
+        convert_defaults=(("weights", "ema"),),  # the official evaluation's (`eval_lightning.py` lines 146-152)
         # FMLM* (stage 3), ELF* (stage 2) and the ELF teacher (stage 1): README "Checkpoints".
         variants=("fmlm-star", "elf-star", "elf"),
         missing_why="its untied transform is calibrated by `untied_sc.calibration.flowmap`, without paper presets; "

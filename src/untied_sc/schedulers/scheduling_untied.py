@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from diffusers.configuration_utils import ConfigMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from ..families import family_names, get_family
+from ..families import family_names, get_family, untied_families
 from .scheduling_untied_elf import UntiedELFScheduler
 from .scheduling_untied_langflow import UntiedLangFlowScheduler
 from .untied_mixin import UntiedSelfConditioningMixin
@@ -17,9 +17,15 @@ UNTIED_SCHEDULERS = {cls.family: cls for cls in (UntiedELFScheduler, UntiedLangF
 
 
 def untied_scheduler_class(family: str) -> type:
-    """The untied scheduler of `family` (`"elf"` or `"langflow"`)."""
-    if family not in family_names():
-        raise ValueError(f"The solver family must be one of {sorted(family_names())}, got {family!r}.")
+    """The untied scheduler of `family` (`"elf"` or `"langflow"`: the families Algorithm 1 serves)."""
+    if family in family_names() and family not in untied_families():
+        record = get_family(family)
+        raise ValueError(
+            f"The {record.display_name} family is not sampled by Algorithm 1's untied scheduler: build its own, "
+            f"{record.untied_scheduler.name}.from_config(pipe.scheduler.config, ...)."
+        )
+    if family not in untied_families():
+        raise ValueError(f"The solver family must be one of {sorted(untied_families())}, got {family!r}.")
     return get_family(family).untied_scheduler.load()
 
 
