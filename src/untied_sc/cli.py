@@ -10,6 +10,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from .cli_flowmap import add_flowmap_commands
+from .cli_generate import register_generate_command
 from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
@@ -17,7 +18,6 @@ from .defaults import (
     DTYPE_NAMES,
 )
 from .families import family_names
-from .generation.command import register_generate_command
 from .input_checks import (
     check_local_pipeline_folder,
     check_source_exists,
