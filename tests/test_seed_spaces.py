@@ -10,7 +10,7 @@ import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.calibration.ace import ACEStatistics
-from untied_sc.calibration.calibrate import bank_seeds, base_scale_seeds, calibration_seeds
+from untied_sc.calibration.calibrate import bank_seeds, base_scale_seeds
 from untied_sc.cli import main as cli_main
 from untied_sc.generation import refuse_leaked_seeds
 from untied_sc.generation.sampling import batch_seed, tuning_seeds
@@ -21,6 +21,7 @@ from untied_sc.seeds import (
     MAX_STREAM,
     SPACE_OFFSETS,
     SPACE_WIDTH,
+    calibration_seeds,
     check_seed,
     generator_seed,
     seeds_in_space,

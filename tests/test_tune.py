@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
-from untied_sc.calibration.calibrate import CALIBRATION_SEED, calibration_seeds
+from untied_sc.calibration.calibrate import CALIBRATION_SEED
 from untied_sc.cli import main
 from untied_sc.generation import refuse_leaked_seeds
 from untied_sc.generation.sampling import tuning_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
+from untied_sc.seeds import calibration_seeds
 from untied_sc_lab.experiments import run_sweep
 from untied_sc_lab.tuning.search import RULE
 from untied_sc_lab.tuning.tune import TUNE_SEED, tune_coefficients

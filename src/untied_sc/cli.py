@@ -9,6 +9,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .cli_generate import register_generate_command
 from .cli_parser import Parser
 from .defaults import (
     BASE_SCALE_BANK_SIZE,
@@ -16,7 +17,6 @@ from .defaults import (
     DTYPE_NAMES,
 )
 from .families import family_names, get_family
-from .generation.command import register_generate_command
 from .input_checks import (
     check_local_pipeline_folder,
     check_source_exists,

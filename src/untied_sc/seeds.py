@@ -79,3 +79,11 @@ def seeds_in_space(records, space: str) -> set[int]:
         if record_space == space:
             used.update(streams)
     return used
+
+
+def calibration_seeds(statistics) -> set[int]:
+    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs whose `seeds` entry is a plain
+    list (the benchmark space, `untied_sc.seeds.DEFAULT_RECORD_SPACE`); a mapping names the calibration space."""
+    if statistics is None:
+        return set()
+    return seeds_in_space((statistics.config.get("seeds") or {}).values(), "benchmark")

@@ -14,7 +14,7 @@ from ..families import get_family
 from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
-from ..seeds import check_seed, generator_seed, seeds_in_space
+from ..seeds import check_seed, generator_seed
 from .base_scales import base_scales_from_gram, elf_response_gram_sums, response_gram
 from .overlap import overlap_basis_from_model
 from .prompts import PromptBank
@@ -71,14 +71,6 @@ def base_scale_seeds(seed: int, bank_size: int, batch_size: int) -> list[tuple[i
 def _batches(space: str, stream: int, size: int, batch_size: int) -> list[tuple[int, int]]:
     sizes = [batch_size] * (size // batch_size) + ([size % batch_size] if size % batch_size else [])
     return [(generator_seed(space, stream, i), size) for i, size in enumerate(sizes)]
-
-
-def calibration_seeds(statistics) -> set[int]:
-    """The benchmark seeds whose batches calibrated these statistics: the banks of NFEs whose `seeds` entry is a plain
-    list (the benchmark space, `untied_sc.seeds.DEFAULT_RECORD_SPACE`); a mapping names the calibration space."""
-    if statistics is None:
-        return set()
-    return seeds_in_space((statistics.config.get("seeds") or {}).values(), "benchmark")
 
 
 def _reference_scheduler(pipe, base_correction_scale: float, alpha: float) -> ReferenceRecurrenceMixin:

@@ -1,5 +1,5 @@
 """Generation: the samplers a run builds from a pipeline and a sampler spec, the batched sampling with its seeds, the
-checks a run makes before any sampling, the samples files it writes, and the `untied-sc generate` command."""
+checks a run makes before any sampling and the samples files it writes (`untied-sc generate`: `cli_generate.py`)."""
 
 from ..lazy_imports import lazy_attributes
 

@@ -3,10 +3,9 @@
 import shlex
 from collections.abc import Mapping, Sequence
 
-from ..calibration.calibrate import calibration_seeds
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import ACE_METHODS
-from ..seeds import check_seed
+from ..seeds import calibration_seeds, check_seed
 from .sampling import build_scheduler, tuning_seeds
 
 

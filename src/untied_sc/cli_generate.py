@@ -12,8 +12,8 @@ The parser imports nothing heavy (`untied-sc --help` stays fast): the handler im
 import argparse
 from pathlib import Path
 
-from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_NUM_SAMPLES, DEFAULT_SEEDS
-from ..input_checks import check_source_exists
+from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_NUM_SAMPLES, DEFAULT_SEEDS
+from .input_checks import check_source_exists
 
 
 SAMPLERS = ("official", "untied")
@@ -66,7 +66,7 @@ def register_generate_command(commands) -> argparse.ArgumentParser:
 
 def pipeline_sampler(pipe) -> str:
     """`"untied"` or `"official"`: the sampler of the pipeline's own scheduler."""
-    from ..schedulers import UntiedSelfConditioningScheduler  # keeps `untied-sc --help` torch-free
+    from .schedulers import UntiedSelfConditioningScheduler  # keeps `untied-sc --help` torch-free
 
     return "untied" if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) else "official"
 
@@ -99,8 +99,8 @@ def generate_samples(
         of the slowest process.
     """
     # keeps `untied-sc --help` torch-free (cli.py registers this module's parser)
-    from .checks import check_runs, refuse_leaked_seeds
-    from .sampling import build_scheduler, generate, run_samples
+    from .generation.checks import check_runs, refuse_leaked_seeds
+    from .generation.sampling import build_scheduler, generate, run_samples
 
     if nfe < 1 or num_samples < 1 or batch_size < 1:
         raise ValueError(
@@ -135,8 +135,8 @@ def generate_command(args: argparse.Namespace) -> list | None:
     check_source_exists(args.pipeline, "a pipeline folder", "PIPELINE")
 
     # keeps `untied-sc --help` and the refusals above torch-free
-    from ..distributed import is_main_process, process_state, silence_other_processes
-    from ..output_paths import claimed_outputs
+    from .distributed import is_main_process, process_state, silence_other_processes
+    from .output_paths import claimed_outputs
 
     state = process_state(args.device)
     silence_other_processes(state)
@@ -146,9 +146,9 @@ def generate_command(args: argparse.Namespace) -> list | None:
 
 
 def _generate_into(args: argparse.Namespace, out: Path, state) -> list | None:
-    from ..distributed import describe_processes, is_main_process, process_device
-    from ..pipelines import load_pipeline
-    from .samples import write_samples
+    from .distributed import describe_processes, is_main_process, process_device
+    from .generation.samples import write_samples
+    from .pipelines import load_pipeline
 
     pipe = load_pipeline(args.pipeline)
     pipe.to(process_device(state, args.device))
