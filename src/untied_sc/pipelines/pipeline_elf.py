@@ -6,13 +6,9 @@ import os
 import torch
 
 from ..schedulers.noise import settle
-from .pipeline_utils import (
-    LanguageFlowPipeline,
-    LanguageFlowPipelineOutput,
-    as_int,
-    call_diversity,
-    check_finite_number,
-)
+from .checks import as_int, check_finite_number
+from .outputs import LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, call_diversity
 
 
 # The SC-CFG scale of the released models: the pipeline's default when its config carries none.

@@ -14,17 +14,11 @@ import torch
 from diffusers.utils import logging
 
 from ..schedulers.scheduling_elf import ELFGuidance, copy_generator
+from .checks import as_int, check_finite_number
+from .denoising import _accepted_kwargs, _settled
+from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 from .pipeline_elf import ELFPipeline, _check_sc_cfg_scale, mask_after_eos, sample_tokens
-from .pipeline_utils import (
-    DenoisingOutput,
-    DenoisingStep,
-    LanguageFlowPipelineOutput,
-    _accepted_kwargs,
-    _settled,
-    as_int,
-    call_diversity,
-    check_finite_number,
-)
+from .pipeline_utils import call_diversity
 
 
 logger = logging.get_logger(__name__)

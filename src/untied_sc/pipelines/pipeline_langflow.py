@@ -4,7 +4,9 @@ import os
 
 import torch
 
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, check_finite_number
+from .checks import check_finite_number
+from .outputs import LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, call_diversity
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
