@@ -10,6 +10,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from tqdm.auto import tqdm
 
 from ..schedulers.noise import settle
+from ..schedulers.run_context import RunContext, TakesRunContext, start_run
 from .checks import check_finite_number
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 
@@ -23,21 +24,26 @@ def _settled(generator):
         settle(generator)
 
 
-def _accepted_kwargs(function, candidates: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `candidates` that `function` takes, so that stock diffusers schedulers can be swapped in."""
-    parameters = inspect.signature(function).parameters
-    return {name: value for name, value in candidates.items() if name in parameters}
+def step_kwargs(scheduler, generator) -> dict[str, Any]:
+    """
+    The extra arguments of each `scheduler.step`: none for a scheduler of this package (its draws come from the run's
+    context); `generator` for a stock diffusers scheduler whose `step` takes one (diffusers' own pipelines decide so,
+    `prepare_extra_step_kwargs`).
+    """
+    if isinstance(scheduler, TakesRunContext):
+        return {}
+    return {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
 
 
 class DenoisingMixin:
     """
     The denoising loop of [`LanguageFlowPipeline`] ([`~DenoisingMixin.denoise`]) and the body of the pipelines'
-    `__call__` (`_generate`), with the hooks a family overrides: `_set_timesteps_kwargs`, `_network_session`.
+    `__call__` (`_generate`), with the hooks a family overrides: `_run_context`, `_network_session`.
     """
 
-    def _set_timesteps_kwargs(self, generator: torch.Generator) -> dict[str, Any]:
-        """Extra arguments for the scheduler's `set_timesteps` (passed only where it accepts them)."""
-        return {"generator": generator}
+    def _run_context(self, context: RunContext) -> RunContext:
+        """The run's context with the family's own inputs added (LangFlow: the model's proposal); none here."""
+        return context
 
     def _network_session(self) -> contextlib.AbstractContextManager:
         """The context the denoising loop's network calls run in (LangFlow: E_norm normalised once); none here."""
@@ -58,9 +64,10 @@ class DenoisingMixin:
     ):
         """
         A denoising run's start: the call checked, the scheduler (`self.scheduler` unless given) checked and its
-        `set_timesteps` called with the run's generator and the statistics it takes (each checked against the
-        transformer), and `mask` (the (B, L) positions the sampler generates) where it takes one. Returns the
-        checked batch size, NFE and generator, the scheduler and the device.
+        `set_timesteps` called with the run's [`RunContext`]: the generator, the statistics (a scheduler that takes
+        them checks them against the transformer), `mask` (the (B, L) positions the sampler generates) and the
+        family's inputs (`_run_context`). Returns the checked batch size, NFE and generator, the scheduler and the
+        device.
         """
         batch_size, num_inference_steps, generator = self._checked_call(
             batch_size, num_inference_steps, generator, latents
@@ -68,16 +75,14 @@ class DenoisingMixin:
         scheduler = self.scheduler if scheduler is None else scheduler
         self.check_scheduler(scheduler)
         device = self._execution_device
-        timestep_kwargs = _accepted_kwargs(
-            scheduler.set_timesteps,
-            {**self._set_timesteps_kwargs(generator), "statistics": statistics, "ace_statistics": ace_statistics},
+        context = RunContext(
+            generator=generator,
+            statistics=statistics,
+            ace_statistics=ace_statistics,
+            mask=None if mask is None else mask.to(device),
+            model=self.transformer,
         )
-        if mask is not None and "mask" in _accepted_kwargs(scheduler.set_timesteps, {"mask": mask}):
-            timestep_kwargs["mask"] = mask.to(device)
-        for name in ("statistics", "ace_statistics"):
-            if timestep_kwargs.get(name) is not None:
-                timestep_kwargs[name].check_model(self.transformer)
-        scheduler.set_timesteps(num_inference_steps, device=device, **timestep_kwargs)
+        start_run(scheduler, num_inference_steps, device, self._run_context(context))
         return batch_size, num_inference_steps, generator, scheduler, device
 
     def _run_timesteps(self, scheduler, max_steps: int | None):
@@ -153,7 +158,7 @@ class DenoisingMixin:
         batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
             batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
         )
-        step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
+        extra_step_kwargs = step_kwargs(scheduler, generator)
         latents = self.prepare_latents(batch_size, generator, latents, device, scheduler)
         timesteps = self._run_timesteps(scheduler, max_steps)
 
@@ -169,7 +174,7 @@ class DenoisingMixin:
                 model_input = scale(latents, t) if scale is not None else latents
                 self_conditioning = getattr(scheduler, "self_conditioning", None)
                 prediction, logits = self._predict(model_input, t, self_conditioning, **network_kwargs)
-                sample, latents = latents, scheduler.step(prediction, t, latents, **step_kwargs).prev_sample
+                sample, latents = latents, scheduler.step(prediction, t, latents, **extra_step_kwargs).prev_sample
                 if step_callback is not None:
                     step = DenoisingStep(i, t, sample, model_input, self_conditioning, prediction, logits, latents)
                     latents = (step_callback(step) or {}).get("latents", latents)

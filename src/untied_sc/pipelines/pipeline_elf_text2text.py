@@ -7,15 +7,17 @@ source and target in one sequence (`utils/data_utils.py` `get_dataloader.collate
 `test_generation_cond`: `shift_left`, the cut to `max_length − max_input_length`, `mask_after_eos`).
 """
 
+import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from diffusers.utils import logging
 
+from ..schedulers.run_context import RunContext
 from ..schedulers.scheduling_elf import ELFGuidance, copy_generator
 from .checks import as_int, check_finite_number
-from .denoising import _accepted_kwargs, _settled
+from .denoising import _settled, step_kwargs
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 from .pipeline_elf import ELFPipeline, _check_sc_cfg_scale, mask_after_eos, sample_tokens
 from .pipeline_utils import call_diversity
@@ -308,7 +310,7 @@ class ELFText2TextPipeline(ELFPipeline):
             },
         )
 
-    def _set_timesteps_kwargs(self, generator: torch.Generator) -> dict:
+    def _run_context(self, context: RunContext) -> RunContext:
         """
         The grid of the official conditional run: on the CPU, `generation.py` `test_generation_cond` iterates its
         `DataLoader` before the grid, whose iterator draws its base seed (one int64, `torch.empty((), dtype=int64)
@@ -316,11 +318,11 @@ class ELFText2TextPipeline(ELFPipeline):
         advanced by that draw. (On CUDA the official code draws the grid from the global CUDA RNG: the generator's
         own stream is used, as [`ELFScheduler`] does.)
         """
-        if generator.device.type != "cpu":
-            return {"generator": generator}
-        grid = copy_generator(generator)
+        if context.generator.device.type != "cpu":
+            return context
+        grid = copy_generator(context.generator)
         torch.empty((), dtype=torch.int64).random_(generator=grid)
-        return {"generator": generator, "grid_generator": grid}
+        return replace(context, grid_generator=grid)
 
     @torch.no_grad()
     def denoise(
@@ -363,8 +365,8 @@ class ELFText2TextPipeline(ELFPipeline):
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
         # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
         # exact arithmetic.
-        takes_guidance = "guidance" in _accepted_kwargs(scheduler.step, {"guidance": None})
-        step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
+        takes_guidance = "guidance" in inspect.signature(scheduler.step).parameters
+        extra_step_kwargs = step_kwargs(scheduler, generator)
         latents = conditioning.hold(self.prepare_latents(batch_size, generator, latents, device, scheduler))
         timesteps = self._run_timesteps(scheduler, max_steps)
         with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
@@ -386,7 +388,7 @@ class ELFText2TextPipeline(ELFPipeline):
                 else:
                     combined = conditional
                 prediction = conditioning.hold(combined)
-                kwargs = dict(step_kwargs, guidance=guidance) if guided and takes_guidance else step_kwargs
+                kwargs = dict(extra_step_kwargs, guidance=guidance) if guided and takes_guidance else extra_step_kwargs
                 sample = latents
                 latents = conditioning.hold(scheduler.step(prediction, t, latents, **kwargs).prev_sample)
                 if step_callback is not None:

@@ -13,6 +13,7 @@ from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
 from .contract import check_begin_index, check_timestep
 from .noise import NoiseStream, check_generator, global_generator, settle
 from .outputs import LanguageFlowSchedulerOutput
+from .run_context import RunContext, TakesRunContext, run_context
 from .solvers import ELFSolver
 
 
@@ -106,7 +107,7 @@ class ELFGuidance:
     scale: float
 
 
-class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
+class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     r"""
     The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE
     steps that re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass
@@ -201,6 +202,8 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
         grid_generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Draws the time grid and resets the trajectory state.
@@ -215,7 +218,11 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             grid_generator (`torch.Generator`, *optional*): draw the grid from this generator instead (advancing
                 it), for a run whose official grid stream is not the generator's start (the conditional generation,
                 [`ELFText2TextPipeline`]). `None` (default): as above.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its `generator` and
+                `grid_generator` stand for the arguments not given.
         """
+        run = run_context(context, generator=generator, grid_generator=grid_generator)
+        generator, grid_generator = run.generator, run.grid_generator
         if generator is None:
             generator = global_generator(device)
         check_generator(generator)
