@@ -9,19 +9,10 @@ import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from tqdm.auto import tqdm
 
-from ..schedulers.noise import settle
+from ..schedulers.noise import RunRandom
 from ..schedulers.run_context import RunContext, TakesRunContext, start_run
 from .checks import check_finite_number
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
-
-
-@contextlib.contextmanager
-def _settled(generator):
-    """On leaving (also by an error or a shorter `max_steps`), a draw ahead not taken goes back to `generator`."""
-    try:
-        yield
-    finally:
-        settle(generator)
 
 
 def step_kwargs(scheduler, generator) -> dict[str, Any]:
@@ -66,8 +57,9 @@ class DenoisingMixin:
         A denoising run's start: the call checked, the scheduler (`self.scheduler` unless given) checked and its
         `set_timesteps` called with the run's [`RunContext`]: the generator, the statistics (a scheduler that takes
         them checks them against the transformer), `mask` (the (B, L) positions the sampler generates) and the
-        family's inputs (`_run_context`). Returns the checked batch size, NFE and generator, the scheduler and the
-        device.
+        family's inputs (`_run_context`). Returns the checked batch size, NFE and generator, the scheduler, the
+        device and the context, whose `random` owns the run's draws (leave the run with `with context.random:`, so
+        that a draw ahead not taken goes back to the generator).
         """
         batch_size, num_inference_steps, generator = self._checked_call(
             batch_size, num_inference_steps, generator, latents
@@ -81,9 +73,11 @@ class DenoisingMixin:
             ace_statistics=ace_statistics,
             mask=None if mask is None else mask.to(device),
             model=self.transformer,
+            random=RunRandom(generator) if isinstance(generator, torch.Generator) else None,
         )
-        start_run(scheduler, num_inference_steps, device, self._run_context(context))
-        return batch_size, num_inference_steps, generator, scheduler, device
+        context = self._run_context(context)
+        start_run(scheduler, num_inference_steps, device, context)
+        return batch_size, num_inference_steps, generator, scheduler, device, context
 
     def _run_timesteps(self, scheduler, max_steps: int | None):
         """The timesteps a run takes: the scheduler's, or its first `max_steps`; kept for `num_timesteps`."""
@@ -155,7 +149,7 @@ class DenoisingMixin:
         for name, value in network_kwargs.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 check_finite_number(name, value, "a network knob of every step")
-        batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
+        batch_size, num_inference_steps, generator, scheduler, device, context = self._start_run(
             batch_size, num_inference_steps, generator, latents, scheduler, statistics, ace_statistics
         )
         extra_step_kwargs = step_kwargs(scheduler, generator)
@@ -165,7 +159,7 @@ class DenoisingMixin:
         logits = None
         with (
             self._progress_bar(len(timesteps), progress) as progress_bar,
-            _settled(generator),
+            context.random or contextlib.nullcontext(),  # the run's end: a draw ahead not taken goes back
             self._network_session(),
         ):
             for i, t in enumerate(timesteps):

@@ -5,7 +5,6 @@ import os
 
 import torch
 
-from ..schedulers.noise import settle
 from .checks import as_int, check_finite_number
 from .outputs import LanguageFlowPipelineOutput
 from .pipeline_utils import LanguageFlowPipeline, call_diversity
@@ -42,9 +41,8 @@ def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) 
 def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.LongTensor:
     """
     One token per position from softmax(logits / T), by inverse CDF of a uniform drawn from `generator` on its device
-    (after any draw ahead on it has settled).
+    (after the denoising run, which leaves no draw ahead in flight on it).
     """
-    settle(generator)
     u = torch.rand(logits.shape[:-1], generator=generator, device=generator.device, dtype=torch.float64)
     u = u.to(logits.device)
     ids = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)

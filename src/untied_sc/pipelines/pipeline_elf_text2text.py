@@ -7,6 +7,7 @@ source and target in one sequence (`utils/data_utils.py` `get_dataloader.collate
 `test_generation_cond`: `shift_left`, the cut to `max_length − max_input_length`, `mask_after_eos`).
 """
 
+import contextlib
 import inspect
 import os
 from dataclasses import dataclass, replace
@@ -17,7 +18,7 @@ from diffusers.utils import logging
 from ..schedulers.run_context import RunContext
 from ..schedulers.scheduling_elf import ELFGuidance, copy_generator
 from .checks import as_int, check_finite_number
-from .denoising import _settled, step_kwargs
+from .denoising import step_kwargs
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 from .pipeline_elf import ELFPipeline, _check_sc_cfg_scale, mask_after_eos, sample_tokens
 from .pipeline_utils import call_diversity
@@ -352,7 +353,7 @@ class ELFText2TextPipeline(ELFPipeline):
         scale = self._scale(sc_cfg_scale, num_inference_steps)
         # The untied sampler acts on the generated positions only (its correction, and calibration's moments): the
         # held source positions are masked out (and restored after every step below).
-        batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
+        batch_size, num_inference_steps, generator, scheduler, device, context = self._start_run(
             batch_size,
             num_inference_steps,
             generator,
@@ -369,7 +370,7 @@ class ELFText2TextPipeline(ELFPipeline):
         extra_step_kwargs = step_kwargs(scheduler, generator)
         latents = conditioning.hold(self.prepare_latents(batch_size, generator, latents, device, scheduler))
         timesteps = self._run_timesteps(scheduler, max_steps)
-        with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
+        with self._progress_bar(len(timesteps), progress) as progress_bar, context.random or contextlib.nullcontext():
             for i, t in enumerate(timesteps):
                 scale_input = getattr(scheduler, "scale_model_input", None)
                 model_input = conditioning.hold(scale_input(latents, t) if scale_input is not None else latents)

@@ -182,7 +182,9 @@ class ELFComparisonMixin:
                 arguments not given.
         """
         run = run_context(context, generator=generator)
-        self._set_timesteps(num_inference_steps, device, generator=run.generator)
+        self._set_timesteps(
+            num_inference_steps, device, context=RunContext(generator=run.generator, random=run.random)
+        )
 
 
 class LangFlowComparisonMixin:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .noise import RunRandom
+
 
 if TYPE_CHECKING:  # a type only: the statistics module need not load with every scheduler
     from .sampler_statistics import SamplerStatistics
@@ -35,6 +37,9 @@ class RunContext:
             untied correction acts on them only; a conditional run holds the source at the others).
         model (`torch.nn.Module`, *optional*): the network the run samples; a scheduler that takes the statistics
             checks them against it ([`~RunContext.checked_statistics`]).
+        random ([`RunRandom`], *optional*): the run's draws from `generator`, owned by the run: a scheduler's noise
+            stream belongs to it, so that the run's end gives a draw ahead not taken back to the generator (default:
+            the scheduler owns its stream).
     """
 
     generator: torch.Generator | list[torch.Generator] | None = None
@@ -44,11 +49,18 @@ class RunContext:
     proposal: tuple[float, float, float] | None = None
     mask: torch.Tensor | None = None
     model: torch.nn.Module | None = None
+    random: RunRandom | None = None
 
     def given(self, **inputs) -> "RunContext":
         """This context with the keyword arguments of a direct `set_timesteps` call that are not `None` in place."""
         chosen = {name: value for name, value in inputs.items() if value is not None}
         return replace(self, **chosen) if chosen else self
+
+    def random_for(self, generator: torch.Generator) -> RunRandom:
+        """The run's draws from `generator`: `random` when it draws from that generator, else a run of its own."""
+        if self.random is not None and self.random.generator is generator:
+            return self.random
+        return RunRandom(generator)
 
     def checked_statistics(self) -> "SamplerStatistics | None":
         """`statistics`, after a check that they belong to `model` (when both are given)."""

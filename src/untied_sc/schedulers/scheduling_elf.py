@@ -11,7 +11,7 @@ from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
 from .contract import check_begin_index, check_timestep
-from .noise import NoiseStream, check_generator, global_generator, settle
+from .noise import NoiseStream, RunRandom, check_generator, global_generator
 from .outputs import LanguageFlowSchedulerOutput
 from .run_context import RunContext, TakesRunContext, run_context
 from .solvers import ELFSolver
@@ -227,7 +227,8 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
             generator = global_generator(device)
         check_generator(generator)
         self._reset_state()  # an unfinished run's draw ahead goes back to its generator before anything is drawn
-        settle(generator)
+        random = run.random_for(generator)
+        random.settle()
         self.solver = ELFSolver(
             self._draw_grid(num_inference_steps, generator, grid_generator),
             self.sde_gamma_for(num_inference_steps),
@@ -236,12 +237,12 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
         )
         self.num_inference_steps = num_inference_steps
         self.timesteps = torch.tensor(self.solver.eval_times, dtype=torch.float32, device=device)
-        self._reset_state(self._noise_from(0, generator))
+        self._reset_state(self._noise_from(0, random))
 
-    def _noise_from(self, begin_index: int, generator: torch.Generator) -> NoiseStream:
+    def _noise_from(self, begin_index: int, random: RunRandom) -> NoiseStream:
         """The noise stream of a run from step `begin_index`: one draw per SDE step it takes, in order."""
         num_draws = sum(self.solver.renoises(k) for k in range(begin_index, self.solver.num_update_steps))
-        return NoiseStream(generator, num_draws, draw_ahead=self.draw_ahead)
+        return random.noise(num_draws, draw_ahead=self.draw_ahead)
 
     def set_begin_index(self, begin_index: int = 0) -> None:
         """
@@ -251,7 +252,7 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
         generator in order as the steps take them.
         """
         check_begin_index(begin_index, self.num_inference_steps, self._run_started())
-        self._reset_state(self._noise_from(begin_index, self._noise_stream.generator))
+        self._reset_state(self._noise_from(begin_index, self._noise_stream.owner))
         self._step_index = self._begin_index = begin_index
 
     def _run_started(self) -> bool:

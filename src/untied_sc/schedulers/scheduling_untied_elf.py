@@ -96,13 +96,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         run = run_context(
             context, generator=generator, statistics=statistics, mask=mask, grid_generator=grid_generator
         )
-        grid = {} if run.grid_generator is None else {"grid_generator": run.grid_generator}
+        base = RunContext(generator=run.generator, grid_generator=run.grid_generator, random=run.random)
         self._set_timesteps(
-            num_inference_steps,
-            device,
-            run.checked_statistics(),
-            run.mask,
-            run_generator=run.generator,
-            generator=run.generator,
-            **grid,
+            num_inference_steps, device, run.checked_statistics(), run.mask, run_generator=run.generator, context=base
         )
