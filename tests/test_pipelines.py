@@ -168,6 +168,15 @@ def test_bad_inputs_give_clear_errors(pipes, elf_golden):
         ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer(41))
 
 
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_a_call_checks_its_inputs_once(pipes, monkeypatch, family):
+    pipe, calls = pipes[family], []
+    check = type(pipe).check_inputs
+    monkeypatch.setattr(type(pipe), "check_inputs", lambda self, *args: calls.append(args) or check(self, *args))
+    _sample(pipe)
+    assert calls == [(2, 8, None)]
+
+
 @pytest.mark.parametrize(
     ("family", "knob"),
     [("elf", "sc_cfg_scale"), ("elf", "decode_temperature"), ("langflow", "temperature")],

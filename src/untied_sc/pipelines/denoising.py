@@ -199,9 +199,8 @@ class DenoisingMixin:
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
         tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
-        batch_size, num_inference_steps, generator = self._checked_call(
-            batch_size, num_inference_steps, generator, latents, output_type, tensor_inputs
-        )
+        self.check_output(output_type, tensor_inputs)  # the run's own inputs are checked by `denoise`, once
+        generator = self._call_generator(generator)
 
         step_callback = None
         if callback_on_step_end is not None:

@@ -107,36 +107,43 @@ class LanguageFlowPipeline(PretrainedMixin, SavingMixin, NetworkMixin, Denoising
             f"{', '.join(names)}, e.g. `pipe.scheduler = {names[0]}.from_config(pipe.scheduler.config)`."
         )
 
-    def check_inputs(self, batch_size, num_inference_steps, latents, output_type="text", callback_tensor_inputs=()):
+    def check_inputs(self, batch_size, num_inference_steps, latents):
+        """The run's sizes and initial latents (the denoising run checks them, once per call)."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
             raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         expected = (batch_size, *self.latent_shape)
         if latents is not None and tuple(latents.shape) != expected:
             raise ValueError(f"latents have shape {tuple(latents.shape)}, expected {expected} (batch, length, dim).")
         if latents is not None:
             check_finite_latents(latents)
+
+    def check_output(self, output_type, callback_tensor_inputs=()):
+        """What a `__call__` returns and shows its callback (checked before the run)."""
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         unknown = [name for name in callback_tensor_inputs if name not in self._callback_tensor_inputs]
         if unknown:
             raise ValueError(f"Unknown callback tensor inputs {unknown}; choose from {self._callback_tensor_inputs}.")
 
+    def _call_generator(self, generator):
+        """
+        The call's generator: the one given, or for `None` torch's global generator of the execution device (as
+        diffusers: `torch.manual_seed` makes the call reproducible), so that the loop and the decode after it draw
+        from the same stream.
+        """
+        return global_generator(self._execution_device) if generator is None else generator
+
     def _checked_call(
-        self, batch_size, num_inference_steps, generator, latents, output_type="text", callback_tensor_inputs=()
+        self, batch_size, num_inference_steps, generator, latents
     ) -> tuple[int, int, torch.Generator | list[torch.Generator]]:
-        """
-        A call's inputs checked (sizes given as numpy integers taken as ints), and its generator: the one given, or for
-        `None` torch's global generator of the execution device (as diffusers: `torch.manual_seed` makes the call
-        reproducible), so that the loop and the decode after it draw from the same stream.
-        """
+        """A run's inputs checked (sizes given as numpy integers taken as ints), and its generator
+        (`_call_generator`): the one place a call's sizes and generator are checked."""
         batch_size, num_inference_steps = as_int(batch_size), as_int(num_inference_steps)
-        self.check_inputs(batch_size, num_inference_steps, latents, output_type, callback_tensor_inputs)
+        self.check_inputs(batch_size, num_inference_steps, latents)
         check_generator_input(generator, batch_size)
-        if generator is None:
-            generator = global_generator(self._execution_device)
-        return batch_size, num_inference_steps, generator
+        return batch_size, num_inference_steps, self._call_generator(generator)
 
     def prepare_latents(self, batch_size, generator, latents, device, scheduler=None) -> torch.Tensor:
         """
