@@ -32,6 +32,8 @@ class DenoisingMixin:
     `__call__` (`_generate`), with the hooks a family overrides: `_run_context`, `_network_session`.
     """
 
+    network_knobs: tuple[str, ...] = ()  # the family's per-call network knobs: the keyword arguments of its `_predict`
+
     def _run_context(self, context: RunContext) -> RunContext:
         """The run's context with the family's own inputs added (LangFlow: the model's proposal); none here."""
         return context
@@ -39,11 +41,6 @@ class DenoisingMixin:
     def _network_session(self) -> contextlib.AbstractContextManager:
         """The context the denoising loop's network calls run in (LangFlow: E_norm normalised once); none here."""
         return contextlib.nullcontext()
-
-    def _network_knobs(self) -> list[str]:
-        """The per-call network knobs: the keyword arguments of this family's `_predict`."""
-        parameters = list(inspect.signature(type(self)._predict).parameters.values())[4:]  # past self, z, t, m
-        return [parameter.name for parameter in parameters]
 
     @property
     def num_timesteps(self) -> int:
@@ -122,12 +119,12 @@ class DenoisingMixin:
                 reproduces itself for a seed but not the CPU numbers (docs/algorithm.md §2.1).
             latents (`torch.Tensor` of shape `(batch_size, length, dim)`, *optional*): the initial latent z_0.
             scheduler (*optional*): the scheduler to run instead of `self.scheduler` (e.g. calibration's reference
-                recurrence, or a clone for a concurrent call); it gets the same `set_timesteps` arguments.
-            statistics ([`SamplerStatistics`], *optional*): handed to the scheduler's `set_timesteps` where it takes
-                them, after a check that they belong to the transformer. `__call__` passes the pipeline's
+                recurrence, or a clone for a concurrent call); it gets the same run context.
+            statistics ([`SamplerStatistics`], *optional*): in the run's [`RunContext`]; a scheduler that takes them
+                (the untied ones) checks first that they belong to the transformer. `__call__` passes the pipeline's
                 `sampler_statistics`; `None` (default) hands none.
-            ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction, handed to the schedulers
-                that take it (ACE, HiGS + ACE) after the same check; `__call__` passes the pipeline's
+            ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction, in the run's context for the
+                schedulers that take it (ACE, HiGS + ACE), after the same check; `__call__` passes the pipeline's
                 `ace_statistics`.
             max_steps (`int`, *optional*): run only the first `max_steps` timesteps (default: all of them;
                 calibration skips LangFlow's final evaluation, which updates nothing).
@@ -140,11 +137,11 @@ class DenoisingMixin:
         Returns:
             [`DenoisingOutput`]: the final latents and the last evaluation's logits.
         """
-        unknown = sorted(set(network_kwargs) - set(self._network_knobs()))
+        unknown = sorted(set(network_kwargs) - set(self.network_knobs))
         if unknown:
             raise TypeError(
                 f"{type(self).__name__}.denoise got unknown network arguments {unknown}; this family takes "
-                f"{self._network_knobs()}."
+                f"{list(self.network_knobs)}."
             )
         for name, value in network_kwargs.items():
             if isinstance(value, int | float) and not isinstance(value, bool):

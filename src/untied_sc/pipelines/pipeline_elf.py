@@ -105,6 +105,7 @@ class ELFPipeline(LanguageFlowPipeline):
     """
 
     family = "elf"
+    network_knobs = ("sc_cfg_scale",)
     _skip_special_tokens = True  # texts without the pad ids `_tokens` writes from the first EOS on
 
     def __init__(

@@ -32,6 +32,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
     """
 
     family = "langflow"
+    network_knobs = ("temperature",)
     _skip_special_tokens = False  # the official Gen. PPL protocol scores the texts with their special tokens
 
     @torch.no_grad()
