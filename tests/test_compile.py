@@ -11,7 +11,7 @@ from diffusers.utils.torch_utils import is_compiled_module
 from safetensors import safe_open
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler, UntiedSelfConditioningScheduler
-from untied_sc.pipelines.pipeline_utils import is_compiled_network, owned_outputs
+from untied_sc.pipelines.network import is_compiled_network, owned_outputs
 
 from .tiny import random_statistics, tiny_tokenizer
 

@@ -1,6 +1,7 @@
 """Calibration and the untied sampler on a conditional ELF model (the official conditional recording's tiny weights):
 trajectories generated from a prompt bank, the held source positions out of every statistic and of the correction."""
 
+import dataclasses
 import json
 
 import pytest
@@ -64,9 +65,9 @@ def test_what_the_sampler_sees_at_the_held_positions_does_not_reach_the_statisti
     set_timesteps = reference.ReferenceRecurrenceELFScheduler.set_timesteps
     unmasked_steps = []
 
-    def unmasked(self, *args, mask=None, **kwargs):
-        set_timesteps(self, *args, mask=None, **kwargs)
-        self.mask = torch.ones_like(mask)  # every position active: the held ones too
+    def unmasked(self, *args, context, **kwargs):  # the pipeline hands the generated positions in its run context
+        set_timesteps(self, *args, context=dataclasses.replace(context, mask=None), **kwargs)
+        self.mask = torch.ones_like(context.mask)  # every position active: the held ones too
         unmasked_steps.append(True)
 
     monkeypatch.setattr(reference.ReferenceRecurrenceELFScheduler, "set_timesteps", unmasked)

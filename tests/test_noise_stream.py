@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, UntiedSelfConditioningScheduler
-from untied_sc.schedulers.noise import NoiseStream, check_generator, draw_normal, settle
+from untied_sc.schedulers.noise import NoiseStream, RunRandom, check_generator, draw_normal
 from untied_sc.schedulers.scheduling_elf import copy_generator, elf_time_grid
 
 from .conftest import Golden, elf_from_golden, golden_call, replay_official_network
@@ -40,10 +40,11 @@ def test_stream_gives_the_inline_draws_and_leaves_the_generator_in_the_inline_st
 
 def test_draw_ahead_is_in_flight_between_draws_and_settle_gives_its_numbers_back():
     generator = torch.Generator().manual_seed(1)
-    stream = NoiseStream(generator, 3, draw_ahead=True)
+    run = RunRandom(generator)
+    stream = run.noise(3, draw_ahead=True)
     first = stream.next(SHAPE, "cpu")
     assert stream._ahead is not None  # the second tensor is being drawn on the background thread
-    settle(generator)  # someone else draws now: the drawn-ahead numbers go back to the generator
+    run.settle()  # someone else draws now: the drawn-ahead numbers go back to the generator
     _, state_after_one = _inline(1, [SHAPE])
     assert torch.equal(generator.get_state(), state_after_one)
     # The run may go on (inline from now on) and still gets the inline stream.
@@ -67,15 +68,34 @@ def test_a_changed_shape_or_dtype_gives_the_drawn_ahead_numbers_back_and_draws_i
     assert torch.equal(generator.get_state(), reference.get_state())
 
 
-def test_other_draws_settle_the_generator_first():
+def test_the_runs_other_draws_and_its_end_settle_the_generator_first():
     generator = torch.Generator().manual_seed(3)
-    stream = NoiseStream(generator, 2, draw_ahead=True)
-    stream.next(SHAPE, "cpu")
-    other = draw_normal((2, 2), generator, "cpu")  # e.g. a new run's z_0 after an unfinished run
+    run = RunRandom(generator)
+    run.noise(2, draw_ahead=True).next(SHAPE, "cpu")
+    other = run.normal((2, 2), "cpu")  # e.g. a draw of the run besides its noise
     reference = torch.Generator().manual_seed(3)
     torch.randn(SHAPE, generator=reference)
     assert torch.equal(other, torch.randn((2, 2), generator=reference))
     assert torch.equal(generator.get_state(), reference.get_state())
+    with run:  # a run that ends with a draw ahead in flight gives it back
+        run.noise(3, draw_ahead=True).next(SHAPE, "cpu")
+    torch.randn(SHAPE, generator=reference)
+    assert torch.equal(generator.get_state(), reference.get_state())
+
+
+def test_a_new_stream_of_the_run_settles_the_one_before():
+    generator = torch.Generator().manual_seed(4)
+    run = RunRandom(generator)
+    first = run.noise(3, draw_ahead=True)
+    first.next(SHAPE, "cpu")
+    second = run.noise(2, draw_ahead=True)  # e.g. `set_begin_index`, or a new `set_timesteps` of the same run
+    assert first._ahead is None
+    drawn = [second.next(SHAPE, "cpu") for _ in range(2)]
+    expected, state = _inline(4, [SHAPE] * 3)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, expected[1:], strict=True))
+    assert torch.equal(generator.get_state(), state)
+    with pytest.raises(ValueError, match="generator of the run"):
+        NoiseStream(torch.Generator(), 1, owner=run)
 
 
 def test_generator_lists_and_other_devices_are_refused_with_what_to_pass():

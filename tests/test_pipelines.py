@@ -11,7 +11,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from huggingface_hub import ModelCard
 from safetensors.torch import save_file
 
-from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc import ELFPipeline, ELFScheduler, ELFText2TextPipeline, LangFlowPipeline, LangFlowScheduler
 from untied_sc.pipelines import load_pipeline, mask_after_eos
 
 from .conftest import elf_from_golden, langflow_from_golden
@@ -166,6 +166,20 @@ def test_bad_inputs_give_clear_errors(pipes, elf_golden):
         _sample(pipe, callback_on_step_end=lambda *a: {}, callback_on_step_end_tensor_inputs=["noise"])
     with pytest.raises(ValueError, match="tokenizer has 41 tokens but the transformer predicts 40"):
         ELFPipeline(elf_from_golden(elf_golden), ELFScheduler(), tiny_tokenizer(41))
+
+
+@pytest.mark.parametrize("cls", [ELFPipeline, LangFlowPipeline, ELFText2TextPipeline])
+def test_the_declared_network_knobs_are_the_keyword_arguments_of_predict(cls):
+    assert list(cls.network_knobs) == list(inspect.signature(cls._predict).parameters)[4:]  # past self, z, t, m
+
+
+@pytest.mark.parametrize("family", ["elf", "langflow"])
+def test_a_call_checks_its_inputs_once(pipes, monkeypatch, family):
+    pipe, calls = pipes[family], []
+    check = type(pipe).check_inputs
+    monkeypatch.setattr(type(pipe), "check_inputs", lambda self, *args: calls.append(args) or check(self, *args))
+    _sample(pipe)
+    assert calls == [(2, 8, None)]
 
 
 @pytest.mark.parametrize(

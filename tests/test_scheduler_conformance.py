@@ -22,7 +22,7 @@ import inspect
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -41,7 +41,9 @@ from untied_sc.schedulers import (
     MomentumLangFlowScheduler,
     MultistepELFScheduler,
     MultistepLangFlowScheduler,
+    RunContext,
     SamplerStatistics,
+    TakesRunContext,
     UntiedELFScheduler,
     UntiedLangFlowScheduler,
 )
@@ -370,6 +372,50 @@ def test_bare_set_timesteps(name):
     if case.untied:
         with pytest.raises(ValueError, match="SamplerStatistics"):
             case.build().set_timesteps(STEPS)
+
+
+@every_scheduler
+def test_the_run_context_stands_for_the_keyword_arguments(name):
+    """A pipeline hands `set_timesteps(N, device=..., context=RunContext(...))`: the same run as the keywords."""
+    case = CASES[name]
+    scheduler = case.build()
+    assert isinstance(scheduler, TakesRunContext)
+    assert inspect.signature(scheduler.set_timesteps).parameters["context"].kind is inspect.Parameter.KEYWORD_ONLY
+    by_keywords = _sample(case.build(), case, _latents(), seed=3)
+    scheduler.set_timesteps(STEPS, context=RunContext(**case.inputs(3)))
+    latents = _latents()
+    for t in scheduler.timesteps:
+        prediction = _model(scheduler.scale_model_input(latents, t), t, scheduler.self_conditioning)
+        latents = scheduler.step(prediction, t, latents).prev_sample
+    assert torch.equal(latents, by_keywords)
+
+
+@every_scheduler
+def test_a_keyword_wins_over_the_run_context(name):
+    case = CASES[name]
+    inputs = case.inputs(3)
+    if case.family == "elf":
+        context = RunContext(**{**inputs, "generator": torch.Generator().manual_seed(99)})
+    else:
+        context = RunContext(**inputs, proposal=(5.0, 1.0, 1e-5))
+        inputs["proposal"] = tuple(PROPOSAL)
+    reference, scheduler = case.build(), case.build()
+    reference.set_timesteps(STEPS, **inputs)
+    scheduler.set_timesteps(STEPS, context=context, **inputs)
+    assert torch.equal(scheduler.timesteps, reference.timesteps)
+
+
+@every_scheduler
+def test_statistics_in_a_run_context_are_checked_against_its_model(name, tiny_langflow):
+    """The statistics of a context are checked against its `model` by the schedulers that take them; the others
+    ignore them (a pipeline may hold statistics that its official scheduler does not use)."""
+    case = CASES[name]
+    context = RunContext(**case.inputs(), model=tiny_langflow)  # the toy statistics belong to no real model
+    if case.untied or case.ace:
+        with pytest.raises(ValueError, match="belong"):
+            case.build().set_timesteps(STEPS, context=context)
+    else:
+        case.build().set_timesteps(STEPS, context=replace(context, statistics=STATISTICS[case.family]))
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.family == "langflow"])

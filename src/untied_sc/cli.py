@@ -242,7 +242,7 @@ def _prompt_bank(source: str, prompts: str | None):
     class its model_index.json names before anything loads: a conditional one needs prompts, another takes none."""
     from pathlib import Path
 
-    from .pipelines.pipeline_utils import saved_pipeline_class
+    from .pipelines.saving import saved_pipeline_class
 
     held = saved_pipeline_class(Path(source)) if Path(source).is_dir() else None
     if held == "ELFText2TextPipeline" and prompts is None:

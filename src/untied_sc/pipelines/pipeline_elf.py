@@ -5,14 +5,9 @@ import os
 
 import torch
 
-from ..schedulers.noise import settle
-from .pipeline_utils import (
-    LanguageFlowPipeline,
-    LanguageFlowPipelineOutput,
-    as_int,
-    call_diversity,
-    check_finite_number,
-)
+from .checks import as_int, check_finite_number
+from .outputs import LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, call_diversity
 
 
 # The SC-CFG scale of the released models: the pipeline's default when its config carries none.
@@ -46,9 +41,8 @@ def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) 
 def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.LongTensor:
     """
     One token per position from softmax(logits / T), by inverse CDF of a uniform drawn from `generator` on its device
-    (after any draw ahead on it has settled).
+    (after the denoising run, which leaves no draw ahead in flight on it).
     """
-    settle(generator)
     u = torch.rand(logits.shape[:-1], generator=generator, device=generator.device, dtype=torch.float64)
     u = u.to(logits.device)
     ids = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
@@ -111,6 +105,7 @@ class ELFPipeline(LanguageFlowPipeline):
     """
 
     family = "elf"
+    network_knobs = ("sc_cfg_scale",)
     _skip_special_tokens = True  # texts without the pad ids `_tokens` writes from the first EOS on
 
     def __init__(

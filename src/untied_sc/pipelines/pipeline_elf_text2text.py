@@ -7,24 +7,21 @@ source and target in one sequence (`utils/data_utils.py` `get_dataloader.collate
 `test_generation_cond`: `shift_left`, the cut to `max_length − max_input_length`, `mask_after_eos`).
 """
 
+import contextlib
+import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from diffusers.utils import logging
 
+from ..schedulers.run_context import RunContext
 from ..schedulers.scheduling_elf import ELFGuidance, copy_generator
+from .checks import as_int, check_finite_number
+from .denoising import step_kwargs
+from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 from .pipeline_elf import ELFPipeline, _check_sc_cfg_scale, mask_after_eos, sample_tokens
-from .pipeline_utils import (
-    DenoisingOutput,
-    DenoisingStep,
-    LanguageFlowPipelineOutput,
-    _accepted_kwargs,
-    _settled,
-    as_int,
-    call_diversity,
-    check_finite_number,
-)
+from .pipeline_utils import call_diversity
 
 
 logger = logging.get_logger(__name__)
@@ -314,7 +311,7 @@ class ELFText2TextPipeline(ELFPipeline):
             },
         )
 
-    def _set_timesteps_kwargs(self, generator: torch.Generator) -> dict:
+    def _run_context(self, context: RunContext) -> RunContext:
         """
         The grid of the official conditional run: on the CPU, `generation.py` `test_generation_cond` iterates its
         `DataLoader` before the grid, whose iterator draws its base seed (one int64, `torch.empty((), dtype=int64)
@@ -322,11 +319,11 @@ class ELFText2TextPipeline(ELFPipeline):
         advanced by that draw. (On CUDA the official code draws the grid from the global CUDA RNG: the generator's
         own stream is used, as [`ELFScheduler`] does.)
         """
-        if generator.device.type != "cpu":
-            return {"generator": generator}
-        grid = copy_generator(generator)
+        if context.generator.device.type != "cpu":
+            return context
+        grid = copy_generator(context.generator)
         torch.empty((), dtype=torch.int64).random_(generator=grid)
-        return {"generator": generator, "grid_generator": grid}
+        return replace(context, grid_generator=grid)
 
     @torch.no_grad()
     def denoise(
@@ -356,7 +353,7 @@ class ELFText2TextPipeline(ELFPipeline):
         scale = self._scale(sc_cfg_scale, num_inference_steps)
         # The untied sampler acts on the generated positions only (its correction, and calibration's moments): the
         # held source positions are masked out (and restored after every step below).
-        batch_size, num_inference_steps, generator, scheduler, device = self._start_run(
+        batch_size, num_inference_steps, generator, scheduler, device, context = self._start_run(
             batch_size,
             num_inference_steps,
             generator,
@@ -369,11 +366,11 @@ class ELFText2TextPipeline(ELFPipeline):
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
         # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
         # exact arithmetic.
-        takes_guidance = "guidance" in _accepted_kwargs(scheduler.step, {"guidance": None})
-        step_kwargs = _accepted_kwargs(scheduler.step, {"generator": generator})
+        takes_guidance = "guidance" in inspect.signature(scheduler.step).parameters
+        extra_step_kwargs = step_kwargs(scheduler, generator)
         latents = conditioning.hold(self.prepare_latents(batch_size, generator, latents, device, scheduler))
         timesteps = self._run_timesteps(scheduler, max_steps)
-        with self._progress_bar(len(timesteps), progress) as progress_bar, _settled(generator):
+        with self._progress_bar(len(timesteps), progress) as progress_bar, context.random or contextlib.nullcontext():
             for i, t in enumerate(timesteps):
                 scale_input = getattr(scheduler, "scale_model_input", None)
                 model_input = conditioning.hold(scale_input(latents, t) if scale_input is not None else latents)
@@ -392,7 +389,7 @@ class ELFText2TextPipeline(ELFPipeline):
                 else:
                     combined = conditional
                 prediction = conditioning.hold(combined)
-                kwargs = dict(step_kwargs, guidance=guidance) if guided and takes_guidance else step_kwargs
+                kwargs = dict(extra_step_kwargs, guidance=guidance) if guided and takes_guidance else extra_step_kwargs
                 sample = latents
                 latents = conditioning.hold(scheduler.step(prediction, t, latents, **kwargs).prev_sample)
                 if step_callback is not None:

@@ -12,7 +12,7 @@ from ..schedulers.noise import global_generator
 from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 from .conversion import save_atomically
-from .pipeline_utils import LanguageFlowPipelineOutput
+from .outputs import LanguageFlowPipelineOutput
 
 
 # The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),

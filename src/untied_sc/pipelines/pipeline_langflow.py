@@ -1,10 +1,14 @@
 """LangFlowPipeline: unconditional sampling from a LangFlow model."""
 
 import os
+from dataclasses import replace
 
 import torch
 
-from .pipeline_utils import LanguageFlowPipeline, LanguageFlowPipelineOutput, call_diversity, check_finite_number
+from ..schedulers.run_context import RunContext
+from .checks import check_finite_number
+from .outputs import LanguageFlowPipelineOutput
+from .pipeline_utils import LanguageFlowPipeline, call_diversity
 
 
 class LangFlowPipeline(LanguageFlowPipeline):
@@ -28,6 +32,7 @@ class LangFlowPipeline(LanguageFlowPipeline):
     """
 
     family = "langflow"
+    network_knobs = ("temperature",)
     _skip_special_tokens = False  # the official Gen. PPL protocol scores the texts with their special tokens
 
     @torch.no_grad()
@@ -96,8 +101,8 @@ class LangFlowPipeline(LanguageFlowPipeline):
     def latent_shape(self) -> tuple[int, int]:
         return self.transformer.config.max_length, self.transformer.config.hidden_size
 
-    def _set_timesteps_kwargs(self, generator):
-        return {**super()._set_timesteps_kwargs(generator), "proposal": self.transformer.gumbel_parameters()}
+    def _run_context(self, context: RunContext) -> RunContext:
+        return replace(context, proposal=self.transformer.gumbel_parameters())
 
     def _network_session(self):
         # E_norm once per loop, not twice per step (see `reuse_embedding_matrix`); a transformer without it runs as is

@@ -2,6 +2,7 @@ from .coefficients import entropy_matched_setting, paper_coefficients, preset_en
 from .comparison_names import COMPARISON_METHODS
 from .compatibility import CompatibleSchedulerMixin
 from .outputs import LanguageFlowSchedulerOutput
+from .run_context import RunContext, TakesRunContext
 from .sampler_statistics import COEFFICIENT_NAMES, SamplerStatistics, model_fingerprint
 from .scheduling_ace import ACEELFScheduler, ACELangFlowScheduler, HiGSACEELFScheduler, HiGSACELangFlowScheduler
 from .scheduling_elf import ELFScheduler

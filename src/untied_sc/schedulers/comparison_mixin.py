@@ -16,6 +16,7 @@ from .baseline_functions import elf_log_snr, langflow_log_snr
 from .comparison_names import ELF_COMPARISON_SCHEDULERS, LANGFLOW_COMPARISON_SCHEDULERS
 from .contract import OfficialBaseMixin
 from .outputs import LanguageFlowSchedulerOutput
+from .run_context import RunContext, run_context
 from .scheduling_elf import ELF_CONFIG_RANGES, ELFScheduler
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, LangFlowScheduler
 
@@ -167,6 +168,8 @@ class ELFComparisonMixin:
         num_inference_steps: int,
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Draws the official ELF grid and resets the trajectory state.
@@ -175,8 +178,13 @@ class ELFComparisonMixin:
             num_inference_steps (`int`): the NFE (≥ 2).
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
             generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        self._set_timesteps(num_inference_steps, device, generator=generator)
+        run = run_context(context, generator=generator)
+        self._set_timesteps(
+            num_inference_steps, device, context=RunContext(generator=run.generator, random=run.random)
+        )
 
 
 class LangFlowComparisonMixin:
@@ -197,6 +205,8 @@ class LangFlowComparisonMixin:
         num_inference_steps: int,
         device: str | torch.device | None = None,
         proposal: tuple[float, float, float] | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Builds the official LangFlow γ grid and resets the trajectory state.
@@ -206,5 +216,8 @@ class LangFlowComparisonMixin:
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
             proposal (`tuple`, *optional*): the model's (loc, scale, cutoff); `None` uses the config's `proposal`
                 (see [`LangFlowScheduler.set_timesteps`]).
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        self._set_timesteps(num_inference_steps, device, proposal=proposal)
+        run = run_context(context, proposal=proposal)
+        self._set_timesteps(num_inference_steps, device, proposal=run.proposal)

@@ -13,6 +13,8 @@ import inspect
 
 import torch
 
+from .run_context import TakesRunContext
+
 
 def init_keys(cls: type) -> set[str]:
     """The config keys of a `ConfigMixin` class: the arguments of its `__init__`."""
@@ -60,7 +62,7 @@ def check_begin_index(begin_index: int, num_timesteps: int | None, started: bool
         raise ValueError(f"begin_index must be an integer in [0, {num_timesteps - 1}], got {begin_index!r}.")
 
 
-class OfficialBaseMixin:
+class OfficialBaseMixin(TakesRunContext):
     r"""
     A scheduler that runs the official scheduler of its family unchanged as `self.base` (the untied and the
     comparison schedulers). `_build_base()` builds it from this scheduler's config (its keys are a superset of the

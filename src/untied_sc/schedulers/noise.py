@@ -9,10 +9,11 @@ What reproduces what (docs/algorithm.md §2.1, "Random draws"):
 - A **CUDA generator** gives a device stream: every tensor is drawn on the generator's device (the official code on
   CUDA draws grid, z_0 and noise from the CUDA RNG, one stream). It reproduces itself for a seed, not the CPU stream.
 
-While a draw ahead is in flight its generator belongs to the background thread. Whoever else draws from the
-generator calls [`settle`] first: it waits for the draw and gives its numbers back to the generator (restores the
-state from before it), so that the next draw is the one inline drawing would make. The pipelines do this before z_0,
-after the denoising loop and before the decode's draws; `set_timesteps` does it before the grid.
+While a draw ahead is in flight its generator belongs to the background thread. The run owns it ([`RunRandom`]:
+the pipeline call's, in its `RunContext`, or the scheduler's own for a direct call): `settle` waits for the draw and
+gives its numbers back to the generator (restores the state from before it), so that the next draw is the one inline
+drawing would make. A run settles before its grid and when it ends (also by an error or a shorter loop), so the
+decode's draws that follow see the inline state.
 """
 
 import threading
@@ -22,10 +23,6 @@ import torch
 
 
 SUPPORTED_GENERATOR_DEVICES = ("cpu", "cuda")
-
-# The streams whose draw ahead is in flight, by id of their generator (a generator has at most one).
-_IN_FLIGHT: dict[int, "NoiseStream"] = {}
-_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def check_generator(generator: torch.Generator) -> None:
@@ -59,28 +56,51 @@ def draw_normal(
 ) -> torch.Tensor:
     """
     ε ~ N(0, I) of `shape` from `generator`, drawn on the generator's device (its own stream: a CPU generator gives
-    the CPU numbers on any device) and moved to `device` (from pinned memory without blocking, for a GPU). Settles a
-    draw ahead on `generator` first.
+    the CPU numbers on any device) and moved to `device` (from pinned memory without blocking, for a GPU).
     """
-    settle(generator)
     device = torch.device(device)
     if generator.device.type == "cpu":
         return _to_device(_draw_on_cpu(tuple(shape), generator, dtype, pin=device.type == "cuda"), device)
     return torch.randn(tuple(shape), generator=generator, device=generator.device, dtype=dtype).to(device)
 
 
-def settle(generator: torch.Generator | None) -> None:
+class RunRandom:
     """
-    Waits for a draw ahead in flight on `generator`, if any, and gives its numbers back (the generator returns to
-    the state before that draw; the stream that made it draws inline from then on). Call before any other draw from a
-    generator that a [`NoiseStream`] may be using.
+    The random draws of one sampling run from its `generator`: the owner of the one draw ahead that may be in flight
+    on it. The steps' noise comes from its [`NoiseStream`] (`noise`); before any other draw of the run, and when the
+    run ends (`with run_random:`), `settle` gives a draw ahead not taken back to the generator.
+
+    Args:
+        generator (`torch.Generator`): the run's generator.
     """
-    if not isinstance(generator, torch.Generator):
-        return
-    with _IN_FLIGHT_LOCK:
-        stream = _IN_FLIGHT.get(id(generator))
-    if stream is not None and stream.generator is generator:
-        stream.close()
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+        self._drawing: NoiseStream | None = None  # the stream whose draw ahead is in flight
+
+    def noise(self, num_draws: int, draw_ahead: bool | None = None) -> "NoiseStream":
+        """The run's noise stream of `num_draws` tensors (see [`NoiseStream`]), after settling the generator."""
+        self.settle()
+        return NoiseStream(self.generator, num_draws, draw_ahead, owner=self)
+
+    def normal(
+        self, shape: Sequence[int], device: str | torch.device, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """[`draw_normal`] from the run's generator, after settling it."""
+        self.settle()
+        return draw_normal(shape, self.generator, device, dtype)
+
+    def settle(self) -> None:
+        """Waits for a draw ahead in flight, if any, and gives its numbers back (the generator returns to the state
+        before that draw; the stream that made it draws inline from then on)."""
+        if self._drawing is not None:
+            self._drawing.close()
+
+    def __enter__(self) -> "RunRandom":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.settle()
 
 
 class _DrawAhead:
@@ -135,13 +155,24 @@ class NoiseStream:
         draw_ahead (`bool`, *optional*): `None` (default): draw ahead when the generator is on the CPU and the
             tensors go to another device. `True`: also for CPU tensors (on a thread, without pinning; the tests use
             it). `False`: never. A CUDA generator never draws ahead (its draws are already asynchronous).
+        owner ([`RunRandom`], *optional*): the run that owns the generator's draws ([`RunRandom.noise`]); default:
+            a run of this stream alone.
     """
 
-    def __init__(self, generator: torch.Generator, num_draws: int, draw_ahead: bool | None = None):
+    def __init__(
+        self,
+        generator: torch.Generator,
+        num_draws: int,
+        draw_ahead: bool | None = None,
+        owner: RunRandom | None = None,
+    ):
         check_generator(generator)
         if not isinstance(num_draws, int) or num_draws < 0:
             raise ValueError(f"num_draws must be an integer ≥ 0, got {num_draws!r}.")
+        if owner is not None and owner.generator is not generator:
+            raise ValueError("A noise stream draws from the generator of the run that owns it.")
         self.generator, self.num_draws, self.draw_ahead = generator, num_draws, draw_ahead
+        self.owner = RunRandom(generator) if owner is None else owner
         self.num_taken = 0
         self._ahead: _DrawAhead | None = None
         self._closed = False
@@ -172,15 +203,13 @@ class NoiseStream:
         return _to_device(noise, device)
 
     def _start_ahead(self, shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> None:
-        with _IN_FLIGHT_LOCK:
-            other = _IN_FLIGHT.get(id(self.generator))
-            if other is not None and other is not self:
-                raise RuntimeError("Two noise streams draw ahead from one generator; `settle` it between runs.")
-            self._ahead = _DrawAhead(self.generator, shape, dtype, pin)
-            _IN_FLIGHT[id(self.generator)] = self
+        if self.owner._drawing not in (None, self):
+            raise RuntimeError("Two noise streams of one run draw ahead at once; settle the run between them.")
+        self._ahead = _DrawAhead(self.generator, shape, dtype, pin)
+        self.owner._drawing = self
 
     def _finish_ahead(self) -> _DrawAhead | None:
-        """Joins the draw ahead, if any, and unregisters it; returns it. A failed draw is given back, then raised."""
+        """Joins the draw ahead, if any, and tells its owner; returns it. A failed draw is given back, then raised."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
@@ -190,9 +219,8 @@ class NoiseStream:
             self.generator.set_state(ahead.state_before)
             raise
         finally:
-            with _IN_FLIGHT_LOCK:
-                if _IN_FLIGHT.get(id(self.generator)) is self:
-                    del _IN_FLIGHT[id(self.generator)]
+            if self.owner._drawing is self:
+                self.owner._drawing = None
         return ahead
 
     def _take_ahead(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:

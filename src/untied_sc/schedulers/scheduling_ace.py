@@ -15,6 +15,7 @@ from .comparison_mixin import (
     route,
 )
 from .compatibility import CompatibleSchedulerMixin
+from .run_context import RunContext, run_context
 from .scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS
 from .scheduling_higs import (
     HIGS_ALPHA,
@@ -110,6 +111,8 @@ class _ACEELFTimesteps(ACEStatisticsMixin):
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
         ace_statistics=None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Draws the official ELF grid, takes the ACE direction and resets the trajectory state.
@@ -120,9 +123,14 @@ class _ACEELFTimesteps(ACEStatisticsMixin):
             generator (`torch.Generator`, *optional*): the sampling generator (see [`ELFScheduler.set_timesteps`]).
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
                 `None`. Required (given now or before) unless `ace_strength` is 0.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        self._ace.use(ace_statistics, self.family)
-        self._set_timesteps(num_inference_steps, device, generator=generator)
+        run = run_context(context, generator=generator, ace_statistics=ace_statistics)
+        self._ace.use(run.checked_ace_statistics(), self.family)
+        self._set_timesteps(
+            num_inference_steps, device, context=RunContext(generator=run.generator, random=run.random)
+        )
 
 
 class _ACELangFlowTimesteps(ACEStatisticsMixin):
@@ -132,6 +140,8 @@ class _ACELangFlowTimesteps(ACEStatisticsMixin):
         device: str | torch.device | None = None,
         proposal: tuple[float, float, float] | None = None,
         ace_statistics=None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Builds the official LangFlow γ grid, takes the ACE direction and resets the trajectory state.
@@ -143,9 +153,12 @@ class _ACELangFlowTimesteps(ACEStatisticsMixin):
                 (see [`LangFlowScheduler.set_timesteps`]).
             ace_statistics ([`ACEStatistics`], *optional*): the repetition direction; the one held is kept when
                 `None`. Required (given now or before) unless `ace_strength` is 0.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        self._ace.use(ace_statistics, self.family)
-        self._set_timesteps(num_inference_steps, device, proposal=proposal)
+        run = run_context(context, proposal=proposal, ace_statistics=ace_statistics)
+        self._ace.use(run.checked_ace_statistics(), self.family)
+        self._set_timesteps(num_inference_steps, device, proposal=run.proposal)
 
 
 class ACEELFScheduler(

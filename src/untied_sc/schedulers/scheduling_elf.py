@@ -11,8 +11,9 @@ from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
 from .contract import check_begin_index, check_timestep
-from .noise import NoiseStream, check_generator, global_generator, settle
+from .noise import NoiseStream, RunRandom, check_generator, global_generator
 from .outputs import LanguageFlowSchedulerOutput
+from .run_context import RunContext, TakesRunContext, run_context
 from .solvers import ELFSolver
 
 
@@ -106,7 +107,7 @@ class ELFGuidance:
     scale: float
 
 
-class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
+class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     r"""
     The official ELF sampler (docs/algorithm.md §2.1): a random logit-normal time grid shared by the batch, N−1 SDE
     steps that re-noise the latent before each network call, and a final ODE step to t = 1. NFE = N; the decode pass
@@ -201,6 +202,8 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
         grid_generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Draws the time grid and resets the trajectory state.
@@ -215,12 +218,17 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             grid_generator (`torch.Generator`, *optional*): draw the grid from this generator instead (advancing
                 it), for a run whose official grid stream is not the generator's start (the conditional generation,
                 [`ELFText2TextPipeline`]). `None` (default): as above.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its `generator` and
+                `grid_generator` stand for the arguments not given.
         """
+        run = run_context(context, generator=generator, grid_generator=grid_generator)
+        generator, grid_generator = run.generator, run.grid_generator
         if generator is None:
             generator = global_generator(device)
         check_generator(generator)
         self._reset_state()  # an unfinished run's draw ahead goes back to its generator before anything is drawn
-        settle(generator)
+        random = run.random_for(generator)
+        random.settle()
         self.solver = ELFSolver(
             self._draw_grid(num_inference_steps, generator, grid_generator),
             self.sde_gamma_for(num_inference_steps),
@@ -229,12 +237,12 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         )
         self.num_inference_steps = num_inference_steps
         self.timesteps = torch.tensor(self.solver.eval_times, dtype=torch.float32, device=device)
-        self._reset_state(self._noise_from(0, generator))
+        self._reset_state(self._noise_from(0, random))
 
-    def _noise_from(self, begin_index: int, generator: torch.Generator) -> NoiseStream:
+    def _noise_from(self, begin_index: int, random: RunRandom) -> NoiseStream:
         """The noise stream of a run from step `begin_index`: one draw per SDE step it takes, in order."""
         num_draws = sum(self.solver.renoises(k) for k in range(begin_index, self.solver.num_update_steps))
-        return NoiseStream(generator, num_draws, draw_ahead=self.draw_ahead)
+        return random.noise(num_draws, draw_ahead=self.draw_ahead)
 
     def set_begin_index(self, begin_index: int = 0) -> None:
         """
@@ -244,7 +252,7 @@ class ELFScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         generator in order as the steps take them.
         """
         check_begin_index(begin_index, self.num_inference_steps, self._run_started())
-        self._reset_state(self._noise_from(begin_index, self._noise_stream.generator))
+        self._reset_state(self._noise_from(begin_index, self._noise_stream.owner))
         self._step_index = self._begin_index = begin_index
 
     def _run_started(self) -> bool:

@@ -12,6 +12,7 @@ from .compatibility import CompatibleSchedulerMixin
 from .config_checks import Range
 from .contract import check_begin_index, check_timestep
 from .outputs import LanguageFlowSchedulerOutput
+from .run_context import RunContext, TakesRunContext, run_context
 from .solvers import LangFlowSolver
 
 
@@ -67,7 +68,7 @@ def langflow_add_noise(
     return alpha * original_samples + sigma * noise
 
 
-class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
+class LangFlowScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
     r"""
     The official LangFlow sampler (docs/algorithm.md §2.2): a γ grid at the quantiles of the model's learned Gumbel
     proposal, N−1 deterministic DDIM updates in float64, and one final evaluation whose argmax gives the tokens.
@@ -120,6 +121,8 @@ class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
         num_inference_steps: int,
         device: str | torch.device | None = None,
         proposal: tuple[float, float, float] | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Builds the γ grid and resets the trajectory state.
@@ -129,7 +132,10 @@ class LangFlowScheduler(CompatibleSchedulerMixin, SchedulerMixin, ConfigMixin):
             device (`str` or `torch.device`, *optional*): where `timesteps` lives.
             proposal (`tuple[float, float, float]`, *optional*): (loc, scale, cutoff) of the model's Gumbel proposal,
                 from [`LangFlowTransformerModel.gumbel_parameters`]; `None` uses the config's `proposal`.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its `proposal` stands for
+                the argument not given.
         """
+        proposal = run_context(context, proposal=proposal).proposal
         if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
             raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
         if proposal is None and self.config.proposal is None:

@@ -6,6 +6,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
+from .run_context import RunContext, run_context
 from .sampler_statistics import SamplerStatistics
 from .scheduling_elf import DEFAULT_SDE_GAMMA, ELF_CONFIG_RANGES, NOISE_SCALE, P_MEAN, P_STD, T_EPS, ELFScheduler
 from .untied_mixin import ABLATION_DEFAULTS, DEGENERACY_EPS, EPS_FP, UNTIED_CONFIG_RANGES, UntiedSelfConditioningMixin
@@ -76,6 +77,8 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         statistics: SamplerStatistics | None = None,
         mask: torch.Tensor | None = None,
         grid_generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Draws the ELF grid, selects the statistics for this NFE and resets the trajectory state.
@@ -87,8 +90,13 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
             statistics ([`SamplerStatistics`], *optional*): required unless η_R = η_T = 0.
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
             grid_generator (`torch.Generator`, *optional*): the grid's own generator ([`ELFScheduler.set_timesteps`]).
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        grid = {} if grid_generator is None else {"grid_generator": grid_generator}
+        run = run_context(
+            context, generator=generator, statistics=statistics, mask=mask, grid_generator=grid_generator
+        )
+        base = RunContext(generator=run.generator, grid_generator=run.grid_generator, random=run.random)
         self._set_timesteps(
-            num_inference_steps, device, statistics, mask, run_generator=generator, generator=generator, **grid
+            num_inference_steps, device, run.checked_statistics(), run.mask, run_generator=run.generator, context=base
         )

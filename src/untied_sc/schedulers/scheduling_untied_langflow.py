@@ -6,6 +6,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
+from .run_context import RunContext, run_context
 from .sampler_statistics import SamplerStatistics
 from .scheduling_langflow import LANGFLOW_CONFIG_RANGES, QUANTILE_EPS, LangFlowScheduler
 from .untied_mixin import ABLATION_DEFAULTS, DEGENERACY_EPS, EPS_FP, UNTIED_CONFIG_RANGES, UntiedSelfConditioningMixin
@@ -63,6 +64,8 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         statistics: SamplerStatistics | None = None,
         mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
         """
         Builds the LangFlow γ grid, selects the statistics for this NFE and resets the trajectory state.
@@ -76,5 +79,11 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
             mask (`torch.Tensor` of shape `(batch, length)`, *optional*): active positions of the correction.
             generator (`torch.Generator`, *optional*): the sampling generator; nothing is drawn from it (LangFlow's
                 grid is fixed; the lab's direction controls seed their draws from its state).
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its fields stand for the
+                arguments not given.
         """
-        self._set_timesteps(num_inference_steps, device, statistics, mask, run_generator=generator, proposal=proposal)
+        run = run_context(context, proposal=proposal, statistics=statistics, mask=mask, generator=generator)
+        statistics = run.checked_statistics()
+        self._set_timesteps(
+            num_inference_steps, device, statistics, run.mask, run_generator=run.generator, proposal=run.proposal
+        )
