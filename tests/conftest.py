@@ -152,37 +152,73 @@ def assert_official_grid(grid: torch.Tensor, official: torch.Tensor, what: str) 
 DRAWS = FIXTURES / "sampler_draws.safetensors"  # written by tests/fixtures/make_draw_fixtures.py
 
 
-def replay_official_draws(golden: Golden, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def watch_draws(monkeypatch: pytest.MonkeyPatch, on_draw) -> None:
     """
-    Makes the sampler's normal draws the official run's recorded ones (`DRAWS`). Each draw is still made, so the
-    generator advances as in the run, and checked against the recorded one (shape, order, `DRAW_TOLERANCE`) before the
-    recorded one is used: on a CPU without AVX2 the draws round otherwise, and the sampler is still compared bit for
-    bit. Returns the list of replayed draw indices.
+    Routes every normal draw the samplers make from a CPU generator through `on_draw(drawn) -> tensor`: `torch.randn`
+    with a CPU generator (grids, z_0, the flow-map samplers' noise) and `noise._draw_on_cpu` (ELF's noise stream). The
+    draw is made first, so the generator advances as in the run; the sampler gets what `on_draw` returns.
     """
     from untied_sc.schedulers import noise
 
-    with safe_open(DRAWS, "pt") as handle:
-        recorded = [handle.get_tensor(f"{golden.name}.{i}") for i in range(int(handle.metadata()[golden.name]))]
+    randn, draw_on_cpu = torch.randn, noise._draw_on_cpu
+
+    def watched_randn(*args, generator=None, **kwargs):
+        drawn = randn(*args, generator=generator, **kwargs)
+        return on_draw(drawn) if generator is not None and generator.device.type == "cpu" else drawn
+
+    monkeypatch.setattr(torch, "randn", watched_randn)
+    monkeypatch.setattr(noise, "_draw_on_cpu", lambda *args, **kwargs: on_draw(draw_on_cpu(*args, **kwargs)))
+
+
+def assert_official_draw(drawn: torch.Tensor, official: torch.Tensor, what: str) -> None:
+    """`drawn` is the official run's draw: same shape, equal to the bit with the vectorised kernels, else within
+    `DRAW_TOLERANCE` (a wrong, reordered or missing draw is off by O(1))."""
+    assert drawn.shape == official.shape, f"{what}: shape {tuple(drawn.shape)} ≠ {tuple(official.shape)}"
+    error = (drawn - official).abs().max().item() if drawn.numel() else 0.0
+    assert error <= DRAW_TOLERANCE, (
+        f"{what} is {error:.1e} from the official one (at most {DRAW_TOLERANCE}; {cpu_description()})"
+    )
+
+
+def replay_draws(recorded: list[torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """
+    Makes the sampler's normal draws `recorded`, the official run's, in order. Each draw is still made, so the
+    generator advances as in the run, and checked against the recorded one (`assert_official_draw`) before the
+    recorded one is used: on a CPU without AVX2 the draws round otherwise, and the sampler is still compared bit for
+    bit. Returns the list of replayed draw indices (the caller checks that the run made them all).
+    """
     draws = []
 
     def replayed(drawn: torch.Tensor) -> torch.Tensor:
         i = len(draws)
         assert i < len(recorded), f"draw {i + 1}: the official run made {len(recorded)}"
-        assert drawn.shape == recorded[i].shape, f"draw {i}: shape {tuple(drawn.shape)} ≠ {tuple(recorded[i].shape)}"
-        error = (drawn - recorded[i]).abs().max().item()
-        assert error <= DRAW_TOLERANCE, f"draw {i} is {error:.1e} from the official one (at most {DRAW_TOLERANCE})"
+        assert_official_draw(drawn, recorded[i], f"draw {i}")
         draws.append(i)
         return recorded[i].clone()
 
-    randn, draw_on_cpu = torch.randn, noise._draw_on_cpu
-
-    def replayed_randn(*args, generator=None, **kwargs):
-        drawn = randn(*args, generator=generator, **kwargs)
-        return replayed(drawn) if generator is not None and generator.device.type == "cpu" else drawn
-
-    monkeypatch.setattr(torch, "randn", replayed_randn)
-    monkeypatch.setattr(noise, "_draw_on_cpu", lambda *args, **kwargs: replayed(draw_on_cpu(*args, **kwargs)))
+    watch_draws(monkeypatch, replayed)
     return draws
+
+
+def replay_official_draws(golden: Golden, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """`replay_draws` with the draws of `golden`'s official run (`DRAWS`)."""
+    with safe_open(DRAWS, "pt") as handle:
+        recorded = [handle.get_tensor(f"{golden.name}.{i}") for i in range(int(handle.metadata()[golden.name]))]
+    return replay_draws(recorded, monkeypatch)
+
+
+def replay_official_grid(module, name: str, official: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    Makes the grid function `module.name` return `official`, the official run's grid, after computing ours as the
+    sampler does and checking it to `GRID_ULPS` (`assert_official_grid`): its transcendentals round by CPU.
+    """
+    draw = getattr(module, name)
+
+    def official_rounding(*args, **kwargs):
+        assert_official_grid(draw(*args, **kwargs), official, "the time grid")
+        return official.clone()
+
+    monkeypatch.setattr(module, name, official_rounding)
 
 
 def replay_official_network(
@@ -216,13 +252,7 @@ def replay_official_network(
         from untied_sc.schedulers import scheduling_langflow as module
 
         name = "gumbel_gamma_grid"
-    draw = getattr(module, name)
-
-    def official_rounding(*args, **kwargs):
-        assert_official_grid(draw(*args, **kwargs), outputs["grid"], "the time grid")
-        return outputs["grid"].clone()
-
-    monkeypatch.setattr(module, name, official_rounding)
+    replay_official_grid(module, name, outputs["grid"], monkeypatch)
 
     def check(timestep, times, self_conditioning):
         k = len(calls)

@@ -7,9 +7,16 @@ and 8 steps; the stage-1 ELF teacher: `sde` (γ 1.5) and `ode` at 2, 4 and 8 ste
 evaluation, with every network call, latent and token id.
 
 - the network: each recorded call within `NETWORK_TOLERANCE` (float32 sums in a CPU-dependent order);
-- each sampler given the official network outputs (replayed): every network input (latent, SC input, times), every
-  latent, the final latent, bit for bit;
-- the pipeline free-running with our network: the official token ids, and the final latent within a loose bound.
+- each sampler given the official draws, grid and network outputs (replayed, ours checked first): every network
+  input (latent, SC input, times), every latent, the final latent, bit for bit;
+- the pipeline's normal draws from the run's seed: the official ones, every one in order (to the bit with the
+  vectorised kernels the fixtures were recorded with, within `DRAW_TOLERANCE` with the scalar ones);
+- the pipeline free-running with our network on the official draws: the official token ids, and the final latent
+  within a loose bound.
+
+The recorded draws (`run.<name>.draw.<i>`: the grid normals, z_0 before the noise scale, each step's noise) are what
+lets the sampler be compared bit for bit under every kernel set: torch's normal kernel rounds otherwise without AVX2
+(`ATEN_CPU_CAPABILITY=default`), so a draw from the same seed is equal to the bit only with the vectorised kernels.
 """
 
 import json
@@ -20,17 +27,26 @@ from safetensors import safe_open
 
 from untied_sc.models.flowmap_transformer import _RENAMES, FlowMapTransformerModel, flowmap_config_from_state_dict
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
+from untied_sc.schedulers import scheduling_elf, scheduling_flowmap
 from untied_sc.schedulers.scheduling_elf import ELFScheduler
 from untied_sc.schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 
-from .conftest import FIXTURES, NETWORK_TOLERANCE, assert_within
+from .conftest import (
+    FIXTURES,
+    NETWORK_TOLERANCE,
+    assert_official_draw,
+    assert_within,
+    replay_official_grid,
+    watch_draws,
+)
 
 
 FILES = {"fmlm_star": "fmlm-star", "elf_star": "elf-star", "elf_teacher": "elf"}
-# A free-running trajectory carries each call's rounding (≤ NETWORK_TOLERANCE) through at most 8 steps (ELF's SDE
-# with w = 3 amplifies it, conftest.py); the worst final-latent drift seen, on the AVX-512 CPU that wrote the fixtures
-# (our network sums in another order than the official one): 2.9e-6 (FMLM*), 2.3e-6 (ELF*), 5.4e-6 (the teacher's
-# SDE). About 20x that, as conftest.py's ELF bound at 8 steps.
+# A free-running trajectory (on the official draws) carries each call's rounding (≤ NETWORK_TOLERANCE) through at most
+# 8 steps (ELF's SDE with w = 3 amplifies it, conftest.py); our network sums in another order than the official one.
+# The worst final-latent drift measured on the AVX-512 EPYC that wrote the fixtures, under ATEN_CPU_CAPABILITY
+# default / avx2 / avx512: 2.2e-6 / 2.3e-6 / 2.9e-6 (FMLM*), 2.4e-6 / 2.2e-6 / 2.3e-6 (ELF*), 6.4e-6 / 6.9e-6 /
+# 5.4e-6 (the teacher's SDE). About 15x that, as conftest.py's ELF bound at 8 steps.
 FREE_RUNNING_BOUND = 1e-4
 
 
@@ -47,6 +63,11 @@ class Recording:
         prefix = f"run.{name}."
         return {k.removeprefix(prefix): v for k, v in self.tensors.items() if k.startswith(prefix)}
 
+    def draws(self, name: str) -> list[torch.Tensor]:
+        """Every normal the official run drew from its generator, in order."""
+        run = self.run(name)
+        return [run[f"draw.{i}"] for i in range(self.runs[name]["draws"])]
+
     def model(self) -> FlowMapTransformerModel:
         weights = {_RENAMES.get(k[7:], k[7:]): v for k, v in self.tensors.items() if k.startswith("weight.")}
         config = flowmap_config_from_state_dict(weights, self.official_config["max_length"], self.variant)
@@ -57,6 +78,48 @@ class Recording:
 
 RECORDINGS = {name: Recording(name) for name in FILES}
 RUNS = [(name, run) for name, rec in RECORDINGS.items() for run in rec.runs]
+
+
+def zero_weight_draws(meta: dict) -> int:
+    """
+    Draws our scheduler makes that the official run does not: the teacher's `ode` runs on `ELFScheduler` with γ = 0,
+    whose every non-final step still draws its noise (as ELF's official SDE does at any γ, solvers.py) and weights it
+    by 1 − α = 0, where the official `ode_step` draws none. They come after all the official draws and change no
+    latent (the latents are compared bit for bit), only the generator's state after the run.
+    """
+    return meta["steps"] - 1 if meta["method"] == "ode" else 0
+
+
+class RunDraws:
+    """
+    The official run's draws replayed in order (each of ours checked first, `assert_official_draw`, as
+    conftest's `replay_draws`), then its `zero_weight_draws` let through as drawn; `check()` after the run: all of
+    the official draws were made, and exactly the zero-weight ones beside, of the latent's shape.
+    """
+
+    def __init__(self, rec: Recording, run_name: str, monkeypatch):
+        self.name, self.meta, self.official = run_name, rec.runs[run_name], rec.draws(run_name)
+        self.replayed, self.extra = [], []
+        watch_draws(monkeypatch, self._replay)
+
+    def _replay(self, drawn: torch.Tensor) -> torch.Tensor:
+        i = len(self.replayed)
+        if i < len(self.official):
+            assert_official_draw(drawn, self.official[i], f"{self.name}: draw {i}")
+            self.replayed.append(i)
+            return self.official[i].clone()
+        self.extra.append(drawn)
+        return drawn
+
+    def check(self) -> None:
+        made, official = len(self.replayed), len(self.official)
+        assert made == official, f"{self.name}: {made} draws, the official run made {official}"
+        shapes = [tuple(draw.shape) for draw in self.extra]
+        latent = tuple(self.official[-1].shape)
+        assert shapes == [latent] * zero_weight_draws(self.meta), (
+            f"{self.name}: draws {shapes} beyond the official run's; only {zero_weight_draws(self.meta)} zero-weight "
+            f"ones of shape {latent}"
+        )
 
 
 def scheduler_for(meta: dict):
@@ -97,10 +160,21 @@ def test_recordings_depend_on_times_phase_and_self_conditioning():
         assert (model(f["sample"], **kwargs).sample - base).abs().max() > 1e-3, change
 
 
-def replay(meta: dict, run: dict[str, torch.Tensor]):
-    """Runs our scheduler on the official network outputs, checking every network input on the way; returns the
-    latents after each step, and the count of network calls."""
+# Where each scheduler computes its grid: the official run's grid is replayed there (ours checked to `GRID_ULPS`).
+GRID_FUNCTIONS = {
+    FlowMapLMScheduler: (scheduling_flowmap, "flowmap_time_grid"),
+    CDEQScheduler: (scheduling_flowmap, "cdeq_time_grid"),
+    ELFScheduler: (scheduling_elf, "elf_time_grid"),
+}
+
+
+def replay(rec: Recording, run_name: str, monkeypatch):
+    """Runs our scheduler on the official draws, grid and network outputs (each of ours checked first), checking
+    every network input on the way; returns the latents after each step."""
+    meta, run = rec.runs[run_name], rec.run(run_name)
     scheduler = scheduler_for(meta)
+    draws = RunDraws(rec, run_name, monkeypatch)
+    replay_official_grid(*GRID_FUNCTIONS[type(scheduler)], run["t_steps"], monkeypatch)
     generator = torch.Generator().manual_seed(meta["seed"])
     if isinstance(scheduler, CDEQScheduler):
         scheduler.set_timesteps(meta["steps"], generator=generator)
@@ -142,31 +216,60 @@ def replay(meta: dict, run: dict[str, torch.Tensor]):
             z = scheduler.step(prediction, t, z, generator=generator).prev_sample
         latents.append(z)
     assert next(calls, None) is None, "fewer network calls than the official sampler"
+    draws.check()
     return torch.stack(latents)
 
 
 @pytest.mark.parametrize(("name", "run_name"), RUNS)
-def test_sampler_bit_for_bit_given_official_outputs(name, run_name):
+def test_sampler_bit_for_bit_given_official_outputs(name, run_name, monkeypatch):
     rec = RECORDINGS[name]
     run = rec.run(run_name)
-    latents = replay(rec.runs[run_name], run)
+    latents = replay(rec, run_name, monkeypatch)
     assert torch.equal(latents, run["latents"]), f"{run_name}: max diff {(latents - run['latents']).abs().max()}"
     assert torch.equal(latents[-1], run["final"])
 
 
-@pytest.mark.parametrize(("name", "run_name"), RUNS)
-def test_pipeline_free_running_gives_official_tokens(name, run_name, one_thread):
-    rec = RECORDINGS[name]
+def run_pipeline(rec: Recording, run_name: str):
+    """Our pipeline with our network, as the official run: its batch, steps, seed and SC-CFG scale."""
     meta, run = rec.runs[run_name], rec.run(run_name)
     pipe = FlowMapPipeline(rec.model(), scheduler_for(meta))
     pipe.set_progress_bar_config(disable=True)
-    out = pipe(
+    return pipe(
         batch_size=run["z0"].shape[0],
         num_inference_steps=meta["steps"],
         generator=torch.Generator().manual_seed(meta["seed"]),
         sc_cfg_scale=meta["w"],
         output_type="seq",
     )
+
+
+@pytest.mark.parametrize(("name", "run_name"), RUNS)
+def test_pipeline_draws_the_official_normals_from_the_seed(name, run_name, monkeypatch, one_thread):
+    """
+    The pipeline draws from the run's seed what the official run drew: every normal, in order, of its shape. Equal to
+    the bit with the vectorised kernels the fixtures were recorded with (avx2, avx512); within `DRAW_TOLERANCE` with
+    the scalar ones (`ATEN_CPU_CAPABILITY=default`), whose Box-Muller rounds log/sin/cos otherwise. Not skipped there:
+    a wrong, reordered, missing or extra draw is off by O(1) or changes the count, on every kernel set.
+    """
+    rec = RECORDINGS[name]
+    drawn = []
+    watch_draws(monkeypatch, lambda draw: drawn.append(draw.clone()) or draw)
+    run_pipeline(rec, run_name)
+    official, extra = rec.draws(run_name), zero_weight_draws(rec.runs[run_name])
+    assert len(drawn) == len(official) + extra, (
+        f"{run_name}: {len(drawn)} draws, the official run made {len(official)} (and {extra} zero-weight ones beside)"
+    )
+    for i, (ours, theirs) in enumerate(zip(drawn[: len(official)], official, strict=True)):
+        assert_official_draw(ours, theirs, f"{run_name}: draw {i}")
+
+
+@pytest.mark.parametrize(("name", "run_name"), RUNS)
+def test_pipeline_free_running_gives_official_tokens(name, run_name, monkeypatch, one_thread):
+    rec = RECORDINGS[name]
+    run = rec.run(run_name)
+    draws = RunDraws(rec, run_name, monkeypatch)  # our network, the official draws
+    out = run_pipeline(rec, run_name)
+    draws.check()
     assert torch.equal(out.sequences, run["ids"]), f"{run_name}: tokens differ"
     assert_within((out.latents - run["final"]).abs().max().item(), FREE_RUNNING_BOUND, f"{run_name} final latent")
 
