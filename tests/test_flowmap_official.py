@@ -174,7 +174,8 @@ def replay(rec: Recording, run_name: str, monkeypatch):
     meta, run = rec.runs[run_name], rec.run(run_name)
     scheduler = scheduler_for(meta)
     draws = RunDraws(rec, run_name, monkeypatch)
-    replay_official_grid(*GRID_FUNCTIONS[type(scheduler)], run["t_steps"], monkeypatch)
+    grid_function = next(where for cls, where in GRID_FUNCTIONS.items() if isinstance(scheduler, cls))
+    replay_official_grid(*grid_function, run["t_steps"], monkeypatch)
     generator = torch.Generator().manual_seed(meta["seed"])
     if isinstance(scheduler, CDEQScheduler):
         scheduler.set_timesteps(meta["steps"], generator=generator)

@@ -48,11 +48,11 @@ def statistics(model):
 @pytest.mark.parametrize("run_name", CHAINED)
 def test_zero_strength_is_the_official_sampler_bit_for_bit(run_name, monkeypatch, statistics):
     rec = RECORDINGS["fmlm_star"]
-    meta, run = rec.runs[run_name], rec.run(run_name)
+    run = rec.run(run_name)
     import tests.test_flowmap_official as official_tests
 
     monkeypatch.setattr(official_tests, "scheduler_for", lambda m: untied_for(m, 0.0, statistics))
-    latents = official_tests.replay(meta, run)
+    latents = official_tests.replay(rec, run_name, monkeypatch)
     assert torch.equal(latents, run["latents"])
 
 
