@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from untied_sc.ablations import ablation_scheduler_class
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler
 from untied_sc.schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
+from untied_sc_lab.ablations import ablation_scheduler_class
 
 
 FOLDERS = {"elf": "hub_artifacts/elf-small", "langflow": "hub_artifacts/langflow-small"}

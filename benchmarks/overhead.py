@@ -56,9 +56,9 @@ from untied_sc import (
     LangFlowTransformerModel,
     UntiedSelfConditioningScheduler,
 )
-from untied_sc.ablations import ablation_scheduler_class
 from untied_sc.calibration import overlap_basis_from_model
 from untied_sc.schedulers.sampler_statistics import SamplerStatistics, StepStatistics
+from untied_sc_lab.ablations import ablation_scheduler_class
 
 
 REPO = Path(__file__).resolve().parents[1]

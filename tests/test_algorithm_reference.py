@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from untied_sc import SamplerStatistics, UntiedELFScheduler, UntiedLangFlowScheduler
-from untied_sc.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
+from untied_sc_lab.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
 
 
 DTYPE = torch.float64

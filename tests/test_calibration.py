@@ -23,7 +23,7 @@ from untied_sc.cli import main as cli_main
 from untied_sc.models import LangFlowTransformerModel
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import num_update_steps
-from untied_sc.schedulers.untied_functions import moment_projection
+from untied_sc_lab.ablations.correction_functions import moment_projection
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer

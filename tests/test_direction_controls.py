@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from untied_sc.ablations.direction_controls import (
+from untied_sc_lab.ablations.correction_functions import moment_projection
+from untied_sc_lab.ablations.direction_controls import (
     centred_rms,
     common_direction,
     derangement,
@@ -17,7 +18,6 @@ from untied_sc.ablations.direction_controls import (
     random_direction,
     unit_centred_direction,
 )
-from untied_sc.schedulers.untied_functions import moment_projection
 
 
 F64 = torch.float64

@@ -128,6 +128,40 @@ def test_a_lab_command_without_the_lab_says_how_to_install_it(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+# A sampler spec that sets an ablation switch, built with the lab absent (its schedulers are then not registered).
+SPEC_WITHOUT_LAB = textwrap.dedent(
+    """
+    import sys
+    from types import SimpleNamespace
+    sys.modules["untied_sc_lab"] = None
+    from untied_sc.generation import build_scheduler
+    build_scheduler(SimpleNamespace(family="elf"), {"scheduler": "untied", "correction_routing": "both"}, config={})
+    """
+)
+
+
+def test_a_sampler_spec_with_an_ablation_switch_without_the_lab_says_how_to_install_it():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(LIBRARY.parent), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SPEC_WITHOUT_LAB], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode != 0
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("ValueError: 'correction_routing'") and 'pip install "untied-sc[lab]"' in message
+
+
+def test_the_lab_registers_its_ablation_schedulers_with_the_library():
+    from untied_sc.untied_variants import untied_variant_class
+    from untied_sc_lab.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
+
+    assert untied_variant_class("elf", {"eta_t": 1.0}) is None
+    assert untied_variant_class("elf", {"eta_t": 1.0, "correction_direction": "common"}) is AblationUntiedELFScheduler
+    assert untied_variant_class("langflow", ["cosine_distance"]) is AblationUntiedLangFlowScheduler
+
+
 def test_the_lab_adds_its_commands_when_installed():
     from untied_sc.cli import LAB_COMMANDS, build_parser
 

@@ -20,8 +20,8 @@ from untied_sc import (
     UntiedSelfConditioningMixin,
     UntiedSelfConditioningScheduler,
 )
-from untied_sc.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
 from untied_sc.schedulers import paper_coefficients
+from untied_sc_lab.ablations import AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler
 
 from .tiny import random_statistics, tiny_tokenizer
 

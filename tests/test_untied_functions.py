@@ -1,4 +1,5 @@
-"""Tests of the pure untied self-conditioning functions against direct, independent computations (SPEC §4.2–4.3)."""
+"""Tests of the pure untied self-conditioning functions (the library's transform and history directions, the lab's
+correction functions) against direct, independent computations (SPEC §4.2–4.3)."""
 
 import math
 
@@ -7,18 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from untied_sc.schedulers.untied_functions import (
-    centre_tokens,
-    combined_direction,
+from untied_sc.schedulers import (
     history_direction,
     masked_mean,
     masked_token_mean,
-    moment_projection,
     overlap_transform,
     retention,
     solver_history_direction,
     token_cosine_distance,
 )
+from untied_sc_lab.ablations.correction_functions import centre_tokens, combined_direction, moment_projection
 
 
 F64 = torch.float64

@@ -16,19 +16,19 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
-from untied_sc.ablations import (
-    AblationUntiedELFScheduler,
-    AblationUntiedLangFlowScheduler,
-    ablation_scheduler_class,
-    needs_ablation_scheduler,
-)
-from untied_sc.schedulers.untied_functions import (
+from untied_sc.schedulers import (
     history_direction,
     masked_token_mean,
     overlap_transform,
     retention,
     solver_history_direction,
     token_cosine_distance,
+)
+from untied_sc_lab.ablations import (
+    AblationUntiedELFScheduler,
+    AblationUntiedLangFlowScheduler,
+    ablation_scheduler_class,
+    needs_ablation_scheduler,
 )
 
 from .conftest import Golden, elf_from_golden, golden_call, langflow_from_golden, replay_official_network
@@ -241,7 +241,7 @@ def test_the_untied_scheduler_takes_no_ablation_switch_but_loads_them_at_the_pap
     assert type(loaded) is untied and loaded.config.eta_t == 1.0
     assert loaded.config.correction_routing == "solver"  # kept in the config, as a swap back needs it
     assert type(ablation.from_config(loaded.config)) is ablation
-    with pytest.raises(ValueError, match=r"AblationUntied\w+Scheduler .*correction_routing"):
+    with pytest.raises(ValueError, match=r"AblationUntied\w+Scheduler \(untied_sc_lab\.ablations.*correction_routing"):
         untied.from_config({**saved, "correction_routing": "both"})
     with pytest.raises(ValueError, match="cosine_distance"):
         untied.from_config(saved, cosine_distance="online")

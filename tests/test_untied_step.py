@@ -1,10 +1,11 @@
 """The untied step (schedulers/untied_step.py) against its oracle, the functions of each quantity chained one by one.
 
 The untied schedulers run [`untied_step`]; the lab's ablation scheduler with `reference_chain = True` runs the oracle
-(the functions of `untied_functions`, each tested alone in test_untied_functions.py; Algorithm 1 written out in float64
-is test_algorithm_reference.py). Here two schedulers, one of each, get the same predictions and states step by step,
-so their outputs must agree within float rounding (no network amplifies a difference); whole pipeline runs through a
-tiny network must agree too, and with η_R = η_T = 0 the step must hand the official step the official tensors.
+(the library's history directions and the lab's correction functions, each tested alone in test_untied_functions.py;
+Algorithm 1 written out in float64 is test_algorithm_reference.py). Here two schedulers, one of each, get the same
+predictions and states step by step, so their outputs must agree within float rounding (no network amplifies a
+difference); whole pipeline runs through a tiny network must agree too, and with η_R = η_T = 0 the step must hand the
+official step the official tensors.
 """
 
 import os
@@ -22,8 +23,8 @@ from untied_sc import (
     UntiedLangFlowScheduler,
     UntiedSelfConditioningScheduler,
 )
-from untied_sc.ablations import ablation_scheduler_class, needs_ablation_scheduler
 from untied_sc.schedulers.untied_step import choose_transform_kind
+from untied_sc_lab.ablations import ablation_scheduler_class, needs_ablation_scheduler
 
 from .tiny import random_statistics, tiny_tokenizer
 

@@ -6,8 +6,8 @@ official chained trajectories, as §4.3 defines it for ELF, with the flow map's 
 
 import torch
 
+from ..schedulers.history_directions import history_direction, solver_history_direction, token_cosine_distance
 from ..schedulers.scheduling_flowmap import FlowMapLMScheduler, FlowMapStatistics, flowmap_kappa
-from ..schedulers.untied_functions import history_direction, solver_history_direction, token_cosine_distance
 from .overlap import overlap_basis
 
 

@@ -9,14 +9,14 @@ import math
 
 import torch
 
-from ..schedulers.scheduling_untied_elf import UntiedELFScheduler
-from ..schedulers.scheduling_untied_langflow import UntiedLangFlowScheduler
-from ..schedulers.untied_functions import (
+from ..schedulers.history_directions import (
     history_direction,
     masked_token_mean,
     solver_history_direction,
     token_cosine_distance,
 )
+from ..schedulers.scheduling_untied_elf import UntiedELFScheduler
+from ..schedulers.scheduling_untied_langflow import UntiedLangFlowScheduler
 from ..schedulers.untied_step import UntiedState
 
 
@@ -112,26 +112,26 @@ class ReferenceRecurrenceMixin:
         self.base_correction_scale = base_correction_scale
         self.accumulator = accumulator
 
-    def _update(
+    def update_step(
         self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Update step k of eq. (40): the solver and O get q_k = p_k + Ũ_k, m_{k+1} = p_k (no transform), E with α.
         """
         if k >= self.solver.num_update_steps:
-            return super()._update(k, prediction, timestep, sample)
+            return super().update_step(k, prediction, timestep, sample)
         if self.ema is None:
             self.ema = torch.zeros_like(prediction)
             self.solver_average = torch.zeros_like(prediction)
         correction = self._reference_correction(k, prediction)
         solver_input = prediction if correction is None else prediction + correction
-        prev_sample = self._base_step(solver_input, prediction, timestep, sample)
+        prev_sample = self.base_step(solver_input, prediction, timestep, sample)
         kappa, alpha = self.solver.kappa(k), self.coefficients.alpha
         state = UntiedState(
             ema=(1 - alpha) * self.ema + alpha * prediction,
             solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,
         )
-        self._advance(k, prediction, prediction, state, None)
+        self.advance(k, prediction, prediction, state, None)
         return solver_input, prev_sample
 
     def _reference_correction(self, k: int, prediction: torch.Tensor) -> torch.Tensor | None:

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 
 import torch
 
-from ..ablations import ablation_scheduler_class, needs_ablation_scheduler
 from ..distributed import (
     gather_in_order,
     main_process_progress,
@@ -29,6 +28,7 @@ from ..families import family_names, get_family, untied_families
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 from ..seeds import DEFAULT_RECORD_SPACE, generator_seed
+from ..untied_variants import untied_variant_class
 from .samples import Sample
 
 
@@ -134,7 +134,8 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
 
     `spec["scheduler"]` is `"official"` (the family's official scheduler), `"untied"`
     ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides; the
-    lab's [`AblationUntiedELFScheduler`] / [`AblationUntiedLangFlowScheduler`] when they name an ablation switch) or a
+    registered variant's scheduler when they name its switch, [`untied_variant_class`]: the lab's
+    `AblationUntiedELFScheduler` / `AblationUntiedLangFlowScheduler` for an ablation switch) or a
     comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the family's class from
     [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`, with the spec's
     other keys, e.g. `momentum_beta`, as overrides).
@@ -165,8 +166,7 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
             f"{spec['scheduler']!r}."
         )
     # An ablation switch (`correction_routing`, …) needs the lab's scheduler; it samples the same otherwise.
-    untied = ablation_scheduler_class(family_of(pipe)) if needs_ablation_scheduler(overrides) else None
-    untied = untied or UntiedSelfConditioningScheduler
+    untied = untied_variant_class(family_of(pipe), overrides) or UntiedSelfConditioningScheduler
     scheduler = untied.from_config(config, **overrides)
     if not scales:
         return scheduler

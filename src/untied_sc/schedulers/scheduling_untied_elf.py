@@ -39,7 +39,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
 
     The paper's ablation switches (`correction_routing`, `transform_assignment`, `transform_seed`,
     `global_scaling`, `cosine_distance`, `correction_direction`, `direction_seed`) are the lab's
-    [`AblationUntiedELFScheduler`]; a saved config that carries them at the paper's values loads here.
+    [`AblationUntiedELFScheduler`] (`untied_sc_lab.ablations`); a saved config that carries them at the paper's values loads here.
     """
 
     family = "elf"
@@ -67,7 +67,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
         eps_fp: float = EPS_FP,
         degeneracy_eps: float = DEGENERACY_EPS,
     ):
-        self._init_untied()
+        self.init_untied()
 
     def set_timesteps(
         self,

@@ -54,7 +54,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
         eps_fp: float = EPS_FP,
         degeneracy_eps: float = DEGENERACY_EPS,
     ):
-        self._init_untied()
+        self.init_untied()
 
     def set_timesteps(
         self,

@@ -1,6 +1,6 @@
 """The SC transform F_k (docs/algorithm.md §3.1; paper eqs. (7), (34), (35)): the retention ℓ_k and m̃_k = F_k m_k.
 
-Shared by the untied step ([`untied_step`]) and the functions of each quantity ([`untied_functions`]).
+Shared by the untied step ([`untied_step`]), the flow maps' untied scheduler and the lab's chained oracle.
 """
 
 import torch

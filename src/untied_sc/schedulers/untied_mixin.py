@@ -4,6 +4,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..untied_variants import ABLATION_DEFAULTS
 from .coefficients import (
     UntiedCoefficients,
     check_coefficients,
@@ -31,21 +32,11 @@ from .untied_step import (
 EPS_FP = 0.01  # floor of b_{k,i} in the retention [choice]
 DEGENERACY_EPS = 1e-12  # relative degeneracy threshold of G_k [choice]
 UNTIED_CONFIG_RANGES = {"eps_fp": POSITIVE, "degeneracy_eps": POSITIVE}  # coefficients: `check_coefficients`
-# The paper's sampler as the ablation switches of the lab's subclass have it (docs/algorithm.md §3.6, §3.8). Configs
-# saved with these keys at these values load into the untied schedulers; other values need the lab's subclass.
-ABLATION_DEFAULTS = {
-    "correction_routing": "solver",
-    "transform_assignment": "overlap",
-    "transform_seed": 0,
-    "global_scaling": True,
-    "cosine_distance": "precomputed",
-    "correction_direction": "history",
-    "direction_seed": 0,
-}
 
 
 class StepSwitches(NamedTuple):
-    """The switches of the step that the lab's ablations turn (`StepOptions`); these defaults are the paper's sampler."""
+    """The switches of the step that a subclass may turn ([`UntiedSelfConditioningMixin.switches`], the lab's
+    ablations); these defaults are the paper's sampler."""
 
     routing: str = "solver"  # where A_k goes (eq. (12))
     online_distance: bool = False  # δ̄_k from this trajectory (True) or from the statistics
@@ -66,14 +57,29 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     A concrete scheduler mixes this in with `SchedulerMixin, ConfigMixin`, sets `family` and
     `base_scheduler_class` (the official scheduler, used unchanged as `self.base`: with η_R = η_T = 0 every latent
     and token equals the official sampler's bit for bit), declares its config in `__init__` (the official keys plus
-    the untied ones) and calls `_init_untied()`, and exposes `set_timesteps` with the official scheduler's
+    the untied ones) and calls `init_untied()`, and exposes `set_timesteps` with the official scheduler's
     arguments plus `statistics` and `mask`.
 
     Each update step runs [`untied_step`] (eagerly, or compiled after `compile_step()`), the one implementation of
     the step's arithmetic, over the numbers `set_timesteps` prepares for the run ([`UntiedStepPlan`]). The trajectory
     state (E_k, O_k, m_k, m̃_k, κ_{k−1}, δ̄_{k−1}, the step index) lives here, is created by `_reset_state` and reset
-    by `set_timesteps`. The paper's ablations (routing, transform assignment, global scaling, online δ̄, direction
-    controls) are the lab's subclass (`untied_sc.ablations`), which turns `_switches`.
+    by `set_timesteps`.
+
+    Subclassing: the paper's ablations (routing, transform assignment, global scaling, online δ̄, direction controls)
+    are a subclass of the lab's (`untied_sc_lab.ablations`), which overrides these hooks only:
+
+    - `init_untied()`, the body of `__init__` (a subclass checks its own config keys, then calls it);
+    - `switches()`, the [`StepSwitches`] of the run's step (default: the paper's sampler);
+    - `transform_spectrum(rho_sq)`, ρ² as the SC transform assigns it to the basis' directions (default: as
+      calibrated);
+    - `start_run(run_generator)`, called last by `set_timesteps` with the run's sampling generator (default: nothing);
+    - `update_step(k, prediction, timestep, sample)`, update step k: (q_k, z_{k+1}). A replacement (the lab's
+      chained oracle) runs the base solver with `base_step` and hands the state after the step to `advance`
+      ([`UntiedState`] E_{k+1}, O_{k+1}).
+
+    The trajectory state is the attributes `ema`, `solver_average`, `raw_self_conditioning`, `self_conditioning`,
+    `previous_kappa`, `previous_cosine_distance`; a run's numbers are `coefficients`, `solver`, `step_statistics`,
+    `rms`, `cosine_distances`, `basis`, `rho_sq`, `transform_strength` and `mask`.
     """
 
     family: str
@@ -96,12 +102,12 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             lab = {"elf": "AblationUntiedELFScheduler", "langflow": "AblationUntiedLangFlowScheduler"}[cls.family]
             raise ValueError(
                 f"{cls.__name__} runs the paper's sampler; {changed} are ablation switches of the lab's {lab} "
-                f"(untied_sc.ablations): build that one for them, or remove the keys (the paper's values: "
-                f"{ {key: ABLATION_DEFAULTS[key] for key in changed} })."
+                f'(untied_sc_lab.ablations, pip install "untied-sc[lab]"): build that one for them, or remove the '
+                f"keys (the paper's values: { {key: ABLATION_DEFAULTS[key] for key in changed} })."
             )
         return super().extract_init_dict(config_dict, **kwargs)
 
-    def _init_untied(self) -> None:
+    def init_untied(self) -> None:
         """Checks the coefficients, builds the official base scheduler from the config, and creates all state."""
         config = self.config
         self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
@@ -154,9 +160,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         **base_kwargs,
     ) -> None:
         """
-        The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state.
-        `run_generator` is the run's sampling generator; nothing is drawn from it here (the lab's direction controls
-        seed their draws from its state).
+        The base solver's grid (`base_kwargs` go to the official `set_timesteps`), the statistics, a fresh state,
+        then `start_run(run_generator)`. `run_generator` is the run's sampling generator; nothing is drawn from it
+        here.
         """
         coefficients = UntiedCoefficients.of(self.resolve_coefficients(num_inference_steps, statistics))
         if statistics is not None and statistics.config.solver != self.family:
@@ -183,14 +189,22 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self._kappas = [self.solver.kappa(k) for k in range(self.solver.num_update_steps)]
         self._plan = self._plan_step(device)
         self._reset_state()
+        self.start_run(run_generator)
 
-    def _switches(self) -> StepSwitches:
-        """The step's ablation switches: the paper's sampler (the lab's subclass reads them from its config)."""
+    def start_run(self, run_generator: torch.Generator | list[torch.Generator] | None) -> None:
+        """
+        Called last by `set_timesteps`, once the run's numbers are prepared and the state is fresh, with the run's
+        sampling generator (or list of them, or `None`). The paper's sampler has nothing to prepare; a subclass
+        seeds its own draws from the generator's state here (drawing from it would change the official stream).
+        """
+
+    def switches(self) -> StepSwitches:
+        """The step's ablation switches: the paper's sampler (a subclass reads them from its config)."""
         return StepSwitches()
 
     def _plan_step(self, device) -> UntiedStepPlan:
         """Every per-step number of this run for the step, as float64 tensors on `device` (once per run)."""
-        coefficients, solver, switches = self.coefficients, self.solver, self._switches()
+        coefficients, solver, switches = self.coefficients, self.solver, self.switches()
         steps = solver.num_update_steps
         eta_t, eta_o, alpha = coefficients.eta_t, coefficients.eta_o, coefficients.alpha
         table_dtype = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
@@ -273,8 +287,16 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         if statistics is None:
             return
         self.basis = statistics.basis.to(device)
-        self.rho_sq = statistics.rho_sq.detach().to("cpu", torch.float64)  # r numbers: ℓ of a shared â is a CPU job
+        # r numbers: ℓ of a shared â is a CPU job.
+        self.rho_sq = self.transform_spectrum(statistics.rho_sq.detach().to("cpu", torch.float64))
         self.transform_strength = statistics.base_transform_exponent * self.coefficients.eta_r
+
+    def transform_spectrum(self, rho_sq: torch.Tensor) -> torch.Tensor:
+        """
+        ρ² (r,), float64 on the CPU, as the SC transform assigns it to the basis' directions: the i-th value to the
+        i-th column of Q, as calibrated (a subclass may reorder it: the lab's transform-assignment ablations).
+        """
+        return rho_sq
 
     def step(
         self,
@@ -305,7 +327,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         prediction = model_output
         self._guidance = guidance
         try:
-            solver_input, prev_sample = self._update(k, prediction, timestep, sample)
+            solver_input, prev_sample = self.update_step(k, prediction, timestep, sample)
         finally:
             self._guidance = None
         self._step_index += 1
@@ -313,14 +335,14 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             return (prev_sample, solver_input, self.self_conditioning)
         return LanguageFlowSchedulerOutput(prev_sample, solver_input, self.self_conditioning)
 
-    def _base_step(self, solver_input, prediction, timestep, sample) -> torch.Tensor:
+    def base_step(self, solver_input, prediction, timestep, sample) -> torch.Tensor:
         """The base solver's step on `solver_input`, with this step's guidance where the solver gets p_k itself."""
         guidance = self._guidance
         if guidance is None or solver_input is not prediction:
             return self.base.step(solver_input, timestep, sample).prev_sample
         return self.base.step(solver_input, timestep, sample, guidance=guidance).prev_sample
 
-    def _update(
+    def update_step(
         self, k: int, prediction: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
@@ -330,11 +352,11 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         the prediction itself, so the official step runs on the official tensors: bit for bit the official sampler.
         """
         if k >= self.solver.num_update_steps:
-            return prediction, self._base_step(prediction, prediction, timestep, sample)
+            return prediction, self.base_step(prediction, prediction, timestep, sample)
         plan = self._plan
         if plan.trivial:
-            prev_sample = self._base_step(prediction, prediction, timestep, sample)
-            self._advance(k, prediction, prediction, UntiedState(), None)
+            prev_sample = self.base_step(prediction, prediction, timestep, sample)
+            self.advance(k, prediction, prediction, UntiedState(), None)
             return prediction, prev_sample
         if prediction.ndim != 3:
             raise ValueError(
@@ -372,15 +394,15 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
             output, counter = self._compiled_step(
                 self._step_counter, prediction, state, tensors.tables, tensors.run_operators, options
             )
-        prev_sample = self._base_step(output.solver_input, prediction, timestep, sample)
+        prev_sample = self.base_step(output.solver_input, prediction, timestep, sample)
         if buffers is not None:  # E_k and O_k are spent: their tensors take E_{k+2} and O_{k+2}
             buffers["ema"], buffers["solver_average"] = state.ema, state.solver_average
         if counter is not None:
             self._step_counter = counter
-        self._advance(k, output.raw_self_conditioning, output.self_conditioning, output.state, output.cosine_distance)
+        self.advance(k, output.raw_self_conditioning, output.self_conditioning, output.state, output.cosine_distance)
         return output.solver_input, prev_sample
 
-    def _advance(
+    def advance(
         self,
         k: int,
         raw_self_conditioning: torch.Tensor,

@@ -15,9 +15,11 @@ on the device: [`untied_step_at`]). It reads a (B, L, D) tensor about fifteen ti
   device, so the step reads nothing back from the device and `torch.compile` traces it without specialising on a
   step's values.
 
-The test oracle is the same step written one quantity at a time ([`untied_functions`], each function exact on its own:
-rescaling by the largest magnitude before squaring, shifting by one token before centring, `where` at every masked
-position), chained (tests/test_untied_step.py), and Algorithm 1 written out in float64 (tests/test_algorithm_reference.py).
+The test oracle is the same step written one quantity at a time (the functions of [`history_directions`] and the
+lab's `untied_sc_lab.ablations.correction_functions`, each exact on its own: rescaling by the largest magnitude before
+squaring, shifting by one token before centring, `where` at every masked position), chained by the lab's schedulers
+with `reference_chain` (tests/test_untied_step.py), and Algorithm 1 written out in float64
+(tests/test_algorithm_reference.py).
 The step agrees with the oracle within float rounding, with two documented exceptions, neither of which occurs in
 sampling (predictions are O(1) and vary across positions):
 

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from untied_sc.ablations import TRANSFORM_ASSIGNMENTS, ablation_scheduler_class
 from untied_sc.schedulers import preset_entry
 
+from ..ablations import TRANSFORM_ASSIGNMENTS, ablation_scheduler_class
 from .family import check_family
 
 

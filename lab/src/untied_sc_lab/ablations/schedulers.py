@@ -8,30 +8,41 @@ switches, whose defaults ([`ABLATION_DEFAULTS`]) are the paper's sampler, so tha
   trajectory's δ̄_k) turn the switches of the one untied step ([`untied_step`]);
 - `transform_assignment` (Tables 8, 9; `transform_seed` for `"random"`) reverses or permutes ρ² before ℓ is formed;
 - `correction_direction` (Table 12; `direction_seed`) replaces U_k before Π_k, which the step does not expose: those
-  runs chain the functions of each quantity ([`untied_functions`]) instead, as a scheduler with
-  `reference_chain = True` does for any configuration (the oracle the step is tested against).
+  runs chain the functions of each quantity (the library's history directions and [`correction_functions`])
+  instead, as a scheduler with `reference_chain = True` does for any configuration (the oracle the step is tested
+  against).
+
+They subclass the library's untied schedulers through the hooks `UntiedSelfConditioningMixin` documents
+(`init_untied`, `switches`, `transform_spectrum`, `start_run`, `update_step`).
 """
 
 import torch
 from diffusers.configuration_utils import register_to_config
 
-from ..sampling_methods import ROUTINGS
-from ..schedulers.sampler_statistics import SamplerStatistics
-from ..schedulers.scheduling_elf import DEFAULT_SDE_GAMMA, NOISE_SCALE, P_MEAN, P_STD, T_EPS
-from ..schedulers.scheduling_langflow import QUANTILE_EPS
-from ..schedulers.scheduling_untied_elf import UntiedELFScheduler
-from ..schedulers.scheduling_untied_langflow import UntiedLangFlowScheduler
-from ..schedulers.transform import overlap_transform, retention
-from ..schedulers.untied_functions import (
-    combined_direction,
+from untied_sc.sampling_methods import ROUTINGS
+from untied_sc.schedulers import (
+    DEFAULT_SDE_GAMMA,
+    DEGENERACY_EPS,
+    EPS_FP,
+    NOISE_SCALE,
+    P_MEAN,
+    P_STD,
+    QUANTILE_EPS,
+    T_EPS,
+    StepSwitches,
+    UntiedELFScheduler,
+    UntiedLangFlowScheduler,
+    UntiedState,
     history_direction,
     masked_token_mean,
-    moment_projection,
+    overlap_transform,
+    retention,
     solver_history_direction,
     token_cosine_distance,
 )
-from ..schedulers.untied_mixin import ABLATION_DEFAULTS, DEGENERACY_EPS, EPS_FP, StepSwitches
-from ..schedulers.untied_step import UntiedState
+from untied_sc.untied_variants import ABLATION_DEFAULTS
+
+from .correction_functions import combined_direction, moment_projection
 from .direction_controls import (
     CORRECTION_DIRECTIONS,
     common_direction,
@@ -57,7 +68,8 @@ class AblationUntiedMixin:
 
     reference_chain = False
 
-    def _init_untied(self) -> None:
+    def init_untied(self) -> None:
+        """Checks the switches' values, then the untied scheduler's `init_untied`."""
         config = self.config
         for name, allowed in (
             ("correction_routing", CORRECTION_ROUTINGS),
@@ -71,20 +83,19 @@ class AblationUntiedMixin:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"direction_seed must be an integer ≥ 0, got {seed!r}.")
         self._direction_seed = 0  # seed of this run's direction-control draws ([`direction_seed`])
-        super()._init_untied()
-
-    def _reset_state(self) -> None:
-        super()._reset_state()
         self._direction_permutation: torch.Tensor | None = None  # π of the `permuted` control, drawn at its first use
         self._direction_generator: torch.Generator | None = None  # ξ of the `random` control, on the run's device
+        super().init_untied()
 
-    def _set_timesteps(self, num_inference_steps, device, statistics, mask, run_generator=None, **base_kwargs):
-        """The untied scheduler's run, and the seed of the direction controls' draws from `run_generator`'s state."""
-        super()._set_timesteps(num_inference_steps, device, statistics, mask, run_generator, **base_kwargs)
+    def start_run(self, run_generator) -> None:
+        """Fresh direction-control draws, seeded from `run_generator`'s state ([`direction_seed`])."""
+        super().start_run(run_generator)
+        self._direction_permutation = None
+        self._direction_generator = None
         if self.config.correction_direction in ("permuted", "random") and self.coefficients.eta_t > 0:
             self._direction_seed = direction_seed(self.config.direction_seed, run_generator)
 
-    def _switches(self) -> StepSwitches:
+    def switches(self) -> StepSwitches:
         config = self.config
         return StepSwitches(
             routing=config.correction_routing,
@@ -92,22 +103,21 @@ class AblationUntiedMixin:
             global_scaling=config.global_scaling,
         )
 
-    def _setup_transform(self, statistics: SamplerStatistics | None, device) -> None:
-        """The untied scheduler's Q, ρ², λ_R, with ρ² reversed or permuted by the `transform_assignment` ablation."""
-        super()._setup_transform(statistics, device)
-        if self.rho_sq is None:
-            return
+    def transform_spectrum(self, rho_sq: torch.Tensor) -> torch.Tensor:
+        """ρ² reversed or permuted by the `transform_assignment` ablation."""
+        rho_sq = super().transform_spectrum(rho_sq)
         if self.config.transform_assignment == "reversed":
-            self.rho_sq = self.rho_sq.flip(0)
-        elif self.config.transform_assignment == "random":
+            return rho_sq.flip(0)
+        if self.config.transform_assignment == "random":
             generator = torch.Generator().manual_seed(self.config.transform_seed)
-            self.rho_sq = self.rho_sq[torch.randperm(len(self.rho_sq), generator=generator)]
+            return rho_sq[torch.randperm(len(rho_sq), generator=generator)]
+        return rho_sq
 
-    def _update(self, k, prediction, timestep, sample):
+    def update_step(self, k, prediction, timestep, sample):
         """The untied step, or the chained functions for a direction control (or `reference_chain`)."""
         chained = self.reference_chain or self.config.correction_direction != "history"
         if k >= self.solver.num_update_steps or not chained:
-            return super()._update(k, prediction, timestep, sample)
+            return super().update_step(k, prediction, timestep, sample)
         return self._chained_update(k, prediction, timestep, sample)
 
     def _chained_update(
@@ -123,14 +133,14 @@ class AblationUntiedMixin:
         # Routing, eq. (12): the solver and O get q_k, self-conditioning gets m_{k+1}.
         solver_input = prediction if routing == "self_conditioning" else corrected
         next_raw = prediction if routing == "solver" else corrected
-        prev_sample = self._base_step(solver_input, prediction, timestep, sample)
+        prev_sample = self.base_step(solver_input, prediction, timestep, sample)
         kappa, alpha = self.solver.kappa(k), self.coefficients.alpha
         state = UntiedState(
             ema=(1 - alpha) * self.ema + alpha * prediction,  # eq. (6)
             solver_average=(1 - kappa) * self.solver_average + kappa * solver_input,  # eq. (8)
         )
         # m̃_{k+1} = F m_{k+1} with â = κ_k(1 − δ̄_k): the transform reads the state after step k.
-        self._advance(k, next_raw, None, state, distance)
+        self.advance(k, next_raw, None, state, distance)
         self.self_conditioning = self._transform(next_raw)
         return solver_input, prev_sample
 
@@ -196,7 +206,7 @@ class AblationUntiedMixin:
 
 
 # The config schema of a diffusers scheduler is its `__init__` signature: each family's keys are repeated here,
-# followed by the switches (the bodies are the untied schedulers', `_init_untied`).
+# followed by the switches (the bodies are the untied schedulers', `init_untied`).
 class AblationUntiedELFScheduler(AblationUntiedMixin, UntiedELFScheduler):
     r"""
     [`UntiedELFScheduler`] with the paper's ablation switches (module docstring; docs/algorithm.md §3.6, §3.8).
@@ -246,7 +256,7 @@ class AblationUntiedELFScheduler(AblationUntiedMixin, UntiedELFScheduler):
         correction_direction: str = ABLATION_DEFAULTS["correction_direction"],
         direction_seed: int = ABLATION_DEFAULTS["direction_seed"],
     ):
-        self._init_untied()
+        self.init_untied()
 
 
 class AblationUntiedLangFlowScheduler(AblationUntiedMixin, UntiedLangFlowScheduler):
@@ -283,7 +293,7 @@ class AblationUntiedLangFlowScheduler(AblationUntiedMixin, UntiedLangFlowSchedul
         correction_direction: str = ABLATION_DEFAULTS["correction_direction"],
         direction_seed: int = ABLATION_DEFAULTS["direction_seed"],
     ):
-        self._init_untied()
+        self.init_untied()
 
 
 ABLATION_SCHEDULERS = {cls.family: cls for cls in (AblationUntiedELFScheduler, AblationUntiedLangFlowScheduler)}

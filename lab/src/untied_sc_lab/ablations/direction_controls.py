@@ -10,7 +10,7 @@ only where its centred part points:
 - `permuted`: the direction of another sample of the batch, by a fixed derangement;
 - `random`: Gaussian noise with the centred RMS of U_k.
 
-Shapes and masks follow `untied_functions`: directions are (B, L, D), `mask` is an optional (B, L) bool tensor of
+Shapes and masks follow the library's history directions (`untied_sc.schedulers`): directions are (B, L, D), `mask` is an optional (B, L) bool tensor of
 active positions. The functions are pure; the random ones take their permutation or noise as an argument, drawn by the
 scheduler from a generator [`direction_seed`] derives (docs/algorithm.md §3.8).
 """
@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..schedulers.untied_functions import _active_mask, _compute_dtype, _sample_scale, centre_tokens, moment_projection
+from untied_sc.schedulers import active_mask, compute_dtype, sample_scale
+
+from .correction_functions import centre_tokens, moment_projection
 
 
 CORRECTION_DIRECTIONS = ("history", "common", "permuted", "random")
@@ -56,9 +58,9 @@ def centred_rms(direction: torch.Tensor, mask: torch.Tensor | None = None) -> to
         `torch.Tensor`: shape (B,), float32 for float16/bfloat16 `direction`, else its dtype; 0 for a sample with no
         active position.
     """
-    active = _active_mask(mask, direction)
+    active = active_mask(mask, direction)
     centred = centre_tokens(direction, active)
-    scale = _sample_scale(centred)
+    scale = sample_scale(centred)
     count = active.sum(dim=1).to(centred.dtype).clamp(min=1)
     mean_square = (centred / scale).square().sum(dim=(1, 2)) / (count * direction.shape[-1])
     return scale.flatten() * mean_square.sqrt()
@@ -83,7 +85,7 @@ def common_direction(direction: torch.Tensor, mask: torch.Tensor | None = None) 
     Returns:
         `torch.Tensor`: Ū_k repeated over the batch, shape (B, L, D), in `direction`'s dtype.
     """
-    dtype = _compute_dtype(direction.dtype)
+    dtype = compute_dtype(direction.dtype)
     units = unit_centred_direction(direction.to(dtype), mask)
     present = units.flatten(1).abs().amax(dim=1) > 0
     count = present.sum().clamp(min=1).to(dtype)
@@ -154,8 +156,8 @@ def random_direction(direction: torch.Tensor, noise: torch.Tensor, mask: torch.T
         raise ValueError(
             f"`noise` must have the direction's shape {tuple(direction.shape)}, got {tuple(noise.shape)}."
         )
-    active = _active_mask(mask, direction)
-    dtype = _compute_dtype(direction.dtype)
+    active = active_mask(mask, direction)
+    dtype = compute_dtype(direction.dtype)
     rms = centred_rms(direction.to(dtype), active)[:, None, None]
     unit = unit_centred_direction(noise.to(dtype), active)
     return (rms * unit).to(direction.dtype)

@@ -1,31 +1,32 @@
-"""The pure math of untied self-conditioning (docs/algorithm.md §3.1–§3.5; paper §4 and Appendix B).
+"""The history directions and the masked token means (docs/algorithm.md §3.2, §3.5, §4.3; paper App. B).
 
-Every function here is stateless: it takes the tensors of one step and returns a new tensor, never mutating its
-inputs and never drawing random numbers. Chained, they are the test oracle of the untied step ([`untied_step`],
-which computes the same quantities in few passes), the lab's direction controls, and the calibration's reference
-recurrence (eq. (40)); whoever chains them holds the trajectory state (E_k, O_k, m_k).
+H_k (eq. (36)), G_k (eqs. (9), (37)), the per-token cosine distance δ̃_k (eq. (40)) and the token mean M_I
+(eq. (41)), each a stateless function of one step's tensors: it returns a new tensor, never mutates its inputs and
+never draws random numbers. The calibration's reference recurrence (eq. (40)) chains them; the untied step
+([`untied_step`]) computes the same quantities in few passes, and is tested against them chained. The helpers
+[`active_mask`], [`zero_inactive`] and [`sample_scale`] are the conventions below, for functions built on these.
 
 Conventions shared by all functions:
 
 - Predictions and corrections have shape (B, L, D): batch, positions, width.
 - `mask` is an optional (B, L) bool tensor, True at *active* positions (docs/algorithm.md §3.5). `None` means all
-  positions are active. The mask affects the correction only: G, the cosine distance and Π are zero at inactive
-  positions, and every per-sample norm, mean and RMS runs over active positions only.
-- Any float dtype and any device. Norms, means and RMS of float16/bfloat16 inputs are computed in float32 and the
+  positions are active. The mask affects the correction only: G and the cosine distance are zero at inactive
+  positions, and every per-sample norm and mean runs over active positions only.
+- Any float dtype and any device. Norms and means of float16/bfloat16 inputs are computed in float32 and the
   result is returned in the input's dtype.
-- Scale-invariant quantities (directions, cosines, C U / RMS(C U)) are computed on tensors divided by their largest
-  magnitude, so that squaring neither overflows nor underflows: finite inputs never give NaN/Inf, and an RMS or norm is
-  zero only when the tensor is exactly zero.
+- Scale-invariant quantities (directions, cosines) are computed on tensors divided by their largest magnitude, so
+  that squaring neither overflows nor underflows: finite inputs never give NaN/Inf, and a norm is zero only when the
+  tensor is exactly zero.
 """
 
 import torch
 
-from .transform import compute_dtype as _compute_dtype
-from .transform import overlap_transform, retention  # noqa: F401  (part of the functions of each quantity)
+from .transform import compute_dtype
 
 
-def _active_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """The (B, L) bool mask of active positions of a (B, L, D) tensor; all True when `mask` is None."""
+def active_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """The (B, L) bool mask of active positions of a (B, L, D) tensor `x`; all True when `mask` is None (a shape
+    that is not (B, L, D), or a mask of another (B, L), is refused)."""
     if x.ndim != 3:
         raise ValueError(
             f"Expected a (B, L, D) tensor, got shape {tuple(x.shape)}; add the missing batch/position axes."
@@ -39,12 +40,12 @@ def _active_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return mask.to(device=x.device, dtype=torch.bool)
 
 
-def _masked(x: torch.Tensor, active: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def zero_inactive(x: torch.Tensor, active: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`x` in `dtype`, with inactive positions set to zero (`where`, not a product, so they cannot leak)."""
     return torch.where(active[..., None], x.to(dtype), 0.0)
 
 
-def _sample_scale(*tensors: torch.Tensor) -> torch.Tensor:
+def sample_scale(*tensors: torch.Tensor) -> torch.Tensor:
     """Per-sample largest magnitude over (L, D) of all `tensors`, shape (B, 1, 1); 1 where all are zero."""
     scale = torch.stack([t.abs().amax(dim=(1, 2), keepdim=True) for t in tensors]).amax(dim=0)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -109,11 +110,11 @@ def solver_history_direction(
     Returns:
         `torch.Tensor`: G_k, shape and dtype of `prediction`; zero at inactive positions and for degenerate samples.
     """
-    active = _active_mask(mask, prediction)
-    dtype = _compute_dtype(prediction.dtype)
-    p, h, o = (_masked(x, active, dtype) for x in (prediction, history, solver_average))
+    active = active_mask(mask, prediction)
+    dtype = compute_dtype(prediction.dtype)
+    p, h, o = (zero_inactive(x, active, dtype) for x in (prediction, history, solver_average))
     # One common scale per sample keeps all three norms comparable and their squares within range.
-    scale = _sample_scale(p, h, o)
+    scale = sample_scale(p, h, o)
     p, h, o = p / scale, h / scale, o / scale
     difference = p - o
     norm_h, norm_d, norm_p = _sample_norm(h), _sample_norm(difference), _sample_norm(p)
@@ -122,32 +123,6 @@ def solver_history_direction(
     # (unit · ‖H_s‖) · scale: the first product is bounded by ‖H_s‖, so only a G entry that is itself too large overflows.
     g = torch.where(valid, unit * norm_h * scale, 0.0)
     return g.to(prediction.dtype)
-
-
-def combined_direction(
-    history: torch.Tensor, solver_direction: torch.Tensor, eta_o: float, delta_u: float
-) -> torch.Tensor:
-    r"""
-    The combined correction direction U_k. Paper eq. (10), the same as
-    eq. (38); docs/algorithm.md §3.2:
-
-        U_k = H_k + η_O Δu_k (H_k − G_k).
-
-    Args:
-        history (`torch.Tensor`): H_k, shape (B, L, D).
-        solver_direction (`torch.Tensor`): G_k, shape (B, L, D).
-        eta_o (`float`): the disagreement weight η_O ≥ 0.
-        delta_u (`float`): the normalised step width Δu_k ∈ [0, 1].
-
-    Returns:
-        `torch.Tensor`: U_k, shape and dtype of `history`; `history` itself when η_O Δu_k = 0 (U_k = H_k exactly).
-    """
-    coefficient = eta_o * delta_u
-    if coefficient == 0:
-        return history
-    dtype = _compute_dtype(history.dtype)
-    h = history.to(dtype)
-    return (h + coefficient * (h - solver_direction.to(dtype))).to(history.dtype)
 
 
 def token_cosine_distance(
@@ -170,9 +145,9 @@ def token_cosine_distance(
     Returns:
         `torch.Tensor`: δ̃_k, shape (B, L), in `history`'s dtype, values in [0, 1].
     """
-    active = _active_mask(mask, history)
-    dtype = _compute_dtype(history.dtype)
-    h, g = _masked(history, active, dtype), _masked(solver_direction, active, dtype)
+    active = active_mask(mask, history)
+    dtype = compute_dtype(history.dtype)
+    h, g = zero_inactive(history, active, dtype), zero_inactive(solver_direction, active, dtype)
     # Cosine is scale invariant: normalising each token by its largest entry keeps the norms ≥ 1 or exactly 0.
     h, g = h / _token_scale(h), g / _token_scale(g)
     norm_h, norm_g = torch.linalg.vector_norm(h, dim=-1), torch.linalg.vector_norm(g, dim=-1)
@@ -180,76 +155,6 @@ def token_cosine_distance(
     cosine = (h * g).sum(dim=-1) / torch.where(valid, norm_h * norm_g, torch.ones_like(norm_h))
     distance = torch.where(valid, (1 - cosine).clamp(0.0, 1.0), 0.0)
     return distance.to(history.dtype)
-
-
-def centre_tokens(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    r"""
-    The token centring C_I x = x − M_I(x), per sample and channel over the active positions I
-    (docs/algorithm.md §3.2; the C of paper eqs. (11), (41), (42)); zero at inactive positions.
-
-    Computed after subtracting one active token (the first) from all, which leaves C_I x unchanged mathematically but
-    makes it exactly zero when x is constant across the active positions; and on x divided by its largest magnitude
-    per sample, so the sum over positions cannot overflow.
-
-    Args:
-        x (`torch.Tensor`): shape (B, L, D).
-        mask (`torch.Tensor`, *optional*): (B, L) bool, True at active positions; None means all active.
-
-    Returns:
-        `torch.Tensor`: C_I x, shape (B, L, D), in float32 for float16/bfloat16 `x`, else in `x`'s dtype.
-    """
-    active = _active_mask(mask, x)
-    dtype = _compute_dtype(x.dtype)
-    active_3d = active[..., None]
-    values = _masked(x, active, dtype)
-    scale = _sample_scale(values)
-    values = values / scale
-    first = active.to(torch.uint8).argmax(dim=1)
-    reference = values.gather(1, first[:, None, None].expand(-1, 1, values.shape[-1]))
-    shifted = torch.where(active_3d, values - reference, 0.0)
-    count = active.sum(dim=1).to(dtype).clamp(min=1)[:, None, None]
-    return torch.where(active_3d, shifted - shifted.sum(dim=1, keepdim=True) / count, 0.0) * scale
-
-
-def moment_projection(
-    direction: torch.Tensor, mean: torch.Tensor, rms: float | torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    r"""
-    The moment-matched correction Π_k(U_k). Paper eq. (11), docs/algorithm.md §3.2 and §3.5:
-
-        Π_k(U) = μ_k + σ_k C U / RMS(C U),
-
-    per sample, where C subtracts the per-channel token mean over active positions (sum/n), and
-    RMS(C U) = sqrt(‖C U‖_F² / (n·D)) over active positions × D. Then M_I(Π) = μ_k and RMS_I(C Π) = σ_k
-    (paper eq. (42), App. B.5). The correction is A_k = η_T Π_k(U_k) (done by the caller).
-
-    Degenerate cases: Π = μ_k where RMS(C U) = 0 exactly; Π = 0 at inactive positions; a sample with no active
-    position is all zeros. C U is [`centre_tokens`]'s, exactly zero when U is constant across positions.
-
-    Args:
-        direction (`torch.Tensor`): U_k, shape (B, L, D).
-        mean (`torch.Tensor`): μ_k, shape (D,) (anything broadcastable to (B, L, D)).
-        rms (`float` or `torch.Tensor`): σ_k ≥ 0, a scalar or a (B,) tensor.
-        mask (`torch.Tensor`, *optional*): (B, L) bool, True at active positions; None means all active.
-
-    Returns:
-        `torch.Tensor`: Π_k(U_k), shape and dtype of `direction`.
-    """
-    active = _active_mask(mask, direction)
-    dtype = _compute_dtype(direction.dtype)
-    active_3d = active[..., None]
-    u = _masked(direction, active, dtype)
-    u = u / _sample_scale(u)  # Π is invariant to U's scale; this keeps the differences below finite
-    centred = centre_tokens(u, active)
-    count = active.sum(dim=1).to(dtype).clamp(min=1)[:, None, None]
-    # Rescale so the largest entry is 1: the RMS is then ≥ 1/sqrt(n·D) or exactly 0, never a lost underflow.
-    centred = centred / _sample_scale(centred)
-    rms_centred = torch.sqrt(centred.square().sum(dim=(1, 2), keepdim=True) / (count * u.shape[-1]))
-    unit = centred / torch.where(rms_centred > 0, rms_centred, torch.ones_like(rms_centred))
-    sigma = torch.as_tensor(rms, dtype=dtype, device=u.device)
-    sigma = sigma.reshape(-1, 1, 1) if sigma.ndim == 1 else sigma
-    projection = mean.to(device=u.device, dtype=dtype) + sigma * unit
-    return torch.where(active_3d, projection, 0.0).to(direction.dtype)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -279,8 +184,8 @@ def masked_token_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torc
     """
     if x.ndim == 2:
         return masked_token_mean(x[..., None], mask)[:, 0]
-    active = _active_mask(mask, x)
-    dtype = _compute_dtype(x.dtype)
-    values = _masked(x, active, dtype)
-    scale = _sample_scale(values)  # the sum of L large entries could overflow; the scaled mean cannot
+    active = active_mask(mask, x)
+    dtype = compute_dtype(x.dtype)
+    values = zero_inactive(x, active, dtype)
+    scale = sample_scale(values)  # the sum of L large entries could overflow; the scaled mean cannot
     return (masked_mean(values / scale, active) * scale[:, :, 0]).to(x.dtype)
