@@ -65,8 +65,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     state (E_k, O_k, m_k, m̃_k, κ_{k−1}, δ̄_{k−1}, the step index) lives here, is created by `_reset_state` and reset
     by `set_timesteps`.
 
-    Subclassing: the paper's ablations (routing, transform assignment, global scaling, online δ̄, direction controls)
-    are a subclass of the lab's (`untied_sc_lab.ablations`), which overrides these hooks only:
+    Subclassing: a subclass changes the step through these hooks only (the lab's ablation schedulers,
+    `untied_sc_lab.ablations`, with the paper's routing, transform assignment, global scaling, online δ̄ and
+    direction controls; the calibration's reference recurrence, `calibration/reference.py`):
 
     - `init_untied()`, the body of `__init__` (a subclass checks its own config keys, then calls it);
     - `switches()`, the [`StepSwitches`] of the run's step (default: the paper's sampler);

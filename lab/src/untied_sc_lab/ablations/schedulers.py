@@ -96,6 +96,7 @@ class AblationUntiedMixin:
             self._direction_seed = direction_seed(self.config.direction_seed, run_generator)
 
     def switches(self) -> StepSwitches:
+        """The step's routing, online δ̄ and global scaling, from the config's switches."""
         config = self.config
         return StepSwitches(
             routing=config.correction_routing,
