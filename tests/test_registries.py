@@ -136,3 +136,18 @@ def test_a_method_without_a_scheduler_for_a_family_is_refused_for_it():
 def test_ace_methods_are_the_ones_that_need_ace_statistics():
     needing = {method.name for method in comparison_methods() if method.uses_ace}
     assert needing == {"ace", "higs_ace"}
+
+
+def test_an_untied_variant_may_not_take_another_variants_switch_and_names_its_schedulers_families():
+    import untied_sc_lab  # noqa: F401  (registers the lab's ablation schedulers)
+    from untied_sc.families import ClassRef
+    from untied_sc.untied_variants import UntiedVariant, register_untied_variant, untied_variant_class
+
+    rival = UntiedVariant("rival", ("correction_routing",), {"elf": ClassRef("untied_sc.schedulers", "ELFScheduler")})
+    with pytest.raises(
+        ValueError, match=r"'rival' takes switches registered already: \{'correction_routing': 'ablations'\}"
+    ):
+        register_untied_variant(rival)
+    assert untied_variant_class("elf", ["correction_routing"]).__name__ == "AblationUntiedELFScheduler"
+    with pytest.raises(ValueError, match="'rival' has no scheduler for family 'langflow': it has schedulers for elf"):
+        rival.scheduler_class("langflow")

@@ -80,9 +80,10 @@ def untied_variant_class(family: str, keys: Iterable[str]) -> type | None:
         return None
     missing = [switch for switch in switches if switch not in _BY_SWITCH]
     if missing:
+        what = "an ablation switch" if len(missing) == 1 else "ablation switches"
         raise ValueError(
-            f"{', '.join(map(repr, missing))}: ablation switches of the lab's untied schedulers, which are not "
-            'loaded: pip install "untied-sc[lab]" (importing untied_sc_lab registers them), or remove the keys.'
+            f"{', '.join(map(repr, missing))}: {what} of the lab's untied schedulers, which are not loaded: "
+            'pip install "untied-sc[lab]" (importing untied_sc_lab registers them), or remove the keys.'
         )
     variants = {_BY_SWITCH[switch].name: _BY_SWITCH[switch] for switch in switches}
     if len(variants) > 1:
