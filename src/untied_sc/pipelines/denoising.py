@@ -9,7 +9,6 @@ import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from tqdm.auto import tqdm
 
-from ..schedulers.noise import RunRandom
 from ..schedulers.run_context import RunContext, TakesRunContext, start_run
 from .checks import check_finite_number
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
@@ -64,13 +63,12 @@ class DenoisingMixin:
         scheduler = self.scheduler if scheduler is None else scheduler
         self.check_scheduler(scheduler)
         device = self._execution_device
-        context = RunContext(
-            generator=generator,
+        context = RunContext.for_call(
+            generator,
             statistics=statistics,
             ace_statistics=ace_statistics,
             mask=None if mask is None else mask.to(device),
             model=self.transformer,
-            random=RunRandom(generator) if isinstance(generator, torch.Generator) else None,
         )
         context = self._run_context(context)
         start_run(scheduler, num_inference_steps, device, context)

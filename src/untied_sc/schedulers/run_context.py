@@ -51,6 +51,13 @@ class RunContext:
     model: torch.nn.Module | None = None
     random: RunRandom | None = None
 
+    @classmethod
+    def for_call(cls, generator: torch.Generator | list[torch.Generator] | None, **inputs) -> "RunContext":
+        """A pipeline call's context: `generator`, the run's draws from it ([`RunRandom`]; none for a generator list,
+        whose draws are diffusers') and the other fields in `inputs`."""
+        random = RunRandom(generator) if isinstance(generator, torch.Generator) else None
+        return cls(generator=generator, random=random, **inputs)
+
     def given(self, **inputs) -> "RunContext":
         """This context with the keyword arguments of a direct `set_timesteps` call that are not `None` in place."""
         chosen = {name: value for name, value in inputs.items() if value is not None}
