@@ -440,6 +440,21 @@ def test_langflow_proposal_comes_from_the_config_unless_given(name):
             case.build(proposal=bad)
 
 
+def test_a_scheduler_declares_whether_its_step_takes_guidance():
+    """`takes_guidance`, which the conditional pipeline reads, is what each scheduler's `step` takes."""
+    import untied_sc.schedulers as package
+
+    classes = [
+        cls
+        for name in dir(package)
+        if isinstance(cls := getattr(package, name), type) and name.endswith("Scheduler") and hasattr(cls, "step")
+    ]
+    classes.append(UntiedFlowMapLMScheduler)
+    assert {ELFScheduler, UntiedELFScheduler, MomentumELFScheduler, CDEQScheduler} <= set(classes)
+    for cls in classes:
+        assert getattr(cls, "takes_guidance", False) is ("guidance" in inspect.signature(cls.step).parameters), cls
+
+
 def _untied_flowmap() -> UntiedFlowMapLMScheduler:
     """An untied ctm sampler at η_R > 0 on toy statistics (Q, ρ², δ̄ for STEPS)."""
     g = torch.Generator().manual_seed(2)

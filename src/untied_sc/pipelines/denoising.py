@@ -1,7 +1,6 @@
 """The denoising loop of the language flow pipelines, and the body of their `__call__` around it."""
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -9,20 +8,9 @@ import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from tqdm.auto import tqdm
 
-from ..schedulers.run_context import RunContext, TakesRunContext, start_run
+from ..schedulers.run_context import RunContext, start_run, step_kwargs
 from .checks import check_finite_number
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
-
-
-def step_kwargs(scheduler, generator) -> dict[str, Any]:
-    """
-    The extra arguments of each `scheduler.step`: none for a scheduler of this package (its draws come from the run's
-    context); `generator` for a stock diffusers scheduler whose `step` takes one (diffusers' own pipelines decide so,
-    `prepare_extra_step_kwargs`).
-    """
-    if isinstance(scheduler, TakesRunContext):
-        return {}
-    return {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
 
 
 class DenoisingMixin:

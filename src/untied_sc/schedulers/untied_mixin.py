@@ -79,6 +79,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     family: str
     base_scheduler_class: type
     order = 1
+    takes_guidance = True  # `step(..., guidance=...)`, handed to the base step ([`ELFScheduler.takes_guidance`])
 
     @classmethod
     def extract_init_dict(cls, config_dict, **kwargs):
