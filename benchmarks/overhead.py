@@ -234,7 +234,7 @@ def measure(w: Workload, variants: dict, args) -> dict:
         "nfe": w.nfe,
         "latent_shape": list(w.latent_shape[1:]),
         "parameters_millions": round(sum(p.numel() for p in w.model.parameters()) / 1e6, 1),
-        "untied_coefficients": w.untied.resolve_coefficients(w.nfe, w.statistics),
+        "untied_coefficients": w.untied.resolve_coefficients(w.nfe),
         "repeats": repeats,
         "warmup_seconds": warmup,
         "seconds_per_run": seconds,

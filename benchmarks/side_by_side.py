@@ -369,7 +369,7 @@ def build_pipelines(family: str, model, nfe: int, device: torch.device, autocast
         pipe.set_progress_bar_config(disable=True)
         if device.type == "cuda" and autocast == "bf16":
             pipe.enable_autocast(torch.bfloat16)  # both share the network: the switch is on the transformer
-    return pipes, untied.resolve_coefficients(nfe, stats)
+    return pipes, untied.resolve_coefficients(nfe)
 
 
 def elf_workload(args, device: torch.device, tmp: Path) -> dict:

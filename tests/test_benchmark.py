@@ -638,9 +638,9 @@ def test_controlled_experiments_run_as_matched_sampler_sets(pipes, evaluator, ex
 
 def test_coefficient_scales_multiply_the_resolved_coefficients(pipes):
     pipe = pipes["langflow"]
-    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8, pipe.sampler_statistics)
+    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8)
     scaled = build_scheduler(pipe, {"scheduler": "untied", "eta_t_scale": 0.5, "alpha_scale": 2.0}, None, 8)
-    coefficients = scaled.resolve_coefficients(8, pipe.sampler_statistics)
+    coefficients = scaled.resolve_coefficients(8)
     assert coefficients["eta_t"] == base["eta_t"] * 0.5 and coefficients["alpha"] == min(base["alpha"] * 2, 1.0)
     assert coefficients["eta_r"] == base["eta_r"]
     with pytest.raises(ValueError, match="only apply to the untied sampler"):
@@ -680,7 +680,7 @@ def test_the_directions_experiment_builds_one_untied_sampler_per_direction_contr
 
 def test_results_record_the_coefficients_each_untied_sampler_ran_with(tmp_path, pipes, evaluator):
     pipe = pipes["langflow"]
-    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8, pipe.sampler_statistics)
+    base = build_scheduler(pipe, {"scheduler": "untied"}).resolve_coefficients(8)
     samplers = {"official": {}, "untied": {}, "untied (alpha x4)": {"alpha_scale": 4.0}}
     results = sweep(pipe, evaluator, tmp_path, samplers=samplers, seeds=[0])
     assert set(results["coefficients"]) == {"untied", "untied (alpha x4)"}  # the official sampler has none
@@ -704,7 +704,7 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     )
     pipe = pipes["langflow"]
     spec = {"scheduler": "untied", **samplers["untied (correction only)"]}
-    coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8, pipe.sampler_statistics)
+    coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8)
     assert coefficients == {**paper_coefficients()["langflow-lm1b"]["8"], "eta_r": 0.0}
     assert experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
     assert experiment_name("hub/x", "main") is None

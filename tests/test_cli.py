@@ -199,6 +199,24 @@ def test_training_help_does_not_import_torch(argv):
     assert "usage: python -m untied_sc_lab.training" in out and out.strip().endswith("[]")
 
 
+def test_train_refuses_a_family_the_lab_does_not_train(capsys):
+    """The lab's table of trained families (keyed by the library's names) answers `untied-sc train`: a family of the
+    library without training, or no family at all, is refused in one line naming the families it trains."""
+    from untied_sc.families import family_names
+    from untied_sc_lab.training import cli as training_cli
+
+    trained = training_cli.TRAINING
+    assert set(trained) == {"elf", "langflow"} and set(trained) <= set(family_names())
+    for family, training in trained.items():
+        assert training_cli.build_parser(family).prog == f"python -m {training.module}"
+    assert main(["train", "flowmap"]) == 2
+    assert "flow-map (FMLM*, ELF*) family has no training in the lab; `untied-sc train` trains elf, langflow" in (
+        capsys.readouterr().err
+    )
+    assert main(["train", "gpt"]) == 2
+    assert "Unknown model family 'gpt'; `untied-sc train` trains elf, langflow" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, langflow_golden):
     """A LangFlow pipeline calibrated at NFE 8 only, and a tiny evaluator, saved as folders."""

@@ -10,7 +10,8 @@ What diffusers checks, and where it is here:
   `test_tuple_and_dict_outputs_are_equal`; `test_scheduler_public_api`: `test_public_api`;
   `test_add_noise_device`: `test_add_noise_*`; `test_getattr_is_correct`, `test_deprecated_kwargs`: same names.
 - Ours in addition: `set_timesteps(N)` bare, `scale_model_input` before `set_timesteps`, the `timestep` check of
-  `step`, `set_begin_index`, `init_noise_sigma`, `order`.
+  `step`, `set_begin_index`, `init_noise_sigma`, `order`; the run context (`RunContext`), of the flow-map
+  schedulers too (`FLOWMAP_CASES`).
 
 Not applicable (no case here): `test_trained_betas` (no β schedule: the samplers run on a time or γ grid drawn per
 call), diffusers' VQ-diffusion and consistency-model special cases (classes of theirs), and stepping at arbitrary
@@ -31,7 +32,9 @@ from untied_sc.calibration.ace import ACEStatistics
 from untied_sc.schedulers import (
     ACEELFScheduler,
     ACELangFlowScheduler,
+    CDEQScheduler,
     ELFScheduler,
+    FlowMapLMScheduler,
     HiGSACEELFScheduler,
     HiGSACELangFlowScheduler,
     HiGSELFScheduler,
@@ -47,6 +50,7 @@ from untied_sc.schedulers import (
     UntiedELFScheduler,
     UntiedLangFlowScheduler,
 )
+from untied_sc.schedulers.scheduling_flowmap import FlowMapStatistics, UntiedFlowMapLMScheduler
 
 from .test_scheduler_config import diffusers_warnings
 
@@ -434,6 +438,91 @@ def test_langflow_proposal_comes_from_the_config_unless_given(name):
     for bad in ([4.5, 0.9], [4.5, -1.0, 1e-5], [4.5, 0.9, 1.0], "4.5"):
         with pytest.raises(ValueError, match="Gumbel proposal"):
             case.build(proposal=bad)
+
+
+def test_a_scheduler_declares_whether_its_step_takes_guidance():
+    """`takes_guidance`, which the conditional pipeline reads, is what each scheduler's `step` takes."""
+    import untied_sc.schedulers as package
+
+    classes = [
+        cls
+        for name in dir(package)
+        if isinstance(cls := getattr(package, name), type) and name.endswith("Scheduler") and hasattr(cls, "step")
+    ]
+    classes.append(UntiedFlowMapLMScheduler)
+    assert {ELFScheduler, UntiedELFScheduler, MomentumELFScheduler, CDEQScheduler} <= set(classes)
+    for cls in classes:
+        assert getattr(cls, "takes_guidance", False) is ("guidance" in inspect.signature(cls.step).parameters), cls
+
+
+def _untied_flowmap() -> UntiedFlowMapLMScheduler:
+    """An untied ctm sampler at η_R > 0 on toy statistics (Q, ρ², δ̄ for STEPS)."""
+    g = torch.Generator().manual_seed(2)
+    statistics = FlowMapStatistics(
+        basis=torch.linalg.qr(torch.randn(WIDTH, RANK, generator=g)).Q,
+        rho_sq=torch.sort(torch.rand(RANK, generator=g, dtype=torch.float64) * 0.9, descending=True).values,
+        cosine_distance={str(STEPS): 0.1 + 0.8 * torch.rand(STEPS, generator=g)},
+    )
+    scheduler = UntiedFlowMapLMScheduler(gamma=0.75, self_conditioning="chained", eta_r=1.5)
+    scheduler.set_statistics(statistics)
+    return scheduler
+
+
+# The flow-map schedulers (their own loop: the network's times are `prediction_timesteps`, cdeq's `model_timestep`),
+# and whether a run draws from its generator.
+FLOWMAP_CASES = {
+    "ctm": (lambda: FlowMapLMScheduler(gamma=0.75, self_conditioning="chained"), True),
+    "flow_map": (lambda: FlowMapLMScheduler(sampler="flow_map"), False),
+    "cdeq": (CDEQScheduler, True),
+    "untied-ctm": (_untied_flowmap, True),
+}
+
+
+def _flowmap_sample(scheduler, step_generator=None, **inputs) -> torch.Tensor:
+    """The flow-map pipeline's loop on `_model`: `set_timesteps(STEPS, **inputs)`, then per step its network call(s)
+    and `step` (given `step_generator`, ctm's own keyword, where there is one); the final latents."""
+    scheduler.set_timesteps(STEPS, **inputs)
+    latents = _latents()
+    for k, t in enumerate(scheduler.timesteps):
+        if isinstance(scheduler, CDEQScheduler):
+            model_input = scheduler.scale_model_input(latents, t)
+            prediction = _model(model_input, torch.tensor(scheduler.model_timestep()), None)
+            latents = scheduler.step(prediction, t, latents).prev_sample
+            continue
+        if scheduler.needs_prepass:
+            scheduler.set_prepass(_model(latents, t, None))
+        target = torch.tensor(scheduler.prediction_timesteps[k])
+        prediction = _model(latents, target, scheduler.self_conditioning_input(latents))
+        kwargs = {} if step_generator is None else {"generator": step_generator}
+        latents = scheduler.step(prediction, t, latents, **kwargs).prev_sample
+    return latents
+
+
+@pytest.mark.parametrize("name", list(FLOWMAP_CASES))
+def test_the_run_context_stands_for_the_keyword_arguments_of_a_flowmap_scheduler(name):
+    """The flow-map pipeline hands `set_timesteps(N, device=..., context=RunContext(...))`: the same run as the
+    generator given as a keyword (to `set_timesteps`, or to ctm's `step`)."""
+    build, draws = FLOWMAP_CASES[name]
+    scheduler = build()
+    assert isinstance(scheduler, TakesRunContext)
+    assert inspect.signature(scheduler.set_timesteps).parameters["context"].kind is inspect.Parameter.KEYWORD_ONLY
+    by_keywords = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3))
+    by_context = _flowmap_sample(scheduler, context=RunContext(generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(by_context, by_keywords)
+    if not isinstance(scheduler, CDEQScheduler):
+        assert torch.equal(_flowmap_sample(build(), step_generator=torch.Generator().manual_seed(3)), by_keywords)
+    other_seed = _flowmap_sample(build(), context=RunContext(generator=torch.Generator().manual_seed(4)))
+    assert torch.equal(other_seed, by_keywords) is not draws  # the generator is the one the run draws from
+
+
+@pytest.mark.parametrize("name", [name for name, (_, draws) in FLOWMAP_CASES.items() if draws])
+def test_a_keyword_wins_over_the_run_context_of_a_flowmap_scheduler(name):
+    build, _ = FLOWMAP_CASES[name]
+    reference = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3))
+    context = RunContext(generator=torch.Generator().manual_seed(99))
+    assert torch.equal(
+        _flowmap_sample(build(), generator=torch.Generator().manual_seed(3), context=context), reference
+    )
 
 
 def test_bare_elf_set_timesteps_draws_from_torchs_global_generator():

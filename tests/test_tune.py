@@ -80,11 +80,10 @@ def test_search_starts_from_the_calibrated_coefficients_and_records_the_rule(tun
 
 def test_tuned_coefficients_are_what_the_untied_scheduler_uses(tuned):
     pipe, _, result = tuned
-    statistics = pipe.sampler_statistics
     entry = pipe.scheduler.config.coefficients_by_steps["8"]
     assert {name: entry[name] for name in COEFFICIENT_NAMES} == result.chosen  # plain floats, exact
     scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
-    assert scheduler.resolve_coefficients(8, statistics) == result.chosen
+    assert scheduler.resolve_coefficients(8) == result.chosen
     record = pipe.scheduler.config.tuning_by_steps["8"]
     assert record["seed"] == TUNE_SEED and record["num_samples"] == 4 and record["seed_space"] == "tuning"
     assert record["chosen_scores"]["gen_ppl"] == pytest.approx(

@@ -22,18 +22,19 @@ Adding a family is one [`register`] call at the end of this module, with:
   `sampling_methods.py` (a method without one for the family is refused for it).
 
 The fields that describe the untied sampler of Algorithm 1 and the lab's measurements of it (`default_preset`,
-`diversity_knob`, `curve_values`, `frontier_values`, `resampling_unit`, `protocol`, `training_module`) are `None`
-for a family that has none of them (the flow maps: no paper preset, no GenPPL protocol of the lab, no training
-module); the code that needs one asks [`Family.require`], which refuses such a family naming the field and the use.
+`diversity_knob`, `curve_values`, `frontier_values`, `resampling_unit`, `protocol`) are `None`
+for a family that has none of them (the flow maps: no paper preset, no GenPPL protocol of the lab); the code that needs one asks [`Family.require`], which refuses such a family naming the field and the use.
 The families the untied sampler of Algorithm 1 serves are [`untied_families`].
 
 What differs in behaviour rather than in a value is written in the family's classes, except in these functions,
 which still branch on the family name and need a branch of the new family's: the self-conditioning geometry
 (`schedulers/sampler_statistics.py` `input_projection_weights`, `calibration/overlap.py` `overlap_basis_from_model`),
 the calibration's ELF-only steps (`calibration/calibrate.py`), the diagnostics' forward corruption and time
-coordinate (`diagnostics/family.py`, `diagnostics/step_scaling.py`), the reference recurrence's classes
-(`calibration/reference.py`) and the training actions (`training/cli.py`). The GenPPL protocols (`evaluation/metrics.py`) are the official evaluations, not families: a new
-family names the one it is scored with (`protocol`).
+coordinate (`diagnostics/family.py`, `diagnostics/step_scaling.py`) and the reference recurrence's classes
+(`calibration/reference.py`). The families the lab trains are the lab's own table, keyed by family name (its
+`training/cli.py`); a family that is not there has no `untied-sc train`. The GenPPL protocols
+(`evaluation/metrics.py`) are the official evaluations, not families: a new family names the one it is scored with
+(`protocol`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,6 @@ class Family:
             `"sample"`) and why.
         protocol (`str`, *optional*): the GenPPL protocol its samples are scored with by default
             (`evaluation/metrics.py`: the official evaluation of ELF or of LangFlow).
-        training_module (`str`, *optional*): the module of `untied-sc train <family>` (its `build_parser`, `main`).
         tokenizer (`ClassRef`): the tokenizer class saved in `model_index.json`.
         convert_options (`tuple[str, ...]`): the `untied-sc convert` options (argument names) this family takes
             beyond SOURCE, OUTPUT, --tokenizer, --revision and --overwrite; any other given is refused.
@@ -113,7 +113,6 @@ class Family:
     resampling_unit: str | None
     resampling_why: str | None
     protocol: str | None
-    training_module: str | None
     tokenizer: ClassRef = ClassRef("transformers", "PreTrainedTokenizerFast")
     convert_options: tuple[str, ...] = ()
     convert_required: tuple[str, ...] = ()
@@ -222,7 +221,6 @@ register(
         resampling_unit="batch",
         resampling_why="ELF draws one time grid per batch, shared by the batch's samples",
         protocol="elf",
-        training_module="untied_sc_lab.training.elf",
         convert_options=(
             *("official_id", "max_length", "sde_gamma", "sc_cfg_scale", "weights", "allow_pickle"),
             *("text_encoder", "guidance_scale", "max_source_length"),
@@ -251,7 +249,6 @@ register(
         resampling_unit="sample",
         resampling_why="LangFlow's time grid is fixed; samples share no random draw",
         protocol="langflow",
-        training_module="untied_sc_lab.training.langflow",
         # A LangFlow checkpoint records its sequence length, and the official LangFlow sampler has no setting here.
         convert_options=("official_id",),
     )
@@ -277,7 +274,6 @@ register(
         resampling_unit=None,
         resampling_why=None,
         protocol=None,
-        training_module=None,
         tokenizer=ClassRef("transformers", "GPT2TokenizerFast"),
         convert_options=("variant", "max_length", "self_conditioning", "weights", "allow_pickle"),
         convert_required=("variant",),  # the weights of FMLM* and ELF* have the same shapes
@@ -285,6 +281,6 @@ register(
         # FMLM* (stage 3), ELF* (stage 2) and the ELF teacher (stage 1): README "Checkpoints".
         variants=("fmlm-star", "elf-star", "elf"),
         missing_why="its untied transform is calibrated by `untied_sc.calibration.flowmap`, without paper presets; "
-        "no GenPPL protocol or training module of the lab covers it (three distillation stages)",
+        "no GenPPL protocol of the lab covers it",
     )
 )

@@ -34,6 +34,7 @@ from .experiments.cli import (
     register_evaluate_command,
 )
 from .judge.cli import register_judge_command
+from .training.cli import FAMILIES as TRAINED_FAMILIES
 
 
 # `untied-sc train --help`: the families' actions, where each runs (read from untied_sc/training/{elf,langflow}.py).
@@ -224,7 +225,11 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         help="Train/export/evaluate a bundled model: `untied-sc train {elf,langflow} {train,export,...} ...`.",
         description=TRAIN_DESCRIPTION,
     )
-    train.add_argument("family", choices=["elf", "langflow"], help="Model family (see the actions above).")
+    train.add_argument(
+        "family",
+        metavar="{" + ",".join(TRAINED_FAMILIES) + "}",
+        help="Model family (see the actions above); another is refused, naming these.",
+    )
     train.add_argument(
         "rest",
         nargs=argparse.REMAINDER,

@@ -126,7 +126,7 @@ def equal_entropy_verdict(folder: Path, steps: int, results: Path = RESULTS) -> 
 def correction_off_note(pipe, steps: int) -> str | None:
     """Why the folder's untied block can equal the official one: its coefficients at `steps` switch the method off."""
     untied = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
-    coefficients = untied.resolve_coefficients(steps, pipe.sampler_statistics)
+    coefficients = untied.resolve_coefficients(steps)
     if coefficients["eta_r"] or coefficients["eta_t"]:
         return None
     return (

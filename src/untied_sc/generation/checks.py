@@ -66,7 +66,7 @@ def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPEL
             scheduler = build_scheduler(pipe, spec, pipe.scheduler.config, n)
             if not isinstance(scheduler, UntiedSelfConditioningScheduler):
                 continue
-            coefficients = scheduler.resolve_coefficients(n, statistics)
+            coefficients = scheduler.resolve_coefficients(n)
         except (ValueError, KeyError) as error:
             if n in calibrated or spec.get("scheduler") != "untied":
                 raise ValueError(f"Sampler {sampler!r} at NFE {n}: {error}") from error

@@ -172,7 +172,7 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
         return scheduler
     if num_inference_steps is None:
         raise ValueError("Coefficient scales need the number of inference steps to resolve the base coefficients.")
-    base = scheduler.resolve_coefficients(num_inference_steps, pipe.sampler_statistics)
+    base = scheduler.resolve_coefficients(num_inference_steps)
     scaled = {name: base[name] * factor for name, factor in scales.items()}
     if "alpha" in scaled:
         scaled["alpha"] = min(scaled["alpha"], 1.0)

@@ -1,7 +1,6 @@
 """The denoising loop of the language flow pipelines, and the body of their `__call__` around it."""
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -9,21 +8,9 @@ import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from tqdm.auto import tqdm
 
-from ..schedulers.noise import RunRandom
-from ..schedulers.run_context import RunContext, TakesRunContext, start_run
+from ..schedulers.run_context import RunContext, start_run, step_kwargs
 from .checks import check_finite_number
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
-
-
-def step_kwargs(scheduler, generator) -> dict[str, Any]:
-    """
-    The extra arguments of each `scheduler.step`: none for a scheduler of this package (its draws come from the run's
-    context); `generator` for a stock diffusers scheduler whose `step` takes one (diffusers' own pipelines decide so,
-    `prepare_extra_step_kwargs`).
-    """
-    if isinstance(scheduler, TakesRunContext):
-        return {}
-    return {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
 
 
 class DenoisingMixin:
@@ -64,13 +51,12 @@ class DenoisingMixin:
         scheduler = self.scheduler if scheduler is None else scheduler
         self.check_scheduler(scheduler)
         device = self._execution_device
-        context = RunContext(
-            generator=generator,
+        context = RunContext.for_call(
+            generator,
             statistics=statistics,
             ace_statistics=ace_statistics,
             mask=None if mask is None else mask.to(device),
             model=self.transformer,
-            random=RunRandom(generator) if isinstance(generator, torch.Generator) else None,
         )
         context = self._run_context(context)
         start_run(scheduler, num_inference_steps, device, context)

@@ -8,17 +8,15 @@ source and target in one sequence (`utils/data_utils.py` `get_dataloader.collate
 """
 
 import contextlib
-import inspect
 import os
 from dataclasses import dataclass, replace
 
 import torch
 from diffusers.utils import logging
 
-from ..schedulers.run_context import RunContext
+from ..schedulers.run_context import RunContext, step_kwargs
 from ..schedulers.scheduling_elf import ELFGuidance, copy_generator
 from .checks import as_int, check_finite_number
-from .denoising import step_kwargs
 from .outputs import DenoisingOutput, DenoisingStep, LanguageFlowPipelineOutput
 from .pipeline_elf import ELFPipeline, _check_sc_cfg_scale, mask_after_eos, sample_tokens
 from .pipeline_utils import call_diversity
@@ -364,9 +362,9 @@ class ELFText2TextPipeline(ELFPipeline):
             mask=~conditioning.mask,
         )
         guided = guidance_scale != 1  # official `_forward_sample`: g = 1 returns the conditional branch alone
-        # A scheduler without `guidance` (a comparison sampler) gets the combined prediction: the same update in
-        # exact arithmetic.
-        takes_guidance = "guidance" in inspect.signature(scheduler.step).parameters
+        # A scheduler that takes no `guidance` (a comparison sampler, a stock one) gets the combined prediction: the
+        # same update in exact arithmetic.
+        takes_guidance = getattr(scheduler, "takes_guidance", False)
         extra_step_kwargs = step_kwargs(scheduler, generator)
         latents = conditioning.hold(self.prepare_latents(batch_size, generator, latents, device, scheduler))
         timesteps = self._run_timesteps(scheduler, max_steps)

@@ -9,6 +9,7 @@ from diffusers import DiffusionPipeline
 from ..hub import HUB_KWARGS, resolve_local
 from ..models.flowmap_transformer import FlowMapTransformerModel, read_official_flowmap
 from ..schedulers.noise import global_generator
+from ..schedulers.run_context import RunContext, start_run
 from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 from .conversion import save_atomically
@@ -144,23 +145,23 @@ class FlowMapPipeline(DiffusionPipeline):
         device = self._execution_device
         config = self.transformer.config
         scheduler = self.scheduler
-        if generator is None:
-            generator = global_generator(device)
-        if isinstance(scheduler, CDEQScheduler):
-            scheduler.set_timesteps(steps, device=device, generator=generator)  # the grid is drawn first
-        elif isinstance(scheduler, ELFScheduler):  # the official run draws the grid from the same generator first
-            scheduler.set_timesteps(steps, device=device, generator=generator, grid_generator=generator)
-        else:
-            scheduler.set_timesteps(steps, device=device)
+        context = self._run_context(global_generator(device) if generator is None else generator)
+        start_run(scheduler, steps, device, context)  # cdeq and the teacher draw their grid first
         shape = (batch_size, config.max_length, config.latent_dim)
-        latents = torch.randn(shape, generator=generator, device=generator.device).to(device)
-        latents = latents * scheduler.config.noise_scale
-        for k, t in enumerate(self.progress_bar(scheduler.timesteps)):
-            latents = self.denoise_step(latents, k, float(t), scale, generator)
+        with context.random:  # the run's end: a draw ahead not taken goes back
+            latents = context.random.normal(shape, device) * scheduler.config.noise_scale
+            for k, t in enumerate(self.progress_bar(scheduler.timesteps)):
+                latents = self.denoise_step(latents, k, float(t), scale)
         return self.decode(latents, scale, output_type, return_dict)
 
-    def denoise_step(self, latents, k, t, scale, generator):
-        """One official step: the network call(s) the scheduler asks for, then its `step`."""
+    def _run_context(self, generator: torch.Generator) -> RunContext:
+        """The call's [`RunContext`]: every draw from `generator`; the teacher draws its grid from the generator
+        itself, first, as the official run does (not from a copy, as ELF's own sampler)."""
+        grid_generator = generator if isinstance(self.scheduler, ELFScheduler) else None
+        return RunContext.for_call(generator, grid_generator=grid_generator, model=self.transformer)
+
+    def denoise_step(self, latents, k, t, scale):
+        """One official step: the network call(s) the scheduler asks for, then its `step` (its draws: the run's)."""
         scheduler = self.scheduler
         if isinstance(scheduler, ELFScheduler):  # the teacher: m_k = x̂_{k−1} (zeros at k = 0), one call per step
             model_input = scheduler.scale_model_input(latents, t)
@@ -175,7 +176,7 @@ class FlowMapPipeline(DiffusionPipeline):
             scheduler.set_prepass(self._network(latents, t, t, None, scale))
         target = scheduler.prediction_timesteps[k]
         prediction = self._network(latents, target, t, scheduler.self_conditioning_input(latents), scale)
-        return scheduler.step(prediction, t, latents, generator=generator).prev_sample
+        return scheduler.step(prediction, t, latents).prev_sample
 
     def decode(self, latents, scale, output_type="seq", return_dict=True):
         """The official decode: argmax of the decoder head at t = s = 1, zero self-conditioning input."""

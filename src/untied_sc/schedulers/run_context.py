@@ -3,10 +3,12 @@
 A pipeline call builds one context (the generator, the statistics, LangFlow's proposal, the generated positions) and
 hands it to the scheduler as `set_timesteps(N, device=..., context=...)`; every scheduler of this package takes it so
 ([`TakesRunContext`]) and reads the fields it uses. A stock diffusers scheduler gets diffusers' own call,
-`set_timesteps(N, device=...)` ([`start_run`]). A direct call may give the same inputs as keyword arguments
+`set_timesteps(N, device=...)` ([`start_run`]), and its `step` the generator where it takes one ([`step_kwargs`]).
+A direct call may give the same inputs as keyword arguments
 (`set_timesteps(N, generator=g)`, diffusers' style); without a context every field has its default.
 """
 
+import inspect
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,13 @@ class RunContext:
     model: torch.nn.Module | None = None
     random: RunRandom | None = None
 
+    @classmethod
+    def for_call(cls, generator: torch.Generator | list[torch.Generator] | None, **inputs) -> "RunContext":
+        """A pipeline call's context: `generator`, the run's draws from it ([`RunRandom`]; none for a generator list,
+        whose draws are diffusers') and the other fields in `inputs`."""
+        random = RunRandom(generator) if isinstance(generator, torch.Generator) else None
+        return cls(generator=generator, random=random, **inputs)
+
     def given(self, **inputs) -> "RunContext":
         """This context with the keyword arguments of a direct `set_timesteps` call that are not `None` in place."""
         chosen = {name: value for name, value in inputs.items() if value is not None}
@@ -91,3 +100,14 @@ def start_run(scheduler, num_inference_steps: int, device, context: RunContext) 
         scheduler.set_timesteps(num_inference_steps, device=device, context=context)
     else:
         scheduler.set_timesteps(num_inference_steps, device=device)
+
+
+def step_kwargs(scheduler, generator) -> dict[str, Any]:
+    """
+    The extra arguments of each `scheduler.step` of a run: none for a scheduler of this package (its draws come from
+    the run's context); `generator` for a stock diffusers scheduler whose `step` takes one. A stock class declares
+    nothing, so its signature says (as diffusers' own pipelines read it, `prepare_extra_step_kwargs`).
+    """
+    if isinstance(scheduler, TakesRunContext):
+        return {}
+    return {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}

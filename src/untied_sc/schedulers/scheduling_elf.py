@@ -150,6 +150,7 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
     _compatibles = ["UntiedELFScheduler", *ELF_COMPARISON_SCHEDULERS]
     _config_ranges = ELF_CONFIG_RANGES
     draw_ahead: bool | None = None
+    takes_guidance = True  # `step(..., guidance=ELFGuidance)`: a conditional pipeline hands its two predictions
 
     @register_to_config
     def __init__(

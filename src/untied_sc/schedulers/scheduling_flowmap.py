@@ -20,6 +20,7 @@ from diffusers.utils import BaseOutput
 from safetensors.torch import load_file, save_file
 
 from .noise import global_generator
+from .run_context import RunContext, TakesRunContext, run_context
 from .transform import overlap_transform, retention
 
 
@@ -146,7 +147,7 @@ def ctm_draws_noise(t_next: float, gamma: float) -> bool:
     return t_next < 1.0 and max(0.0, min(1.0, float(gamma))) > 0.0
 
 
-class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
+class FlowMapLMScheduler(TakesRunContext, SchedulerMixin, ConfigMixin):
     r"""
     The official FMLM* samplers: `ctm` (CTM γ-sampling, the released configs') and `flow_map`.
 
@@ -154,8 +155,9 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
     time `prediction_timesteps[k]` (flow_map: t_{k+1}; ctm: [`ctm_target_time`]) and self-conditioning input
     `self_conditioning` (zeros for the released, self-conditioning-free FMLM*; with `self_conditioning="chained"`,
     the legacy regime, the previous x̂, and at step 0 a pre-pass x̂(z_0, s = t = t_0, 0): `needs_prepass`), then
-    `step(x̂, t_k, z_k, generator=g)`. ctm with γ > 0 draws one normal of the latent's shape from `generator` after
-    the network call of every non-final step, as the official code does.
+    `step(x̂, t_k, z_k)`. ctm with γ > 0 draws one normal of the latent's shape from the run's generator (given to
+    `set_timesteps`, directly or in its [`RunContext`]) after the network call of every non-final step, as the
+    official code does.
 
     Args:
         sampler (`str`, defaults to `"ctm"`): `"ctm"` or `"flow_map"`.
@@ -202,6 +204,7 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
         self.prediction_timesteps: list[float] | None = None
         self.num_inference_steps: int | None = None
         self._grid: list[float] | None = None
+        self._generator: torch.Generator | None = None
         self._step_index = 0
         self.self_conditioning: torch.Tensor | None = None
 
@@ -216,8 +219,27 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
         table = self.config.gamma_by_steps if self.config.gamma_by_steps is not None else FMLM_GAMMA_BY_STEPS
         return float(table.get(str(num_inference_steps), FMLM_DEFAULT_GAMMA))
 
-    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
-        """The grid for N steps (N network calls, plus the pre-pass of the chained regime), and a fresh state."""
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
+    ) -> None:
+        """
+        The grid for N steps (N network calls, plus the pre-pass of the chained regime), and a fresh state. The grid
+        draws nothing.
+
+        Args:
+            num_inference_steps (`int`): N ≥ 1, the number of steps.
+            device (`str` or `torch.device`, *optional*): where `timesteps` lives.
+            generator (`torch.Generator`, *optional*): the run's generator, for ctm's re-noising draws (a `step`
+                given its own `generator` draws from that); `None`: torch's global generator of the latents' device.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its `generator` stands for
+                the argument not given.
+        """
+        self._generator = run_context(context, generator=generator).generator
         grid = flowmap_time_grid(num_inference_steps, self.config.p_mean, self.config.p_std, self.config.tau_kind)
         self._grid = [float(t) for t in grid.tolist()]
         self.gamma = self.gamma_for(num_inference_steps)
@@ -267,7 +289,8 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
             sample (`torch.Tensor`): z_k.
             r_timestep (`torch.Tensor` or `float`, *optional*): the target time; only the grid's next time is
                 supported (the network was evaluated for it), given or not.
-            generator (`torch.Generator`, *optional*): ctm's re-noising draws; `None`: torch's global generator.
+            generator (`torch.Generator`, *optional*): ctm's re-noising draws; `None`: the run's generator
+                (`set_timesteps`), else torch's global generator of the latents' device.
             return_dict (`bool`, defaults to `True`): return a [`FlowMapSchedulerOutput`] or a tuple.
         """
         if self._grid is None:
@@ -290,7 +313,8 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
         else:
             noise = None
             if ctm_draws_noise(t_next, self.gamma):
-                source = generator if generator is not None else global_generator(sample.device)
+                source = generator if generator is not None else self._generator
+                source = source if source is not None else global_generator(sample.device)
                 noise = torch.randn(sample.shape, generator=source, device=sample.device, dtype=sample.dtype)
             prev = ctm_update(sample, model_output, t_curr, t_next, self.gamma, self.config.noise_scale, noise)
         if self.config.self_conditioning == "chained":
@@ -305,7 +329,7 @@ class FlowMapLMScheduler(SchedulerMixin, ConfigMixin):
         return self.num_inference_steps or 0
 
 
-class CDEQScheduler(SchedulerMixin, ConfigMixin):
+class CDEQScheduler(TakesRunContext, SchedulerMixin, ConfigMixin):
     r"""
     The official ELF* sampler `cdeq`: a random logit-normal grid, one network call per step on the re-noised latent
     with a zero self-conditioning input at s = t = t_b and phase 0.002, an Euler step; the last step is γ = 0.
@@ -353,8 +377,21 @@ class CDEQScheduler(SchedulerMixin, ConfigMixin):
         num_inference_steps: int,
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
     ) -> None:
-        """Draws the grid from `generator` (`None`: torch's global one of `device`) and keeps it for the noise."""
+        """
+        Draws the grid from `generator` (`None`: torch's global one of `device`) and keeps it for the noise.
+
+        Args:
+            num_inference_steps (`int`): N ≥ 1, the number of network calls.
+            device (`str` or `torch.device`, *optional*): where `timesteps` lives.
+            generator (`torch.Generator`, *optional*): the run's generator: the grid's N − 1 normals, then (after the
+                pipeline's z_0) each re-noising step's noise.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it); its `generator` stands for
+                the argument not given.
+        """
+        generator = run_context(context, generator=generator).generator
         generator = generator if generator is not None else global_generator(device)
         grid = cdeq_time_grid(num_inference_steps, generator, self.config.p_mean, self.config.p_std)
         self._grid = [float(t) for t in grid.tolist()]
@@ -515,8 +552,17 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
     def set_statistics(self, statistics: FlowMapStatistics) -> None:
         self.statistics = statistics
 
-    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
-        super().set_timesteps(num_inference_steps, device)
+    def set_timesteps(
+        self,
+        num_inference_steps: int,
+        device: str | torch.device | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        context: RunContext | None = None,
+    ) -> None:
+        """[`FlowMapLMScheduler.set_timesteps`], then the transform's retention per step from the statistics
+        (`set_statistics`; needed when η_R > 0)."""
+        super().set_timesteps(num_inference_steps, device, generator, context=context)
         strength = self.config.base_scale * self.config.eta_r
         self._retention = None
         if strength == 0:

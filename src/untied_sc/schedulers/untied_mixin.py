@@ -86,6 +86,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
     family: str
     base_scheduler_class: type
     order = 1
+    takes_guidance = True  # `step(..., guidance=...)`, handed to the base step ([`ELFScheduler.takes_guidance`])
 
     @classmethod
     def extract_init_dict(cls, config_dict, **kwargs):
@@ -144,11 +145,9 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self._step_counter: torch.Tensor | None = None  # k on the device, for the compiled step
         self._buffers: dict[str, torch.Tensor] | None = None  # the eager step's (B, L, D) buffers, per run
 
-    def resolve_coefficients(
-        self, num_inference_steps: int, statistics: SamplerStatistics | None = None
-    ) -> dict[str, float]:
-        """(η_R, η_T, η_O, α) for `num_inference_steps`, by the rule of docs/algorithm.md §4.5 (the config's alone;
-        `statistics` hold none)."""
+    def resolve_coefficients(self, num_inference_steps: int) -> dict[str, float]:
+        """(η_R, η_T, η_O, α) for `num_inference_steps`, by the rule of docs/algorithm.md §4.5: the config's alone
+        (the statistics hold none)."""
         return resolve_coefficients(self.config, num_inference_steps)
 
     def _set_timesteps(
@@ -165,7 +164,7 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         then `start_run(run_generator)`. `run_generator` is the run's sampling generator; nothing is drawn from it
         here.
         """
-        coefficients = UntiedCoefficients.of(self.resolve_coefficients(num_inference_steps, statistics))
+        coefficients = UntiedCoefficients.of(self.resolve_coefficients(num_inference_steps))
         if statistics is not None and statistics.config.solver != self.family:
             raise ValueError(
                 f"The sampler statistics are for the {statistics.config.solver!r} solver, this scheduler uses "

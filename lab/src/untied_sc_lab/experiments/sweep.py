@@ -164,7 +164,6 @@ def generate_sweep(
     place_pipeline(pipe, state, device)
     num_processes = process_rank(state)[1]
     family = family_of(pipe)
-    statistics = getattr(pipe, "sampler_statistics", None)
     refuse_leaked_seeds(seeds, pipe)
     knob = diversity_knob(family)
     samplers = normalise_samplers(samplers if samplers is not None else DEFAULT_SAMPLERS)
@@ -200,7 +199,7 @@ def generate_sweep(
             if value is not None:
                 call_kwargs[knob] = value
             if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) and value is None:
-                resolved = pipe.scheduler.resolve_coefficients(n, statistics)
+                resolved = pipe.scheduler.resolve_coefficients(n)
                 stored = entropy_matched_setting(pipe.scheduler.config, n, knob)
                 if stored is not None and knob not in call_kwargs:  # the pipeline's call runs it: say so
                     resolved[knob] = stored

@@ -1,20 +1,22 @@
 """The command lines of the training modules, `python -m untied_sc_lab.training.{elf,langflow} ACTION ...` (and
 `untied-sc train FAMILY ACTION ...`): parsed here, with nothing heavy imported, so that `--help` answers at once; the
-action itself runs in the family's module (which imports torch).
+action itself runs in the family's module (which imports torch). Which families the lab trains is this module's
+registry ([`TRAINING`], keyed by the library's family names); the library knows nothing of training.
 """
 
 import argparse
 import dataclasses
 import importlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from untied_sc.cli_parser import Parser
-from untied_sc.families import families, get_family
+from untied_sc.families import family_names, get_family
 
 from .config import ELFTrainConfig, LangFlowTrainConfig
 
 
-FAMILIES = tuple(family.name for family in families() if family.training_module is not None)
 SPLITS = ["train", "validation", "heldout"]
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -162,21 +164,56 @@ def _add_langflow_actions(commands) -> None:
     evaluate.set_defaults(handler="_evaluate")
 
 
+@dataclass(frozen=True)
+class FamilyTraining:
+    """
+    The lab's training of one model family.
+
+    Args:
+        module (`str`): the module that runs the actions (its `_train`, `_export`... handlers; it imports torch).
+        add_actions (`Callable`): adds the family's actions and their options to a parser's subcommands.
+    """
+
+    module: str
+    add_actions: Callable[[argparse._SubParsersAction], None]
+
+
+# The families `untied-sc train` trains, by the library's family name (`untied_sc.families`).
+TRAINING = {
+    "elf": FamilyTraining("untied_sc_lab.training.elf", _add_elf_actions),
+    "langflow": FamilyTraining("untied_sc_lab.training.langflow", _add_langflow_actions),
+}
+FAMILIES = tuple(TRAINING)
+
+
+def training_of(family: str) -> FamilyTraining:
+    """The training of `family`; a `ValueError` naming the families the lab trains for any other name."""
+    if family in TRAINING:
+        return TRAINING[family]
+    trained = ", ".join(FAMILIES)
+    if family in family_names():
+        raise ValueError(
+            f"The {get_family(family).display_name} family has no training in the lab; `untied-sc train` trains "
+            f"{trained}."
+        )
+    raise ValueError(f"Unknown model family {family!r}; `untied-sc train` trains {trained}.")
+
+
 def build_parser(family: str) -> argparse.ArgumentParser:
     """The parser of `python -m untied_sc_lab.training.<family>`; each action names its handler in that module."""
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
-    module = get_family(family).training_module
-    parser = Parser(prog=f"python -m {module}", description=f"Train, export and evaluate a small {family} run.")
+    training = training_of(family)
+    parser = Parser(
+        prog=f"python -m {training.module}", description=f"Train, export and evaluate a small {family} run."
+    )
     commands = parser.add_subparsers(dest="command", required=True, help="The action; ACTION --help for its options.")
-    (_add_elf_actions if family == "elf" else _add_langflow_actions)(commands)
+    training.add_actions(commands)
     return parser
 
 
 def main(family: str, argv: list[str] | None = None) -> int:
     """Parses `argv` (`--help` exits here, before torch is imported), then runs the action in the family's module."""
     args = build_parser(family).parse_args(argv)
-    module = importlib.import_module(get_family(family).training_module)
+    module = importlib.import_module(training_of(family).module)
     try:
         getattr(module, args.handler)(args)
     except ModuleNotFoundError as error:

@@ -328,7 +328,7 @@ def tune_coefficients(
         for n in nfe:
             start = calibrated_coefficients(config, n) or build_scheduler(
                 pipe, {"scheduler": "untied"}, config, n
-            ).resolve_coefficients(n, statistics)
+            ).resolve_coefficients(n)
             curve = official_curve(scorer, n, knob, curve_values, extrapolate)
             result = tune_method(
                 "untied",
