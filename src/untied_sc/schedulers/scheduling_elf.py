@@ -7,6 +7,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..per_nfe import read_steps_table
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
@@ -44,7 +45,9 @@ def default_sde_gamma(num_steps: int) -> float:
     """
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
-    points = sorted((int(n), float(gamma)) for n, gamma in DEFAULT_SDE_GAMMA.items())
+    points = sorted(
+        (n, float(gamma)) for n, gamma in read_steps_table(DEFAULT_SDE_GAMMA, "sde_gamma_by_steps").items()
+    )
     if num_steps <= points[0][0]:
         return points[0][1]
     if num_steps >= points[-1][0]:
@@ -188,12 +191,12 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
         return self._begin_index
 
     def sde_gamma_for(self, num_inference_steps: int) -> float:
-        """γ_sde for N steps: `sde_gamma` if set, else `sde_gamma_by_steps[str(N)]`, else `default_sde_gamma(N)`."""
+        """γ_sde for N steps: `sde_gamma` if set, else N's entry of `sde_gamma_by_steps`, else `default_sde_gamma(N)`."""
         if self.config.sde_gamma is not None:
             return float(self.config.sde_gamma)
-        table = self.config.sde_gamma_by_steps or {}
-        if str(num_inference_steps) in table:
-            return float(table[str(num_inference_steps)])
+        table = read_steps_table(self.config.sde_gamma_by_steps, "sde_gamma_by_steps")
+        if num_inference_steps in table:
+            return float(table[num_inference_steps])
         return default_sde_gamma(num_inference_steps)
 
     def set_timesteps(
