@@ -19,6 +19,15 @@ def steps_key(num_inference_steps: int) -> str:
     return str(num_inference_steps)
 
 
+def check_steps(value: Any, name: str = "num_inference_steps", minimum: int = 2) -> int:
+    """`value` as a number of steps: an `int` ≥ `minimum` (2 for a sampler's run, 1 for a grid), else an error
+    naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise ValueError(f"{name} must be {wanted}, got {value!r}.")
+    return value
+
+
 def read_steps(key: Any, field: str) -> int:
     """
     The NFE a table key names: a positive integer, given as an `int` or as its digits (`"8"`; `"08"` reads as 8).

@@ -81,7 +81,7 @@ class ELFPipeline(LanguageFlowPipeline):
     the first EOS. NFE = number of steps.
 
     The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's value for the call's NFE
-    ([`sc_cfg_scale_for`]): `config.sc_cfg_scale_by_steps[str(N)]` where that table lists N (a checkpoint whose
+    ([`sc_cfg_scale_for`]): N's entry of `config.sc_cfg_scale_by_steps` where that table lists N (a checkpoint whose
     official w depends on the number of steps, as ELF-B-PD's), else `config.sc_cfg_scale`. That default is fixed
     when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when loading), else 3.0
     (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes both to `model_index.json` (the table
@@ -207,7 +207,7 @@ class ELFPipeline(LanguageFlowPipeline):
         return self.config.sc_cfg_scale
 
     def sc_cfg_scale_for(self, num_inference_steps: int) -> float:
-        """w at N steps: N's entry of `config.sc_cfg_scale_by_steps` where the table lists N, else `config.sc_cfg_scale`."""
+        """w at N steps: N's entry of `config.sc_cfg_scale_by_steps` where it lists N, else `config.sc_cfg_scale`."""
         table = read_steps_table(self.config.get("sc_cfg_scale_by_steps"), "sc_cfg_scale_by_steps")
         return float(table.get(as_int(num_inference_steps), self.sc_cfg_scale))
 

@@ -25,7 +25,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from ..families import family_names, get_family
-from ..per_nfe import read_steps_table, write_steps_table
+from ..per_nfe import check_steps, read_steps_table, write_steps_table
 from ..seeds import DEFAULT_RECORD_SPACE
 from .config_checks import unusual_coefficient_message
 from .sampler_statistics import COEFFICIENT_NAMES
@@ -62,7 +62,7 @@ def nearest_listed_steps(listed, num_steps: int) -> int:
     32√2 ≈ 45.3, so 5 → 8, 11 → 8, 12 → 16, 22 → 16, 24 → 32, 48 → 64, 1000 → 64 (ties cannot occur between powers
     of two; they would between e.g. 8 and 18, at 12).
     """
-    steps = sorted(int(n) for n in listed)
+    steps = sorted(listed)
     if not steps:
         raise ValueError("No NFEs listed.")
     return min(steps, key=lambda n: (abs(math.log2(n) - math.log2(num_steps)), n))
@@ -75,8 +75,7 @@ def preset_entry(name: str, num_steps: int) -> tuple[int, dict[str, float]]:
     (the NFE the entry is listed at, η_R, η_T, η_O, α as a new dict).
     """
     check_preset(name)
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, "num_steps", minimum=1)
     table = paper_coefficients()[name]
     listed = num_steps if num_steps in table else nearest_listed_steps(table, num_steps)
     return listed, {key: float(value) for key, value in table[listed].items()}
@@ -248,7 +247,7 @@ class TuningRecord:
 
 
 def coefficients_table(table: Mapping | None) -> dict[int, StepCoefficients]:
-    """`coefficients_by_steps` of a file or config (`None`: none) per NFE, each entry checked ([`StepCoefficients`])."""
+    """`coefficients_by_steps` of a file or config per NFE (`None`: none), every entry checked (`StepCoefficients`)."""
     return read_steps_table(table, "coefficients_by_steps", StepCoefficients.read)
 
 

@@ -19,7 +19,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 from safetensors.torch import load_file, save_file
 
-from ..per_nfe import read_steps_table, write_steps_table
+from ..per_nfe import check_steps, read_steps_table, write_steps_table
 from .noise import global_generator
 from .transform import overlap_transform, retention
 
@@ -62,8 +62,7 @@ def flowmap_time_grid(num_steps: int, p_mean: float, p_std: float, tau_kind: str
     N + 1) with interior sigmoid(P_std·Φ⁻¹(τ) + P_mean) (`logit_normal_uniform`, the FMLM* config's
     `elfmap_tau_kind`), sigmoid(P_std·logit(τ) + P_mean) (`logit_normal`) or τ itself (`identity`).
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_inference_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, minimum=1)
     tau = torch.linspace(0.0, 1.0, num_steps + 1, dtype=torch.float32)
     if tau_kind == "identity":
         return tau
@@ -85,8 +84,7 @@ def cdeq_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_
     The official random grid of cdeq (`get_sampling_steps`, `logit_normal`): N − 1 normals from `generator` on its
     device, sigmoid(ξ·P_std + P_mean), sorted, between 0 and 1; N = 1 draws nothing and gives [0, 1].
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_inference_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, minimum=1)
     device = generator.device
     if num_steps < 2:
         return torch.tensor([0.0, 1.0], device=device)
