@@ -69,7 +69,7 @@ def test_official_and_untied_elf_sample_at_unlisted_nfes(elf_pipe, steps):
     assert torch.isfinite(untied.latents).all()
     assert not torch.equal(untied.latents, official.latents)  # the untied components acted
     assert elf_pipe.scheduler.base.solver.sde_gamma == 2.0
-    nearest = {12: "16", 5: "8"}[steps]
+    nearest = {12: 16, 5: 8}[steps]
     assert elf_pipe.scheduler.coefficients._asdict() == paper_coefficients()["elf-b"][nearest]
 
 
@@ -83,10 +83,10 @@ def test_presets_cover_unlisted_nfes_by_the_nearest_listed_one_in_log2():
     assert {n: nearest_listed_steps(listed, n) for n in expected} == expected
     assert nearest_listed_steps([8, 18], 12) == 8  # log2(12/8) = log2(18/12): a tie goes to the smaller NFE
     assert math.isclose(math.log2(12 / 8), math.log2(18 / 12))
-    assert preset_entry("elf-b", 16) == (16, paper_coefficients()["elf-b"]["16"])
-    assert preset_entry("elf-b", 12) == (16, paper_coefficients()["elf-b"]["16"])
-    assert preset_entry("langflow-owt", 100) == (128, paper_coefficients()["langflow-owt"]["128"])
-    assert preset_entry("langflow-owt", 1000) == (256, paper_coefficients()["langflow-owt"]["256"])
+    assert preset_entry("elf-b", 16) == (16, paper_coefficients()["elf-b"][16])
+    assert preset_entry("elf-b", 12) == (16, paper_coefficients()["elf-b"][16])
+    assert preset_entry("langflow-owt", 100) == (128, paper_coefficients()["langflow-owt"][128])
+    assert preset_entry("langflow-owt", 1000) == (256, paper_coefficients()["langflow-owt"][256])
     with pytest.raises(ValueError, match="Unknown coefficient preset"):
         preset_entry("nope", 12)
 
@@ -101,7 +101,7 @@ def test_calibration_and_the_scheduler_resolve_a_preset_alike():
                 {"_class_name": "ELFScheduler" if family == "elf" else "LangFlowScheduler"}, coefficients=name
             )
             assert scheduler.resolve_coefficients(n) == calibration[n] == preset_entry(name, n)[1]
-    assert resolve_preset_coefficients("elf", [12], None) == {12: paper_coefficients()["elf-b"]["16"]}
+    assert resolve_preset_coefficients("elf", [12], None) == {12: paper_coefficients()["elf-b"][16]}
     # a tuned or calibrated entry for the NFE comes before the nearest preset entry
     tuned = {"eta_r": 0.1, "eta_t": 0.2, "eta_o": 0.3, "alpha": 0.4}
     scheduler = UntiedSelfConditioningScheduler.from_config(
@@ -121,12 +121,12 @@ def test_cli_calibrates_at_nfe_12_and_untied_samples_there(elf_pipe, tmp_path, c
     pipe = load_pipeline(folder)
     assert pipe.sampler_statistics.config.calibrated_steps == [12]
     # the family preset (elf-b) at the nearest listed NFE, 16, went into the scheduler config
-    assert pipe.scheduler.config.coefficients_by_steps == {"12": paper_coefficients()["elf-b"]["16"]}
+    assert pipe.scheduler.config.coefficients_by_steps == {"12": paper_coefficients()["elf-b"][16]}
     assert pipe.sampler_statistics.config.calibration_alpha == {"12": 0.8}
     pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)
     output = _sample(pipe, 12)
     assert torch.isfinite(output.latents).all()
-    assert pipe.scheduler.coefficients._asdict() == paper_coefficients()["elf-b"]["16"]
+    assert pipe.scheduler.coefficients._asdict() == paper_coefficients()["elf-b"][16]
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_cli_calibrate_takes_a_preset_or_all_four_explicit_coefficients(langflow
     pipe = load_pipeline(langflow_folder)
     values = {"eta_r": 1.1, "eta_t": 0.9, "eta_o": 1.0, "alpha": 0.6}
     assert pipe.scheduler.config.coefficients_by_steps == {
-        "12": paper_coefficients()["langflow-owt"]["16"],
+        "12": paper_coefficients()["langflow-owt"][16],
         "5": values,
         "24": values,
     }

@@ -705,6 +705,6 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     pipe = pipes["langflow"]
     spec = {"scheduler": "untied", **samplers["untied (correction only)"]}
     coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8)
-    assert coefficients == {**paper_coefficients()["langflow-lm1b"]["8"], "eta_r": 0.0}
+    assert coefficients == {**paper_coefficients()["langflow-lm1b"][8], "eta_r": 0.0}
     assert experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"
     assert experiment_name("hub/x", "main") is None

@@ -143,9 +143,9 @@ def test_cosine_distances_against_a_float64_reference(model, statistics, one_thr
             kappa = [reference_kappa(grid[k], grid[k + 1], 0.75) for k in range(steps)]
             rows.append(reference_cosine_distances([p.double() for p in predictions], kappa, 0.8))
         expected = torch.cat(rows).mean(0)
-        torch.testing.assert_close(statistics.cosine_distance[str(steps)].double(), expected, atol=1e-6, rtol=0)
-        assert statistics.cosine_distance[str(steps)][0] < 1e-12  # E_0 = O_0 = 0: H_0 ∥ G_0
-        assert statistics.cosine_distance[str(steps)][1:].max() > 1e-3  # the statistic is not trivially zero
+        torch.testing.assert_close(statistics.cosine_distance[steps].double(), expected, atol=1e-6, rtol=0)
+        assert statistics.cosine_distance[steps][0] < 1e-12  # E_0 = O_0 = 0: H_0 ∥ G_0
+        assert statistics.cosine_distance[steps][1:].max() > 1e-3  # the statistic is not trivially zero
 
 
 def test_transformed_input_against_a_float64_reference(model, statistics, one_thread):
@@ -160,7 +160,7 @@ def test_transformed_input_against_a_float64_reference(model, statistics, one_th
     ours = scheduler.self_conditioning_input(z).double()
 
     grid = scheduler.timesteps.tolist() + [1.0]
-    a_hat = reference_kappa(grid[0], grid[1], 0.75) * (1 - float(statistics.cosine_distance[str(steps)][0]))
+    a_hat = reference_kappa(grid[0], grid[1], 0.75) * (1 - float(statistics.cosine_distance[steps][0]))
     rho_sq, q = statistics.rho_sq.double(), statistics.basis.double()
     b = torch.clamp(1 - a_hat * rho_sq, min=0.01)
     ell = (b.prod() ** (1 / len(b)) * b) ** eta_r

@@ -265,14 +265,14 @@ def _resolve(steps: int, **config):
 def test_an_explicit_value_wins_over_preset_and_table():
     everything = {"coefficients": "elf-b", "coefficients_by_steps": {"8": TUNED}}
     assert _resolve(8, eta_t=0.25, **everything) == {
-        **paper_coefficients()["elf-b"]["8"],
+        **paper_coefficients()["elf-b"][8],
         "eta_t": 0.25,
     }
     assert _resolve(12, eta_r=1.0, eta_t=1.0, eta_o=1.0, alpha=1.0) == dict.fromkeys(TUNED, 1.0)
 
 
 def test_the_preset_comes_before_the_table_where_it_covers_the_nfe():
-    assert _resolve(8, coefficients="elf-b", coefficients_by_steps={"8": TUNED}) == paper_coefficients()["elf-b"]["8"]
+    assert _resolve(8, coefficients="elf-b", coefficients_by_steps={"8": TUNED}) == paper_coefficients()["elf-b"][8]
     assert _resolve(12, coefficients="elf-b", coefficients_by_steps={"12": TUNED}) == TUNED
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .defaults import PROTOCOLS
 from .output_paths import record_beside_samples
+from .per_nfe import read_steps_table
 
 
 def looks_like_repo_id(source: str | os.PathLike) -> bool:
@@ -245,9 +246,10 @@ def refuse_replacing_calibration(
     folder = Path(folder)
     statistics = _json_record(folder / "sampler_statistics" / "config.json")
     calibrated = [int(n) for n in statistics.get("calibrated_steps") or []]
-    scheduler = _json_record(folder / "scheduler" / "scheduler_config.json")
-    stored = {int(n) for n in scheduler.get("coefficients_by_steps") or {}}
-    tuned = {int(n) for n in scheduler.get("tuning_by_steps") or {}}
+    path = folder / "scheduler" / "scheduler_config.json"
+    scheduler = _json_record(path)
+    stored = set(read_steps_table(scheduler.get("coefficients_by_steps"), f"{path}: coefficients_by_steps"))
+    tuned = set(read_steps_table(scheduler.get("tuning_by_steps"), f"{path}: tuning_by_steps"))
     replaced = sorted(set(nfe) & set(calibrated))
     coefficients = sorted(set(nfe) & stored) if explicit_coefficients else []
     if not replaced and not coefficients:
@@ -283,12 +285,12 @@ def refuse_replacing_tuning(folder: str | os.PathLike, nfe, overwrite: bool) -> 
         return
     path = Path(folder) / "scheduler" / "scheduler_config.json"
     scheduler = _json_record(path)
-    records = scheduler.get("tuning_by_steps") or {}
-    entries = scheduler.get("coefficients_by_steps") or {}
+    records = read_steps_table(scheduler.get("tuning_by_steps"), f"{path}: tuning_by_steps")
+    entries = read_steps_table(scheduler.get("coefficients_by_steps"), f"{path}: coefficients_by_steps")
     knobs = ("temperature", "decode_temperature")
     tuned: dict[int, str] = {}
     for n in sorted(set(nfe)):
-        record, entry = records.get(str(n)), entries.get(str(n)) or {}
+        record, entry = records.get(n), entries.get(n) or {}
         knob = next((f"{key} {entry[key]:g}" for key in knobs if isinstance(entry.get(key), int | float)), None)
         if record is None and knob is None:
             continue

@@ -11,7 +11,16 @@ from tqdm.auto import tqdm
 
 from ..defaults import BASE_SCALE_BANK_SIZE, BASE_SCALE_STEPS
 from ..families import get_family
-from ..schedulers.coefficients import check_coefficients, check_preset, preset_entry
+from ..per_nfe import read_steps_table, write_steps_table
+from ..schedulers.coefficients import (
+    StepCoefficients,
+    check_coefficients,
+    check_preset,
+    preset_entry,
+    stored_coefficients,
+    stored_tuning,
+    tables_config,
+)
 from ..schedulers.sampler_statistics import CALIBRATION_SEED, SamplerStatistics, StepStatistics, num_update_steps
 from ..schedulers.scheduling_untied import UntiedSelfConditioningScheduler
 from ..seeds import check_seed, generator_seed
@@ -39,14 +48,14 @@ class CalibrationSummary:
 @dataclass
 class CalibrationResult:
     """
-    The statistics, with the coefficients calibration ran at (a preset's or the caller's, per NFE as a string):
+    The statistics, with the coefficients calibration ran at (a preset's or the caller's, per NFE):
     [`apply_calibration`] writes them into the scheduler config for the NFEs that have none yet.
     """
 
     statistics: SamplerStatistics
     summaries: list[CalibrationSummary] = field(default_factory=list)
     base_scale_seconds: float = 0.0
-    coefficients_by_steps: dict[str, dict[str, float]] = field(default_factory=dict)
+    coefficients_by_steps: dict[int, dict[str, float]] = field(default_factory=dict)
     total_seconds: float = 0.0
     base_scale_trajectories: int = 0
     device: str = "cpu"
@@ -285,8 +294,8 @@ def calibrate_pipeline(
         raise ValueError("This LangFlow model has no self-conditioning input; untied self-conditioning needs one.")
     per_nfe_coefficients = resolve_preset_coefficients(solver, nfe, coefficients)
     if coefficients is None:  # the coefficients the scheduler config already runs at (e.g. tuned) come first
-        configured = pipe.scheduler.config.get("coefficients_by_steps") or {}
-        per_nfe_coefficients.update({n: dict(configured[str(n)]) for n in nfe if str(n) in configured})
+        configured = stored_coefficients(pipe.scheduler.config)
+        per_nfe_coefficients.update({n: configured[n].to_json() for n in nfe if n in configured})
     overlap = overlap_basis_from_model(pipe.transformer)  # from the stored weights, whatever the run's dtype
     runner = pipeline_on(pipe, device, dtype)
     run_device = runner.transformer.device
@@ -305,8 +314,8 @@ def calibrate_pipeline(
 
     steps, bank_sizes, seeds, alphas, existing_scales = _existing(pipe)
     kept = sorted(set(steps) - set(nfe))
-    held = getattr(getattr(pipe, "sampler_statistics", None), "config", {}).get("prompt_banks") or {}
-    prompt_banks = {n: dict(record) for n, record in held.items() if int(n) in kept}
+    held = getattr(getattr(pipe, "sampler_statistics", None), "config", {}).get("prompt_banks")
+    prompt_banks = {n: dict(record) for n, record in read_steps_table(held, "prompt_banks").items() if n in kept}
     calibration_start = start = _clock(run_device)
     if solver == "elf" and kept:
         # The kept NFEs' moments were measured with these base scales, and the scheduler runs them with them:
@@ -355,12 +364,12 @@ def calibrate_pipeline(
             runner, n, base_scales[1], alpha, bank_mu, bank_sigma, show, process_state, generator_device, prompts
         )
         if prompts is not None:
-            prompt_banks[str(n)] = prompts.record()
+            prompt_banks[n] = prompts.record()
         steps[n] = StepStatistics(mean, rms, distance)
-        alphas[str(n)] = float(per_nfe_coefficients[n]["alpha"])
-        result.coefficients_by_steps[str(n)] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
-        bank_sizes[str(n)] = [bank_size, bank_size]
-        seeds[str(n)] = {"space": "calibration", "streams": [2 * seed, 2 * seed + 1]}
+        alphas[n] = float(per_nfe_coefficients[n]["alpha"])
+        result.coefficients_by_steps[n] = {k: float(v) for k, v in per_nfe_coefficients[n].items()}
+        bank_sizes[n] = [bank_size, bank_size]
+        seeds[n] = {"space": "calibration", "streams": [2 * seed, 2 * seed + 1]}
         result.summaries.append(_summarise(n, mean, rms, distance, _clock(run_device) - start, 2 * bank_size))
     result.total_seconds = _clock(run_device) - calibration_start
 
@@ -374,10 +383,10 @@ def calibrate_pipeline(
         base_scales,
         steps,
         solver_config,
-        bank_sizes,
-        seeds,
-        alphas,
-        prompt_banks=prompt_banks,
+        write_steps_table(bank_sizes),
+        write_steps_table(seeds),
+        write_steps_table(alphas),
+        prompt_banks=write_steps_table(prompt_banks),
     )
     return result
 
@@ -432,12 +441,12 @@ def apply_calibration(pipe, result: CalibrationResult, overwrite: bool = False) 
     record; otherwise the entry is kept and a warning names both.
     """
     pipe.register_modules(sampler_statistics=result.statistics)
-    current = dict(pipe.scheduler.config.get("coefficients_by_steps") or {})
-    tuning = dict(pipe.scheduler.config.get("tuning_by_steps") or {})
+    current = stored_coefficients(pipe.scheduler.config)
+    tuning = stored_tuning(pipe.scheduler.config)
     changed = {}
     for n, values in result.coefficients_by_steps.items():
-        held = current.get(n)
-        if held is not None and {name: float(held[name]) for name in values} == values:
+        held = current[n].to_json() if n in current else None
+        if held is not None and {name: held.get(name) for name in values} == values:
             continue
         if held is not None and not overwrite:
             warnings.warn(
@@ -447,10 +456,10 @@ def apply_calibration(pipe, result: CalibrationResult, overwrite: bool = False) 
                 stacklevel=2,
             )
             continue
-        changed[n] = dict(values)
+        changed[n] = StepCoefficients.stored(n, values, "")
         tuning.pop(n, None)  # the record of a tuning whose result is replaced
     if changed:
-        pipe.scheduler.register_to_config(coefficients_by_steps={**current, **changed}, tuning_by_steps=tuning or None)
+        pipe.scheduler.register_to_config(**tables_config({**current, **changed}, tuning))
 
 
 def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[float, float] | None]:
@@ -468,9 +477,9 @@ def _existing(pipe) -> tuple[dict[int, StepStatistics], dict, dict, dict, tuple[
     scales = tuple(float(x) for x in statistics.base_scales.tolist())
     return (
         steps,
-        dict(config.bank_sizes or {}),
-        dict(config.seeds or {}),
-        dict(config.calibration_alpha or {}),
+        read_steps_table(config.bank_sizes, "bank_sizes"),
+        read_steps_table(config.seeds, "seeds"),
+        read_steps_table(config.calibration_alpha, "calibration_alpha"),
         scales,
     )
 

@@ -103,6 +103,6 @@ def flowmap_statistics(
             distances = cosine_distances([p.double() for p in predictions], kappa, alpha).sum(dim=0)
             sums = distances if sums is None else sums + distances
             count, batch_index = count + size, batch_index + 1
-        table[str(steps)] = (sums / count).float()
+        table[steps] = (sums / count).float()
     q, rho_sq = basis.storage_tensors()
     return FlowMapStatistics(basis=q, rho_sq=rho_sq, cosine_distance=table)

@@ -25,9 +25,10 @@ from ..distributed import (
     slowest_process_seconds,
 )
 from ..families import family_names, get_family, untied_families
-from ..schedulers import UntiedSelfConditioningScheduler
+from ..per_nfe import read_steps_table
+from ..schedulers import UntiedSelfConditioningScheduler, stored_tuning
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
-from ..seeds import DEFAULT_RECORD_SPACE, generator_seed
+from ..seeds import generator_seed
 from ..untied_variants import untied_variant_class
 from .samples import Sample
 
@@ -103,8 +104,8 @@ def tuning_seeds(pipe) -> set[int]:
     scheduler config's `tuning_by_steps` whose banks lie in the benchmark space (a record without `seed_space`, as
     the bundled folders' 32- and 64-NFE ones). Banks in the `tuning` space are reached by no benchmark seed.
     """
-    records = (pipe.scheduler.config.get("tuning_by_steps") or {}).values()
-    return {int(r["seed"]) for r in records if r.get("seed_space", DEFAULT_RECORD_SPACE) == "benchmark"}
+    records = stored_tuning(pipe.scheduler.config).values()
+    return {record.seed for record in records if record.seed_space == "benchmark"}
 
 
 def family_of(pipe) -> str:
@@ -181,13 +182,13 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
 
 def knobs_at(spec: Mapping, num_inference_steps: int | None) -> dict:
     """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps` (an error where it has none)."""
-    by_steps = spec[KNOBS_KEY]
-    if num_inference_steps is None or str(num_inference_steps) not in by_steps:
+    by_steps = read_steps_table(spec[KNOBS_KEY], KNOBS_KEY)
+    if num_inference_steps not in by_steps:
         raise ValueError(
-            f"The sampler spec has knobs for NFE {sorted(by_steps, key=int)} only, not {num_inference_steps}: tune "
+            f"The sampler spec has knobs for NFE {sorted(by_steps)} only, not {num_inference_steps}: tune "
             "its knobs at that NFE (`untied-sc benchmark --experiment baselines` tunes every --nfe)."
         )
-    return dict(by_steps[str(num_inference_steps)])
+    return dict(by_steps[num_inference_steps])
 
 
 def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:

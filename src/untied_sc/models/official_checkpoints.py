@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from ..per_nfe import write_steps_table
+
 
 T = TypeVar("T")
 
@@ -47,7 +49,7 @@ class StepValue:
 
 def by_steps(values: tuple[StepValue, ...]) -> dict[str, float]:
     """A per-NFE table as the configs key it (`{"8": 2.0, ...}`)."""
-    return {str(v.steps): v.value for v in values}
+    return write_steps_table({v.steps: v.value for v in values})
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from ..per_nfe import read_steps_table, write_steps_table
 from .checks import as_int, check_finite_number
 from .outputs import LanguageFlowPipelineOutput
 from .pipeline_utils import LanguageFlowPipeline, call_diversity
@@ -21,15 +22,15 @@ def _check_sc_cfg_scale(value, where: str = "sc_cfg_scale") -> float:
 
 
 def _check_sc_cfg_scale_by_steps(table) -> dict[str, float]:
-    """`{"8": 2.5, ...}`: NFEs (≥ 2, as strings, the JSON keys) to numbers; int keys are taken as their strings."""
-    if not isinstance(table, dict):
-        raise ValueError(f"sc_cfg_scale_by_steps must be a mapping of NFE to scale, e.g. {{'8': 2.5}}, got {table!r}.")
-    checked = {}
-    for steps, value in table.items():
-        if not str(steps).isdigit() or int(steps) < 2:
-            raise ValueError(f"sc_cfg_scale_by_steps: {steps!r} is not an NFE (an integer ≥ 2).")
-        checked[str(int(steps))] = _check_sc_cfg_scale(value, f"sc_cfg_scale_by_steps[{steps!r}]")
-    return dict(sorted(checked.items(), key=lambda item: int(item[0])))
+    """`{"8": 2.5, ...}`: NFEs (≥ 2) to numbers, as the config keeps them (string keys, in NFE order)."""
+    scales = read_steps_table(table, "sc_cfg_scale_by_steps", _sc_cfg_scale_entry)
+    return write_steps_table(dict(sorted(scales.items())))
+
+
+def _sc_cfg_scale_entry(steps: int, value, where: str) -> float:
+    if steps < 2:
+        raise ValueError(f"sc_cfg_scale_by_steps: {steps!r} is not an NFE (an integer ≥ 2).")
+    return _check_sc_cfg_scale(value, where)
 
 
 def mask_after_eos(ids: torch.LongTensor, eos_token_id: int, pad_token_id: int) -> torch.LongTensor:
@@ -80,7 +81,7 @@ class ELFPipeline(LanguageFlowPipeline):
     the first EOS. NFE = number of steps.
 
     The SC-CFG scale w of a call is the call's `sc_cfg_scale`, else the pipeline's value for the call's NFE
-    ([`sc_cfg_scale_for`]): `config.sc_cfg_scale_by_steps[str(N)]` where that table lists N (a checkpoint whose
+    ([`sc_cfg_scale_for`]): N's entry of `config.sc_cfg_scale_by_steps` where that table lists N (a checkpoint whose
     official w depends on the number of steps, as ELF-B-PD's), else `config.sc_cfg_scale`. That default is fixed
     when the pipeline is built: the `sc_cfg_scale` argument (`model_index.json`'s value when loading), else 3.0
     (`DEFAULT_SC_CFG_SCALE`, the released models'). `save_pretrained` writes both to `model_index.json` (the table
@@ -206,9 +207,9 @@ class ELFPipeline(LanguageFlowPipeline):
         return self.config.sc_cfg_scale
 
     def sc_cfg_scale_for(self, num_inference_steps: int) -> float:
-        """w at N steps: `config.sc_cfg_scale_by_steps[str(N)]` where the table lists N, else `config.sc_cfg_scale`."""
-        table = self.config.get("sc_cfg_scale_by_steps") or {}
-        return float(table.get(str(as_int(num_inference_steps)), self.sc_cfg_scale))
+        """w at N steps: N's entry of `config.sc_cfg_scale_by_steps` where it lists N, else `config.sc_cfg_scale`."""
+        table = read_steps_table(self.config.get("sc_cfg_scale_by_steps"), "sc_cfg_scale_by_steps")
+        return float(table.get(as_int(num_inference_steps), self.sc_cfg_scale))
 
     def _scale(self, sc_cfg_scale: float | None, num_inference_steps: int | None = None) -> float:
         """The SC-CFG scale w a call runs at: its own, or (`None`) the pipeline's for its NFE (without one: default)."""

@@ -8,6 +8,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from .. import schedulers
 from ..calibration import apply_calibration, calibrate_pipeline
 from ..hardware import check_device
+from ..per_nfe import check_steps
 from ..schedulers.coefficients import entropy_matched_setting
 from ..schedulers.noise import draw_normal, global_generator
 from ..schedulers.sampler_statistics import CALIBRATION_SEED
@@ -111,8 +112,7 @@ class LanguageFlowPipeline(PretrainedMixin, SavingMixin, NetworkMixin, Denoising
         """The run's sizes and initial latents (the denoising run checks them, once per call)."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
-            raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
+        check_steps(num_inference_steps)
         expected = (batch_size, *self.latent_shape)
         if latents is not None and tuple(latents.shape) != expected:
             raise ValueError(f"latents have shape {tuple(latents.shape)}, expected {expected} (batch, length, dim).")

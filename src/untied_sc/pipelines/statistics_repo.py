@@ -26,7 +26,15 @@ from pathlib import Path
 
 from ..hub import HUB_KWARGS, check_endpoint, resolve_local, upload_folder_to_hub
 from ..models.official_checkpoints import cache_snapshot
-from ..schedulers.coefficients import coefficients_table
+from ..per_nfe import read_steps_table
+from ..schedulers.coefficients import (
+    StepCoefficients,
+    TuningRecord,
+    coefficients_table,
+    stored_tuning,
+    tables_config,
+    tuning_table,
+)
 from ..schedulers.sampler_statistics import SamplerStatistics, input_projection_weights, model_fingerprint
 from .artifact_checks import CONVERSION_RECORD
 
@@ -175,7 +183,8 @@ class PublishedStatistics:
         source (`str`): the folder or repo id given.
         folder (`Path`): where its files lie on disk.
         statistics ([`SamplerStatistics`]): the component.
-        coefficients_by_steps (`dict`, *optional*), tuning_by_steps (`dict`, *optional*): the scheduler config entries.
+        coefficients_by_steps (`dict[int, StepCoefficients]`), tuning_by_steps (`dict[int, TuningRecord]`): the
+            scheduler config entries per NFE (empty where there are none).
         base ([`BaseCheckpoint`], *optional*): the weights recorded (`None` for a pipeline folder given as source,
             which records none).
         hub ([`HubSource`], *optional*): the statistics repo and commit, for a source read from the Hub.
@@ -184,8 +193,8 @@ class PublishedStatistics:
     source: str
     folder: Path
     statistics: SamplerStatistics
-    coefficients_by_steps: dict | None
-    tuning_by_steps: dict | None
+    coefficients_by_steps: dict[int, StepCoefficients]
+    tuning_by_steps: dict[int, TuningRecord]
     base: BaseCheckpoint | None
     hub: HubSource | None = None
 
@@ -377,7 +386,7 @@ def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
     ]
 
 
-def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics, coefficients: dict, repo: str) -> str:
+def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics, scheduler_config, repo: str) -> str:
     """The README.md of a statistics repo."""
     header = ["---", "library_name: untied-sc", "tags:", "- untied-sc", f"- {record.family}", "- sampler-statistics"]
     base_model = record.pipeline or record.official
@@ -387,10 +396,11 @@ def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics,
     steps = sorted(statistics.config.calibrated_steps or [])
     rows = [f"| base weights | {record.describe()} |", f"| model fingerprint | `{record.model_fingerprint}` |"]
     rows.append(f"| calibrated NFEs | {', '.join(map(str, steps)) or 'none'} |")
-    table = coefficients.get("coefficients_by_steps") or {}
-    for n in sorted(table, key=int):
+    table = read_steps_table(scheduler_config.get("coefficients_by_steps"), "coefficients_by_steps")  # as stored
+    tuning = stored_tuning(scheduler_config)
+    for n in sorted(table):
         entry = ", ".join(f"{name} {value:g}" for name, value in table[n].items())
-        tuned = " (tuned)" if str(n) in (coefficients.get("tuning_by_steps") or {}) else ""
+        tuned = " (tuned)" if n in tuning else ""
         rows.append(f"| coefficients at {n} NFE{tuned} | {entry} |")
     lines = [
         *header,
@@ -443,7 +453,7 @@ def save_statistics_folder(
     coefficients = {key: pipe.scheduler.config.get(key) for key in SCHEDULER_KEYS}
     (folder / COEFFICIENTS_FILE).write_text(json.dumps(coefficients, indent=2, sort_keys=True) + "\n")
     (folder / BASE_CHECKPOINT_FILE).write_text(record.to_json())
-    card = statistics_model_card(record, statistics, coefficients, repo_id or str(folder))
+    card = statistics_model_card(record, statistics, pipe.scheduler.config, repo_id or str(folder))
     (folder / "README.md").write_text(card, encoding="utf-8")
     return folder
 
@@ -517,12 +527,10 @@ def load_statistics_source(
         entries = {}
     where = folder / (COEFFICIENTS_FILE if base is not None else "scheduler/scheduler_config.json")
     try:
-        coefficients = coefficients_table(entries.get("coefficients_by_steps") or {})
+        coefficients = coefficients_table(entries.get("coefficients_by_steps"))
+        tuning = tuning_table(entries.get("tuning_by_steps"))
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
-    tuning = entries.get("tuning_by_steps") or {}
-    coefficients = coefficients or None
-    tuning = {str(n): dict(record) for n, record in tuning.items()} or None
     snapshot = cache_snapshot(folder)
     hub = HubSource(snapshot[0], revision, snapshot[1]) if snapshot is not None else None
     return PublishedStatistics(str(source), folder, statistics, coefficients, tuning, base, hub)
@@ -580,9 +588,7 @@ def install_statistics(pipe, published: PublishedStatistics) -> None:
             reason = f"its input projections hash to {fingerprint!r}: other weights"
         raise ValueError(mismatch_message(pipe, published, reason)) from None
     pipe.register_modules(sampler_statistics=statistics)
-    pipe.scheduler.register_to_config(
-        coefficients_by_steps=published.coefficients_by_steps, tuning_by_steps=published.tuning_by_steps
-    )
+    pipe.scheduler.register_to_config(**tables_config(published.coefficients_by_steps, published.tuning_by_steps))
 
 
 def attach_statistics(

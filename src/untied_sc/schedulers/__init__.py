@@ -1,4 +1,14 @@
-from .coefficients import entropy_matched_setting, paper_coefficients, preset_entry, resolve_coefficients
+from .coefficients import (
+    StepCoefficients,
+    TuningRecord,
+    entropy_matched_setting,
+    paper_coefficients,
+    preset_entry,
+    resolve_coefficients,
+    stored_coefficients,
+    stored_tuning,
+    tables_config,
+)
 from .comparison_names import COMPARISON_METHODS
 from .compatibility import CompatibleSchedulerMixin
 from .history_directions import (

@@ -4,7 +4,7 @@ For N steps, per coefficient, the first of these that has a value wins:
 
 1. the explicit scalar in the scheduler config (`eta_r`, `eta_t`, `eta_o`, `alpha`);
 2. the paper preset named by the config's `coefficients` (e.g. `"elf-b"`), if it lists N;
-3. the config's `coefficients_by_steps[str(N)]` (what `untied-sc tune` or calibration wrote);
+3. the config's `coefficients_by_steps` entry of N (what `untied-sc tune` or calibration wrote);
 4. the named preset at an NFE it does not list: its entry at the nearest listed NFE (`preset_entry`);
 
 and if none has, a `ValueError` names every option and the NFEs each one covers.
@@ -20,10 +20,13 @@ import json
 import math
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..families import family_names, get_family
+from ..per_nfe import check_steps, read_steps_table, write_steps_table
+from ..seeds import DEFAULT_RECORD_SPACE
 from .config_checks import unusual_coefficient_message
 from .sampler_statistics import COEFFICIENT_NAMES
 
@@ -42,10 +45,14 @@ class UntiedCoefficients(NamedTuple):
         return cls(**{name: float(values[name]) for name in cls._fields})
 
 
-def paper_coefficients() -> dict[str, dict[str, dict[str, float]]]:
+def paper_coefficients() -> dict[str, dict[int, dict[str, float]]]:
     """The paper's coefficient table (ELF-B/M/L, LangFlow OWT/LM1B), keyed by preset name and NFE."""
     text = resources.files("untied_sc").joinpath("data/coefficients.json").read_text()
-    return {name: table for name, table in json.loads(text).items() if not name.startswith("_")}
+    return {
+        name: read_steps_table(table, f"data/coefficients.json[{name!r}]")
+        for name, table in json.loads(text).items()
+        if not name.startswith("_")
+    }
 
 
 def nearest_listed_steps(listed, num_steps: int) -> int:
@@ -55,7 +62,7 @@ def nearest_listed_steps(listed, num_steps: int) -> int:
     32√2 ≈ 45.3, so 5 → 8, 11 → 8, 12 → 16, 22 → 16, 24 → 32, 48 → 64, 1000 → 64 (ties cannot occur between powers
     of two; they would between e.g. 8 and 18, at 12).
     """
-    steps = sorted(int(n) for n in listed)
+    steps = sorted(listed)
     if not steps:
         raise ValueError("No NFEs listed.")
     return min(steps, key=lambda n: (abs(math.log2(n) - math.log2(num_steps)), n))
@@ -68,11 +75,10 @@ def preset_entry(name: str, num_steps: int) -> tuple[int, dict[str, float]]:
     (the NFE the entry is listed at, η_R, η_T, η_O, α as a new dict).
     """
     check_preset(name)
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, "num_steps", minimum=1)
     table = paper_coefficients()[name]
-    listed = num_steps if str(num_steps) in table else nearest_listed_steps(table, num_steps)
-    return listed, {key: float(value) for key, value in table[str(listed)].items()}
+    listed = num_steps if num_steps in table else nearest_listed_steps(table, num_steps)
+    return listed, {key: float(value) for key, value in table[listed].items()}
 
 
 def check_coefficients(values: Mapping[str, float | None], where: str = "") -> None:
@@ -138,17 +144,24 @@ def check_preset(name: str | None, family: str | None = None, where: str = "") -
 DIVERSITY_KEYS = {"temperature": (1.0, 0.0, False), "decode_temperature": (0.0, 0.0, True)}
 
 
-def coefficients_table(table: Mapping | None) -> dict[str, dict[str, float]] | None:
+@dataclass(frozen=True)
+class StepCoefficients:
     """
-    `coefficients_by_steps` as the config stores it: NFE keys as strings, each entry exactly η_R, η_T, η_O, α (and
-    at most one entropy-matching knob of [`DIVERSITY_KEYS`]) as plain floats (JSON numbers, so a tuned 0.3 reloads
-    as 0.3), checked. `None` stays `None`.
+    One NFE's entry of `coefficients_by_steps`: η_R, η_T, η_O, α and at most one entropy-matching knob of
+    [`DIVERSITY_KEYS`] (`knob` names it, `None` without one), as `untied-sc tune` or calibration wrote them.
     """
-    if table is None:
-        return None
-    normalised = {}
-    for steps, entry in table.items():
-        where = f"coefficients_by_steps[{str(steps)!r}]"
+
+    eta_r: float
+    eta_t: float
+    eta_o: float
+    alpha: float
+    knob: str | None = None
+    knob_value: float | None = None
+
+    @classmethod
+    def read(cls, steps: int, entry, where: str) -> "StepCoefficients":
+        """The entry of a file or config (`where` names it for the errors), checked: exactly η_R, η_T, η_O, α and at
+        most one knob, each a number in its range."""
         extra = set(entry) - set(COEFFICIENT_NAMES) if isinstance(entry, Mapping) else set()
         if (
             not isinstance(entry, Mapping)
@@ -166,10 +179,113 @@ def coefficients_table(table: Mapping | None) -> dict[str, dict[str, float]] | N
                 raise ValueError(f"{where}[{name!r}] must be a number, got {entry[name]!r}.")
         values = {name: float(entry[name]) for name in COEFFICIENT_NAMES}
         check_coefficients(values, where=f" at {steps} steps")
-        for key in extra:
-            values[key] = _check_diversity(key, entry[key], values, where)
-        normalised[str(steps)] = values
-    return normalised
+        knob = next(iter(extra), None)
+        value = None if knob is None else _check_diversity(knob, entry[knob], values, where)
+        return cls(**values, knob=knob, knob_value=value)
+
+    @classmethod
+    def stored(cls, steps: int, entry: Mapping, where: str) -> "StepCoefficients":
+        """The entry of a config that holds checked entries (a scheduler's, which [`read`] checked when it was
+        built), without checking it again."""
+        knob = next((key for key in entry if key not in COEFFICIENT_NAMES), None)
+        values = {name: float(entry[name]) for name in COEFFICIENT_NAMES}
+        return cls(**values, knob=knob, knob_value=None if knob is None else float(entry[knob]))
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """η_R, η_T, η_O, α by name."""
+        return {name: getattr(self, name) for name in COEFFICIENT_NAMES}
+
+    def setting(self, key: str) -> float | None:
+        """The entropy-matching knob `key`'s value, `None` where this entry holds another or none."""
+        return self.knob_value if self.knob == key else None
+
+    def to_json(self) -> dict[str, float]:
+        """The entry as the config stores it: the four coefficients, then the knob where there is one."""
+        return {**self.coefficients, **({self.knob: self.knob_value} if self.knob is not None else {})}
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """
+    One NFE's entry of `tuning_by_steps`: how `untied-sc tune` chose that NFE's coefficients. The library reads the
+    bank it was tuned on and the coefficients calibration ran at; the other fields are the lab's record, kept as
+    written (`fields`).
+    """
+
+    fields: Mapping[str, Any]
+
+    @classmethod
+    def read(cls, steps: int, record, where: str) -> "TuningRecord":
+        if not isinstance(record, Mapping):
+            raise ValueError(f"{where} must be a tuning record (a mapping), got {record!r}.")
+        return cls(dict(record))
+
+    @property
+    def seed(self) -> int:
+        """The seed of the bank the search scored on."""
+        return int(self.fields["seed"])
+
+    @property
+    def seed_space(self) -> str:
+        """The bank's seed space; a record without one drew benchmark seeds (`untied_sc.seeds`)."""
+        return self.fields.get("seed_space", DEFAULT_RECORD_SPACE)
+
+    @property
+    def num_samples(self) -> int | None:
+        """The bank's size, where the record gives it."""
+        return self.fields.get("num_samples")
+
+    @property
+    def calibrated(self) -> dict[str, float]:
+        """The coefficients calibration ran at (a record without them: those the search started from)."""
+        source = self.fields.get("calibrated") or self.fields["start"]
+        return {name: float(source[name]) for name in COEFFICIENT_NAMES}
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
+def coefficients_table(table: Mapping | None) -> dict[int, StepCoefficients]:
+    """`coefficients_by_steps` of a file or config per NFE (`None`: none), every entry checked (`StepCoefficients`)."""
+    return read_steps_table(table, "coefficients_by_steps", StepCoefficients.read)
+
+
+def tuning_table(table: Mapping | None) -> dict[int, TuningRecord]:
+    """`tuning_by_steps` of a file or config (`None`: none) per NFE ([`TuningRecord`])."""
+    return read_steps_table(table, "tuning_by_steps", TuningRecord.read)
+
+
+def stored_coefficients(config: Mapping) -> dict[int, StepCoefficients]:
+    """A scheduler config's `coefficients_by_steps` per NFE, as stored (an untied scheduler checked them when it was
+    built; an official one keeps them as hidden keys)."""
+    return read_steps_table(config.get("coefficients_by_steps"), "coefficients_by_steps", StepCoefficients.stored)
+
+
+def stored_tuning(config: Mapping) -> dict[int, TuningRecord]:
+    """A scheduler config's `tuning_by_steps` per NFE."""
+    return tuning_table(config.get("tuning_by_steps"))
+
+
+def write_coefficients_table(table: Mapping[int, StepCoefficients]) -> dict[str, dict[str, float]]:
+    """`coefficients_by_steps` as a config or file keeps it: NFE keys as strings, plain floats."""
+    return write_steps_table(table, StepCoefficients.to_json)
+
+
+def write_tuning_table(table: Mapping[int, TuningRecord]) -> dict[str, dict]:
+    """`tuning_by_steps` as a config or file keeps it: NFE keys as strings."""
+    return write_steps_table(table, TuningRecord.to_json)
+
+
+def tables_config(
+    coefficients: Mapping[int, StepCoefficients], tuning: Mapping[int, TuningRecord]
+) -> dict[str, dict | None]:
+    """The scheduler config keys (`register_to_config(**...)`) of per-NFE coefficients and tuning records, as JSON
+    keeps them; an empty table is `None`."""
+    return {
+        "coefficients_by_steps": write_coefficients_table(coefficients) if coefficients else None,
+        "tuning_by_steps": write_tuning_table(tuning) if tuning else None,
+    }
 
 
 def _check_diversity(key: str, value, coefficients: Mapping[str, float], where: str) -> float:
@@ -199,15 +315,10 @@ def entropy_matched_setting(config: Mapping, num_inference_steps: int, key: str)
     if any(config.get(name) is not None for name in COEFFICIENT_NAMES):
         return None
     preset = config.get("coefficients")
-    if preset is not None and str(num_inference_steps) in paper_coefficients().get(preset, {}):
+    if preset is not None and num_inference_steps in paper_coefficients().get(preset, {}):
         return None
-    entry = (config.get("coefficients_by_steps") or {}).get(str(num_inference_steps)) or {}
-    value = entry.get(key)
-    return None if value is None else float(value)
-
-
-def _steps(table: Mapping | None) -> list[int]:
-    return sorted(int(n) for n in table or {})
+    entry = stored_coefficients(config).get(num_inference_steps)
+    return None if entry is None else entry.setting(key)
 
 
 def resolve_coefficients(config: Mapping, num_inference_steps: int) -> dict[str, float]:
@@ -218,22 +329,22 @@ def resolve_coefficients(config: Mapping, num_inference_steps: int) -> dict[str,
         config (`Mapping`): the scheduler config (`eta_r`…`alpha`, `coefficients`, `coefficients_by_steps`).
         num_inference_steps (`int`): N.
     """
-    n = str(num_inference_steps)
+    n = num_inference_steps
     resolved = {name: config.get(name) for name in COEFFICIENT_NAMES}
     missing = [name for name in COEFFICIENT_NAMES if resolved[name] is None]
     if not missing:
         return {name: float(value) for name, value in resolved.items()}
     preset = config.get("coefficients")
     preset_table = paper_coefficients()[preset] if preset is not None else {}
-    by_steps = config.get("coefficients_by_steps") or {}
+    by_steps = stored_coefficients(config)
     if n in preset_table:
         fallback = preset_table[n]
     elif n in by_steps:
-        fallback = {name: by_steps[n][name] for name in COEFFICIENT_NAMES}
+        fallback = by_steps[n].coefficients
     elif preset is not None:
         fallback = preset_entry(preset, num_inference_steps)[1]
     else:
-        sources = [f"`coefficients_by_steps` (this config has NFEs {_steps(by_steps)}; `untied-sc tune` writes them)"]
+        sources = [f"`coefficients_by_steps` (this config has NFEs {sorted(by_steps)}; `untied-sc tune` writes them)"]
         raise ValueError(
             f"No coefficients for {num_inference_steps} steps ({', '.join(missing)} unset). Set them as config "
             f"values (`eta_r=`, `eta_t=`, `eta_o=`, `alpha=`), name a paper preset with `coefficients=` (one of "

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..per_nfe import read_steps_table
+
 
 @dataclass(frozen=True)
 class Range:
@@ -68,6 +70,8 @@ def check_config_ranges(owner: str, config: Mapping, ranges: Mapping[str, Range]
         value = config.get(name)
         if value is None:
             continue
+        if isinstance(value, Mapping):  # a per-NFE table (e.g. `sde_gamma_by_steps`): its keys are numbers of steps
+            read_steps_table(value, f"{owner} config{source}: {name}")
         entries = value.items() if isinstance(value, Mapping) else [(None, value)]
         for key, entry in entries:
             field = name if key is None else f"{name}[{key!r}]"

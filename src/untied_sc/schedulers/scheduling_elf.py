@@ -7,6 +7,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..per_nfe import check_steps, read_steps_table
 from .comparison_names import ELF_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import FINITE, NON_NEGATIVE, POSITIVE, Range
@@ -42,9 +43,10 @@ def default_sde_gamma(num_steps: int) -> float:
     log2(N) (e.g. 12 → 2.0, 24 → 2.0 − 0.5·log2(24/16) ≈ 1.7075, 48 → 1.5 − 0.5·log2(48/32) ≈ 1.2075); outside
     [8, 64], the end value (N < 8 → 2.0, N > 64 → 1.0).
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
-    points = sorted((int(n), float(gamma)) for n, gamma in DEFAULT_SDE_GAMMA.items())
+    check_steps(num_steps, "num_steps", minimum=1)
+    points = sorted(
+        (n, float(gamma)) for n, gamma in read_steps_table(DEFAULT_SDE_GAMMA, "sde_gamma_by_steps").items()
+    )
     if num_steps <= points[0][0]:
         return points[0][1]
     if num_steps >= points[-1][0]:
@@ -189,12 +191,12 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
         return self._begin_index
 
     def sde_gamma_for(self, num_inference_steps: int) -> float:
-        """γ_sde for N steps: `sde_gamma` if set, else `sde_gamma_by_steps[str(N)]`, else `default_sde_gamma(N)`."""
+        """γ_sde for N steps: `sde_gamma` if set, else N's `sde_gamma_by_steps` entry, else `default_sde_gamma(N)`."""
         if self.config.sde_gamma is not None:
             return float(self.config.sde_gamma)
-        table = self.config.sde_gamma_by_steps or {}
-        if str(num_inference_steps) in table:
-            return float(table[str(num_inference_steps)])
+        table = read_steps_table(self.config.sde_gamma_by_steps, "sde_gamma_by_steps")
+        if num_inference_steps in table:
+            return float(table[num_inference_steps])
         return default_sde_gamma(num_inference_steps)
 
     def set_timesteps(
@@ -262,8 +264,7 @@ class ELFScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixin, Co
     def _draw_grid(
         self, num_inference_steps: int, generator: torch.Generator, grid_generator: torch.Generator | None = None
     ) -> list[float]:
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
-            raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
+        check_steps(num_inference_steps)
         # The official CPU run draws the grid from the global RNG, seeded like the generator (so: from a copy); on CUDA
         # it draws everything from the one CUDA RNG, the grid first.
         source = copy_generator(generator) if generator.device.type == "cpu" else generator

@@ -19,6 +19,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 from safetensors.torch import load_file, save_file
 
+from ..per_nfe import check_steps, read_steps_table, write_steps_table
 from .noise import global_generator
 from .run_context import RunContext, TakesRunContext, run_context
 from .transform import overlap_transform, retention
@@ -62,8 +63,7 @@ def flowmap_time_grid(num_steps: int, p_mean: float, p_std: float, tau_kind: str
     N + 1) with interior sigmoid(P_std·Φ⁻¹(τ) + P_mean) (`logit_normal_uniform`, the FMLM* config's
     `elfmap_tau_kind`), sigmoid(P_std·logit(τ) + P_mean) (`logit_normal`) or τ itself (`identity`).
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_inference_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, minimum=1)
     tau = torch.linspace(0.0, 1.0, num_steps + 1, dtype=torch.float32)
     if tau_kind == "identity":
         return tau
@@ -85,8 +85,7 @@ def cdeq_time_grid(num_steps: int, generator: torch.Generator, p_mean: float, p_
     The official random grid of cdeq (`get_sampling_steps`, `logit_normal`): N − 1 normals from `generator` on its
     device, sigmoid(ξ·P_std + P_mean), sorted, between 0 and 1; N = 1 draws nothing and gives [0, 1].
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_inference_steps must be a positive integer, got {num_steps!r}.")
+    check_steps(num_steps, minimum=1)
     device = generator.device
     if num_steps < 2:
         return torch.tensor([0.0, 1.0], device=device)
@@ -213,11 +212,11 @@ class FlowMapLMScheduler(TakesRunContext, SchedulerMixin, ConfigMixin):
         return self._step_index
 
     def gamma_for(self, num_inference_steps: int) -> float:
-        """ctm's γ at N steps: `gamma`, else `gamma_by_steps[str(N)]` (default: the FMLM* config's), else 1.0."""
+        """ctm's γ at N steps: `gamma`, else N's entry of `gamma_by_steps` (default: the FMLM* config's), else 1.0."""
         if self.config.gamma is not None:
             return float(self.config.gamma)
         table = self.config.gamma_by_steps if self.config.gamma_by_steps is not None else FMLM_GAMMA_BY_STEPS
-        return float(table.get(str(num_inference_steps), FMLM_DEFAULT_GAMMA))
+        return float(read_steps_table(table, "gamma_by_steps").get(num_inference_steps, FMLM_DEFAULT_GAMMA))
 
     def set_timesteps(
         self,
@@ -484,17 +483,17 @@ class FlowMapStatistics:
     Args:
         basis (`torch.Tensor` of shape `(D, r)`): Q, orthonormal columns spanning row(W_m) (docs/algorithm.md §4.1).
         rho_sq (`torch.Tensor` of shape `(r,)`): ρ², descending, in [0, 1].
-        cosine_distance (`dict[str, torch.Tensor]`): per number of steps N (as a string), δ̄_k for k = 0..N − 1.
+        cosine_distance (`dict[int, torch.Tensor]`): per number of steps N, δ̄_k for k = 0..N − 1.
     """
 
     basis: torch.Tensor
     rho_sq: torch.Tensor
-    cosine_distance: dict[str, torch.Tensor]
+    cosine_distance: dict[int, torch.Tensor]
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the statistics to one safetensors file (`basis`, `rho_sq`, `cosine_distance.<N>`)."""
         tensors = {"basis": self.basis, "rho_sq": self.rho_sq}
-        tensors.update({f"cosine_distance.{n}": d for n, d in self.cosine_distance.items()})
+        tensors.update({f"cosine_distance.{n}": d for n, d in write_steps_table(self.cosine_distance).items()})
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
 
     @classmethod
@@ -505,6 +504,7 @@ class FlowMapStatistics:
         if missing:
             raise ValueError(f"{path} lacks {missing}; is it a file written by FlowMapStatistics.save?")
         table = {k.removeprefix("cosine_distance."): v for k, v in tensors.items() if k.startswith("cosine_distance.")}
+        table = read_steps_table(table, f"{path}: cosine_distance")
         return cls(basis=tensors["basis"], rho_sq=tensors["rho_sq"], cosine_distance=table)
 
 
@@ -570,12 +570,12 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
         if self.statistics is None:
             raise ValueError("eta_r > 0 needs the flow-map statistics: call set_statistics(flowmap_statistics(...)).")
         table = self.statistics.cosine_distance
-        if str(num_inference_steps) not in table:
+        if num_inference_steps not in table:
             raise ValueError(
-                f"The statistics have cosine distances for N in {sorted(table, key=int)}, not N = "
+                f"The statistics have cosine distances for N in {sorted(table)}, not N = "
                 f"{num_inference_steps}; calibrate at that N."
             )
-        delta = [float(d) for d in table[str(num_inference_steps)]]
+        delta = [float(d) for d in table[num_inference_steps]]
         kappa = [
             flowmap_kappa(self._grid[k], self._grid[k + 1], self.gamma, self.config.sampler)
             for k in range(num_inference_steps)

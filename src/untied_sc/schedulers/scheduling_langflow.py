@@ -7,6 +7,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..per_nfe import check_steps
 from .comparison_names import LANGFLOW_COMPARISON_SCHEDULERS
 from .compatibility import CompatibleSchedulerMixin
 from .config_checks import Range
@@ -136,8 +137,7 @@ class LangFlowScheduler(TakesRunContext, CompatibleSchedulerMixin, SchedulerMixi
                 the argument not given.
         """
         proposal = run_context(context, proposal=proposal).proposal
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 2:
-            raise ValueError(f"num_inference_steps must be an integer ≥ 2, got {num_inference_steps!r}.")
+        check_steps(num_inference_steps)
         if proposal is None and self.config.proposal is None:
             raise ValueError(
                 "LangFlow's grid needs the model's proposal: pass `proposal=model.gumbel_parameters()`, or store it "

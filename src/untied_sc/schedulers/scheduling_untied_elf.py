@@ -21,7 +21,7 @@ class UntiedELFScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMixin, 
     and back with `ELFScheduler.from_config(pipe.scheduler.config)`; the untied keys stay in the official config.
 
     Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
-    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; the preset's entry at its nearest listed NFE;
+    `coefficients` (if it covers N); N's `coefficients_by_steps` entry; the preset's entry at its nearest listed NFE;
     else an error naming these options.
 
     Args:

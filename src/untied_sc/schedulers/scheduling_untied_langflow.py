@@ -22,7 +22,7 @@ class UntiedLangFlowScheduler(UntiedSelfConditioningMixin, CompatibleSchedulerMi
     coefficients="langflow-owt")` and back with `LangFlowScheduler.from_config(pipe.scheduler.config)`.
 
     Coefficients for N steps, first match wins: the explicit `eta_r`/`eta_t`/`eta_o`/`alpha`; the preset named by
-    `coefficients` (if it covers N); `coefficients_by_steps[str(N)]`; the preset's entry at its nearest listed NFE;
+    `coefficients` (if it covers N); N's `coefficients_by_steps` entry; the preset's entry at its nearest listed NFE;
     else an error naming these options.
 
     Args:

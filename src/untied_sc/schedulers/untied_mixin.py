@@ -11,6 +11,9 @@ from .coefficients import (
     check_preset,
     coefficients_table,
     resolve_coefficients,
+    tuning_table,
+    write_coefficients_table,
+    write_tuning_table,
 )
 from .config_checks import POSITIVE
 from .contract import OfficialBaseMixin, init_keys
@@ -115,11 +118,11 @@ class UntiedSelfConditioningMixin(OfficialBaseMixin):
         self._guidance = None  # the guidance of the step in progress (ELF with a source), handed to the base step
         check_preset(config.coefficients, self.family, f" (in {type(self).__name__}'s config)")
         check_coefficients(config)
-        if config.coefficients_by_steps is not None:  # stored as JSON gives it back: string NFEs, plain floats
-            self.register_to_config(coefficients_by_steps=coefficients_table(config.coefficients_by_steps))
+        coefficients, tuning = coefficients_table(config.coefficients_by_steps), tuning_table(config.tuning_by_steps)
+        if config.coefficients_by_steps is not None:  # checked, as JSON gives it back: string NFEs, plain floats
+            self.register_to_config(coefficients_by_steps=write_coefficients_table(coefficients))
         if config.tuning_by_steps is not None:
-            tuning = {str(n): dict(record) for n, record in config.tuning_by_steps.items()}
-            self.register_to_config(tuning_by_steps=tuning)
+            self.register_to_config(tuning_by_steps=write_tuning_table(tuning))
         self._build_base()
         self.coefficients: UntiedCoefficients | None = None  # (η_R, η_T, η_O, α) of this run
         self.step_statistics = None  # μ_k, σ_k, δ̄_k of this NFE (when η_R > 0 or η_T > 0)

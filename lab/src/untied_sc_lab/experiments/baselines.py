@@ -15,7 +15,8 @@ import torch
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from untied_sc.families import default_protocol
 from untied_sc.generation import KNOBS_KEY, check_ace_statistics, check_runs, refuse_leaked_seeds
-from untied_sc.schedulers import COMPARISON_METHODS
+from untied_sc.per_nfe import write_steps_table
+from untied_sc.schedulers import COMPARISON_METHODS, stored_tuning
 from untied_sc.seeds import check_seed
 
 from ..tuning.baseline_knobs import knob_record, tune_knobs
@@ -27,12 +28,12 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
     """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
     (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
     the entropy-guard rule (no equal-entropy objective; the bundled folders' 32- and 64-NFE ones) say so in `rule`."""
-    tuning = pipe.scheduler.config.get("tuning_by_steps") or {}
+    tuning = stored_tuning(pipe.scheduler.config)
     by_steps = {}
     for n in nfe:
-        record = tuning.get(str(n))
+        record = tuning[n].fields if n in tuning else None
         if not record:
-            by_steps[str(n)] = None
+            by_steps[n] = None
             continue
         common = {
             "seed": record["seed"],
@@ -40,7 +41,7 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
             "num_samples": record["num_samples"],
         }
         if "rule" in record:
-            by_steps[str(n)] = {
+            by_steps[n] = {
                 **common,
                 "rule": record["rule"],
                 "budget": record["budget"],
@@ -58,7 +59,7 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
             outcome = "no admissible candidate"
         else:
             outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
-        by_steps[str(n)] = {
+        by_steps[n] = {
             **common,
             "rule": f"earlier rule: entropy guard of {record.get('max_entropy_drop')} nats, lowest raw GenPPL",
             "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
@@ -66,7 +67,7 @@ def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
             "max_entropy_drop": record.get("max_entropy_drop"),
             "outcome": outcome,
         }
-    return by_steps
+    return write_steps_table(by_steps)
 
 
 def ace_record(pipe) -> dict | None:
@@ -207,9 +208,9 @@ def apply_knob_choices(
         method = spec["scheduler"]
         if method not in COMPARISON_METHODS:
             continue
-        tuned[name] = {**spec, KNOBS_KEY: {str(n): dict(by_method[method, n].chosen) for n in nfe}}
+        tuned[name] = {**spec, KNOBS_KEY: write_steps_table({n: dict(by_method[method, n].chosen) for n in nfe})}
         per_sampler[name] = {
             "method": method,
-            "by_steps": {str(n): knob_record(by_method[method, n]) for n in nfe},
+            "by_steps": write_steps_table({n: knob_record(by_method[method, n]) for n in nfe}),
         }
     return tuned, {**bank, "samplers": per_sampler, "untied": dict(untied)}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from untied_sc.generation import KNOBS_KEY, Sample
+from untied_sc.per_nfe import read_steps_table
 
 from .score_reuse import read_report_runs
 
@@ -26,7 +27,7 @@ def spec_at(spec: Mapping, n: int) -> dict:
     """A sampler spec as it samples at NFE `n`: its settings and, for a tuned comparison sampler, its knobs there."""
     at_n = {key: value for key, value in spec.items() if key != KNOBS_KEY}
     if KNOBS_KEY in spec:
-        at_n[KNOBS_KEY] = spec[KNOBS_KEY].get(str(n))
+        at_n[KNOBS_KEY] = read_steps_table(spec[KNOBS_KEY], KNOBS_KEY).get(n)
     return at_n
 
 
@@ -52,11 +53,12 @@ def read_report_samples(path: str | os.PathLike) -> ReusableSamples:
     report, runs = read_report_runs(path, "--reuse-samples", " Sample without --reuse-samples.")
     knob = report.get("diversity_knob", "temperature")
     reusable = ReusableSamples(str(path), {key: report.get(key) for key in SAMPLING_SETTINGS})
+    coefficients = report.get("coefficients") or {}
     for record, samples in zip(report["runs"], runs, strict=True):
         sampler, n = record["sampler"], record["nfe"]
         reusable.runs[(sampler, n, record["seed"], record.get(knob))] = {
             "spec": spec_at(report["samplers"][sampler], n),
-            "coefficients": (report.get("coefficients") or {}).get(sampler, {}).get(str(n)),
+            "coefficients": read_steps_table(coefficients.get(sampler), "coefficients").get(n),
             "seconds": record["seconds"],
             "samples": samples,
         }

@@ -48,6 +48,7 @@ from untied_sc.generation import (
     tokenizer_description,
     warn_few_clusters,
 )
+from untied_sc.per_nfe import write_steps_table
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matched_setting
 
@@ -190,7 +191,7 @@ def generate_sweep(
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     runs = []
-    coefficients: dict[str, dict[str, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
+    coefficients: dict[str, dict[int, dict[str, float]]] = {}  # as run: presets, tuned values and scales resolved
     try:
         for sampler, n, seed, value in main_process_progress(plan, state, progress, desc=f"sampling {name}"):
             spec = samplers[sampler]
@@ -203,7 +204,7 @@ def generate_sweep(
                 stored = entropy_matched_setting(pipe.scheduler.config, n, knob)
                 if stored is not None and knob not in call_kwargs:  # the pipeline's call runs it: say so
                     resolved[knob] = stored
-                coefficients.setdefault(sampler, {})[str(n)] = resolved
+                coefficients.setdefault(sampler, {})[n] = resolved
 
             def sample(
                 count: int = num_samples, sampler=sampler, n=n, seed=seed, value=value, call_kwargs=call_kwargs
@@ -211,7 +212,7 @@ def generate_sweep(
                 texts, ids, seconds = generate(pipe, n, seed, count, batch_size, state=state, **call_kwargs)
                 return run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value}), seconds
 
-            ran = coefficients.get(sampler, {}).get(str(n))
+            ran = coefficients.get(sampler, {}).get(n)
             lent = lend_samples(reusable, (sampler, n, seed, value), spec, ran, lambda: sample(batch_size)[0])
             samples, seconds = lent if lent is not None else sample()
             runs.append(
@@ -238,7 +239,7 @@ def generate_sweep(
         "batch_size": batch_size,
         "batch_seed": BATCH_SEED_RULE,
         "samplers": samplers,
-        "coefficients": coefficients,
+        "coefficients": {sampler: write_steps_table(by_steps) for sampler, by_steps in coefficients.items()},
         "baseline": BASELINE,
         "diversity_knob": knob,
         "diversity_values": list(diversity_values or []),

@@ -40,7 +40,14 @@ from untied_sc.defaults import (
 )
 from untied_sc.families import default_protocol
 from untied_sc.generation import Sample, build_scheduler, diversity_knob, family_of, generate, resampling_clusters
-from untied_sc.schedulers import COEFFICIENT_NAMES
+from untied_sc.schedulers import (
+    COEFFICIENT_NAMES,
+    StepCoefficients,
+    TuningRecord,
+    stored_coefficients,
+    stored_tuning,
+    tables_config,
+)
 from untied_sc.seeds import check_seed
 
 from ..evaluation.evaluator import load_evaluator
@@ -391,11 +398,8 @@ def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, ru
 def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
     """The coefficients calibration ran at for this NFE, as its tuning record remembers them (`None` if untuned); a
     record without `calibrated` gives the coefficients its search started from."""
-    record = (scheduler_config.get("tuning_by_steps") or {}).get(str(num_inference_steps))
-    if not record:
-        return None
-    source = record.get("calibrated") or record["start"]
-    return {name: float(source[name]) for name in COEFFICIENT_NAMES}
+    record = stored_tuning(scheduler_config).get(num_inference_steps)
+    return None if record is None or not record.fields else record.calibrated
 
 
 def chosen_scores(result: SearchResult) -> dict:
@@ -406,23 +410,26 @@ def chosen_scores(result: SearchResult) -> dict:
 def _write_coefficients(scheduler, results: Sequence[SearchResult], bank: Mapping) -> None:
     """The chosen coefficients (with the entropy-matching knob where set) and the search's record into the scheduler
     config (plain JSON floats)."""
-    coefficients = dict(scheduler.config.get("coefficients_by_steps") or {})
-    tuning = dict(scheduler.config.get("tuning_by_steps") or {})
+    coefficients, tuning = stored_coefficients(scheduler.config), stored_tuning(scheduler.config)
     for result in results:
-        n = str(result.num_inference_steps)
-        calibrated = calibrated_coefficients(scheduler.config, result.num_inference_steps) or result.start
-        entry = {name: float(result.chosen[name]) for name in COEFFICIENT_NAMES}
+        n = result.num_inference_steps
+        calibrated = calibrated_coefficients(scheduler.config, n) or result.start
         matching = result.extra.get("entropy_matching")
-        if matching and matching["value"] is not None:
-            entry[matching["knob"]] = float(matching["value"])
-        coefficients[n] = entry
-        tuning[n] = {
-            **bank,
-            "calibrated": {name: float(calibrated[name]) for name in COEFFICIENT_NAMES},
-            **result.record(),
-            "chosen_scores": chosen_scores(result),
-        }
-    scheduler.register_to_config(coefficients_by_steps=coefficients, tuning_by_steps=tuning)
+        knob = matching["knob"] if matching and matching["value"] is not None else None
+        coefficients[n] = StepCoefficients(
+            **{name: float(result.chosen[name]) for name in COEFFICIENT_NAMES},
+            knob=knob,
+            knob_value=None if knob is None else float(matching["value"]),
+        )
+        tuning[n] = TuningRecord(
+            {
+                **bank,
+                "calibrated": {name: float(calibrated[name]) for name in COEFFICIENT_NAMES},
+                **result.record(),
+                "chosen_scores": chosen_scores(result),
+            }
+        )
+    scheduler.register_to_config(**tables_config(coefficients, tuning))
 
 
 def format_tuning(results: Sequence[SearchResult]) -> str:
