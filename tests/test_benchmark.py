@@ -524,7 +524,7 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     from untied_sc.cli import main
     from untied_sc_lab.experiments import generate_sweep, merge_generations, run_sweep, score_sweep, sweep
     from untied_sc_lab.experiments.report_import import import_report
-    from untied_sc_lab.experiments.run_store import RunStore
+    from untied_sc_lab.runs.store import RunStore
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -552,7 +552,9 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     # The 6 runs at NFE 8 (4 main, 2 at temperature 0.5) are read, the first of them scored again as the check.
     assert every >= 10 and len(calls) - every == every - 5
     assert reused["store"]["scores_read"] == 6 and reused["store"]["imported"][0]["runs"] == 6
-    assert reused["store"]["checked_runs"] == [f"official at NFE 8, seed 0 (scores of {report})"]
+    # (the tiny model may draw the same texts at NFE 4: those runs read the same scores)
+    [checked] = reused["store"]["checked_runs"]
+    assert checked.startswith("official at NFE ") and checked.endswith(f", seed 0 (scores of {report})")
     assert "scores of 6 runs were read from the run store" in (tmp_path / "tiny.md").read_text()
 
     with pytest.raises(ValueError, match="differs from its scores imported from .*relative NLL"):  # another length

@@ -24,7 +24,7 @@ from untied_sc_lab.evaluation.metrics import (
     weighted_nll_sums,
 )
 from untied_sc_lab.experiments.cli import add_evaluate_arguments, evaluate_command
-from untied_sc_lab.experiments.run_store import RunStore, StoreScoring
+from untied_sc_lab.runs.store import RunStore, StoreScoring
 
 from .test_evaluation import EOS, VOCAB_SIZE, tiny_evaluator_tokenizer
 from .test_hardware import AMD_AVX2, ARM, INTEL

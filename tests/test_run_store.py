@@ -9,7 +9,7 @@ import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc_lab.experiments import generate_sweep, run_sweep, score_sweep, sweep
-from untied_sc_lab.experiments.run_store import RUN_SETTINGS, RunKey, RunStore, ScoreKey, StoredSamples
+from untied_sc_lab.runs.store import RUN_SETTINGS, RunKey, RunStore, ScoreKey, StoredSamples
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer

@@ -25,13 +25,13 @@ from untied_sc.schedulers import COMPARISON_METHODS
 from untied_sc.seeds import check_seed
 
 from ..evaluation.evaluator import describe_evaluator
+from ..runs.store import StoreScoring, open_store, samples_fingerprint
 from ..tuning.baseline_knobs import is_neutral, search_methods
 from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
 from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
 from .generation_files import CANDIDATES_KEY
-from .run_store import StoreScoring, open_store, samples_fingerprint
 from .sweep import generate_sweep, place_pipeline, score_sweep
 
 

@@ -225,7 +225,7 @@ def _evaluate_into(
         )
     store = None
     if args.store:
-        from .run_store import RunStore
+        from ..runs.store import RunStore
 
         store = RunStore(Path(args.store))  # refused before the evaluator loads
     silence_other_processes(state)
@@ -242,7 +242,7 @@ def _evaluate_into(
     if by_runs:
         parts = None
         if store is not None:
-            from .run_store import StoreScoring
+            from ..runs.store import StoreScoring
 
             parts = StoreScoring(store, described, protocol, args.eval_batch_size, args.max_length, args.context_size)
         runs = evaluate_runs(samples, state=state, progress=not args.no_progress, parts=parts, **options)
@@ -858,8 +858,8 @@ def _open_store(args):
     """The `--store` folder opened, with the `--store-from` reports read into it; `None` without `--store`."""
     if not args.store:
         return None
+    from ..runs.store import RunStore
     from .report_import import import_report
-    from .run_store import RunStore
 
     store = RunStore(args.store)
     for path in args.store_from or ():

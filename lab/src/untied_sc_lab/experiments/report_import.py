@@ -19,8 +19,8 @@ from pathlib import Path
 from untied_sc.generation import Sample, read_samples
 from untied_sc.input_checks import read_benchmark_report
 
+from ..runs.store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
 from .aggregation import AGGREGATED_METRICS
-from .run_store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
 
 
 # Per-sample records a report's run keeps (the intervals and the equal-entropy control resample them).

@@ -53,12 +53,12 @@ from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matche
 from ..evaluation.evaluator import describe_evaluator, load_evaluator
 from ..evaluation.io import evaluate_samples, samples_key
 from ..evaluation.metrics import samples_per_second
+from ..runs.store import RunKey, RunStore, StoreScoring, open_store
 from .aggregation import AGGREGATED_METRICS, analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import PER_SAMPLE_KEYS
-from .run_store import RunKey, RunStore, StoreScoring, open_store
 
 
 BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
