@@ -21,7 +21,7 @@ from untied_sc.output_paths import report_paths, rescored_report_name
 
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
-from .score_reuse import read_report_runs
+from .report_import import read_report_runs
 from .sweep import score_sweep
 
 
