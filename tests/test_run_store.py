@@ -85,7 +85,7 @@ def test_the_run_key_is_the_one_list_of_run_settings():
         "num_samples",
         "batch_size",
         "batch_seed",
-        "knob",
+        "diversity_knob",
     )
     key = RunKey.of(SETTINGS, {"scheduler": "untied"}, {"eta_r": 0.5}, 8, 0)
     assert key == RunKey.of(dict(reversed(list(SETTINGS.items()))), {"scheduler": "untied"}, {"eta_r": 0.5}, 8, 0)

@@ -19,25 +19,24 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
+from ..runs.store import RUN_SETTINGS
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import read_report_runs
 from .sweep import score_sweep
 
 
-# What a report must record to be scored again: the sweep's settings, as a generation file holds them.
+# Kept where a report has them (some committed reports lack them).
+OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
+# What a report must record to be scored again: the sweep's settings, as a generation file holds them (the settings
+# that decide a run's samples, [`RUN_SETTINGS`], among them).
 GENERATION_SETTINGS = (
     "model",
-    "family",
-    "pipeline_class",
+    *(key for key in RUN_SETTINGS if key not in OPTIONAL_SETTINGS),
     "nfe",
     "seeds",
-    "num_samples",
-    "batch_size",
-    "batch_seed",
     "samplers",
     "baseline",
-    "diversity_knob",
     "diversity_values",
     "diversity_samplers",
     "diversity_nfe",
@@ -45,8 +44,6 @@ GENERATION_SETTINGS = (
     "torch",
     "command",
 )
-# Kept where a report has them (some committed reports lack them).
-OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
 
 
 def report_generation(report: dict, run_samples: Sequence[Sequence], path: str | os.PathLike = "the report") -> dict:

@@ -65,7 +65,7 @@ class RunKey:
             sampler).
         nfe, seed, num_samples, batch_size: the run.
         batch_seed: the rule that seeds batch b of seed s.
-        knob, value: the diversity knob the call sets and its value (`None`: the sampler's own).
+        diversity_knob, value: the diversity knob the call sets and its value (`None`: the sampler's own).
     """
 
     family: str
@@ -79,7 +79,7 @@ class RunKey:
     num_samples: int
     batch_size: int
     batch_seed: str
-    knob: str
+    diversity_knob: str
     value: float | None = None
 
     @classmethod
@@ -97,7 +97,7 @@ class RunKey:
             num_samples=overrides.pop("num_samples", settings["num_samples"]),
             batch_size=overrides.pop("batch_size", settings["batch_size"]),
             batch_seed=settings["batch_seed"],
-            knob=settings["diversity_knob"],
+            diversity_knob=settings["diversity_knob"],
             value=value,
             **overrides,
         )
@@ -107,8 +107,8 @@ class RunKey:
         return f"{sampler} at NFE {self.nfe}, seed {self.seed}" + (f", {self.value}" if self.value is not None else "")
 
 
-# The settings a run's samples depend on beyond the run itself: one list, read by the store, by the parts of a
-# merged generation and by a report's rescoring.
+# The settings a run's samples depend on beyond the run itself, as generations and reports name them: one list, read
+# by the store, by the parts of a merged generation and by a report's rescoring.
 RUN_SETTINGS = tuple(
     f.name for f in fields(RunKey) if f.name not in ("seed_space", "spec", "coefficients", "nfe", "seed", "value")
 )
