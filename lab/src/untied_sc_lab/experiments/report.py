@@ -565,7 +565,8 @@ def _evaluator_control_lines(results: dict) -> list[str]:
 
 
 def _provenance_lines(results: dict) -> list[str]:
-    """Where and how long it ran, the command(s) that reproduce it, and the scores taken from an earlier report."""
+    """Where and how long it ran, the command(s) that reproduce it, and the runs taken from a run store (or, in the
+    committed reports that record them, from an earlier report or a parts folder)."""
     lines = _where_lines(results)
     reused = results.get("reused_scores")
     if reused:
