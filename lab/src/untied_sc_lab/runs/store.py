@@ -176,7 +176,8 @@ class RunStore:
                     f"--store {header}: format {stored.get('format')!r}, not {STORE_FORMAT!r}: this version reads "
                     "another store. Give a new folder."
                 )
-        elif self.folder.exists() and any(self.folder.iterdir()):
+        # (a header another process is still writing is a hidden temporary file: this process writes its own)
+        elif self.folder.exists() and any(not p.name.startswith(".") for p in self.folder.iterdir()):
             raise ValueError(
                 f"--store {self.folder}: a folder that holds other files and no {HEADER}: not a run store. Give a "
                 "new or empty folder."
