@@ -518,11 +518,13 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
         read_generations([paths[8], other_path])
 
 
-def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
+def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_samples_it_holds(
     tmp_path, langflow_golden, evaluator, monkeypatch, capsys
 ):
     from untied_sc.cli import main
     from untied_sc_lab.experiments import generate_sweep, merge_generations, run_sweep, score_sweep, sweep
+    from untied_sc_lab.experiments.report_import import import_report
+    from untied_sc_lab.runs.store import RunStore
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
@@ -531,38 +533,48 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
     parts = [generate_sweep(pipe, nfe=[n], command=f"nfe {n}", diversity_values=[0.5], **options) for n in (8, 4)]
     score = {"evaluator": evaluator, "num_resamples": 50, "progress": False}
     score_sweep(parts[0], output_dir=tmp_path / "nfe8", **score)  # the report of the first part, samples beside it
+    report = tmp_path / "nfe8" / "tiny.json"
     merged = merge_generations(parts)
     calls = []
     scoring = sweep.evaluate_samples
     monkeypatch.setattr(sweep, "evaluate_samples", lambda *args, **kwargs: calls.append(1) or scoring(*args, **kwargs))
     fresh = score_sweep(merged, **score)
     every = len(calls)
-    reused = score_sweep(merged, reuse_scores=tmp_path / "nfe8" / "tiny.json", output_dir=tmp_path, **score)
+
+    def store_of(name: str, **scoring_options) -> RunStore:
+        store = RunStore(tmp_path / name)
+        import_report(store, report, eval_batch_size=8, **scoring_options)
+        return store
+
+    reused = score_sweep(merged, store=store_of("store"), output_dir=tmp_path, **score)
     assert reused["runs"] == fresh["runs"]  # the same records, so the same tables
     assert reused["aggregates"] == fresh["aggregates"]
-    # Of the 6 runs at NFE 8 (4 main, 2 at temperature 0.5), one is scored again as the check and 5 are taken.
+    # The 6 runs at NFE 8 (4 main, 2 at temperature 0.5) are read, the first of them scored again as the check.
     assert every >= 10 and len(calls) - every == every - 5
-    assert reused["reused_scores"]["runs"] == 5 and reused["reused_scores"]["checked_difference"] == 0.0
-    assert "Scores of 5 runs were taken from" in (tmp_path / "tiny.md").read_text()
+    assert reused["store"]["scores_read"] == 6 and reused["store"]["imported"][0]["runs"] == 6
+    # (the tiny model may draw the same texts at NFE 4: those runs read the same scores)
+    [checked] = reused["store"]["checked_runs"]
+    assert checked.startswith("official at NFE ") and checked.endswith(f", seed 0 (scores of {report})")
+    assert "scores of 6 runs were read from the run store" in (tmp_path / "tiny.md").read_text()
 
-    with pytest.raises(ValueError, match="differs from .*relative NLL"):  # scored with another --max-length
-        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", max_length=3, **score)
-    with pytest.raises(ValueError, match="was scored with protocol 'langflow' \\(here 'elf'\\)"):
-        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", protocol="elf", **score)
+    with pytest.raises(ValueError, match="differs from its scores imported from .*relative NLL"):  # another length
+        score_sweep(parts[0], store=store_of("short", max_length=3), max_length=3, **score)
+    assert score_sweep(parts[0], store=store_of("elf"), protocol="elf", **score)["store"]["scores_read"] == 0
     edited = [{**run, "samples": [replace(s, text=s.text + " x") for s in run["samples"]]} for run in parts[0]["runs"]]
-    with pytest.warns(UserWarning, match="holds none of these runs' samples"):
-        score_sweep({**parts[0], "runs": edited}, reuse_scores=tmp_path / "nfe8" / "tiny.json", **score)
+    assert score_sweep({**parts[0], "runs": edited}, store=store_of("edited"), **score)["store"]["scores_read"] == 0
     (tmp_path / "nfe8" / "tiny.samples.jsonl.gz").unlink()
     with pytest.raises(ValueError, match="has no samples file beside it"):
-        score_sweep(parts[0], reuse_scores=tmp_path / "nfe8" / "tiny.json", **score)
-    # sampling again with one temperature more: the runs the report holds take its scores, the new ones are scored
+        store_of("no-samples")
+    # sampling again with one temperature more: the runs the report holds take its samples and scores (a batch of
+    # each sampler sampled again, a run scored again), the new ones are sampled and scored
     calls.clear()
-    again = run_sweep(
-        pipe, nfe=[8], diversity_values=[0.5, 2.0], reuse_scores=tmp_path / "tiny.json", **{**options, **score}
-    )
-    assert again["reused_scores"]["runs"] == 5 and len(calls) == 1 + 2  # the check, and the 2 runs at 2.0
+    store = RunStore(tmp_path / "again")
+    import_report(store, tmp_path / "tiny.json", eval_batch_size=8)
+    again = run_sweep(pipe, nfe=[8], diversity_values=[0.5, 2.0], store=store, **{**options, **score})
+    assert again["store"]["scores_read"] == 6 and len(calls) == 1 + 2  # the check, and the 2 runs at 2.0
+    assert again["store"]["samples_read"] == 6 and again["store"]["samples_written"] == 2
 
-    def by_run(runs):  # the scores and metrics of the runs both hold (the sampling times differ)
+    def by_run(runs):  # the scores and metrics of the runs both hold (the sampling times are the report's)
         timing = ("seconds", "samples_per_second")
         return {
             (r["sampler"], r["seed"], r["temperature"]): {k: v for k, v in r.items() if k not in timing}
@@ -571,11 +583,11 @@ def test_an_earlier_report_lends_its_scores_to_the_runs_whose_samples_it_holds(
         }
 
     assert by_run(again["runs"]) == by_run(reused["runs"])
-    # before any sampling: a report of another evaluator (or none) is refused
-    argv = ["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "tiny.json"), "--dtype", "float32"]
-    with pytest.raises(SystemExit, match="was scored with LlamaForCausalLM in float32, this run scores with "):
-        main([*argv, "--evaluator", "smollm2-135m"])
-    assert main(["benchmark", str(tmp_path / "any"), "--reuse-scores", str(tmp_path / "missing.json")]) == 2
+    # before any sampling: a report without a store, or none at all, is refused
+    with pytest.raises(SystemExit, match="give the store with --store DIR"):
+        main(["benchmark", str(tmp_path / "any"), "--store-from", str(tmp_path / "tiny.json")])
+    argv = ["benchmark", str(tmp_path / "any"), "--store", str(tmp_path / "s"), "--store-from"]
+    assert main([*argv, str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such file; give a benchmark report" in capsys.readouterr().err
 
 

@@ -235,19 +235,19 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     }
     assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
     assert [run["per_sample"] for run in saved["runs"]] == [run["per_sample"] for run in one["runs"]]
-    # --reuse-scores: the runs take the first report's scores (one scored again as the check), the same report
+    # --store-from: the runs and the bank take the first report's scores through a store (the first of each scored
+    # again as the check), the same report
+    first = str(tmp_path / "results" / "tiny-elf-baselines.json")
     reuse = [*score[:-1], str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
-    reuse += ["--reuse-scores", str(tmp_path / "results" / "tiny-elf-baselines.json")]
+    reuse += ["--store", str(tmp_path / "store"), "--store-from", first]
     assert main(reuse) == 0
     lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
     assert lent["runs"] == saved["runs"] and lent["knob_tuning"] == saved["knob_tuning"]
-    assert lent["bank_scores"] == saved["bank_scores"]  # the bank lent too, one run checked
-    # every bank run the search asked for is lent but the one scored again (runs with the very same samples, such as
-    # a neutral candidate's and official's, share one fingerprint in bank_scores)
-    assert lent["bank_scores_reused"]["runs"] == len(bank) - 1 >= len(saved["bank_scores"]) - 1
-    assert lent["bank_scores_reused"]["checked_difference"] == 0.0
-    assert main([*reuse, "--overwrite", "--protocol", "langflow"]) == 2  # refused before the bank is scored
-    assert "was scored with protocol 'elf' (here 'langflow')" in capsys.readouterr().err
+    assert lent["bank_scores"] == saved["bank_scores"]
+    # every bank run the search asked for and every run is read, none scored and kept
+    assert lent["store"]["scores_written"] == 0 and lent["store"]["scores_read"] >= len(bank)
+    checked = lent["store"]["checked_runs"]
+    assert len(checked) == 2 and checked[0].startswith("bank run ") and checked[1].startswith("official at NFE 8")
     with pytest.raises(SystemExit, match="--tune-here chooses the comparison samplers' knobs before sampling"):
         main([*argv, "--tune-here"])  # without --generate-only
     with pytest.raises(SystemExit, match="drop --tune-here"):
@@ -566,24 +566,21 @@ def test_rescore_scores_the_same_runs_under_a_second_evaluator_and_sets_the_head
     assert _dumped(again["evaluator_control"]) == _dumped(control)
 
 
-def test_a_rescore_with_a_parts_folder_reads_back_what_it_scored(tiny_report, second_evaluator, tmp_path, capsys):
-    parts, out = tmp_path / "parts", tmp_path / "rescored"
+def test_a_rescore_with_a_store_reads_back_what_it_scored(tiny_report, second_evaluator, tmp_path, capsys):
+    store, out = tmp_path / "store", tmp_path / "rescored"
     argv = ["benchmark", "--rescore", str(tiny_report), "--evaluator", str(second_evaluator), "--dtype", "float32"]
-    argv += ["--output-dir", str(out), "--num-resamples", "50", "--no-progress", "--score-parts-dir", str(parts)]
+    argv += ["--output-dir", str(out), "--num-resamples", "50", "--no-progress", "--store", str(store)]
     assert main(argv) == 0
     name = f"tiny-{second_evaluator.name}"
     first = json.loads((out / f"{name}.json").read_text())
-    written = first["score_parts"]["written"]
-    assert first["score_parts"]["read"] == 0 and written == len(list(parts.iterdir())) > 0
+    written = first["store"]["scores_written"]
+    assert first["store"]["scores_read"] == 0 and written == len(list((store / "scores").iterdir())) > 0
     assert main([*argv, "--overwrite"]) == 0  # as a resumed run would: every run read back, none scored
     again = json.loads((out / f"{name}.json").read_text())
-    assert again["score_parts"] == {"folder": str(parts), "read": written, "written": 0}
+    assert (again["store"]["scores_read"], again["store"]["scores_written"]) == (written, 0)
     assert _dumped(again["runs"]) == _dumped(first["runs"])
-    assert f"Scores of {written} runs were read from the parts folder {parts}" in (out / f"{name}.md").read_text()
-    capsys.readouterr()
-    generate = ["benchmark", str(tiny_report.parent), "--generate-only", "--score-parts-dir", str(parts)]
-    with pytest.raises(SystemExit, match="--generate-only scores none"):
-        main(generate)
+    markdown = (out / f"{name}.md").read_text()
+    assert f"Samples of 0 runs and scores of {written} runs were read from the run store {store}" in markdown
 
 
 def test_rescore_with_the_report_s_own_evaluator_gives_back_the_report(tiny_report, evaluator, tmp_path):

@@ -201,13 +201,13 @@ def test_evaluate_with_two_processes_writes_the_one_process_scores_of_a_report(t
     path = write_samples(tmp_path / "report.samples.jsonl.gz", samples)
     argv = ["-m", "untied_sc.cli", "evaluate", str(path), "--evaluator", str(folder), "--protocol", "elf"]
     one = torchrun(*argv, "--output", str(tmp_path / "one.json"), processes=1)
-    parts = ["--score-parts-dir", str(tmp_path / "parts")]  # each process keeps the runs it scores
+    parts = ["--store", str(tmp_path / "store")]  # each process keeps the runs it scores
     two = torchrun(*argv, *parts, "--output", str(tmp_path / "two.json"))
     assert two.stdout.count("Wrote") == 1 and two.stdout.count("sampler ACE, nfe 8, seed 0: elf GenPPL") == 1
-    assert f"{tmp_path / 'parts'}: 0 parts read, 4 runs scored here and kept" in two.stdout
+    assert f"{tmp_path / 'store'}: scores of 0 runs read, 4 runs scored here and kept" in two.stdout
     assert (tmp_path / "two.json").read_text() == (tmp_path / "one.json").read_text()
     again = torchrun(*argv, *parts, "--output", str(tmp_path / "again.json"), processes=1)
-    assert f"{tmp_path / 'parts'}: 4 parts read, 0 runs scored here and kept" in again.stdout
+    assert f"{tmp_path / 'store'}: scores of 4 runs read, 0 runs scored here and kept" in again.stdout
     assert (tmp_path / "again.json").read_text() == (tmp_path / "one.json").read_text()
     written = json.loads((tmp_path / "one.json").read_text())["runs"]
     assert [(run["run"]["sampler"], run["run"]["seed"]) for run in written] == [

@@ -132,8 +132,8 @@ def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_sa
     folder = _copy_of_report(report, tmp_path / "grown")
     second = _saved_evaluator(tmp_path / "second", seed=1)
     _rescore(folder, second)
-    # the report grows by a temperature (its runs lent, the file replaced: samples stored once); the rescoring now
-    # covers part of the runs in the samples file it names
+    # the report grows by a temperature (the file replaced: samples stored once); the rescoring now covers part of the
+    # runs in the samples file it names
     run_sweep(
         report["pipe"],
         evaluator=str(report["evaluator"]),
@@ -144,7 +144,6 @@ def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_sa
         command="untied-sc benchmark tiny-langflow",
         output_dir=folder,
         progress=False,
-        reuse_samples=folder / "tiny.json",
         **SWEEP,
     )
     capsys.readouterr()

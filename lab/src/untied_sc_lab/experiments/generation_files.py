@@ -11,26 +11,23 @@ from pathlib import Path
 from untied_sc.generation import KNOBS_KEY, Sample, read_samples, write_samples
 from untied_sc.output_paths import generation_paths  # noqa: F401  (re-exported)
 
+from ..runs.store import RUN_SETTINGS
+
 
 GENERATION_FORMAT = "untied-sc benchmark generation"
 CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a generation file
 
-# What every part of a merged sweep must share: the model, the matched-pair settings and the sampler set. `device`
-# and `torch` may differ between parts: every pair, knob choice and throughput ratio stays within one NFE, so within
-# one part, and the report names each part's machine ([`merge_generations`]).
+# What every part of a merged sweep must share: the model, the settings that decide a run's samples
+# ([`RUN_SETTINGS`]) and the sampler set. `device` and `torch` may differ between parts: every pair, knob choice and
+# throughput ratio stays within one NFE, so within one part, and the report names each part's machine
+# ([`merge_generations`]).
 SHARED_SETTINGS = (
     "format",
     "model",
-    "family",
-    "pipeline_class",
-    "generator_tokenizer",
+    *RUN_SETTINGS,
     "seeds",
-    "num_samples",
-    "batch_size",
-    "batch_seed",
     "samplers",
     "baseline",
-    "diversity_knob",
     "diversity_values",
     "diversity_samplers",
 )

@@ -565,7 +565,8 @@ def _evaluator_control_lines(results: dict) -> list[str]:
 
 
 def _provenance_lines(results: dict) -> list[str]:
-    """Where and how long it ran, the command(s) that reproduce it, and the scores taken from an earlier report."""
+    """Where and how long it ran, the command(s) that reproduce it, and the runs taken from a run store (or, in the
+    committed reports that record them, from an earlier report or a parts folder)."""
     lines = _where_lines(results)
     reused = results.get("reused_scores")
     if reused:
@@ -592,6 +593,17 @@ def _provenance_lines(results: dict) -> list[str]:
             f"sampled again here, was identical ({checked}). Their sampling times are the earlier step's, so the "
             "retained throughput of a sampler sampled here pairs runs timed in different steps, perhaps under "
             "different load: it is not a speed result.",
+            "",
+        ]
+    store = results.get("store")
+    if store and (store["samples_read"] or store["scores_read"]):
+        checked = "; ".join(store["checked_runs"]) or "none"
+        lines += [
+            f"Samples of {store['samples_read']} runs and scores of {store['scores_read']} runs were read from the "
+            f"run store {store['folder']} (`--store`: each found under the hash of the settings that decide it); "
+            f"{store['samples_written']} runs were sampled and {store['scores_written']} scored here. Checked again "
+            f"here: {checked}. The times of runs read from the store are the earlier steps', so a throughput that "
+            "pairs runs timed in different steps is not a speed result.",
             "",
         ]
     bank = results.get("bank_scores_reused")
@@ -627,8 +639,12 @@ def _where_lines(results: dict) -> list[str]:
             f"scored in {results['scoring_seconds']:.1f} s on {results['scoring_device']}. Commands:"
         )
     else:
-        # with runs lent by an earlier report (`--reuse-samples`), that report's time is not in it
-        step = " of this step (runs taken from an earlier report: below)" if results.get("reused_samples") else ""
+        # with runs read from a store or an earlier report, their sampling time is not in it
+        step = ""
+        if results.get("reused_samples"):
+            step = " of this step (runs taken from an earlier report: below)"
+        elif (results.get("store") or {}).get("samples_read"):
+            step = " of this step (runs read from the run store: below)"
         where = (
             f"Wall time {results['wall_seconds']:.1f} s{step} on {results['device']} with torch {results['torch']}. "
             "Command:"

@@ -19,25 +19,24 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
+from ..runs.store import RUN_SETTINGS
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
-from .score_reuse import read_report_runs
+from .report_import import read_report_runs
 from .sweep import score_sweep
 
 
-# What a report must record to be scored again: the sweep's settings, as a generation file holds them.
+# Kept where a report has them (some committed reports lack them).
+OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
+# What a report must record to be scored again: the sweep's settings, as a generation file holds them (the settings
+# that decide a run's samples, [`RUN_SETTINGS`], among them).
 GENERATION_SETTINGS = (
     "model",
-    "family",
-    "pipeline_class",
+    *(key for key in RUN_SETTINGS if key not in OPTIONAL_SETTINGS),
     "nfe",
     "seeds",
-    "num_samples",
-    "batch_size",
-    "batch_seed",
     "samplers",
     "baseline",
-    "diversity_knob",
     "diversity_values",
     "diversity_samplers",
     "diversity_nfe",
@@ -45,8 +44,6 @@ GENERATION_SETTINGS = (
     "torch",
     "command",
 )
-# Kept where a report has them (some committed reports lack them).
-OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
 
 
 def report_generation(report: dict, run_samples: Sequence[Sequence], path: str | os.PathLike = "the report") -> dict:
@@ -85,7 +82,7 @@ def rescore_report(
     progress: bool = True,
     evaluator_name: str | None = None,
     scored: dict[tuple, dict] | None = None,
-    score_parts_dir: str | os.PathLike | None = None,
+    store=None,
     **evaluator_kwargs,
 ) -> dict:
     """
@@ -102,8 +99,8 @@ def rescore_report(
             `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
         command (`str`, *optional*): the command that rescored (default: this process's argv).
         scored (`dict`, *optional*): runs already scored with `evaluator`, as [`score_sweep`] takes them.
-        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every run scored here, so that a
-            stopped rescoring resumes ([`score_sweep`]).
+        store (`str`, `os.PathLike` or [`RunStore`], *optional*): a store folder that keeps every run scored here,
+            so that a stopped rescoring resumes ([`score_sweep`]).
 
     Returns:
         The results dict of [`score_sweep`], with `rescored_from` (the first report, its evaluator) and
@@ -131,7 +128,7 @@ def rescore_report(
         main_only=first.get("main_only", False),
         evaluator_name=evaluator_name,
         scored=scored,
-        score_parts_dir=score_parts_dir,
+        store=store,
         **evaluator_kwargs,
     )
     where = Path(output_dir) if output_dir is not None else report_path.parent

@@ -24,7 +24,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from collections.abc import Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -53,15 +52,14 @@ from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matched_setting
 
 from ..evaluation.evaluator import describe_evaluator, load_evaluator
-from ..evaluation.io import evaluate_samples
+from ..evaluation.io import evaluate_samples, samples_key
 from ..evaluation.metrics import samples_per_second
+from ..runs.store import RunKey, RunStore, StoreScoring, open_store
 from .aggregation import AGGREGATED_METRICS, analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
-from .sample_reuse import ReusableSamples, check_settings, lend_samples, read_report_samples
-from .score_parts import ScoreParts
-from .score_reuse import PER_SAMPLE_KEYS, ReusableScores, lend_or_score, reusable_scores, samples_key
+from .report_import import PER_SAMPLE_KEYS
 
 
 BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
@@ -99,6 +97,11 @@ def _sweep_runs(
     return plan
 
 
+def _kept(generation: Mapping, key: str) -> dict:
+    """`{key: generation[key]}` where the generation holds it, else nothing."""
+    return {key: generation[key]} if key in generation else {}
+
+
 def place_pipeline(pipe, state=None, device: str | torch.device | None = None) -> None:
     """Moves `pipe` where a sweep samples: `device`, or under several processes each process's own
     ([`process_device`]); left where it is when neither names one."""
@@ -133,14 +136,14 @@ def generate_sweep(
     state=None,
     knob_tuning: dict | None = None,
     only: Mapping[int, Collection[str]] | None = None,
-    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
+    store: str | os.PathLike | RunStore | None = None,
 ) -> dict:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
     The arguments are [`run_sweep`]'s, and `only`: per NFE, the samplers to sample there (the others' runs are left
-    out; `--experiment baselines --tune-here` samples only the chosen knob values). `reuse_samples`, an earlier
-    report with its samples file, lends its samples and sampling seconds to the runs it holds (see [`sample_reuse`]:
-    the first batch of each lent sampler is sampled again as a check). With a `state` of several processes ([`untied_sc.distributed.process_state`],
+    out; `--experiment baselines --tune-here` samples only the chosen knob values). `store` keeps every run sampled
+    here and gives back, with its sampling seconds, every run it holds ([`RunStore.sampled`]: the first batch of each
+    sampler read from it is sampled again as a check). With a `state` of several processes ([`untied_sc.distributed.process_state`],
     e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
     ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
     process would. Sampling and scoring can run on different machines (sample on a GPU, score on
@@ -180,12 +183,10 @@ def generate_sweep(
     source = str(pipeline_dir_or_pipe) if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)) else "PIPELINE_DIR"
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
-    reusable = None
-    if reuse_samples is not None:  # read and checked before any sampling
-        reusable = reuse_samples if isinstance(reuse_samples, ReusableSamples) else read_report_samples(reuse_samples)
-        settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
-        settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
-        check_settings(reusable, {**settings, "batch_seed": BATCH_SEED_RULE})
+    store = open_store(store)
+    settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
+    settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
+    settings.update(batch_seed=BATCH_SEED_RULE, diversity_knob=knob)
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -212,21 +213,23 @@ def generate_sweep(
                 texts, ids, seconds = generate(pipe, n, seed, count, batch_size, state=state, **call_kwargs)
                 return run_samples(texts, ids, seed, batch_size, sampler, n, **{knob: value}), seconds
 
-            ran = coefficients.get(sampler, {}).get(n)
-            lent = lend_samples(reusable, (sampler, n, seed, value), spec, ran, lambda: sample(batch_size)[0])
-            samples, seconds = lent if lent is not None else sample()
+            if store is None:
+                samples, seconds = sample()
+            else:
+                key = RunKey.of(settings, spec, coefficients.get(sampler, {}).get(n), n, seed, value)
+                samples, seconds = store.sampled(
+                    key,
+                    sampler,
+                    sample,
+                    lambda sample=sample: sample(batch_size)[0],
+                    partial(run_samples, seed=seed, batch_size=batch_size, sampler=sampler, nfe=n, **{knob: value}),
+                )
             runs.append(
                 {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
             )
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
-    if reusable is not None and reusable.lent == 0:
-        warnings.warn(
-            f"--reuse-samples: {reusable.path} holds none of these runs (with these specs and coefficients); every "
-            "run was sampled here.",
-            stacklevel=2,
-        )
     return {
         "format": GENERATION_FORMAT,
         "model": name,
@@ -253,7 +256,7 @@ def generate_sweep(
         "command": command,
         "seconds": time.perf_counter() - began,
         **({"knob_tuning": knob_tuning} if knob_tuning is not None else {}),
-        **({"reused_samples": reusable.record()} if reusable is not None else {}),
+        **({"store": store.record()} if store is not None else {}),
         "runs": runs,
     }
 
@@ -270,19 +273,18 @@ def score_sweep(
     progress: bool = True,
     main_only: bool = False,
     evaluator_name: str | None = None,
-    reuse_scores: str | os.PathLike | ReusableScores | None = None,
     scored: Mapping[tuple, dict] | None = None,
-    score_parts_dir: str | os.PathLike | None = None,
+    store: str | os.PathLike | RunStore | None = None,
     **evaluator_kwargs,
 ) -> dict:
     """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
     aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
     generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
     `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
-    `reuse_scores`, an earlier report of the same evaluator, lends its scores to the runs whose samples it holds (see
-    [`score_reuse`]; the first such run is scored again as a check); `scored` holds runs already scored here with this
-    evaluator (`untied-sc evaluate`'s), by [`samples_key`], as [`evaluate_samples`] returns them; `score_parts_dir`
-    keeps every run scored here as a file, read back instead of scored again by a later call ([`ScoreParts`])."""
+    `scored` holds runs already scored here with this evaluator (`untied-sc evaluate`'s), by [`samples_key`], as
+    [`evaluate_samples`] returns them; `store` keeps every run scored here, read back instead of scored again by a
+    later call ([`RunStore`], [`StoreScoring`]; scores an earlier report lends are read into it by
+    [`import_report`])."""
     began = time.perf_counter()
     family, knob = generation["family"], generation["diversity_knob"]
     if main_only:
@@ -301,16 +303,12 @@ def score_sweep(
     elif evaluator_name is None:
         evaluator_name = getattr(evaluator[0], "name_or_path", None) or type(evaluator[0]).__name__
     description = describe_evaluator(evaluator_name, next(evaluator[0].parameters()).dtype)
-    reusable = None
-    if reuse_scores is not None:  # read and checked before any scoring
-        reusable = reusable_scores(reuse_scores, evaluator_name, description, protocol)
-    runs, reused = [], None
+    runs = []
     # A run holding the very samples of a run already scored (a comparison sampler that chose its neutral knob runs
     # as official) takes its scores: the same batches give the same numbers, and scoring is the costly half.
     scored = dict(scored or {})
-    parts = None
-    if score_parts_dir is not None:
-        parts = ScoreParts(Path(score_parts_dir), description, protocol, eval_batch_size, max_length)
+    store = open_store(store)
+    parts = None if store is None else StoreScoring(store, description, protocol, eval_batch_size, max_length)
     for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
         key = samples_key(run["samples"])
         if key not in scored:
@@ -321,23 +319,9 @@ def score_sweep(
                     samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
                 )
 
-            if parts is not None:
-                score = partial(parts.scored, run["samples"], score, name)
-            scored[key], reused = lend_or_score(
-                reusable.by_samples.get(key) if reusable is not None else None,
-                reused,
-                score,
-                lambda result: [r["nll_sum"] for r in result["per_sample"]],
-                reusable.path if reusable is not None else None,
-                name,
-            )
+            scored[key] = score() if parts is None else parts.scored(run["samples"], score, name)
         result = scored[key]
         runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
-    if reusable is not None and reused is None:
-        warnings.warn(
-            f"--reuse-scores: {reusable.path} holds none of these runs' samples; every run was scored here.",
-            stacklevel=2,
-        )
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
@@ -358,10 +342,9 @@ def score_sweep(
         "main_only": main_only,
         **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
         **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
-        **({"reused_scores": reused} if reused is not None else {}),
-        **({"score_parts": parts.record()} if parts is not None else {}),
+        **({"store": store.record()} if store is not None else _kept(generation, "store")),
         **({"reused_samples": generation["reused_samples"]} if "reused_samples" in generation else {}),
-        # --experiment baselines scored on another machine: the tuning bank's scores, for a later --reuse-scores
+        # --experiment baselines scored on another machine: the tuning bank's scores, for a later --store-from
         **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
     }
     if command is not None and command != generation["command"]:
@@ -400,9 +383,7 @@ def run_sweep(
     device: str | torch.device | None = None,
     state=None,
     knob_tuning: dict | None = None,
-    reuse_samples: str | os.PathLike | ReusableSamples | None = None,
-    reuse_scores: str | os.PathLike | ReusableScores | None = None,
-    score_parts_dir: str | os.PathLike | None = None,
+    store: str | os.PathLike | RunStore | None = None,
     **evaluator_kwargs,
 ) -> dict | None:
     """Runs the matched official-vs-untied sweep and (with `output_dir`) writes `<name>.json`, `.md` and `.png`.
@@ -442,12 +423,9 @@ def run_sweep(
             return `None`. Scoring is not split: it runs once, on the main process.
         knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
             ([`untied_sc_lab.experiments.baselines.tune_baselines`]), kept in the results and the report.
-        reuse_samples (`str` or `os.PathLike`, *optional*): an earlier report whose runs lend their samples to the
-            same runs here ([`generate_sweep`]).
-        reuse_scores (`str` or `os.PathLike`, *optional*): an earlier report of this evaluator whose scores are lent
-            to the runs whose samples it holds ([`score_sweep`]).
-        score_parts_dir (`str` or `os.PathLike`, *optional*): a folder that keeps every scored run, so that a
-            stopped scoring resumes ([`score_sweep`], [`ScoreParts`]).
+        store (`str`, `os.PathLike` or [`RunStore`], *optional*): a store folder that keeps every run sampled and
+            scored, so that a stopped sweep resumes and does only the missing work ([`generate_sweep`],
+            [`score_sweep`]).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
 
     Returns:
@@ -456,6 +434,7 @@ def run_sweep(
         per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
         process other than the main one.
     """
+    store = open_store(store)  # one store, so the report counts its sampled and scored runs
     generation = generate_sweep(
         pipeline_dir_or_pipe,
         nfe=nfe,
@@ -472,7 +451,7 @@ def run_sweep(
         device=device,
         state=state,
         knob_tuning=knob_tuning,
-        reuse_samples=reuse_samples,
+        store=store,
     )
     if not is_main_process(state):
         return None
@@ -487,7 +466,6 @@ def run_sweep(
         num_resamples=num_resamples,
         output_dir=output_dir,
         progress=progress,
-        reuse_scores=reuse_scores,
-        score_parts_dir=score_parts_dir,
+        store=store,
         **evaluator_kwargs,
     )

@@ -1,0 +1,296 @@
+"""`untied-sc benchmark`: the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`), a
+report's rescoring ([`rescore_report`]), and the Markdown report printed.
+"""
+
+from untied_sc.families import get_family
+
+from .benchmark_checks import (
+    OTHER_NAME,
+    benchmark_outputs,
+    check_generation_scoring,
+    check_rescore,
+    check_sweep_arguments,
+)
+from .benchmark_options import add_benchmark_arguments, benchmark_command_line
+
+
+# Handlers import lazily, so that `--help` and the refusals that need no model run before torch loads.
+
+
+def _rescore(args, name: str) -> dict:
+    """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
+    from .report import format_markdown
+    from .rescore import rescore_report
+
+    results = rescore_report(
+        args.rescore,
+        evaluator=args.evaluator,
+        name=name,
+        output_dir=args.output_dir,
+        num_resamples=args.num_resamples,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        command=benchmark_command_line(args),
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+        device=args.device or "cpu",
+        dtype=args.dtype,
+        store=_open_store(args),
+    )
+    print(format_markdown(results))
+    print("Wrote " + ", ".join(results["files"].values()))
+    return results
+
+
+def _score_generation_file(args, scoring: dict) -> dict:
+    """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
+    from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
+    from .generation_files import read_generations
+    from .sweep import score_sweep
+
+    generation = read_generations(args.from_generation)
+    if args.name:
+        generation["model"] = args.name
+    if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
+        evaluator_kwargs = {key: scoring.pop(key) for key in ("cache_dir", "dtype")}
+        evaluator_kwargs["device"] = args.device or "cpu"
+        return score_baseline_candidates(
+            generation,
+            **scoring,
+            evaluator_kwargs=evaluator_kwargs,
+            command=benchmark_command_line(args),
+            progress=not args.no_progress,
+            main_only=args.main_only,
+        )
+    return score_sweep(
+        generation,
+        **scoring,
+        **({"device": args.device} if args.device else {}),
+        command=benchmark_command_line(args),
+        progress=not args.no_progress,
+        main_only=args.main_only,
+    )
+
+
+def _load_evaluator(args):
+    """The benchmark's evaluator as the options name it (on --device, else the CPU) for choosing knobs on the bank."""
+    from ..evaluation.evaluator import load_evaluator
+
+    return load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=args.dtype)
+
+
+def _tune_baselines(args, sweep: dict, state):
+    """`--experiment baselines`: loads the pipeline and the evaluator, checks the sweep, chooses the comparison
+    samplers' knobs on the tuning bank ([`tune_baselines`]), puts the tuned sampler specs and the record into `sweep`
+    and returns the loaded pipeline (the sweep samples it; scoring loads the evaluator again by name, so the report
+    names it as any other)."""
+    from untied_sc.distributed import process_device, process_rank
+    from untied_sc.pipelines import load_pipeline
+
+    from .baselines import tune_baselines
+
+    if process_rank(state)[1] > 1:
+        raise SystemExit(
+            "--experiment baselines tunes its knobs in one process: run it without `accelerate launch` (one GPU)."
+        )
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    _default_frontier(sweep, pipe)
+    evaluator = _load_evaluator(args)
+    samplers, record = tune_baselines(
+        pipe,
+        sweep["samplers"],
+        nfe=args.nfe,
+        seeds=args.seeds,
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+        evaluator=evaluator,
+        tune_seed=args.tune_seed,
+        tune_num_samples=args.tune_num_samples,
+        budget=args.tune_budget,
+        confidence=args.confidence,
+        eval_batch_size=args.eval_batch_size,
+        protocol=args.protocol,
+        progress=not args.no_progress,
+        source=args.pipeline,
+        parts_dir=args.tune_parts_dir,
+        evaluator_name=args.evaluator,
+        log=_tuning_log(args),
+    )
+    record["evaluator"] = args.evaluator
+    sweep.update(samplers=samplers, knob_tuning=record)
+    return pipe
+
+
+def _tuning_log(args):
+    """With `--no-progress`, a timestamped line on standard error per scored bank run (as `untied-sc tune`'s): a
+    tuning of an hour or more on a CPU is otherwise silent."""
+    from ..tuning.tune import stderr_log
+
+    return stderr_log if args.no_progress else None
+
+
+def _default_frontier(sweep: dict, pipe) -> None:
+    """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `frontier_values`."""
+    if sweep["diversity_values"] is None:
+        sweep["diversity_values"] = list(
+            get_family(pipe.family).require("frontier_values", "The baselines experiment's default sweep")
+        )
+
+
+def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
+    """`--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
+    benchmark runs of the chosen values ([`generate_baseline_candidates`]); `--from` replays the choice and scores."""
+    from untied_sc.distributed import process_device
+    from untied_sc.pipelines import load_pipeline
+
+    from .baseline_generation import generate_baseline_candidates
+
+    if args.no_progress:  # loading's bars too
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
+    _default_frontier(sweep, pipe)
+    keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
+    options = {key: sweep[key] for key in keys if key in sweep}
+    options.update(evaluator=_load_evaluator(args), evaluator_name=args.evaluator, protocol=args.protocol)
+    options.update(eval_batch_size=args.eval_batch_size, diversity_samplers=sweep["diversity_samplers"])
+    return generate_baseline_candidates(
+        pipe,
+        **options,
+        tune_seed=args.tune_seed,
+        tune_num_samples=args.tune_num_samples,
+        budget=args.tune_budget,
+        confidence=args.confidence,
+        progress=sweep["progress"],
+        log=_tuning_log(args),
+        source=args.pipeline,
+        name=sweep["name"],
+        command=sweep["command"],
+        device=sweep["device"],
+    )
+
+
+def _open_store(args):
+    """The `--store` folder opened, with the `--store-from` reports read into it; `None` without `--store`."""
+    if not args.store:
+        return None
+    from ..runs.store import RunStore
+    from .report_import import import_report
+
+    store = RunStore(args.store)
+    for path in args.store_from or ():
+        import_report(store, path, args.eval_batch_size, args.max_length)
+    return store
+
+
+def benchmark_command(args) -> dict | None:
+    """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
+
+    Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
+    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
+    not split: it runs on the main process only.
+    """
+    # Everything that needs no model is checked first, before torch loads (see `check_sweep_arguments`).
+    from untied_sc.output_paths import claimed_outputs
+
+    if args.rescore:
+        name = check_rescore(args)
+        with claimed_outputs(benchmark_outputs(args, name), args.overwrite, OTHER_NAME):  # scored in one process
+            return _rescore(args, name)
+    if args.from_generation:
+        name = check_generation_scoring(args)
+    else:
+        name = check_sweep_arguments(args)
+
+    from untied_sc.distributed import is_main_process, process_state
+
+    state = process_state(args.device)
+    # The main process, which alone writes, holds the result files from here to its last write: a second run of the
+    # same name is refused now (a generation file whose model is unreadable names none: `read_generation` says why).
+    outputs = benchmark_outputs(args, name) if name else []
+    with claimed_outputs(outputs, args.overwrite, OTHER_NAME, active=is_main_process(state)):
+        return _benchmark_into(args, name, state)
+
+
+def _benchmark_into(args, name: str | None, state) -> dict | None:
+    """The work of `benchmark_command`, once its outputs are claimed."""
+    from untied_sc.distributed import is_main_process, silence_other_processes
+
+    from .definitions import select_samplers, with_preset
+    from .generation_files import write_generation
+    from .report import format_markdown
+    from .sweep import generate_sweep, run_sweep
+
+    scoring = {
+        "evaluator": args.evaluator,
+        "protocol": args.protocol,
+        "eval_batch_size": args.eval_batch_size,
+        "max_length": args.max_length,
+        "num_resamples": args.num_resamples,
+        "output_dir": args.output_dir,
+        "cache_dir": args.cache_dir,
+        "dtype": args.dtype,
+        "store": _open_store(args),
+    }
+    silence_other_processes(state)
+    if args.from_generation:
+        if not is_main_process(state):
+            return None
+        results = _score_generation_file(args, scoring)
+        print(format_markdown(results))
+        print("Wrote " + ", ".join(results["files"].values()))
+        return results
+    baselines = args.experiment == "baselines"
+    sweep = {
+        "nfe": args.nfe,
+        "seeds": args.seeds,
+        "num_samples": args.num_samples,
+        "batch_size": args.batch_size,
+        "samplers": with_preset(select_samplers(args.experiment, args.samplers), args.coefficients),
+        "diversity_values": args.temperatures,
+        "diversity_nfe": args.diversity_nfe,
+        # baselines: every sampler's own frontier (its tuned point and the temperatures), read at official's entropy
+        **({"diversity_samplers": list(select_samplers(args.experiment, args.samplers))} if baselines else {}),
+        "name": name,
+        "command": benchmark_command_line(args),
+        "progress": not args.no_progress,
+        "device": args.device,
+        "state": state,
+    }
+    if baselines and args.generate_only:  # tuned here, then the chosen values sampled
+        generation = _generate_baseline_candidates(args, sweep, state)
+    elif args.generate_only:
+        generation = generate_sweep(args.pipeline, **sweep, store=scoring["store"])
+    if args.generate_only:
+        if not is_main_process(state):
+            return None
+        paths = write_generation(generation, args.output_dir)
+        count = sum(len(run["samples"]) for run in generation["runs"])
+        print(
+            f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
+            f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
+        )
+        return generation
+    # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
+    pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
+    results = run_sweep(pipeline, **sweep, **scoring)
+    if results is None:  # not the main process
+        return None
+    print(format_markdown(results))
+    print("Wrote " + ", ".join(results["files"].values()))
+    return results
+
+
+def register_benchmark_command(commands):
+    """Registers `benchmark` on an `add_subparsers()` object and returns its parser."""
+    parser = commands.add_parser(
+        "benchmark", help="Matched official vs untied sweep over NFEs and seeds: GenPPL, entropy, paired CIs, plot."
+    )
+    add_benchmark_arguments(parser)
+    parser.set_defaults(handler=benchmark_command)
+    return parser

@@ -1,0 +1,111 @@
+"""An earlier report's samples and scores read into a run store (`untied-sc benchmark --store DIR --store-from
+REPORT_JSON`), so that a sweep that adds a temperature, a sampler or an NFE part to a report samples and scores only
+its new runs.
+
+Each run of the report is stored under the [`RunKey`] its settings give (the report's family, pipeline class,
+tokenizer, sample count, batch size and seeding, the sampler's spec and coefficients at the run's NFE, its seed and
+knob value): a sweep with another of those settings computes other keys and reads none of it. Its scores are stored
+under the [`ScoreKey`] of its samples, the report's evaluator description and protocol, and the scoring's
+`--eval-batch-size` and `--max-length` (a report does not record those): the first imported score a scoring reads is
+scored again there and must agree ([`StoreScoring`]), and the first batch of each sampler read is sampled again
+([`RunStore.sampled`]). The tuning bank of `--experiment baselines`, not in a report's samples file, comes with its
+scores alone (`bank_scores`, by [`samples_fingerprint`]).
+"""
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from untied_sc.generation import Sample, read_samples
+from untied_sc.input_checks import read_benchmark_report
+from untied_sc.per_nfe import read_steps_table
+
+from ..runs.store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
+from .aggregation import AGGREGATED_METRICS
+
+
+# Per-sample records a report's run keeps (the intervals and the equal-entropy control resample them).
+PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
+
+
+def _scoring_result(record: Mapping) -> dict:
+    """A report's run record turned back into the scoring result it was made from (what a run record needs)."""
+    per_sample = record["per_sample"]
+    count = len(per_sample["nll_sum"])
+    return {
+        "num_samples": record["num_samples"],
+        "num_scored": record["num_scored"],
+        "num_tokens": record["num_tokens"],
+        **{key: record.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        "per_sample": [{key: per_sample[key][i] for key in PER_SAMPLE_KEYS} for i in range(count)],
+    }
+
+
+def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> tuple[dict, list[list[Sample]]]:
+    """
+    A benchmark report (`<model>.json`) and the samples of each of its runs, in the report's order, from its samples
+    file. The file may hold runs the report does not: a rescoring of part of a larger report's runs shares that
+    report's file (samples are stored once).
+
+    Raises:
+        `ValueError`: the file is not a benchmark report, its samples file is missing (`remedy` ends that error), or
+        it does not hold each run's samples (`option`, the argument that named the report, begins every error).
+    """
+    path = Path(path)
+    report = read_benchmark_report(path, option, remedy)
+    knob = report.get("diversity_knob", "temperature")
+    by_run: dict[tuple, list[Sample]] = {}
+    for sample in read_samples(path.parent / report["samples_file"]):
+        by_run.setdefault((sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob)), []).append(sample)
+    runs = []
+    for record in report["runs"]:
+        wanted = (record["sampler"], record["nfe"], record["seed"], record.get(knob))
+        run = by_run.get(wanted, [])
+        if len(run) != record["num_samples"]:
+            raise ValueError(
+                f"{option}: {report['samples_file']} holds {len(run)} samples of {path}'s run {wanted} (sampler, NFE, "
+                f"seed, knob), not its {record['num_samples']}: one of the two was edited or replaced."
+            )
+        runs.append(run)
+    return report, runs
+
+
+def import_report(
+    store: RunStore, path: str | os.PathLike, eval_batch_size: int | None = None, max_length: int | None = None
+) -> dict:
+    """
+    Reads a benchmark report's runs (samples, sampling seconds, scores) and its tuning bank's scores into `store`;
+    entries the store holds already are kept. Returns what was imported (`report`, `runs`, `bank_runs`), which the
+    store's record lists.
+
+    Raises:
+        `ValueError`: the file is not a benchmark report or its samples file is missing or incomplete (a report
+        written without its samples cannot lend them: nothing shows which samples its scores belong to).
+    """
+    report, runs = read_report_runs(path, "--store-from", " Give a report with its samples file beside it.")
+    source = str(path)
+    settings = {**report, "diversity_knob": report.get("diversity_knob", "temperature")}
+    knob = settings["diversity_knob"]
+    description, protocol = report.get("evaluator_description"), report["protocol"]
+    by_sampler = report.get("coefficients") or {}
+    for record, samples in zip(report["runs"], runs, strict=True):
+        sampler, n = record["sampler"], record["nfe"]
+        coefficients = read_steps_table(by_sampler.get(sampler), "coefficients").get(n)
+        key = RunKey.of(settings, report["samplers"][sampler], coefficients, n, record["seed"], record.get(knob))
+        if not store.samples_path(key).exists():
+            texts, ids = [s.text for s in samples], [s.ids for s in samples]
+            store.put_samples(key, StoredSamples(texts, ids, record["seconds"], source))
+        scores = ScoreKey(samples_fingerprint(samples), description, protocol, eval_batch_size, max_length)
+        if not store.score_path(scores).exists():
+            store.put_score(scores, _scoring_result(record), source)
+    bank = report.get("bank_scores", {})
+    for fingerprint, scores in bank.items():
+        # a bank run's per-sample records (the equal-entropy search); reports of the fixed-grid rule keep mean NLLs
+        # alone, which the search cannot read: those are scored again
+        if isinstance(scores, dict):
+            key = ScoreKey(fingerprint, description, protocol, eval_batch_size, None, kind="bank")
+            if not store.score_path(key).exists():
+                store.put_score(key, dict(scores), source)
+    imported = {"report": source, "runs": len(runs), "bank_runs": sum(isinstance(s, dict) for s in bank.values())}
+    store.imports.append(imported)
+    return imported
