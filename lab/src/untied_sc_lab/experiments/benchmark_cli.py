@@ -199,8 +199,8 @@ def benchmark_command(args) -> dict | None:
     """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
 
     Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
-    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
-    not split: it runs on the main process only.
+    one process; the main process alone scores, writes and prints (the others return `None`). Scoring a sampled sweep
+    (`--from`, `--store DIR` alone) is not split: it runs on the main process only.
     """
     # Everything that needs no model is checked first, before torch loads (see `check_sweep_arguments`).
     from untied_sc.output_paths import claimed_outputs
