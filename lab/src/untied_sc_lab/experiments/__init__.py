@@ -1,6 +1,6 @@
 """Experiments on the samplers, the top floor over the metrics library (`untied_sc_lab.evaluation`), calibration and the
-pipelines: matched sweeps (`benchmark`), the comparison samplers' experiment, sweeps split across machines (a run store or generation files),
-aggregation and reports, `untied-sc generate`, and the `evaluate` / `benchmark` command line."""
+pipelines: matched sweeps (`benchmark`), the comparison samplers' experiment, sweeps split across machines (a run
+store or generation files), aggregation and reports, `untied-sc generate`, and the `evaluate` / `benchmark` command line."""
 
 from untied_sc.lazy_imports import lazy_attributes
 
