@@ -246,15 +246,6 @@ def test_samples_drawn_elsewhere_are_refused(tmp_path, pipe):
         generate_sweep(pipe, store=store, **OPTIONS)
 
 
-def test_the_command_line_refuses_a_store_with_tune_here(tmp_path, pipe):
-    from untied_sc.cli import main
-
-    pipe.save_pretrained(tmp_path / "pipe")
-    argv = ["benchmark", str(tmp_path / "pipe"), "--experiment", "baselines", "--generate-only", "--tune-here"]
-    with pytest.raises(SystemExit, match="--tune-here chooses its runs while sampling"):
-        main([*argv, "--store", str(tmp_path / "store")])
-
-
 def test_a_sampler_that_draws_officials_samples_is_read_from_the_store_whole(tmp_path, pipe, evaluator, counted):
     neutral = {"official": {}, "untied": {"eta_r": 0.0, "eta_t": 0.0}}  # the official sampler, bit for bit
     score = {"evaluator": evaluator, "num_resamples": 50}

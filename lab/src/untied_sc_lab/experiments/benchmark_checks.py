@@ -52,10 +52,6 @@ SAMPLING_RULES = (
         "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
         "run's samples for --from to score again, which the parts do not keep. Drop one of them.",
     ),
-    Refusal(
-        lambda args: args.store and args.tune_here,
-        "--store keeps the runs of a sweep sampled here; --tune-here chooses its runs while sampling. Drop one.",
-    ),
 )
 
 

@@ -122,7 +122,7 @@ def add_benchmark_arguments(parser):
         "--tune-here",
         action="store_true",
         help="With --generate-only (needed there): tune on the bank here, with the evaluator, and sample only the "
-        "chosen knob values; --from scores the part as any other.",
+        "chosen knob values; `benchmark --store DIR` (or --from) scores the part as any other.",
     )
     parser.add_argument(
         "--coefficients",

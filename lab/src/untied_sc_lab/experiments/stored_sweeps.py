@@ -12,11 +12,17 @@ from untied_sc.generation import run_samples
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, StoredSamples
-from .generation_files import CANDIDATES_KEY, SHARED_SETTINGS, merge_generations
+from .generation_files import SHARED_SETTINGS, merge_generations
 
 
 def sweep_run_key(generation: Mapping, run: Mapping) -> RunKey:
-    """The [`RunKey`] of one run of a [`generate_sweep`] result: its sampler's spec and coefficients at its NFE."""
+    """The [`RunKey`] of one run of a [`generate_sweep`] result: its sampler's spec and coefficients at its NFE; for a
+    tuning-bank run of `--experiment baselines --tune-here`, its spec and call arguments on the tuning seeds."""
+    if "bank_key" in run:
+        spec = {"spec": run["spec"], "call": run["call"]}
+        return RunKey.of(
+            generation, spec, None, run["nfe"], run["seed"], seed_space="tuning", num_samples=run["num_samples"]
+        )
     coefficients = read_steps_table(generation["coefficients"].get(run["sampler"], {}), "coefficients")
     knob = generation["diversity_knob"]
     spec = generation["samplers"][run["sampler"]]
@@ -32,8 +38,6 @@ def store_sweep(store: RunStore, generation: Mapping) -> Path:
     Raises:
         `ValueError`: the store holds other samples under a run's key (the store mixes two machines' draws).
     """
-    if CANDIDATES_KEY in generation:  # refused by the command line: the bank's runs have no sweep key
-        raise ValueError("A baselines generation (tuned with --tune-here) is not stored as a sweep.")
     keys = []
     for run in generation["runs"]:
         key = sweep_run_key(generation, run)
@@ -49,7 +53,7 @@ def store_sweep(store: RunStore, generation: Mapping) -> Path:
         keys.append(key)
     header = {key: value for key, value in generation.items() if key != "runs"}
     header["runs"] = [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]
-    identity = {key: generation.get(key) for key in (*SHARED_SETTINGS, "nfe", "diversity_nfe")}
+    identity = {key: generation.get(key) for key in (*SHARED_SETTINGS, "nfe", "diversity_nfe", "knob_tuning")}
     return store.put_sweep(identity, header, keys)
 
 
