@@ -42,12 +42,13 @@ def _without(words: list[str], option: str, takes_value: bool = True) -> list[st
 
 
 def sample_command(report: dict, work: Path, device: str) -> list[str]:
-    """The report's own sampling command, written to `work/<report>` with `--generate-only` on `device`."""
+    """The report's own sampling command, sampled into the run store `work/store` with `--generate-only` on
+    `device`."""
     words = shlex.split(report["command"])
-    for option in ("--output-dir", "--device"):
+    for option in ("--output-dir", "--device", "--store"):
         words = _without(words, option)
     words = _without(words, "--generate-only", takes_value=False)
-    return [*words, "--generate-only", "--output-dir", str(work), "--device", device]
+    return [*words, "--generate-only", "--store", str(work / "store"), "--device", device]
 
 
 def same_scores(old: dict, new: dict) -> bool:
@@ -68,7 +69,7 @@ def same_scores(old: dict, new: dict) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["sample", "score"])
-    parser.add_argument("--work", type=Path, default=Path("runs/regen"), help="Folder of the generation files.")
+    parser.add_argument("--work", type=Path, default=Path("runs/regen"), help="Folder of the run stores.")
     parser.add_argument("--device", default="cuda", help="Sampling device (sample phase).")
     parser.add_argument("--reports", nargs="+", default=list(CITED), help="Report names (default: the cited ones).")
     parser.add_argument("--dry-run", action="store_true", help="Print the commands only.")
@@ -79,10 +80,9 @@ def main() -> None:
         if args.phase == "sample":
             command = sample_command(report, work, args.device)
         else:
-            generation = work / f"{report['model']}.generation.json"
             scoring = shlex.split(report.get("scoring_command") or report["command"])
             options = ["--eval-batch-size", "8", "--num-resamples", "1000", "--dtype", "bfloat16"]
-            command = ["untied-sc", "benchmark", "--from", str(generation), "--output-dir", str(work / "scored")]
+            command = ["untied-sc", "benchmark", "--store", str(work / "store"), "--output-dir", str(work / "scored")]
             command += ["--name", name, *options] + (["--main-only"] if "--main-only" in scoring else [])
         print(shlex.join(command))
         if args.dry_run:

@@ -235,6 +235,13 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     }
     assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
     assert [run["per_sample"] for run in saved["runs"]] == [run["per_sample"] for run in one["runs"]]
+    # the same part carried by a run store (its bank runs' samples and the candidates beside the runs): the same report
+    assert main([*argv, "--generate-only", "--tune-here", "--store", str(tmp_path / "carrier")]) == 0
+    stored = ["benchmark", "--store", str(tmp_path / "carrier"), "--evaluator", str(tmp_path / "evaluator")]
+    assert main([*stored, "--output-dir", str(tmp_path / "stored"), "--num-resamples", "20", "--no-progress"]) == 0
+    carried = json.loads((tmp_path / "stored" / "tiny-elf-baselines.json").read_text())
+    assert carried["knob_tuning"] == saved["knob_tuning"] and carried["bank_scores"] == saved["bank_scores"]
+    assert [run["per_sample"] for run in carried["runs"]] == [run["per_sample"] for run in saved["runs"]]
     # --store-from: the runs and the bank take the first report's scores through a store (the first of each scored
     # again as the check), the same report
     first = str(tmp_path / "results" / "tiny-elf-baselines.json")

@@ -246,15 +246,6 @@ def test_samples_drawn_elsewhere_are_refused(tmp_path, pipe):
         generate_sweep(pipe, store=store, **OPTIONS)
 
 
-def test_the_command_line_refuses_a_store_with_tune_here(tmp_path, pipe):
-    from untied_sc.cli import main
-
-    pipe.save_pretrained(tmp_path / "pipe")
-    argv = ["benchmark", str(tmp_path / "pipe"), "--experiment", "baselines", "--generate-only", "--tune-here"]
-    with pytest.raises(SystemExit, match="--tune-here chooses its runs while sampling"):
-        main([*argv, "--store", str(tmp_path / "store")])
-
-
 def test_a_sampler_that_draws_officials_samples_is_read_from_the_store_whole(tmp_path, pipe, evaluator, counted):
     neutral = {"official": {}, "untied": {"eta_r": 0.0, "eta_t": 0.0}}  # the official sampler, bit for bit
     score = {"evaluator": evaluator, "num_resamples": 50}
@@ -263,3 +254,73 @@ def test_a_sampler_that_draws_officials_samples_is_read_from_the_store_whole(tmp
     again = run_sweep(pipe, samplers=neutral, store=tmp_path / "store", **OPTIONS, **score)
     assert again["store"]["samples_read"] == 4 and counted == [1, 1]  # one batch per sampler sampled again
     assert [r["gen_ppl"] for r in again["runs"]] == [r["gen_ppl"] for r in first["runs"]]
+
+
+def test_a_sweep_sampled_in_parts_into_a_store_scores_as_the_one_command_sweep(tmp_path, langflow_golden, evaluator):
+    from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep
+
+    pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
+    options = {**{k: v for k, v in OPTIONS.items() if k != "nfe"}, "diversity_values": [0.5]}
+    whole = generate_sweep(pipe, nfe=[4, 8], command="both", **options)
+    store = RunStore(tmp_path / "store")
+    with pytest.raises(ValueError, match="holds no sampled sweep to score.*--generate-only --store"):
+        read_stored_sweeps(store)
+    for n in (8, 4, 8):  # in either order; the part sampled again replaces its entry
+        store_sweep(store, generate_sweep(pipe, nfe=[n], command=f"nfe {n}", store=store, **options))
+    assert len(_entries(tmp_path / "store", "sweeps")) == 2
+    merged = read_stored_sweeps(RunStore(tmp_path / "store"))
+    assert merged["nfe"] == [4, 8] and sorted(merged["command"].split(" ; ")) == ["nfe 4", "nfe 8"]
+    key = ("sampler", "nfe", "seed", "temperature")
+    assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
+    assert [r["samples"] for r in merged["runs"]] == [r["samples"] for r in whole["runs"]]
+    assert merged["coefficients"] == whole["coefficients"]
+    scored = [_score(g, evaluator) for g in (whole, merged)]
+    untimed = ("seconds", "samples_per_second")
+    assert [[{k: v for k, v in r.items() if k not in untimed} for r in s["runs"]] for s in scored] == 2 * [
+        [{k: v for k, v in r.items() if k not in untimed} for r in scored[0]["runs"]]
+    ]
+    assert scored[0]["equal_entropy"] == scored[1]["equal_entropy"]
+
+    # a part of another sweep in the same store, or a run's samples gone: refused, naming the store's file
+    other = generate_sweep(pipe, nfe=[4], command="seed 5", store=store, **{**options, "seeds": [5]})
+    other_path = store_sweep(store, other)
+    with pytest.raises(ValueError, match=f"{other_path}.*not parts of one sweep: they differ in seeds"):
+        read_stored_sweeps(store)
+    other_path.unlink()
+    (tmp_path / "store" / "samples" / _entries(tmp_path / "store", "samples")[0]).unlink()
+    with pytest.raises(ValueError, match="sweeps/.*json lists .*, whose samples .* the store does not hold"):
+        read_stored_sweeps(store)
+
+
+def test_the_command_line_samples_into_a_store_and_scores_the_stored_sweep(tmp_path, pipe, evaluator, capsys):
+    from untied_sc.cli import main
+
+    pipe.save_pretrained(tmp_path / "tiny")
+    for part in evaluator:
+        part.save_pretrained(tmp_path / "evaluator")
+    store = str(tmp_path / "store")
+    argv = ["benchmark", str(tmp_path / "tiny"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
+    argv += ["--batch-size", "2", "--temperatures", "0.5", "--no-progress"]
+    assert main([*argv, "--generate-only", "--store", store, "--output-dir", str(tmp_path / "gen")]) == 0
+    assert not (tmp_path / "gen").exists()  # the store carries the sweep: no generation file
+    assert f"Score them with: untied-sc benchmark --store {store}\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"--store scores the sweep stored in {store}; drop --nfe"):
+        main(["benchmark", "--store", store, "--nfe", "8"])
+    score = ["--evaluator", str(tmp_path / "evaluator"), "--num-resamples", "20"]
+    assert main([*argv, *score, "--output-dir", str(tmp_path / "whole")]) == 0
+    score = ["benchmark", "--store", store, *score, "--no-progress"]
+    assert main([*score, "--output-dir", str(tmp_path / "apart")]) == 0
+    whole, apart = (json.loads((tmp_path / name / "tiny.json").read_text()) for name in ("whole", "apart"))
+    untimed = ("seconds", "samples_per_second")
+    assert [{k: v for k, v in r.items() if k not in untimed} for r in apart["runs"]] == [
+        {k: v for k, v in r.items() if k not in untimed} for r in whole["runs"]
+    ]
+    assert len(apart["runs"]) == 3 and f"--store {store}" in apart["scoring_command"]
+    assert main([*score, "--main-only", "--output-dir", str(tmp_path / "main")]) == 0
+    main_only = json.loads((tmp_path / "main" / "tiny.json").read_text())
+    assert main_only["runs"] == apart["runs"][:2] and main_only["store"]["scores_read"] == 2  # scored once
+    capsys.readouterr()
+    assert main(["benchmark", "--store", str(tmp_path / "empty"), *score[3:], "--output-dir", str(tmp_path)]) == 2
+    assert f"--store {tmp_path / 'empty'}: holds no sampled sweep to score" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def _baselines(args) -> bool:
 SAMPLING_RULES = (
     Refusal(
         lambda args: args.main_only,
-        "--main-only scores part of a generation file: use it with --from (or leave --temperatures out).",
+        "--main-only scores part of a sampled sweep: use it with --from, or --store DIR without a pipeline (or leave "
+        "--temperatures out).",
     ),
     Refusal(
         lambda args: args.tune_here and not (_baselines(args) and args.generate_only),
@@ -50,10 +51,6 @@ SAMPLING_RULES = (
         lambda args: args.tune_parts_dir and args.generate_only,
         "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
         "run's samples for --from to score again, which the parts do not keep. Drop one of them.",
-    ),
-    Refusal(
-        lambda args: args.store and args.tune_here,
-        "--store keeps the runs of a sweep sampled here; --tune-here chooses its runs while sampling. Drop one.",
     ),
 )
 
@@ -82,30 +79,44 @@ def benchmark_outputs(args, name: str) -> list[Path]:
     """The files this `benchmark` command writes for the model name `name`."""
     from untied_sc.output_paths import generation_paths, report_paths
 
-    if args.generate_only:
-        return list(generation_paths(args.output_dir, name).values())
+    if args.generate_only:  # with --store, the store holds the sweep
+        return [] if args.store else list(generation_paths(args.output_dir, name).values())
     return list(report_paths(args.output_dir, name, samples=not args.rescore).values())
 
 
+def scores_generation(args) -> bool:
+    """Whether `benchmark` scores a `--generate-only` sweep: `--from FILE...`, or `--store DIR` with no pipeline (the
+    sweep stored in DIR)."""
+    return bool(args.from_generation) or bool(args.store and not args.pipeline and not args.generate_only)
+
+
 def check_generation_scoring(args) -> str | None:
-    """`--from`, before any work: no pipeline or sweep option beside the files (they fix them), the files exist, and
-    the outputs named by `--name` or the file's model are new (or `--overwrite`)."""
+    """`--from`, or `--store DIR` without a pipeline, before any work: no sweep option beside the sweep (it fixes
+    them), the files exist, and the outputs named by `--name` or the sweep's model are new (or `--overwrite`)."""
+    from .stored_sweeps import stored_model
+
     options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
     given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
+    source = " ".join(args.from_generation) if args.from_generation else args.store
     if args.pipeline or given:
         extra = ([args.pipeline] if args.pipeline else []) + given
         raise SystemExit(
-            f"--from scores the sweep stored in {' '.join(args.from_generation)}; drop {' '.join(extra)} (the pipeline and "
-            "the sweep options were fixed when it was generated)."
+            f"{'--from' if args.from_generation else '--store'} scores the sweep stored in {source}; drop "
+            f"{' '.join(extra)} (the pipeline and the sweep options were fixed when it was generated)."
         )
+    check_store_from(args)
+    if not args.from_generation:
+        model = stored_model(args.store)  # read_stored_sweeps says what is wrong with the store
+        if args.name or model:
+            refuse_existing_outputs(benchmark_outputs(args, args.name or model), args.overwrite)
+        return args.name or model
     for path in args.from_generation:
         if not Path(path).is_file():
             raise FileNotFoundError(
                 f"--from {path}: no such file. Give the <model>.generation.json that `untied-sc benchmark "
                 "--generate-only` wrote."
             )
-    check_store_from(args)
     try:
         model = json.loads(Path(args.from_generation[0]).read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError):
@@ -193,7 +204,10 @@ def check_sweep_arguments(args) -> str:
     from .definitions import experiment_name
 
     if not args.pipeline:
-        raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a generation file with --from.")
+        raise SystemExit(
+            "Name a pipeline folder (or Hub id) to benchmark, or score a sampled sweep with --store DIR (or a "
+            "generation file with --from)."
+        )
     check_store_from(args)
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:

@@ -1,4 +1,5 @@
-"""`untied-sc benchmark`: the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`), a
+"""`untied-sc benchmark`: the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, then `--store DIR`
+alone or `--from`), a
 report's rescoring ([`rescore_report`]), and the Markdown report printed.
 """
 
@@ -10,6 +11,7 @@ from .benchmark_checks import (
     check_generation_scoring,
     check_rescore,
     check_sweep_arguments,
+    scores_generation,
 )
 from .benchmark_options import add_benchmark_arguments, benchmark_command_line
 
@@ -43,12 +45,17 @@ def _rescore(args, name: str) -> dict:
 
 
 def _score_generation_file(args, scoring: dict) -> dict:
-    """`--from`: [`score_sweep`] on a `--generate-only` result, whose pipeline and sweep options the file fixes."""
+    """`--from`, or `--store DIR` without a pipeline: [`score_sweep`] on a `--generate-only` result (its files, or
+    the sweep stored in DIR), whose pipeline and sweep options it fixes."""
     from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
     from .generation_files import read_generations
+    from .stored_sweeps import read_stored_sweeps
     from .sweep import score_sweep
 
-    generation = read_generations(args.from_generation)
+    if args.from_generation:
+        generation = read_generations(args.from_generation)
+    else:
+        generation = read_stored_sweeps(scoring["store"])
     if args.name:
         generation["model"] = args.name
     if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
@@ -192,8 +199,8 @@ def benchmark_command(args) -> dict | None:
     """Handler of `untied-sc benchmark`: [`run_sweep`] (or one half of it) and the Markdown table.
 
     Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
-    one process; the main process alone scores, writes and prints (the others return `None`). `--from` scoring is
-    not split: it runs on the main process only.
+    one process; the main process alone scores, writes and prints (the others return `None`). Scoring a sampled sweep
+    (`--from`, `--store DIR` alone) is not split: it runs on the main process only.
     """
     # Everything that needs no model is checked first, before torch loads (see `check_sweep_arguments`).
     from untied_sc.output_paths import claimed_outputs
@@ -202,7 +209,7 @@ def benchmark_command(args) -> dict | None:
         name = check_rescore(args)
         with claimed_outputs(benchmark_outputs(args, name), args.overwrite, OTHER_NAME):  # scored in one process
             return _rescore(args, name)
-    if args.from_generation:
+    if scores_generation(args):
         name = check_generation_scoring(args)
     else:
         name = check_sweep_arguments(args)
@@ -224,6 +231,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     from .definitions import select_samplers, with_preset
     from .generation_files import write_generation
     from .report import format_markdown
+    from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
 
     scoring = {
@@ -238,7 +246,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         "store": _open_store(args),
     }
     silence_other_processes(state)
-    if args.from_generation:
+    if scores_generation(args):
         if not is_main_process(state):
             return None
         results = _score_generation_file(args, scoring)
@@ -269,11 +277,15 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     if args.generate_only:
         if not is_main_process(state):
             return None
-        paths = write_generation(generation, args.output_dir)
+        if scoring["store"] is not None:  # the store carries the sweep: no generation file
+            where, score_with = store_sweep(scoring["store"], generation), f"--store {args.store}"
+        else:
+            where = write_generation(generation, args.output_dir)["generation"]
+            score_with = f"--from {where}"
         count = sum(len(run["samples"]) for run in generation["runs"])
         print(
             f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
-            f"{generation['device']}. Score them with: untied-sc benchmark --from {paths['generation']}"
+            f"{generation['device']} into {where}. Score them with: untied-sc benchmark {score_with}"
         )
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep

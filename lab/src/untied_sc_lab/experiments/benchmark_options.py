@@ -55,7 +55,10 @@ TUNING_OPTIONS = ("tune_parts_dir",)
 def add_benchmark_arguments(parser):
     """Adds the `benchmark` arguments to an `argparse` parser and returns it."""
     parser.add_argument(
-        "pipeline", nargs="?", help="Pipeline folder (or Hub repo id), calibrated at every --nfe (not with --from)."
+        "pipeline",
+        nargs="?",
+        help="Pipeline folder (or Hub repo id), calibrated at every --nfe (none with --from, or with --store DIR to "
+        "score the sweep sampled into DIR).",
     )
     parser.add_argument("--nfe", type=int, nargs="+", help="NFEs (default 8 16 32 64).")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds (default 0 1 2).")
@@ -119,7 +122,7 @@ def add_benchmark_arguments(parser):
         "--tune-here",
         action="store_true",
         help="With --generate-only (needed there): tune on the bank here, with the evaluator, and sample only the "
-        "chosen knob values; --from scores the part as any other.",
+        "chosen knob values; `benchmark --store DIR` (or --from) scores the part as any other.",
     )
     parser.add_argument(
         "--coefficients",
@@ -129,11 +132,14 @@ def add_benchmark_arguments(parser):
     split.add_argument(
         "--generate-only",
         action="store_true",
-        help="Only sample: write <model>.generation.json and .generation-samples.jsonl.gz, to score elsewhere with "
-        "--from.",
+        help="Only sample: with --store DIR, into the store (the sweep's settings beside its samples), to score "
+        "elsewhere with `benchmark --store DIR`; without, write <model>.generation.json and "
+        ".generation-samples.jsonl.gz, to score with --from.",
     )
     parser.add_argument(
-        "--main-only", action="store_true", help="With --from: score the main runs only, not the diversity sweep."
+        "--main-only",
+        action="store_true",
+        help="With --from (or --store DIR alone): score the main runs only, not the diversity sweep.",
     )
     parser.add_argument(
         "--store-from",
@@ -153,8 +159,9 @@ def add_benchmark_arguments(parser):
         "coefficients, NFE, seed, temperature, --num-samples, --batch-size; its scores: the samples, the evaluator "
         "and dtype, the protocol, --eval-batch-size and --max-length). A later command with the same store reads "
         "what it holds and does only the missing work: a stopped sweep, scoring or --rescore resumes, a "
-        "--generate-only run's samples are there for the scoring command, and the first batch of each sampler read "
-        "from it is sampled again and must be identical.",
+        "--generate-only run's sweep is there for the scoring command (`benchmark --store DIR` with no pipeline scores "
+        "it, merging the parts sampled into DIR), and the first batch of each sampler read from it is sampled again "
+        "and must be identical.",
     )
     split.add_argument(
         "--from",

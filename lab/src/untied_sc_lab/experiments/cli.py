@@ -2,7 +2,7 @@
 
 - `evaluate` scores a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline
   (`evaluate_cli.py`);
-- `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, `--from`) and prints its
+- `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, then `--store DIR` or `--from`) and prints its
   Markdown report; `--rescore` scores a report's samples again under another evaluator ([`rescore_report`])
   (`benchmark_cli.py`; its options `benchmark_options.py`, its refusals `benchmark_checks.py`).
 

@@ -3,7 +3,9 @@
 another from it.
 
 A run's samples are stored under the hash of its [`RunKey`], the settings that decide them and nothing else; a run's
-scores under the hash of its [`ScoreKey`], its samples' fingerprint and the scoring's settings. Two runs with equal
+scores under the hash of its [`ScoreKey`], its samples' fingerprint and the scoring's settings; a `--generate-only`
+sweep's settings (timings, coefficients, device: all but its samples) under the hash of what names the part
+([`RunStore.put_sweep`]), for the scoring command to find. Two runs with equal
 keys draw equal samples (same seed, same machine) and equal texts score equally, so a key found is work not done
 again. Each entry is written to a temporary name and renamed into place whole: a stopped process never leaves half an
 entry under an entry's name, and temporary files are never read. An entry whose recorded key differs from the one its
@@ -27,6 +29,7 @@ from ..evaluation.io import samples_key
 
 STORE_FORMAT = "untied-sc run store 1"
 HEADER = "store.json"
+SWEEPS = "sweeps"  # the folder of `--generate-only` sweep parts
 # Relative tolerance of the check of imported scores on each sample's NLL sum: another device or batch padding moves
 # it by ~1e-6; another --max-length, dtype or evaluator moves it by far more.
 SPOT_CHECK_TOLERANCE = 1e-4
@@ -148,8 +151,8 @@ def _digest(key) -> str:
 @dataclass
 class RunStore:
     """
-    A store folder: `samples/<hash of RunKey>.json.gz` and `scores/<hash of ScoreKey>.json`, and `store.json`
-    naming the format. Counts what this process read and wrote ([`record`] is what a report says of it).
+    A store folder: `samples/<hash of RunKey>.json.gz`, `scores/<hash of ScoreKey>.json`, `sweeps/<hash>.json` (the
+    settings of a `--generate-only` sweep part) and `store.json` naming the format. Counts what this process read and wrote ([`record`] is what a report says of it).
 
     Raises:
         `ValueError`: the folder is a file, or a non-empty folder that is not a store.
@@ -236,6 +239,27 @@ class RunStore:
             self._checked_samplers.add(check)
             self.checked.append(label)
         return rebuild(stored.texts, stored.ids), stored.seconds
+
+    def put_sweep(self, identity: Mapping, sweep: Mapping, keys: Sequence[RunKey]) -> Path:
+        """Stores a sampled sweep part's settings `sweep` (its runs without their samples) and the [`RunKey`] of each
+        run, in order, under the hash of `identity` (what names the part: sampling it again replaces it)."""
+        path = self.folder / SWEEPS / f"{hashlib.sha256(canonical(identity).encode()).hexdigest()[:32]}.json"
+        entry = {"format": STORE_FORMAT, "sweep": sweep, "keys": [asdict(key) for key in keys]}
+        _write_atomic(path, (json.dumps(entry, indent=1) + "\n").encode())
+        return path
+
+    def sweeps(self) -> list[tuple[Path, dict, list[RunKey]]]:
+        """Every stored sweep part ([`put_sweep`]), in file-name order: its file, settings and runs' keys."""
+        found = []
+        for path in sorted((self.folder / SWEEPS).glob("*.json")):
+            entry = _read_json(path, "a sampled sweep")
+            if not isinstance(entry, dict) or entry.get("format") != STORE_FORMAT or "sweep" not in entry:
+                raise ValueError(
+                    f"--store: {path} is not a sampled sweep of this store: the file was edited or copied in. Delete "
+                    "it and sample that part again with --generate-only."
+                )
+            found.append((path, entry["sweep"], [RunKey(**key) for key in entry["keys"]]))
+        return found
 
     def score(self, key: ScoreKey) -> dict | None:
         """The stored scores of `key` (as [`evaluate_samples`] returns them), or `None`."""
