@@ -15,5 +15,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".report": ("format_markdown", "write_results"),
         ".rescore": ("evaluator_control", "rescore_report"),
         ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
+        ".sweep_settings": ("ScoringSettings", "SweepSettings"),
     },
 )
