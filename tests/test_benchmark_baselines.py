@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from untied_sc.cli import main
 from untied_sc.generation.sampling import build_scheduler, knobs_at
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
-from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
 from untied_sc_lab.experiments.baseline_generation import (
     CANDIDATES_KEY,
     generate_baseline_candidates,
@@ -41,6 +42,7 @@ from .tiny import tiny_evaluator, tiny_tokenizer
 
 TUNING = {"tune_num_samples": 4, "budget": 2, "progress": False}
 SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
+TINY = SweepSettings(**SWEEP)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,9 @@ def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_th
     with pytest.raises(ValueError, match=r"'ACE', 'HiGS \+ ACE' need ACE's .*`untied-sc ace my-pipe`"):
         tune_baselines(bare, samplers, evaluator=evaluator, source="my-pipe", **SWEEP, **TUNING)
     with pytest.raises(ValueError, match="untied-sc ace PIPELINE_DIR"):
-        run_sweep(bare, samplers={"official": {}, "ACE": {"scheduler": "ace"}}, evaluator=evaluator, **SWEEP)
+        run_sweep(
+            bare, replace(TINY, samplers={"official": {}, "ACE": {"scheduler": "ace"}}), ScoringSettings(evaluator)
+        )
     assert not calls  # nothing was sampled
 
 
@@ -129,17 +133,13 @@ def _tiny_baselines_report(pipe, family, evaluator, folder, command) -> dict:
     samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
     return run_sweep(
         pipe,
-        samplers=samplers,
-        evaluator=evaluator,
+        replace(TINY, samplers=samplers, diversity_values=FRONTIER[family], diversity_samplers=list(samplers)),
+        ScoringSettings(evaluator, num_resamples=50),
         knob_tuning=record,
-        num_resamples=50,
         progress=False,
         name="tiny",
         command=command,
         output_dir=folder,
-        diversity_values=FRONTIER[family],
-        diversity_samplers=list(samplers),
-        **SWEEP,
     )
 
 
@@ -335,14 +335,13 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the picks run too
         monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
     pipe = pipes[family]
-    options = {"num_resamples": 50, "progress": False}
+    scoring = ScoringSettings(evaluator, num_resamples=50)
     samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
-    one = run_sweep(pipe, samplers=samplers, evaluator=evaluator, knob_tuning=record, name="one", **SWEEP, **options)
-    generation = generate_baseline_candidates(
-        pipe, experiment_samplers("baselines"), evaluator=evaluator, name="two", **SWEEP, **TUNING
-    )
+    one = run_sweep(pipe, replace(TINY, samplers=samplers), scoring, knob_tuning=record, name="one", progress=False)
+    candidates = replace(TINY, samplers=experiment_samplers("baselines"))
+    generation = generate_baseline_candidates(pipe, candidates, evaluator=evaluator, name="two", **TUNING)
     write_generation(generation, tmp_path)  # through the files, as between two machines
-    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), evaluator=evaluator, **options)
+    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), scoring, progress=False)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
     outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
     assert "accepted" in outcomes or keep == "rule"
@@ -371,11 +370,12 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
             pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
         )
     )
-    options = {"seeds": [0], "num_samples": 4, "batch_size": 2, **TUNING, "evaluator": evaluator}
-    whole = generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[4, 8], name="m", **options)
+    options = {**TUNING, "evaluator": evaluator, "name": "m"}
+    settings = replace(TINY, seeds=[0], samplers=experiment_samplers("baselines"))
+    whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), **options)
     paths = [
         write_generation(
-            generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[n], name="m", **options),
+            generate_baseline_candidates(pipe, replace(settings, nfe=[n]), **options),
             tmp_path / str(n),
         )["generation"]
         for n in (8, 4)
@@ -386,7 +386,8 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
         (r["sampler"], r["nfe"]) for r in whole["runs"]
     )
     scored = [
-        score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)
+        score_baseline_candidates(g, ScoringSettings(evaluator, num_resamples=50), progress=False)
+        for g in (whole, merged)
     ]
     assert scored[0]["knob_tuning"] == scored[1]["knob_tuning"]
     assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]

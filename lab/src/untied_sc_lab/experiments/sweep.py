@@ -63,6 +63,17 @@ from .sweep_settings import DEFAULT_SCORING, DEFAULT_SWEEP, ScoringSettings, Swe
 
 
 BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
+EVALUATOR_OPTIONS = ("cache_dir", "device", "dtype")  # [`load_evaluator`]'s, beside the evaluator's name
+
+
+def _check_evaluator_options(options: Mapping) -> None:
+    """Refuses keywords [`load_evaluator`] does not take: a scoring setting belongs in the [`ScoringSettings`]."""
+    unknown = [key for key in options if key not in EVALUATOR_OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"Unknown evaluator options {unknown} (they are {list(EVALUATOR_OPTIONS)}); the evaluator, protocol, "
+            "eval_batch_size, max_length and num_resamples go in a ScoringSettings."
+        )
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -279,6 +290,7 @@ def score_sweep(
     [`evaluate_samples`] returns them; `store` keeps every run scored here, read back instead of scored again by a
     later call ([`RunStore`], [`StoreScoring`]; scores an earlier report lends are read into it by
     [`import_report`])."""
+    _check_evaluator_options(evaluator_kwargs)
     began = time.perf_counter()
     evaluator, eval_batch_size, max_length = scoring.evaluator, scoring.eval_batch_size, scoring.max_length
     family, knob = generation["family"], generation["diversity_knob"]
@@ -402,6 +414,7 @@ def run_sweep(
         per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
         process other than the main one.
     """
+    _check_evaluator_options(evaluator_kwargs)
     store = open_store(store)  # one store, so the report counts its sampled and scored runs
     generation = generate_sweep(
         pipeline_dir_or_pipe,
