@@ -5,7 +5,7 @@
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from untied_sc.defaults import DEFAULT_NFE, DEFAULT_SEEDS
+from untied_sc.defaults import DEFAULT_BATCH_SIZE, DEFAULT_NFE, DEFAULT_NUM_SAMPLES, DEFAULT_SEEDS, SMOLLM2_NAME
 
 from .definitions import BASELINE
 
@@ -37,8 +37,8 @@ class SweepSettings:
 
     nfe: Sequence[int] = DEFAULT_NFE
     seeds: Sequence[int] = DEFAULT_SEEDS
-    num_samples: int = 256
-    batch_size: int = 32
+    num_samples: int = DEFAULT_NUM_SAMPLES
+    batch_size: int = DEFAULT_BATCH_SIZE
     samplers: Mapping[str, Mapping] | None = None
     diversity_values: Sequence[float] | None = None
     diversity_samplers: Sequence[str] = (BASELINE,)
@@ -58,7 +58,7 @@ class ScoringSettings:
         num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
     """
 
-    evaluator: object = "smollm2-135m"
+    evaluator: object = SMOLLM2_NAME
     protocol: str | None = None
     eval_batch_size: int = 8
     max_length: int | None = None
