@@ -192,9 +192,20 @@ def generate_sweep(
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
     store = open_store(store)
-    run_settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
-    run_settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
-    run_settings.update(batch_seed=BATCH_SEED_RULE, diversity_knob=knob)
+    header = {
+        "format": GENERATION_FORMAT,
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": BATCH_SEED_RULE,
+        "samplers": samplers,
+    }
+    run_settings = {**header, "diversity_knob": knob}  # every one of [`RUN_SETTINGS`], as the generation records it
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -239,17 +250,7 @@ def generate_sweep(
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
     return {
-        "format": GENERATION_FORMAT,
-        "model": name,
-        "family": family,
-        "pipeline_class": type(pipe).__name__,
-        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
-        "nfe": list(nfe),
-        "seeds": list(seeds),
-        "num_samples": num_samples,
-        "batch_size": batch_size,
-        "batch_seed": BATCH_SEED_RULE,
-        "samplers": samplers,
+        **header,
         "coefficients": {sampler: write_steps_table(by_steps) for sampler, by_steps in coefficients.items()},
         "baseline": BASELINE,
         "diversity_knob": knob,
