@@ -41,8 +41,8 @@ from .tiny import tiny_evaluator, tiny_tokenizer
 
 
 TUNING = {"tune_num_samples": 4, "budget": 2, "progress": False}
-SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
-TINY = SweepSettings(**SWEEP)
+TINY = SweepSettings(nfe=[8], seeds=[0, 1], num_samples=4, batch_size=2)
+BASELINES = replace(TINY, samplers=experiment_samplers("baselines"))
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_th
     bare.transformer.register_forward_hook(lambda *args: calls.append(1))
     samplers = experiment_samplers("baselines")
     with pytest.raises(ValueError, match=r"'ACE', 'HiGS \+ ACE' need ACE's .*`untied-sc ace my-pipe`"):
-        tune_baselines(bare, samplers, evaluator=evaluator, source="my-pipe", **SWEEP, **TUNING)
+        tune_baselines(bare, replace(TINY, samplers=samplers), evaluator=evaluator, source="my-pipe", **TUNING)
     with pytest.raises(ValueError, match="untied-sc ace PIPELINE_DIR"):
         run_sweep(
             bare, replace(TINY, samplers={"official": {}, "ACE": {"scheduler": "ace"}}), ScoringSettings(evaluator)
@@ -115,9 +115,9 @@ def test_seeds_are_checked_before_tuning(pipes, evaluator):
         legacy.register_to_config(seed_space="benchmark", seed=3000)
         pipe.register_modules(ace_statistics=legacy)
         with pytest.raises(ValueError, match=r"Seeds \[3000\] drew the trajectories ACE's direction"):
-            tune_baselines(pipe, samplers, evaluator=evaluator, **{**SWEEP, "seeds": [0, 3000]}, **TUNING)
+            tune_baselines(pipe, replace(TINY, samplers=samplers, seeds=[0, 3000]), evaluator=evaluator, **TUNING)
         with pytest.raises(ValueError, match="--tune-seed must lie in"):
-            tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=-1, **SWEEP, **TUNING)
+            tune_baselines(pipe, replace(TINY, samplers=samplers), evaluator=evaluator, tune_seed=-1, **TUNING)
     finally:
         pipe.register_modules(ace_statistics=original)
         hook.remove()
@@ -130,7 +130,7 @@ FRONTIER = {"langflow": [0.8, 1.2], "elf": [0.5, 1.0]}
 def _tiny_baselines_report(pipe, family, evaluator, folder, command) -> dict:
     """The baselines experiment on a tiny pipeline: every comparison sampler tuned on the bank, then every sampler
     swept on its own frontier, written to `folder` as `tiny.*`."""
-    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
     return run_sweep(
         pipe,
         replace(TINY, samplers=samplers, diversity_values=FRONTIER[family], diversity_samplers=list(samplers)),
@@ -171,7 +171,7 @@ def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_re
         assert f"| {name} | 8 | the same |" in markdown
         if entry["outcome"] != "accepted":  # the neutral value: the official sampler's samples, bit for bit
             assert entry["chosen"] == neutral_knobs(method)
-            for seed in SWEEP["seeds"]:
+            for seed in TINY.seeds:
                 assert by_run[name, seed]["per_sample"] == by_run["official", seed]["per_sample"]
         else:
             assert entry["best_vs_official"]["ratio_ci"][1] < 1 and entry["chosen"] == {
@@ -336,10 +336,9 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
         monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
     pipe = pipes[family]
     scoring = ScoringSettings(evaluator, num_resamples=50)
-    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
     one = run_sweep(pipe, replace(TINY, samplers=samplers), scoring, knob_tuning=record, name="one", progress=False)
-    candidates = replace(TINY, samplers=experiment_samplers("baselines"))
-    generation = generate_baseline_candidates(pipe, candidates, evaluator=evaluator, name="two", **TUNING)
+    generation = generate_baseline_candidates(pipe, BASELINES, evaluator=evaluator, name="two", **TUNING)
     write_generation(generation, tmp_path)  # through the files, as between two machines
     two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), scoring, progress=False)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
@@ -371,7 +370,7 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
         )
     )
     options = {**TUNING, "evaluator": evaluator, "name": "m"}
-    settings = replace(TINY, seeds=[0], samplers=experiment_samplers("baselines"))
+    settings = replace(BASELINES, seeds=[0])
     whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), **options)
     paths = [
         write_generation(
@@ -436,11 +435,12 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
     # The benchmark loads its evaluator before tuning; its parts must still name it as `untied-sc tune` does (by the
     # name the user gave), or a parts folder that tune wrote would be refused as another bank.
     samplers = {"official": {}, "HiGS": {"scheduler": "higs"}}
-    options = {"nfe": [8], "seeds": [0], "num_samples": 2, "batch_size": 2, "tune_num_samples": 2, "budget": 2}
+    settings = SweepSettings(nfe=[8], seeds=[0], num_samples=2, batch_size=2, samplers=samplers)
     tune_baselines(
         pipes["langflow"],
-        samplers,
-        **options,
+        settings,
+        tune_num_samples=2,
+        budget=2,
         evaluator=evaluator,
         progress=False,
         parts_dir=tmp_path / "parts",

@@ -111,7 +111,7 @@ def generate_baseline_candidates(
             "--tune-here --evaluator ...`, or the one-machine run without --generate-only)."
         )
     samplers = normalise_samplers(settings.samplers)
-    nfe, seeds, num_samples, batch_size = settings.nfe, settings.seeds, settings.num_samples, settings.batch_size
+    nfe, batch_size = settings.nfe, settings.batch_size
     tune_seed = check_seed(tune_seed, "--tune-seed")
     if tune_num_samples < 2:
         raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
@@ -141,11 +141,7 @@ def generate_baseline_candidates(
 
     tuned, record = tune_baselines(
         pipe,
-        samplers,
-        nfe,
-        seeds,
-        num_samples,
-        batch_size,
+        replace(settings, samplers=samplers),
         loaded,
         tune_seed=tune_seed,
         tune_num_samples=tune_num_samples,

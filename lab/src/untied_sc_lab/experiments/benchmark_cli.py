@@ -106,11 +106,7 @@ def _tune_baselines(args, settings, state):
     evaluator = _load_evaluator(args)
     samplers, record = tune_baselines(
         pipe,
-        settings.samplers,
-        nfe=args.nfe,
-        seeds=args.seeds,
-        num_samples=args.num_samples,
-        batch_size=args.batch_size,
+        settings,
         evaluator=evaluator,
         tune_seed=args.tune_seed,
         tune_num_samples=args.tune_num_samples,
