@@ -117,8 +117,8 @@ def generate_baseline_candidates(
         raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
     place_pipeline(pipe, state, device)  # the bank is sampled before generate_sweep places it
     knob = diversity_knob(family_of(pipe))
-    loaded, name = scoring_evaluator(evaluator)
-    evaluator_name = evaluator_name or name
+    loaded, loaded_name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or loaded_name
     bank_records = []
     began = time.perf_counter()
 
