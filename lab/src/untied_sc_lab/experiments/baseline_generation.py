@@ -361,12 +361,12 @@ def score_baseline_candidates(
     protocol, eval_batch_size = scoring.protocol, scoring.eval_batch_size
     loaded, name = scoring_evaluator(scoring.evaluator, **dict(evaluator_kwargs or {}))
     store = score_kwargs["store"] = open_store(score_kwargs.get("store"))
-    scoring = None
+    bank_scoring = None
     if store is not None:
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
         protocol_used = protocol or default_protocol(generation["family"])
-        scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
-    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, scoring)
+        bank_scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
+    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, bank_scoring)
     record["evaluator"] = name
     # The bank's scores go beside the tuning record, which stays the one-machine run's.
     bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}
