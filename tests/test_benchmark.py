@@ -9,7 +9,7 @@ import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation.sampling import batch_seed, build_scheduler
-from untied_sc_lab.experiments import aggregate, run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
 
@@ -18,6 +18,7 @@ from .tiny import tiny_evaluator, tiny_tokenizer
 
 
 ZERO_STRENGTH = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}
+TINY = SweepSettings(nfe=[8], seeds=[0, 1], num_samples=4, batch_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +36,18 @@ def pipes(elf_golden, langflow_golden):
     return {"elf": elf, "langflow": langflow}
 
 
-def sweep(pipe, evaluator, tmp_path=None, **kwargs):
-    options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "evaluator": evaluator}
-    options.update(num_resamples=50, progress=False, name="tiny", command="pytest")
-    return run_sweep(pipe, output_dir=tmp_path, **{**options, **kwargs})
+def sweep(pipe, evaluator, tmp_path=None, **changes):
+    """The tiny sweep with `changes` to its settings, scored under `evaluator`."""
+    scoring = ScoringSettings(evaluator, num_resamples=50)
+    options = {"output_dir": tmp_path, "progress": False, "name": "tiny", "command": "pytest"}
+    return run_sweep(pipe, replace(TINY, **changes), scoring, **options)
 
 
 def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pipes, evaluator):
     from untied_sc_lab.experiments import generate_sweep, score_sweep
 
-    options = {"nfe": [8], "seeds": [0], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
-    generation = generate_sweep(pipes["langflow"], command="pytest", **options)
+    settings = replace(TINY, seeds=[0])
+    generation = generate_sweep(pipes["langflow"], settings, command="pytest", progress=False, name="tiny")
     official = next(run for run in generation["runs"] if run["sampler"] == "official")
     # As the baselines report holds a comparison sampler that chose its neutral knob: official's samples, own name.
     twin = {**official, "sampler": "twin", "samples": [replace(s, sampler="twin") for s in official["samples"]]}
@@ -55,9 +57,9 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
     # the scorer runs the model's body and projects only the scored positions onto the vocabulary
     hook = evaluator[0].model.register_forward_hook(lambda module, args, output: calls.append(1))
     try:
-        once = score_sweep(generation, evaluator=evaluator, num_resamples=20, progress=False)
+        once = score_sweep(generation, ScoringSettings(evaluator, num_resamples=20), progress=False)
         single = len(calls)
-        both = score_sweep(doubled, evaluator=evaluator, num_resamples=20, progress=False)
+        both = score_sweep(doubled, ScoringSettings(evaluator, num_resamples=20), progress=False)
     finally:
         hook.remove()
     assert single > 0 and len(calls) == 2 * single  # the twin run cost no evaluator call
@@ -447,14 +449,14 @@ def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path,
 def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipes, evaluator):
     from untied_sc_lab.experiments import generate_sweep, read_generation, score_sweep, write_generation
 
-    options = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "diversity_values": [0.5]}
-    whole = run_sweep(pipes["langflow"], evaluator=evaluator, num_resamples=50, progress=False, **options)
-    generation = generate_sweep(pipes["langflow"], name="tiny", command="sample", progress=False, **options)
+    settings, scoring = replace(TINY, diversity_values=[0.5]), ScoringSettings(evaluator, num_resamples=50)
+    whole = run_sweep(pipes["langflow"], settings, scoring, progress=False)
+    generation = generate_sweep(pipes["langflow"], settings, name="tiny", command="sample", progress=False)
     paths = write_generation(generation, tmp_path)
     assert paths["samples"].name == "tiny.generation-samples.jsonl.gz"
     loaded = read_generation(paths["generation"])
     assert [run["samples"] for run in loaded["runs"]] == [run["samples"] for run in generation["runs"]]
-    apart = score_sweep(loaded, evaluator=evaluator, num_resamples=50, output_dir=tmp_path, command="score")
+    apart = score_sweep(loaded, scoring, output_dir=tmp_path, command="score")
     assert len(apart["runs"]) == len(whole["runs"]) == 2 * 2 + 2
     for one, other in zip(whole["runs"], apart["runs"], strict=True):
         assert {k: v for k, v in one.items() if "second" not in k} == {
@@ -476,11 +478,11 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
-    options = {"seeds": [0, 1], "num_samples": 4, "batch_size": 2, "diversity_values": [0.5], "progress": False}
-    whole = generate_sweep(pipe, nfe=[4, 8], name="tiny", command="both", **options)
+    settings = replace(TINY, diversity_values=[0.5])
+    whole = generate_sweep(pipe, replace(settings, nfe=[4, 8]), name="tiny", command="both", progress=False)
     paths = {}
     for n in (8, 4):  # in either order
-        part = generate_sweep(pipe, nfe=[n], name="tiny", command=f"nfe {n}", **options)
+        part = generate_sweep(pipe, replace(settings, nfe=[n]), name="tiny", command=f"nfe {n}", progress=False)
         paths[n] = write_generation(part, tmp_path / f"nfe{n}")["generation"]
     merged = read_generations([paths[8], paths[4]])
     assert merged["nfe"] == [4, 8] and merged["command"] == "nfe 8 ; nfe 4"
@@ -488,7 +490,8 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
     assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
     assert [r["samples"] for r in merged["runs"]] == [r["samples"] for r in whole["runs"]]
     assert merged["coefficients"] == whole["coefficients"]
-    scored = [score_sweep(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)]
+    scoring = ScoringSettings(evaluator, num_resamples=50)
+    scored = [score_sweep(g, scoring, progress=False) for g in (whole, merged)]
     untimed = [
         {k: v for k, v in r["aggregates"]["paired"]["untied"]["8"].items() if "throughput" not in k} for r in scored
     ]
@@ -506,13 +509,13 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
         ([8], "cuda:0 (NVIDIA H200)"),
         ([4], whole["device"]),
     ]
-    report = score_sweep(mixed, evaluator=evaluator, num_resamples=50, progress=False, output_dir=tmp_path / "mixed")
+    report = score_sweep(mixed, scoring, progress=False, output_dir=tmp_path / "mixed")
     markdown = (tmp_path / "mixed" / "tiny.md").read_text()
     assert report["parts"] == mixed["parts"] and "NFE 8: sampled in" in markdown and "cuda:0 (NVIDIA H200)" in markdown
 
     with pytest.raises(ValueError, match="both sampled NFE 8: merge parts with disjoint --nfe"):
         read_generations([paths[8], paths[8]])
-    other = generate_sweep(pipe, nfe=[4], name="tiny", command="seed 5", **{**options, "seeds": [5]})
+    other = generate_sweep(pipe, replace(settings, nfe=[4], seeds=[5]), name="tiny", command="seed 5", progress=False)
     other_path = write_generation(other, tmp_path / "seed5")["generation"]
     with pytest.raises(ValueError, match="not parts of one sweep: they differ in seeds"):
         read_generations([paths[8], other_path])
@@ -529,16 +532,17 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
-    options = {"seeds": [0, 1], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
-    parts = [generate_sweep(pipe, nfe=[n], command=f"nfe {n}", diversity_values=[0.5], **options) for n in (8, 4)]
-    score = {"evaluator": evaluator, "num_resamples": 50, "progress": False}
-    score_sweep(parts[0], output_dir=tmp_path / "nfe8", **score)  # the report of the first part, samples beside it
+    options = {"progress": False, "name": "tiny"}
+    settings = replace(TINY, diversity_values=[0.5])
+    parts = [generate_sweep(pipe, replace(settings, nfe=[n]), command=f"nfe {n}", **options) for n in (8, 4)]
+    under = ScoringSettings(evaluator, num_resamples=50)
+    score_sweep(parts[0], under, output_dir=tmp_path / "nfe8", progress=False)  # the first part's report and samples
     report = tmp_path / "nfe8" / "tiny.json"
     merged = merge_generations(parts)
     calls = []
     scoring = sweep.evaluate_samples
     monkeypatch.setattr(sweep, "evaluate_samples", lambda *args, **kwargs: calls.append(1) or scoring(*args, **kwargs))
-    fresh = score_sweep(merged, **score)
+    fresh = score_sweep(merged, under, progress=False)
     every = len(calls)
 
     def store_of(name: str, **scoring_options) -> RunStore:
@@ -546,7 +550,7 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
         import_report(store, report, eval_batch_size=8, **scoring_options)
         return store
 
-    reused = score_sweep(merged, store=store_of("store"), output_dir=tmp_path, **score)
+    reused = score_sweep(merged, under, store=store_of("store"), output_dir=tmp_path, progress=False)
     assert reused["runs"] == fresh["runs"]  # the same records, so the same tables
     assert reused["aggregates"] == fresh["aggregates"]
     # The 6 runs at NFE 8 (4 main, 2 at temperature 0.5) are read, the first of them scored again as the check.
@@ -558,10 +562,12 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     assert "scores of 6 runs were read from the run store" in (tmp_path / "tiny.md").read_text()
 
     with pytest.raises(ValueError, match="differs from its scores imported from .*relative NLL"):  # another length
-        score_sweep(parts[0], store=store_of("short", max_length=3), max_length=3, **score)
-    assert score_sweep(parts[0], store=store_of("elf"), protocol="elf", **score)["store"]["scores_read"] == 0
+        score_sweep(parts[0], replace(under, max_length=3), store=store_of("short", max_length=3), progress=False)
+    elf = score_sweep(parts[0], replace(under, protocol="elf"), store=store_of("elf"), progress=False)
+    assert elf["store"]["scores_read"] == 0
     edited = [{**run, "samples": [replace(s, text=s.text + " x") for s in run["samples"]]} for run in parts[0]["runs"]]
-    assert score_sweep({**parts[0], "runs": edited}, store=store_of("edited"), **score)["store"]["scores_read"] == 0
+    edited_report = score_sweep({**parts[0], "runs": edited}, under, store=store_of("edited"), progress=False)
+    assert edited_report["store"]["scores_read"] == 0
     (tmp_path / "nfe8" / "tiny.samples.jsonl.gz").unlink()
     with pytest.raises(ValueError, match="has no samples file beside it"):
         store_of("no-samples")
@@ -570,7 +576,7 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     calls.clear()
     store = RunStore(tmp_path / "again")
     import_report(store, tmp_path / "tiny.json", eval_batch_size=8)
-    again = run_sweep(pipe, nfe=[8], diversity_values=[0.5, 2.0], store=store, **{**options, **score})
+    again = run_sweep(pipe, replace(TINY, diversity_values=[0.5, 2.0]), under, store=store, **options)
     assert again["store"]["scores_read"] == 6 and len(calls) == 1 + 2  # the check, and the 2 runs at 2.0
     assert again["store"]["samples_read"] == 6 and again["store"]["samples_written"] == 2
 
@@ -596,7 +602,7 @@ def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
 
     from untied_sc_lab.experiments import generate_sweep, read_generation, write_generation
 
-    generation = generate_sweep(pipes["elf"], nfe=[8], seeds=[0], num_samples=2, batch_size=2, progress=False)
+    generation = generate_sweep(pipes["elf"], replace(TINY, seeds=[0], num_samples=2), progress=False)
     paths = write_generation(generation, tmp_path)
     lines = gzip.open(paths["samples"], "rt").read().splitlines()
     with gzip.open(paths["samples"], "wt") as handle:

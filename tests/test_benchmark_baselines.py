@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from untied_sc.cli import main
 from untied_sc.generation.sampling import build_scheduler, knobs_at
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
-from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
 from untied_sc_lab.experiments.baseline_generation import (
     CANDIDATES_KEY,
     generate_baseline_candidates,
@@ -40,7 +41,8 @@ from .tiny import tiny_evaluator, tiny_tokenizer
 
 
 TUNING = {"tune_num_samples": 4, "budget": 2, "progress": False}
-SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
+TINY = SweepSettings(nfe=[8], seeds=[0, 1], num_samples=4, batch_size=2)
+BASELINES = replace(TINY, samplers=experiment_samplers("baselines"))
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +95,11 @@ def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_th
     bare.transformer.register_forward_hook(lambda *args: calls.append(1))
     samplers = experiment_samplers("baselines")
     with pytest.raises(ValueError, match=r"'ACE', 'HiGS \+ ACE' need ACE's .*`untied-sc ace my-pipe`"):
-        tune_baselines(bare, samplers, evaluator=evaluator, source="my-pipe", **SWEEP, **TUNING)
+        tune_baselines(bare, replace(TINY, samplers=samplers), evaluator=evaluator, source="my-pipe", **TUNING)
     with pytest.raises(ValueError, match="untied-sc ace PIPELINE_DIR"):
-        run_sweep(bare, samplers={"official": {}, "ACE": {"scheduler": "ace"}}, evaluator=evaluator, **SWEEP)
+        run_sweep(
+            bare, replace(TINY, samplers={"official": {}, "ACE": {"scheduler": "ace"}}), ScoringSettings(evaluator)
+        )
     assert not calls  # nothing was sampled
 
 
@@ -111,9 +115,9 @@ def test_seeds_are_checked_before_tuning(pipes, evaluator):
         legacy.register_to_config(seed_space="benchmark", seed=3000)
         pipe.register_modules(ace_statistics=legacy)
         with pytest.raises(ValueError, match=r"Seeds \[3000\] drew the trajectories ACE's direction"):
-            tune_baselines(pipe, samplers, evaluator=evaluator, **{**SWEEP, "seeds": [0, 3000]}, **TUNING)
+            tune_baselines(pipe, replace(TINY, samplers=samplers, seeds=[0, 3000]), evaluator=evaluator, **TUNING)
         with pytest.raises(ValueError, match="--tune-seed must lie in"):
-            tune_baselines(pipe, samplers, evaluator=evaluator, tune_seed=-1, **SWEEP, **TUNING)
+            tune_baselines(pipe, replace(TINY, samplers=samplers), evaluator=evaluator, tune_seed=-1, **TUNING)
     finally:
         pipe.register_modules(ace_statistics=original)
         hook.remove()
@@ -126,20 +130,16 @@ FRONTIER = {"langflow": [0.8, 1.2], "elf": [0.5, 1.0]}
 def _tiny_baselines_report(pipe, family, evaluator, folder, command) -> dict:
     """The baselines experiment on a tiny pipeline: every comparison sampler tuned on the bank, then every sampler
     swept on its own frontier, written to `folder` as `tiny.*`."""
-    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
     return run_sweep(
         pipe,
-        samplers=samplers,
-        evaluator=evaluator,
+        replace(TINY, samplers=samplers, diversity_values=FRONTIER[family], diversity_samplers=list(samplers)),
+        ScoringSettings(evaluator, num_resamples=50),
         knob_tuning=record,
-        num_resamples=50,
         progress=False,
         name="tiny",
         command=command,
         output_dir=folder,
-        diversity_values=FRONTIER[family],
-        diversity_samplers=list(samplers),
-        **SWEEP,
     )
 
 
@@ -171,7 +171,7 @@ def test_baselines_run_end_to_end_with_every_method_tuned_by_the_one_rule_and_re
         assert f"| {name} | 8 | the same |" in markdown
         if entry["outcome"] != "accepted":  # the neutral value: the official sampler's samples, bit for bit
             assert entry["chosen"] == neutral_knobs(method)
-            for seed in SWEEP["seeds"]:
+            for seed in TINY.seeds:
                 assert by_run[name, seed]["per_sample"] == by_run["official", seed]["per_sample"]
         else:
             assert entry["best_vs_official"]["ratio_ci"][1] < 1 and entry["chosen"] == {
@@ -342,14 +342,12 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the picks run too
         monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
     pipe = pipes[family]
-    options = {"num_resamples": 50, "progress": False}
-    samplers, record = tune_baselines(pipe, experiment_samplers("baselines"), evaluator=evaluator, **SWEEP, **TUNING)
-    one = run_sweep(pipe, samplers=samplers, evaluator=evaluator, knob_tuning=record, name="one", **SWEEP, **options)
-    generation = generate_baseline_candidates(
-        pipe, experiment_samplers("baselines"), evaluator=evaluator, name="two", **SWEEP, **TUNING
-    )
+    scoring = ScoringSettings(evaluator, num_resamples=50)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
+    one = run_sweep(pipe, replace(TINY, samplers=samplers), scoring, knob_tuning=record, name="one", progress=False)
+    generation = generate_baseline_candidates(pipe, BASELINES, evaluator=evaluator, name="two", **TUNING)
     write_generation(generation, tmp_path)  # through the files, as between two machines
-    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), evaluator=evaluator, **options)
+    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), scoring, progress=False)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
     outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
     assert "accepted" in outcomes or keep == "rule"
@@ -378,11 +376,12 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
             pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
         )
     )
-    options = {"seeds": [0], "num_samples": 4, "batch_size": 2, **TUNING, "evaluator": evaluator}
-    whole = generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[4, 8], name="m", **options)
+    options = {**TUNING, "evaluator": evaluator, "name": "m"}
+    settings = replace(BASELINES, seeds=[0])
+    whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), **options)
     paths = [
         write_generation(
-            generate_baseline_candidates(pipe, experiment_samplers("baselines"), nfe=[n], name="m", **options),
+            generate_baseline_candidates(pipe, replace(settings, nfe=[n]), **options),
             tmp_path / str(n),
         )["generation"]
         for n in (8, 4)
@@ -393,7 +392,8 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
         (r["sampler"], r["nfe"]) for r in whole["runs"]
     )
     scored = [
-        score_baseline_candidates(g, evaluator=evaluator, num_resamples=50, progress=False) for g in (whole, merged)
+        score_baseline_candidates(g, ScoringSettings(evaluator, num_resamples=50), progress=False)
+        for g in (whole, merged)
     ]
     assert scored[0]["knob_tuning"] == scored[1]["knob_tuning"]
     assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]
@@ -442,11 +442,12 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
     # The benchmark loads its evaluator before tuning; its parts must still name it as `untied-sc tune` does (by the
     # name the user gave), or a parts folder that tune wrote would be refused as another bank.
     samplers = {"official": {}, "HiGS": {"scheduler": "higs"}}
-    options = {"nfe": [8], "seeds": [0], "num_samples": 2, "batch_size": 2, "tune_num_samples": 2, "budget": 2}
+    settings = SweepSettings(nfe=[8], seeds=[0], num_samples=2, batch_size=2, samplers=samplers)
     tune_baselines(
         pipes["langflow"],
-        samplers,
-        **options,
+        settings,
+        tune_num_samples=2,
+        budget=2,
         evaluator=evaluator,
         progress=False,
         parts_dir=tmp_path / "parts",

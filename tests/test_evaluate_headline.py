@@ -9,13 +9,13 @@ import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.cli import main
-from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
 
 
-SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "num_resamples": 50}
+SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
 
 
 def _saved_evaluator(folder, seed: int):
@@ -35,15 +35,13 @@ def report(langflow_golden, tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     run_sweep(
         pipe,
-        evaluator=str(evaluator),
+        SweepSettings(**SWEEP, diversity_values=[0.8, 1.2], diversity_samplers=["official", "untied"]),
+        ScoringSettings(str(evaluator), num_resamples=50),
         dtype="float32",
-        diversity_values=[0.8, 1.2],
-        diversity_samplers=["official", "untied"],
         name="tiny",
         command="untied-sc benchmark tiny-langflow",
         output_dir=folder,
         progress=False,
-        **SWEEP,
     )
     return {
         "json": folder / "tiny.json",
@@ -136,15 +134,13 @@ def test_a_rescoring_of_part_of_a_grown_report_is_still_checked_on_the_shared_sa
     # runs in the samples file it names
     run_sweep(
         report["pipe"],
-        evaluator=str(report["evaluator"]),
+        SweepSettings(**SWEEP, diversity_values=[0.8, 1.2, 1.5], diversity_samplers=["official", "untied"]),
+        ScoringSettings(str(report["evaluator"]), num_resamples=50),
         dtype="float32",
-        diversity_values=[0.8, 1.2, 1.5],
-        diversity_samplers=["official", "untied"],
         name="tiny",
         command="untied-sc benchmark tiny-langflow",
         output_dir=folder,
         progress=False,
-        **SWEEP,
     )
     capsys.readouterr()
     samples = folder / "tiny.samples.jsonl.gz"

@@ -4,18 +4,21 @@ On the tiny golden LangFlow pipeline under a tiny evaluator."""
 
 import gzip
 import json
+from dataclasses import replace
 
 import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc_lab.experiments import generate_sweep, run_sweep, score_sweep, sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, generate_sweep, run_sweep, score_sweep, sweep
 from untied_sc_lab.runs.store import RUN_SETTINGS, RunKey, RunStore, ScoreKey, StoredSamples
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
 
 
-OPTIONS = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2, "progress": False, "name": "tiny"}
+TINY = SweepSettings(nfe=[8], seeds=[0, 1], num_samples=4, batch_size=2)
+WITH_DIVERSITY = replace(TINY, diversity_values=[0.5])
+OPTIONS = {"progress": False, "name": "tiny"}
 SETTINGS = {
     "family": "langflow",
     "pipeline_class": "LangFlowPipeline",
@@ -42,7 +45,7 @@ def pipe(langflow_golden):
 
 @pytest.fixture(scope="module")
 def generation(pipe):
-    return generate_sweep(pipe, command="pytest", diversity_values=[0.5], **OPTIONS)
+    return generate_sweep(pipe, WITH_DIVERSITY, command="pytest", **OPTIONS)
 
 
 @pytest.fixture
@@ -59,8 +62,9 @@ def counted(monkeypatch):
     return calls
 
 
-def _score(generation, evaluator, **kwargs) -> dict:
-    return score_sweep(generation, evaluator=evaluator, num_resamples=20, progress=False, **kwargs)
+def _score(generation, evaluator, max_length=None, **kwargs) -> dict:
+    scoring = ScoringSettings(evaluator, max_length=max_length, num_resamples=20)
+    return score_sweep(generation, scoring, progress=False, **kwargs)
 
 
 def _without_timing(results: dict) -> dict:
@@ -186,8 +190,8 @@ def test_scores_of_another_scoring_are_not_read_and_an_edited_entry_is_refused(t
 def test_a_stopped_sweep_resumes_from_the_store_doing_only_the_missing_work(
     tmp_path, pipe, evaluator, counted, monkeypatch
 ):
-    score = {"evaluator": evaluator, "num_resamples": 50}
-    whole = run_sweep(pipe, diversity_values=[0.5], output_dir=tmp_path / "whole", **OPTIONS, **score)
+    score = ScoringSettings(evaluator, num_resamples=50)
+    whole = run_sweep(pipe, WITH_DIVERSITY, score, output_dir=tmp_path / "whole", **OPTIONS)
     counted.clear()
     generate = sweep.generate
 
@@ -199,11 +203,11 @@ def test_a_stopped_sweep_resumes_from_the_store_doing_only_the_missing_work(
     monkeypatch.setattr(sweep, "generate", stopping)
     store = tmp_path / "store"
     with pytest.raises(Stop):
-        run_sweep(pipe, diversity_values=[0.5], store=store, **OPTIONS, **score)
+        run_sweep(pipe, WITH_DIVERSITY, score, store=store, **OPTIONS)
     assert len(_entries(store, "samples")) == 3 and _entries(store, "scores") == []
     monkeypatch.setattr(sweep, "generate", generate)
     counted.clear()
-    resumed = run_sweep(pipe, diversity_values=[0.5], store=store, output_dir=tmp_path / "resumed", **OPTIONS, **score)
+    resumed = run_sweep(pipe, WITH_DIVERSITY, score, store=store, output_dir=tmp_path / "resumed", **OPTIONS)
     # 3 runs read (one batch of official and of untied sampled again as the check), the other 3 sampled here
     assert counted == [1, 1, 2, 2, 2] and resumed["store"]["samples_read"] == 3
     assert resumed["store"]["checked_runs"] == ["official at NFE 8, seed 0", "untied at NFE 8, seed 0"]
@@ -215,7 +219,7 @@ def test_a_stopped_sweep_resumes_from_the_store_doing_only_the_missing_work(
     assert "of this step (runs read from the run store: below) on cpu" in markdown
 
     counted.clear()
-    again = run_sweep(pipe, diversity_values=[0.5, 2.0], store=store, **OPTIONS, **score)
+    again = run_sweep(pipe, replace(TINY, diversity_values=[0.5, 2.0]), score, store=store, **OPTIONS)
     # every run of the first sweep read (samples and scores), the 2 runs at temperature 2.0 sampled and scored here
     assert counted == [1, 1, 2, 2] and again["store"]["scores_read"] == 6 and again["store"]["scores_written"] == 2
     assert [r["gen_ppl"] for r in again["runs"][:6]] == [r["gen_ppl"] for r in whole["runs"]]
@@ -223,19 +227,19 @@ def test_a_stopped_sweep_resumes_from_the_store_doing_only_the_missing_work(
 
 def test_a_run_with_another_spec_or_setting_is_sampled_again(tmp_path, pipe, counted):
     store = tmp_path / "store"
-    generate_sweep(pipe, store=store, **OPTIONS)
+    generate_sweep(pipe, TINY, store=store, **OPTIONS)
     counted.clear()
     other = {"official": {}, "untied": {"eta_r": 0.25}}
-    extended = generate_sweep(pipe, samplers=other, store=store, **OPTIONS)
+    extended = generate_sweep(pipe, replace(TINY, samplers=other), store=store, **OPTIONS)
     assert extended["store"]["samples_read"] == 2 and counted == [1, 2, 2]  # official read; untied sampled
     counted.clear()
-    more = generate_sweep(pipe, store=store, **{**OPTIONS, "batch_size": 4})
+    more = generate_sweep(pipe, replace(TINY, batch_size=4), store=store, **OPTIONS)
     assert more["store"]["samples_read"] == 0 and counted == [1] * 4  # another batch size: other samples
 
 
 def test_samples_drawn_elsewhere_are_refused(tmp_path, pipe):
     store = tmp_path / "store"
-    generate_sweep(pipe, store=store, **OPTIONS)
+    generate_sweep(pipe, TINY, store=store, **OPTIONS)
     # one token of the first sample of each seed-0 run changed: the batch sampled again no longer matches it
     for path in sorted((store / "samples").iterdir()):
         entry = json.loads(gzip.decompress(path.read_bytes()))
@@ -243,15 +247,15 @@ def test_samples_drawn_elsewhere_are_refused(tmp_path, pipe):
             entry["ids"][0][0] = (entry["ids"][0][0] + 1) % 64
             path.write_bytes(gzip.compress(json.dumps(entry).encode()))
     with pytest.raises(ValueError, match=", sampled here, differs from .*another machine, torch or weights drew it"):
-        generate_sweep(pipe, store=store, **OPTIONS)
+        generate_sweep(pipe, TINY, store=store, **OPTIONS)
 
 
 def test_a_sampler_that_draws_officials_samples_is_read_from_the_store_whole(tmp_path, pipe, evaluator, counted):
     neutral = {"official": {}, "untied": {"eta_r": 0.0, "eta_t": 0.0}}  # the official sampler, bit for bit
-    score = {"evaluator": evaluator, "num_resamples": 50}
-    first = run_sweep(pipe, samplers=neutral, store=tmp_path / "store", **OPTIONS, **score)
+    score = ScoringSettings(evaluator, num_resamples=50)
+    first = run_sweep(pipe, replace(TINY, samplers=neutral), score, store=tmp_path / "store", **OPTIONS)
     counted.clear()
-    again = run_sweep(pipe, samplers=neutral, store=tmp_path / "store", **OPTIONS, **score)
+    again = run_sweep(pipe, replace(TINY, samplers=neutral), score, store=tmp_path / "store", **OPTIONS)
     assert again["store"]["samples_read"] == 4 and counted == [1, 1]  # one batch per sampler sampled again
     assert [r["gen_ppl"] for r in again["runs"]] == [r["gen_ppl"] for r in first["runs"]]
 

@@ -28,6 +28,7 @@ from untied_sc.seeds import (
     streams_of_record,
 )
 from untied_sc_lab.experiments.sweep import generate_sweep
+from untied_sc_lab.experiments.sweep_settings import SweepSettings
 
 from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_tokenizer
@@ -104,7 +105,9 @@ def test_the_readme_calibration_seed_0_leaves_the_default_benchmark_seeds_usable
     assert statistics.config.seeds == {"8": {"space": "calibration", "streams": [0, 1]}}
     assert calibration_seeds(statistics) == set()
     refuse_leaked_seeds([0, 1, 2], langflow_pipe)  # nothing leaks
-    generation = generate_sweep(langflow_pipe, nfe=[8], seeds=[0, 1, 2], num_samples=2, batch_size=2, progress=False)
+    generation = generate_sweep(
+        langflow_pipe, SweepSettings([8], [0, 1, 2], num_samples=2, batch_size=2), progress=False
+    )
     assert len(generation["runs"]) == 6  # official and untied at 3 seeds
 
 

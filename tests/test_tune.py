@@ -15,7 +15,7 @@ from untied_sc.generation.sampling import tuning_seeds
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 from untied_sc.seeds import calibration_seeds
-from untied_sc_lab.experiments import run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
 from untied_sc_lab.tuning.search import RULE
 from untied_sc_lab.tuning.tune import TUNE_SEED, tune_coefficients
 
@@ -107,7 +107,7 @@ def test_tuning_survives_save_and_load_and_the_benchmark_refuses_the_tuning_bank
     del old["seed_space"]
     loaded.scheduler.register_to_config(tuning_by_steps={"8": old})
     with pytest.raises(ValueError, match=f"Seeds \\[{TUNE_SEED}\\] are the bank .* tuned on"):
-        run_sweep(loaded, nfe=[8], seeds=[0, TUNE_SEED], num_samples=2, batch_size=2, evaluator=evaluator)
+        run_sweep(loaded, SweepSettings([8], [0, TUNE_SEED], num_samples=2, batch_size=2), ScoringSettings(evaluator))
 
 
 def test_tuning_is_deterministic(langflow_golden, evaluator, tuned):

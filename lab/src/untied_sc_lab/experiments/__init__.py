@@ -16,5 +16,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".rescore": ("evaluator_control", "rescore_report"),
         ".stored_sweeps": ("read_stored_sweeps", "store_sweep"),
         ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
+        ".sweep_settings": ("ScoringSettings", "SweepSettings"),
     },
 )

@@ -33,6 +33,7 @@ from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tu
 from .definitions import BASELINE, normalise_samplers
 from .generation_files import CANDIDATES_KEY
 from .sweep import generate_sweep, place_pipeline, score_sweep
+from .sweep_settings import DEFAULT_SCORING, ScoringSettings, SweepSettings
 
 
 BANK_PREFIX = "tuning bank: "
@@ -55,11 +56,8 @@ def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
 
 def generate_baseline_candidates(
     pipe,
-    samplers: Mapping[str, Mapping],
-    nfe: Sequence[int],
-    seeds: Sequence[int],
-    num_samples: int,
-    batch_size: int,
+    settings: SweepSettings,
+    *,
     tune_seed: int = TUNE_SEED,
     tune_num_samples: int = 64,
     budget: int = TUNE_BUDGET,
@@ -74,7 +72,9 @@ def generate_baseline_candidates(
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
     log: Callable[[str], None] | None = None,
-    **sweep_kwargs,
+    name: str | None = None,
+    command: str | None = None,
+    device=None,
 ) -> dict:
     """
     `--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
@@ -87,8 +87,7 @@ def generate_baseline_candidates(
 
     Args:
         pipe: the loaded pipeline.
-        samplers (`Mapping[str, Mapping]`): the `baselines` sampler set.
-        nfe, seeds, num_samples, batch_size: the benchmark sweep's.
+        settings ([`SweepSettings`]): the benchmark sweep, its `samplers` the `baselines` sampler set.
         tune_seed, tune_num_samples, budget, confidence, curve_values, extrapolate: the tuning's (as
             [`tune_baselines`]).
         progress (`bool`): progress bars.
@@ -98,8 +97,7 @@ def generate_baseline_candidates(
         protocol, eval_batch_size: the bank's scoring (protocol default: the model's family).
         evaluator_name (`str`, *optional*): how the record names a loaded `evaluator` (default: its model's name).
         log (*optional*): gets a line per scored bank run (a long run without progress bars).
-        **sweep_kwargs: `name`, `command`, `device`, `diversity_values`, `diversity_samplers`, `diversity_nfe` for
-            [`generate_sweep`].
+        name, command, device: for [`generate_sweep`].
 
     Returns:
         A [`generate_sweep`] result of the tuned samplers (each method sampled only where its choice is not neutral),
@@ -112,14 +110,15 @@ def generate_baseline_candidates(
             "so the tuning bank cannot be sampled ahead of scoring: tune where the evaluator is (`--generate-only "
             "--tune-here --evaluator ...`, or the one-machine run without --generate-only)."
         )
-    samplers = normalise_samplers(samplers)
+    samplers = normalise_samplers(settings.samplers)
+    nfe, batch_size = settings.nfe, settings.batch_size
     tune_seed = check_seed(tune_seed, "--tune-seed")
     if tune_num_samples < 2:
         raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
-    place_pipeline(pipe, state, sweep_kwargs.get("device"))  # the bank is sampled before generate_sweep places it
+    place_pipeline(pipe, state, device)  # the bank is sampled before generate_sweep places it
     knob = diversity_knob(family_of(pipe))
-    loaded, name = scoring_evaluator(evaluator)
-    evaluator_name = evaluator_name or name
+    loaded, loaded_name = scoring_evaluator(evaluator)
+    evaluator_name = evaluator_name or loaded_name
     bank_records = []
     began = time.perf_counter()
 
@@ -142,11 +141,7 @@ def generate_baseline_candidates(
 
     tuned, record = tune_baselines(
         pipe,
-        samplers,
-        nfe,
-        seeds,
-        num_samples,
-        batch_size,
+        replace(settings, samplers=samplers),
         loaded,
         tune_seed=tune_seed,
         tune_num_samples=tune_num_samples,
@@ -183,15 +178,13 @@ def generate_baseline_candidates(
     only = {n: {name for name, spec in tuned.items() if _chosen_source(name, spec, n) == name} for n in nfe}
     generation = generate_sweep(
         pipe,
-        nfe=nfe,
-        seeds=seeds,
-        num_samples=num_samples,
-        batch_size=batch_size,
-        samplers=tuned,
+        replace(settings, samplers=tuned),
+        name=name,
+        command=command,
         progress=progress,
+        device=device,
         state=state,
         only=only,
-        **sweep_kwargs,
     )
     generation["runs"] += bank_records
     generation["seconds"] += bank_seconds
@@ -347,9 +340,8 @@ def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
 
 def score_baseline_candidates(
     generation: Mapping,
-    evaluator="smollm2-135m",
-    protocol: str | None = None,
-    eval_batch_size: int = 8,
+    scoring: ScoringSettings = DEFAULT_SCORING,
+    *,
     progress: bool = True,
     evaluator_kwargs: Mapping | None = None,
     **score_kwargs,
@@ -360,29 +352,25 @@ def score_baseline_candidates(
 
     Args:
         generation (`Mapping`): the result (or its [`read_generation`] reading).
-        evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
-        protocol, eval_batch_size, progress: as in [`score_sweep`].
+        scoring ([`ScoringSettings`]): as in [`score_sweep`]; its evaluator a name or a loaded `(model, tokenizer)`
+            pair, its protocol and scoring batch size also the bank's.
+        progress: as in [`score_sweep`].
         evaluator_kwargs (`Mapping`, *optional*): `cache_dir`, `device`, `dtype` for [`load_evaluator`].
-        **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `num_resamples`, `command`, ...).
+        **score_kwargs: the other [`score_sweep`] arguments (`output_dir`, `command`, `store`, ...).
     """
-    loaded, name = scoring_evaluator(evaluator, **dict(evaluator_kwargs or {}))
+    protocol, eval_batch_size = scoring.protocol, scoring.eval_batch_size
+    loaded, name = scoring_evaluator(scoring.evaluator, **dict(evaluator_kwargs or {}))
     store = score_kwargs["store"] = open_store(score_kwargs.get("store"))
-    scoring = None
+    bank_scoring = None
     if store is not None:
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
         protocol_used = protocol or default_protocol(generation["family"])
-        scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
-    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, scoring)
+        bank_scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
+    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, bank_scoring)
     record["evaluator"] = name
     # The bank's scores go beside the tuning record, which stays the one-machine run's.
     bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}
     selected = {**select_chosen_runs(generation, samplers, record), **bank}
     return score_sweep(
-        selected,
-        evaluator=loaded,
-        evaluator_name=name,
-        protocol=protocol,
-        eval_batch_size=eval_batch_size,
-        progress=progress,
-        **score_kwargs,
+        selected, replace(scoring, evaluator=loaded), evaluator_name=name, progress=progress, **score_kwargs
     )

@@ -22,6 +22,7 @@ from untied_sc.seeds import check_seed
 from ..tuning.baseline_knobs import knob_record, tune_knobs
 from ..tuning.tune import scoring_evaluator
 from .definitions import normalise_samplers
+from .sweep_settings import SweepSettings
 
 
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
@@ -89,11 +90,7 @@ def ace_record(pipe) -> dict | None:
 
 def tune_baselines(
     pipe,
-    samplers: Mapping[str, Mapping],
-    nfe: Sequence[int],
-    seeds: Sequence[int],
-    num_samples: int,
-    batch_size: int,
+    settings: SweepSettings,
     evaluator,
     tune_seed: int = TUNE_SEED,
     tune_num_samples: int = 64,
@@ -121,9 +118,9 @@ def tune_baselines(
 
     Args:
         pipe: the loaded pipeline.
-        samplers (`Mapping[str, Mapping]`): the sampler set ([`experiment_samplers`]`("baselines")`).
-        nfe, seeds, num_samples, batch_size: the benchmark sweep's (the bank uses `batch_size` too: an ELF batch
-            shares one time grid).
+        settings ([`SweepSettings`]): the benchmark sweep, its `samplers` the sampler set
+            ([`experiment_samplers`]`("baselines")`); the bank uses its `batch_size` too (an ELF batch shares one time
+            grid).
         evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
         tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
             tune`'s default bank).
@@ -141,8 +138,9 @@ def tune_baselines(
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
         tuning record ([`knob_record`] per sampler and NFE, the bank, the rule, and the untied sampler's own).
     """
-    samplers = normalise_samplers(samplers)
-    refuse_leaked_seeds(seeds, pipe)
+    samplers = normalise_samplers(settings.samplers)
+    nfe, batch_size = settings.nfe, settings.batch_size
+    refuse_leaked_seeds(settings.seeds, pipe)
     tune_seed = check_seed(tune_seed, "--tune-seed")  # its bank lies in the tuning seed space: never a benchmark batch
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)

@@ -44,7 +44,7 @@ def _rescore(args, name: str) -> dict:
     return results
 
 
-def _score_generation_file(args, scoring: dict) -> dict:
+def _score_generation_file(args, scoring, outputs: dict) -> dict:
     """`--from`, or `--store DIR` without a pipeline: [`score_sweep`] on a `--generate-only` result (its files, or
     the sweep stored in DIR), whose pipeline and sweep options it fixes."""
     from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
@@ -55,15 +55,16 @@ def _score_generation_file(args, scoring: dict) -> dict:
     if args.from_generation:
         generation = read_generations(args.from_generation)
     else:
-        generation = read_stored_sweeps(scoring["store"])
+        generation = read_stored_sweeps(outputs["store"])
     if args.name:
         generation["model"] = args.name
     if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
-        evaluator_kwargs = {key: scoring.pop(key) for key in ("cache_dir", "dtype")}
+        evaluator_kwargs = {key: outputs.pop(key) for key in ("cache_dir", "dtype")}
         evaluator_kwargs["device"] = args.device or "cpu"
         return score_baseline_candidates(
             generation,
-            **scoring,
+            scoring,
+            **outputs,
             evaluator_kwargs=evaluator_kwargs,
             command=benchmark_command_line(args),
             progress=not args.no_progress,
@@ -71,7 +72,8 @@ def _score_generation_file(args, scoring: dict) -> dict:
         )
     return score_sweep(
         generation,
-        **scoring,
+        scoring,
+        **outputs,
         **({"device": args.device} if args.device else {}),
         command=benchmark_command_line(args),
         progress=not args.no_progress,
@@ -86,11 +88,13 @@ def _load_evaluator(args):
     return load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=args.dtype)
 
 
-def _tune_baselines(args, sweep: dict, state):
+def _tune_baselines(args, settings, state):
     """`--experiment baselines`: loads the pipeline and the evaluator, checks the sweep, chooses the comparison
-    samplers' knobs on the tuning bank ([`tune_baselines`]), puts the tuned sampler specs and the record into `sweep`
-    and returns the loaded pipeline (the sweep samples it; scoring loads the evaluator again by name, so the report
-    names it as any other)."""
+    samplers' knobs on the tuning bank ([`tune_baselines`]) and returns the loaded pipeline (the sweep samples it;
+    scoring loads the evaluator again by name, so the report names it as any other), the settings with the tuned
+    sampler specs, and the tuning record."""
+    from dataclasses import replace
+
     from untied_sc.distributed import process_device, process_rank
     from untied_sc.pipelines import load_pipeline
 
@@ -105,15 +109,11 @@ def _tune_baselines(args, sweep: dict, state):
 
         diffusers_logging.disable_progress_bar()
     pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
-    _default_frontier(sweep, pipe)
+    settings = _default_frontier(settings, pipe)
     evaluator = _load_evaluator(args)
     samplers, record = tune_baselines(
         pipe,
-        sweep["samplers"],
-        nfe=args.nfe,
-        seeds=args.seeds,
-        num_samples=args.num_samples,
-        batch_size=args.batch_size,
+        settings,
         evaluator=evaluator,
         tune_seed=args.tune_seed,
         tune_num_samples=args.tune_num_samples,
@@ -128,8 +128,7 @@ def _tune_baselines(args, sweep: dict, state):
         log=_tuning_log(args),
     )
     record["evaluator"] = args.evaluator
-    sweep.update(samplers=samplers, knob_tuning=record)
-    return pipe
+    return pipe, replace(settings, samplers=samplers), record
 
 
 def _tuning_log(args):
@@ -140,15 +139,17 @@ def _tuning_log(args):
     return stderr_log if args.no_progress else None
 
 
-def _default_frontier(sweep: dict, pipe) -> None:
+def _default_frontier(settings, pipe):
     """`--experiment baselines` without `--temperatures`: every sampler swept over the family's `frontier_values`."""
-    if sweep["diversity_values"] is None:
-        sweep["diversity_values"] = list(
-            get_family(pipe.family).require("frontier_values", "The baselines experiment's default sweep")
-        )
+    from dataclasses import replace
+
+    if settings.diversity_values is not None:
+        return settings
+    values = get_family(pipe.family).require("frontier_values", "The baselines experiment's default sweep")
+    return replace(settings, diversity_values=list(values))
 
 
-def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
+def _generate_baseline_candidates(args, settings, run: dict) -> dict:
     """`--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
     benchmark runs of the chosen values ([`generate_baseline_candidates`]); `--from` replays the choice and scores."""
     from untied_sc.distributed import process_device
@@ -160,25 +161,21 @@ def _generate_baseline_candidates(args, sweep: dict, state) -> dict:
         from diffusers.utils import logging as diffusers_logging
 
         diffusers_logging.disable_progress_bar()
-    pipe = load_pipeline(args.pipeline).to(process_device(state, args.device))
-    _default_frontier(sweep, pipe)
-    keys = ("nfe", "seeds", "num_samples", "batch_size", "samplers", "diversity_values", "diversity_nfe", "state")
-    options = {key: sweep[key] for key in keys if key in sweep}
-    options.update(evaluator=_load_evaluator(args), evaluator_name=args.evaluator, protocol=args.protocol)
-    options.update(eval_batch_size=args.eval_batch_size, diversity_samplers=sweep["diversity_samplers"])
+    pipe = load_pipeline(args.pipeline).to(process_device(run["state"], args.device))
     return generate_baseline_candidates(
         pipe,
-        **options,
+        _default_frontier(settings, pipe),
+        evaluator=_load_evaluator(args),
+        evaluator_name=args.evaluator,
+        protocol=args.protocol,
+        eval_batch_size=args.eval_batch_size,
         tune_seed=args.tune_seed,
         tune_num_samples=args.tune_num_samples,
         budget=args.tune_budget,
         confidence=args.confidence,
-        progress=sweep["progress"],
         log=_tuning_log(args),
         source=args.pipeline,
-        name=sweep["name"],
-        command=sweep["command"],
-        device=sweep["device"],
+        **run,
     )
 
 
@@ -233,52 +230,48 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     from .report import format_markdown
     from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
+    from .sweep_settings import ScoringSettings, SweepSettings
 
-    scoring = {
-        "evaluator": args.evaluator,
-        "protocol": args.protocol,
-        "eval_batch_size": args.eval_batch_size,
-        "max_length": args.max_length,
-        "num_resamples": args.num_resamples,
-        "output_dir": args.output_dir,
-        "cache_dir": args.cache_dir,
-        "dtype": args.dtype,
-        "store": _open_store(args),
-    }
+    scoring = ScoringSettings(
+        evaluator=args.evaluator,
+        protocol=args.protocol,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        num_resamples=args.num_resamples,
+    )
+    outputs = {"output_dir": args.output_dir, "cache_dir": args.cache_dir, "dtype": args.dtype}
+    outputs["store"] = _open_store(args)
     silence_other_processes(state)
     if scores_generation(args):
         if not is_main_process(state):
             return None
-        results = _score_generation_file(args, scoring)
+        results = _score_generation_file(args, scoring, outputs)
         print(format_markdown(results))
         print("Wrote " + ", ".join(results["files"].values()))
         return results
     baselines = args.experiment == "baselines"
-    sweep = {
-        "nfe": args.nfe,
-        "seeds": args.seeds,
-        "num_samples": args.num_samples,
-        "batch_size": args.batch_size,
-        "samplers": with_preset(select_samplers(args.experiment, args.samplers), args.coefficients),
-        "diversity_values": args.temperatures,
-        "diversity_nfe": args.diversity_nfe,
+    settings = SweepSettings(
+        nfe=args.nfe,
+        seeds=args.seeds,
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+        samplers=with_preset(select_samplers(args.experiment, args.samplers), args.coefficients),
+        diversity_values=args.temperatures,
+        diversity_nfe=args.diversity_nfe,
         # baselines: every sampler's own frontier (its tuned point and the temperatures), read at official's entropy
         **({"diversity_samplers": list(select_samplers(args.experiment, args.samplers))} if baselines else {}),
-        "name": name,
-        "command": benchmark_command_line(args),
-        "progress": not args.no_progress,
-        "device": args.device,
-        "state": state,
-    }
+    )
+    run = {"name": name, "command": benchmark_command_line(args), "progress": not args.no_progress}
+    run.update(device=args.device, state=state)
     if baselines and args.generate_only:  # tuned here, then the chosen values sampled
-        generation = _generate_baseline_candidates(args, sweep, state)
+        generation = _generate_baseline_candidates(args, settings, run)
     elif args.generate_only:
-        generation = generate_sweep(args.pipeline, **sweep, store=scoring["store"])
+        generation = generate_sweep(args.pipeline, settings, **run, store=outputs["store"])
     if args.generate_only:
         if not is_main_process(state):
             return None
-        if scoring["store"] is not None:  # the store carries the sweep: no generation file
-            where, score_with = store_sweep(scoring["store"], generation), f"--store {args.store}"
+        if outputs["store"] is not None:  # the store carries the sweep: no generation file
+            where, score_with = store_sweep(outputs["store"], generation), f"--store {args.store}"
         else:
             where = write_generation(generation, args.output_dir)["generation"]
             score_with = f"--from {where}"
@@ -289,8 +282,12 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         )
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
-    pipeline = _tune_baselines(args, sweep, state) if baselines else args.pipeline
-    results = run_sweep(pipeline, **sweep, **scoring)
+    if baselines:
+        pipeline, settings, record = _tune_baselines(args, settings, state)
+        run["knob_tuning"] = record
+    else:
+        pipeline = args.pipeline
+    results = run_sweep(pipeline, settings, scoring, **run, **outputs)
     if results is None:  # not the main process
         return None
     print(format_markdown(results))

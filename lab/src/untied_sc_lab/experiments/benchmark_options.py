@@ -18,6 +18,7 @@ from untied_sc.input_checks import (
 )
 
 from .cli_help import EVAL_BATCH_HELP, EVALUATOR_DTYPE_HELP, EVALUATOR_HELP
+from .sweep_settings import DEFAULT_SCORING
 
 
 # Options that define the sweep (what is sampled): a generation file fixes them, so they are refused beside one.
@@ -192,7 +193,9 @@ def add_benchmark_arguments(parser):
     )
     parser.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
     parser.add_argument("--max-length", type=int, help="Evaluator truncation length (default: its context).")
-    parser.add_argument("--num-resamples", type=int, default=1000, help="Bootstrap resamples.")
+    parser.add_argument(
+        "--num-resamples", type=int, default=DEFAULT_SCORING.num_resamples, help="Bootstrap resamples."
+    )
     parser.add_argument(
         "--device",
         help="Device of the pipeline and the evaluator (default: the process's own for sampling, i.e. its GPU under "

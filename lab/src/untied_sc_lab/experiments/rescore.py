@@ -24,6 +24,7 @@ from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import read_report_runs
 from .sweep import score_sweep
+from .sweep_settings import ScoringSettings
 
 
 # Kept where a report has them (some committed reports lack them).
@@ -118,11 +119,7 @@ def rescore_report(
         raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")
     results = score_sweep(
         generation,
-        evaluator=evaluator,
-        protocol=first["protocol"],
-        eval_batch_size=eval_batch_size,
-        max_length=max_length,
-        num_resamples=num_resamples,
+        ScoringSettings(evaluator, first["protocol"], eval_batch_size, max_length, num_resamples),
         command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         progress=progress,
         main_only=first.get("main_only", False),

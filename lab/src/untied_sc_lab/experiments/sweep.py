@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from untied_sc.defaults import DEFAULT_NFE, DEFAULT_SEEDS
 from untied_sc.distributed import is_main_process, main_process_progress, process_device, process_rank
 from untied_sc.families import default_protocol
 from untied_sc.generation import (
@@ -60,9 +59,21 @@ from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import PER_SAMPLE_KEYS
+from .sweep_settings import DEFAULT_SCORING, DEFAULT_SWEEP, ScoringSettings, SweepSettings
 
 
 BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
+EVALUATOR_OPTIONS = ("cache_dir", "device", "dtype")  # [`load_evaluator`]'s, beside the evaluator's name
+
+
+def _check_evaluator_options(options: Mapping) -> None:
+    """Refuses keywords [`load_evaluator`] does not take: a scoring setting belongs in the [`ScoringSettings`]."""
+    unknown = [key for key in options if key not in EVALUATOR_OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"Unknown evaluator options {unknown} (they are {list(EVALUATOR_OPTIONS)}); the evaluator, protocol, "
+            "eval_batch_size, max_length and num_resamples go in a ScoringSettings."
+        )
 
 
 def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
@@ -121,14 +132,8 @@ def default_name(pipeline_dir_or_pipe) -> str:
 
 def generate_sweep(
     pipeline_dir_or_pipe,
-    nfe: Sequence[int] = DEFAULT_NFE,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    num_samples: int = 256,
-    batch_size: int = 32,
-    samplers: Mapping[str, Mapping] | None = None,
-    diversity_values: Sequence[float] | None = None,
-    diversity_samplers: Sequence[str] = (BASELINE,),
-    diversity_nfe: Sequence[int] | None = None,
+    settings: SweepSettings = DEFAULT_SWEEP,
+    *,
     name: str | None = None,
     command: str | None = None,
     progress: bool = True,
@@ -158,6 +163,9 @@ def generate_sweep(
         and its `samples` ([`Sample`]s).
     """
     began = time.perf_counter()
+    nfe, seeds, num_samples, batch_size = settings.nfe, settings.seeds, settings.num_samples, settings.batch_size
+    diversity_values, diversity_samplers = settings.diversity_values, settings.diversity_samplers
+    diversity_nfe, samplers = settings.diversity_nfe, settings.samplers
     if command is None:
         command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
     if isinstance(pipeline_dir_or_pipe, (str, os.PathLike)):
@@ -184,9 +192,20 @@ def generate_sweep(
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
     store = open_store(store)
-    settings = {"family": family, "pipeline_class": type(pipe).__name__, "num_samples": num_samples}
-    settings.update(generator_tokenizer=tokenizer_description(pipe.tokenizer), batch_size=batch_size)
-    settings.update(batch_seed=BATCH_SEED_RULE, diversity_knob=knob)
+    header = {
+        "format": GENERATION_FORMAT,
+        "model": name,
+        "family": family,
+        "pipeline_class": type(pipe).__name__,
+        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
+        "nfe": list(nfe),
+        "seeds": list(seeds),
+        "num_samples": num_samples,
+        "batch_size": batch_size,
+        "batch_seed": BATCH_SEED_RULE,
+        "samplers": samplers,
+    }
+    run_settings = {**header, "diversity_knob": knob}  # every one of [`RUN_SETTINGS`], as the generation records it
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -216,7 +235,7 @@ def generate_sweep(
             if store is None:
                 samples, seconds = sample()
             else:
-                key = RunKey.of(settings, spec, coefficients.get(sampler, {}).get(n), n, seed, value)
+                key = RunKey.of(run_settings, spec, coefficients.get(sampler, {}).get(n), n, seed, value)
                 samples, seconds = store.sampled(
                     key,
                     sampler,
@@ -231,17 +250,7 @@ def generate_sweep(
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
     return {
-        "format": GENERATION_FORMAT,
-        "model": name,
-        "family": family,
-        "pipeline_class": type(pipe).__name__,
-        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
-        "nfe": list(nfe),
-        "seeds": list(seeds),
-        "num_samples": num_samples,
-        "batch_size": batch_size,
-        "batch_seed": BATCH_SEED_RULE,
-        "samplers": samplers,
+        **header,
         "coefficients": {sampler: write_steps_table(by_steps) for sampler, by_steps in coefficients.items()},
         "baseline": BASELINE,
         "diversity_knob": knob,
@@ -263,11 +272,8 @@ def generate_sweep(
 
 def score_sweep(
     generation: dict,
-    evaluator="smollm2-135m",
-    protocol: str | None = None,
-    eval_batch_size: int = 8,
-    max_length: int | None = None,
-    num_resamples: int = 1000,
+    scoring: ScoringSettings = DEFAULT_SCORING,
+    *,
     output_dir: str | os.PathLike | None = None,
     command: str | None = None,
     progress: bool = True,
@@ -285,7 +291,9 @@ def score_sweep(
     [`evaluate_samples`] returns them; `store` keeps every run scored here, read back instead of scored again by a
     later call ([`RunStore`], [`StoreScoring`]; scores an earlier report lends are read into it by
     [`import_report`])."""
+    _check_evaluator_options(evaluator_kwargs)
     began = time.perf_counter()
+    evaluator, eval_batch_size, max_length = scoring.evaluator, scoring.eval_batch_size, scoring.max_length
     family, knob = generation["family"], generation["diversity_knob"]
     if main_only:
         main = [run for run in generation["runs"] if run[knob] is None]
@@ -296,7 +304,7 @@ def score_sweep(
             "diversity_samplers": [],
             "diversity_nfe": [],
         }
-    protocol = protocol or default_protocol(family)
+    protocol = scoring.protocol or default_protocol(family)
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
         evaluator = load_evaluator(evaluator, **evaluator_kwargs)
@@ -350,7 +358,7 @@ def score_sweep(
     if command is not None and command != generation["command"]:
         results["scoring_command"] = command
         results["scoring_device"] = str(next(evaluator[0].parameters()).device)
-    analyse(results, num_resamples=num_resamples)
+    analyse(results, num_resamples=scoring.num_resamples)
     results["sampling_seconds"] = generation["seconds"]
     results["scoring_seconds"] = time.perf_counter() - began
     results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
@@ -363,19 +371,9 @@ def score_sweep(
 
 def run_sweep(
     pipeline_dir_or_pipe,
-    nfe: Sequence[int] = DEFAULT_NFE,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    num_samples: int = 256,
-    batch_size: int = 32,
-    samplers: Mapping[str, Mapping] | None = None,
-    evaluator="smollm2-135m",
-    protocol: str | None = None,
-    diversity_values: Sequence[float] | None = None,
-    diversity_samplers: Sequence[str] = (BASELINE,),
-    diversity_nfe: Sequence[int] | None = None,
-    eval_batch_size: int = 8,
-    max_length: int | None = None,
-    num_resamples: int = 1000,
+    settings: SweepSettings = DEFAULT_SWEEP,
+    scoring: ScoringSettings = DEFAULT_SCORING,
+    *,
     name: str | None = None,
     output_dir: str | os.PathLike | None = None,
     command: str | None = None,
@@ -393,25 +391,8 @@ def run_sweep(
     Args:
         pipeline_dir_or_pipe: a pipeline folder / Hub id ([`load_pipeline`]) or a loaded pipeline. The untied sampler
             needs its `sampler_statistics` calibrated at every NFE in `nfe` (`untied-sc calibrate`).
-        nfe (`Sequence[int]`, defaults to `(8, 16, 32, 64)`): numbers of function evaluations.
-        seeds (`Sequence[int]`, defaults to `(0, 1, 2)`): benchmark seeds; batch b of seed s uses
-            [`batch_seed`]`(s, b)` for every sampler and NFE.
-        num_samples (`int`, defaults to 256): samples per (sampler, NFE, seed).
-        batch_size (`int`, defaults to 32): samples per pipeline call (part of the seeding: keep it fixed to compare).
-        samplers (`Mapping[str, Mapping]`, defaults to `{"official": {}, "untied": {}}`): name → spec. A spec's
-            `scheduler` is `"official"` or `"untied"` (default: `"official"` for the sampler named `official`, else
-            `"untied"`); `temperature` / `sc_cfg_scale` / `decode_temperature` go to the pipeline call; every other
-            key (`eta_r`, `eta_t`, `eta_o`, `alpha`, `coefficients`, …) overrides the scheduler config.
-            `"official"` must be present: it is the baseline of the paired comparisons.
-        evaluator: an evaluator name for [`load_evaluator`] (`"smollm2-135m"`, `"gpt2-large"`, a folder) or a
-            `(model, tokenizer)` pair.
-        protocol (`str`, *optional*): `"elf"` or `"langflow"`; defaults to the pipeline's family.
-        diversity_values (`Sequence[float]`, *optional*): values of the family's diversity knob (LangFlow: temperature
-            T; ELF: decode temperature) at which `diversity_samplers` also run, for GenPPL–entropy curves.
-        diversity_samplers (`Sequence[str]`, defaults to `("official",)`): samplers swept over `diversity_values`.
-        diversity_nfe (`Sequence[int]`, *optional*): NFEs of the diversity sweep (default: all of `nfe`).
-        eval_batch_size, max_length: passed to [`evaluate_samples`] (`batch_size`, `max_length`).
-        num_resamples (`int`, defaults to 1000): bootstrap resamples of the paired statistics.
+        settings ([`SweepSettings`]): what is sampled: NFEs, seeds, samples, batch size, samplers, diversity sweep.
+        scoring ([`ScoringSettings`]): the evaluator, protocol, scoring batch size, maximum length and bootstrap.
         name (`str`, *optional*): the model name of the output files (default: the pipeline folder's name).
         output_dir (`str` or `os.PathLike`, *optional*): where to write `<name>.json`, `<name>.md`, `<name>.png` and
             the scored samples `<name>.samples.jsonl.gz`; nothing is written when `None`.
@@ -434,17 +415,11 @@ def run_sweep(
         per-sample NLLs), `aggregates` ([`aggregate`] of the main runs), `wall_seconds`, `command`; `None` on a
         process other than the main one.
     """
+    _check_evaluator_options(evaluator_kwargs)
     store = open_store(store)  # one store, so the report counts its sampled and scored runs
     generation = generate_sweep(
         pipeline_dir_or_pipe,
-        nfe=nfe,
-        seeds=seeds,
-        num_samples=num_samples,
-        batch_size=batch_size,
-        samplers=samplers,
-        diversity_values=diversity_values,
-        diversity_samplers=diversity_samplers,
-        diversity_nfe=diversity_nfe,
+        settings,
         name=name,
         command=command,
         progress=progress,
@@ -455,17 +430,6 @@ def run_sweep(
     )
     if not is_main_process(state):
         return None
-    if device is not None and isinstance(evaluator, (str, os.PathLike)):
+    if device is not None and isinstance(scoring.evaluator, (str, os.PathLike)):
         evaluator_kwargs.setdefault("device", device)
-    return score_sweep(
-        generation,
-        evaluator=evaluator,
-        protocol=protocol,
-        eval_batch_size=eval_batch_size,
-        max_length=max_length,
-        num_resamples=num_resamples,
-        output_dir=output_dir,
-        progress=progress,
-        store=store,
-        **evaluator_kwargs,
-    )
+    return score_sweep(generation, scoring, output_dir=output_dir, progress=progress, store=store, **evaluator_kwargs)
