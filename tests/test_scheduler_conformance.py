@@ -461,7 +461,7 @@ def _untied_flowmap() -> UntiedFlowMapLMScheduler:
     statistics = FlowMapStatistics(
         basis=torch.linalg.qr(torch.randn(WIDTH, RANK, generator=g)).Q,
         rho_sq=torch.sort(torch.rand(RANK, generator=g, dtype=torch.float64) * 0.9, descending=True).values,
-        cosine_distance={str(STEPS): 0.1 + 0.8 * torch.rand(STEPS, generator=g)},
+        cosine_distance={STEPS: 0.1 + 0.8 * torch.rand(STEPS, generator=g)},
     )
     scheduler = UntiedFlowMapLMScheduler(gamma=0.75, self_conditioning="chained", eta_r=1.5)
     scheduler.set_statistics(statistics)
