@@ -266,13 +266,14 @@ def test_a_sweep_sampled_in_parts_into_a_store_scores_as_the_one_command_sweep(t
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
-    options = {**{k: v for k, v in OPTIONS.items() if k != "nfe"}, "diversity_values": [0.5]}
-    whole = generate_sweep(pipe, nfe=[4, 8], command="both", **options)
+    whole = generate_sweep(pipe, replace(WITH_DIVERSITY, nfe=[4, 8]), command="both", **OPTIONS)
     store = RunStore(tmp_path / "store")
     with pytest.raises(ValueError, match="holds no sampled sweep to score.*--generate-only --store"):
         read_stored_sweeps(store)
     for n in (8, 4, 8):  # in either order; the part sampled again replaces its entry
-        store_sweep(store, generate_sweep(pipe, nfe=[n], command=f"nfe {n}", store=store, **options))
+        store_sweep(
+            store, generate_sweep(pipe, replace(WITH_DIVERSITY, nfe=[n]), command=f"nfe {n}", store=store, **OPTIONS)
+        )
     assert len(_entries(tmp_path / "store", "sweeps")) == 2
     merged = read_stored_sweeps(RunStore(tmp_path / "store"))
     assert merged["nfe"] == [4, 8] and sorted(merged["command"].split(" ; ")) == ["nfe 4", "nfe 8"]
@@ -288,7 +289,7 @@ def test_a_sweep_sampled_in_parts_into_a_store_scores_as_the_one_command_sweep(t
     assert scored[0]["equal_entropy"] == scored[1]["equal_entropy"]
 
     # a part of another sweep in the same store, or a run's samples gone: refused, naming the store's file
-    other = generate_sweep(pipe, nfe=[4], command="seed 5", store=store, **{**options, "seeds": [5]})
+    other = generate_sweep(pipe, replace(WITH_DIVERSITY, nfe=[4], seeds=[5]), command="seed 5", store=store, **OPTIONS)
     other_path = store_sweep(store, other)
     with pytest.raises(ValueError, match=f"{other_path}.*not parts of one sweep: they differ in seeds"):
         read_stored_sweeps(store)
