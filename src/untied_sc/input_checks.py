@@ -101,8 +101,7 @@ def check_samples_file(path: str | os.PathLike, option: str = "SAMPLES") -> None
 def recorded_protocol(path: str | os.PathLike) -> tuple[str, Path] | None:
     """
     The GenPPL protocol a benchmark's samples file records, and the file that records it: a report's
-    `<stem>.samples.jsonl.gz` has `<stem>.json` beside it (its `protocol`), a `--generate-only` result's
-    `<stem>.generation-samples.jsonl.gz` has `<stem>.generation.json` (its model `family`). `None` for a bare JSONL.
+    `<stem>.samples.jsonl.gz` has `<stem>.json` beside it (its `protocol`). `None` for a bare JSONL.
     """
     record_path = record_beside_samples(path)
     try:
@@ -111,7 +110,7 @@ def recorded_protocol(path: str | os.PathLike) -> tuple[str, Path] | None:
         return None
     if not isinstance(record, dict):
         return None
-    protocol = record.get("protocol") or record.get("family")  # each family's protocol bears its name
+    protocol = record.get("protocol")
     return (protocol, record_path) if protocol in PROTOCOLS else None
 
 

@@ -17,7 +17,6 @@ except ImportError:  # not POSIX: an exclusively created lock file, removed at t
 
 
 REPORT_SAMPLES_SUFFIX = ".samples.jsonl.gz"
-GENERATION_SAMPLES_SUFFIX = ".generation-samples.jsonl.gz"
 
 
 def report_paths(output_dir: str | os.PathLike, stem: str, samples: bool = True) -> dict[str, Path]:
@@ -30,20 +29,13 @@ def report_paths(output_dir: str | os.PathLike, stem: str, samples: bool = True)
     return paths
 
 
-def generation_paths(output_dir: str | os.PathLike, stem: str) -> dict[str, Path]:
-    """The files `generation_files.write_generation` writes for `stem`: `generation` and `samples`."""
-    folder = Path(output_dir)
-    return {"generation": folder / f"{stem}.generation.json", "samples": folder / f"{stem}{GENERATION_SAMPLES_SUFFIX}"}
-
-
 def record_beside_samples(samples: str | os.PathLike) -> Path | None:
-    """The JSON record a benchmark wrote beside its samples file (`<stem>.json` beside a report's samples,
-    `<stem>.generation.json` beside a generation's), or `None` for a file of another name."""
+    """The JSON record a benchmark wrote beside its samples file (`<stem>.json` beside a report's
+    `<stem>.samples.jsonl.gz`), or `None` for a file of another name."""
     path = Path(samples)
-    for suffix, paths in ((REPORT_SAMPLES_SUFFIX, report_paths), (GENERATION_SAMPLES_SUFFIX, generation_paths)):
-        if path.name.endswith(suffix):
-            return next(iter(paths(path.parent, path.name[: -len(suffix)]).values()))
-    return None
+    if not path.name.endswith(REPORT_SAMPLES_SUFFIX):
+        return None
+    return report_paths(path.parent, path.name[: -len(REPORT_SAMPLES_SUFFIX)])["json"]
 
 
 def rescored_report_name(model: str, evaluator: str | os.PathLike, dtype: str | None = None) -> str:

@@ -1,6 +1,6 @@
 """Experiments on the samplers, the top floor over the metrics library (`untied_sc_lab.evaluation`), calibration and the
-pipelines: matched sweeps (`benchmark`), the comparison samplers' experiment, sweeps split across machines (a run
-store or generation files), aggregation and reports, `untied-sc generate`, and the `evaluate` / `benchmark` command line."""
+pipelines: matched sweeps (`benchmark`), the comparison samplers' experiment, sweeps split across machines (carried by a
+run store), aggregation and reports, `untied-sc generate`, and the `evaluate` / `benchmark` command line."""
 
 from untied_sc.lazy_imports import lazy_attributes
 
@@ -11,11 +11,11 @@ __getattr__, __dir__, __all__ = lazy_attributes(
     {
         ".aggregation": ("aggregate", "genppl_ratio_intervals"),
         ".generate": ("generate_samples",),
-        ".generation_files": ("merge_generations", "read_generation", "read_generations", "write_generation"),
         ".report": ("format_markdown", "write_results"),
         ".rescore": ("evaluator_control", "rescore_report"),
         ".stored_sweeps": ("read_stored_sweeps", "store_sweep"),
         ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
+        ".sweep_parts": ("merge_generations",),
         ".sweep_settings": ("ScoringSettings", "SweepSettings"),
     },
 )

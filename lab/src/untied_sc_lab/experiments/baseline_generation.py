@@ -1,11 +1,11 @@
-"""`--experiment baselines` split across steps: tune and sample where the evaluator is, score with `--from`.
+"""`--experiment baselines` split across steps: tune and sample where the evaluator is, score from the run store.
 
 Every comparison sampler is tuned by the search of `calibration/search.py`, whose candidates depend on the scores of
 the ones before: the tuning bank cannot be sampled ahead of the scoring. `--generate-only --tune-here` therefore tunes
 on the sampling machine, with the evaluator ([`generate_baseline_candidates`]): it stores every bank run the search
 sampled (official's curve and each candidate, with its settings), then samples the benchmark runs of each method at
 its chosen knobs (a method left at its neutral value is the official sampler bit for bit: official's runs stand for
-it). `--from` scores the stored bank and replays the search on it ([`choose_from_bank`]: the choice is a function of
+it). `benchmark --store DIR` scores the stored bank and replays the search on it ([`choose_from_bank`]: the choice is a function of
 the bank's scores, so it is the same one unless another evaluator or protocol scores it, which the record shows),
 keeps the runs of the chosen values under each method's name ([`select_chosen_runs`]) and scores those. One visible
 difference from the one-machine run: a method left at its neutral value reuses the official runs' timings too, so
@@ -31,8 +31,8 @@ from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
 from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
-from .generation_files import CANDIDATES_KEY
 from .sweep import generate_sweep, place_pipeline, score_sweep
+from .sweep_parts import CANDIDATES_KEY
 from .sweep_settings import DEFAULT_SCORING, ScoringSettings, SweepSettings
 
 
@@ -218,7 +218,7 @@ def choose_from_bank(
     comparison sampler at every NFE on those scores ([`search_methods`]).
 
     Args:
-        generation (`Mapping`): the result (or its [`read_generation`] reading).
+        generation (`Mapping`): the result (or its [`read_stored_sweeps`] reading).
         evaluator: a loaded `(model, tokenizer)` pair.
         protocol (`str`, *optional*): the scoring protocol (default: the model's family).
         eval_batch_size (`int`): the evaluator's batch size.
@@ -246,8 +246,8 @@ def choose_from_bank(
         run = runs.get(key)
         if run is None:
             raise ValueError(
-                f"The generation file holds no tuning-bank run of {bank_label(spec, call_kwargs)} at NFE {n}, which "
-                "the search asks for: it was tuned with another evaluator or protocol, or the file is incomplete. "
+                f"The sampled sweep holds no tuning-bank run of {bank_label(spec, call_kwargs)} at NFE {n}, which "
+                "the search asks for: it was tuned with another evaluator or protocol, or the store is incomplete. "
                 "Score it with the evaluator and protocol it was tuned with (`tuned_when_sampled`)."
             )
 
@@ -335,7 +335,7 @@ def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
             f"which chose otherwise and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
             "evaluator and protocol."
         )
-    return f"{message} The file is incomplete or was edited: generate it again."
+    return f"{message} The store is incomplete or was edited: sample that part again with --generate-only."
 
 
 def score_baseline_candidates(
@@ -347,11 +347,11 @@ def score_baseline_candidates(
     **score_kwargs,
 ) -> dict:
     """
-    `--from` on a [`generate_baseline_candidates`] result: [`choose_from_bank`], [`select_chosen_runs`], then
+    `benchmark --store DIR` on a [`generate_baseline_candidates`] result: [`choose_from_bank`], [`select_chosen_runs`], then
     [`score_sweep`] with the same evaluator (loaded once).
 
     Args:
-        generation (`Mapping`): the result (or its [`read_generation`] reading).
+        generation (`Mapping`): the result (or its [`read_stored_sweeps`] reading).
         scoring ([`ScoringSettings`]): as in [`score_sweep`]; its evaluator a name or a loaded `(model, tokenizer)`
             pair, its protocol and scoring batch size also the bank's.
         progress: as in [`score_sweep`].

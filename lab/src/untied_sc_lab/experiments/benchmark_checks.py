@@ -3,7 +3,6 @@ end in a refusal.
 """
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,13 @@ def _baselines(args) -> bool:
 # The options a sampling `benchmark` refuses together, in the order they are checked ([`refuse_combinations`]).
 SAMPLING_RULES = (
     Refusal(
+        lambda args: args.generate_only and not args.store,
+        "--generate-only samples a sweep to score elsewhere: give the run store that carries it, --store DIR (then "
+        "score it with `untied-sc benchmark --store DIR`).",
+    ),
+    Refusal(
         lambda args: args.main_only,
-        "--main-only scores part of a sampled sweep: use it with --from, or --store DIR without a pipeline (or leave "
+        "--main-only scores part of a sampled sweep: use it with --store DIR without a pipeline (or leave "
         "--temperatures out).",
     ),
     Refusal(
@@ -50,7 +54,7 @@ SAMPLING_RULES = (
     Refusal(
         lambda args: args.tune_parts_dir and args.generate_only,
         "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
-        "run's samples for --from to score again, which the parts do not keep. Drop one of them.",
+        "run's samples for `benchmark --store DIR` to score again, which the parts do not keep. Drop one of them.",
     ),
 )
 
@@ -77,50 +81,34 @@ def refuse_existing_outputs(paths, overwrite: bool) -> None:
 
 def benchmark_outputs(args, name: str) -> list[Path]:
     """The files this `benchmark` command writes for the model name `name`."""
-    from untied_sc.output_paths import generation_paths, report_paths
+    from untied_sc.output_paths import report_paths
 
-    if args.generate_only:  # with --store, the store holds the sweep
-        return [] if args.store else list(generation_paths(args.output_dir, name).values())
+    if args.generate_only:  # the store holds the sweep
+        return []
     return list(report_paths(args.output_dir, name, samples=not args.rescore).values())
 
 
 def scores_generation(args) -> bool:
-    """Whether `benchmark` scores a `--generate-only` sweep: `--from FILE...`, or `--store DIR` with no pipeline (the
-    sweep stored in DIR)."""
-    return bool(args.from_generation) or bool(args.store and not args.pipeline and not args.generate_only)
+    """Whether `benchmark` scores a `--generate-only` sweep: `--store DIR` with no pipeline (the sweep stored in
+    DIR)."""
+    return bool(args.store and not args.pipeline and not args.generate_only)
 
 
 def check_generation_scoring(args) -> str | None:
-    """`--from`, or `--store DIR` without a pipeline, before any work: no sweep option beside the sweep (it fixes
-    them), the files exist, and the outputs named by `--name` or the sweep's model are new (or `--overwrite`)."""
+    """`--store DIR` without a pipeline, before any work: no sweep option beside the stored sweep (it fixes them), and
+    the outputs named by `--name` or the sweep's model are new (or `--overwrite`)."""
     from .stored_sweeps import stored_model
 
     options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
     given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
-    source = " ".join(args.from_generation) if args.from_generation else args.store
-    if args.pipeline or given:
-        extra = ([args.pipeline] if args.pipeline else []) + given
+    if given:
         raise SystemExit(
-            f"{'--from' if args.from_generation else '--store'} scores the sweep stored in {source}; drop "
-            f"{' '.join(extra)} (the pipeline and the sweep options were fixed when it was generated)."
+            f"--store scores the sweep stored in {args.store}; drop {' '.join(given)} (the pipeline and the sweep "
+            "options were fixed when it was generated)."
         )
     check_store_from(args)
-    if not args.from_generation:
-        model = stored_model(args.store)  # read_stored_sweeps says what is wrong with the store
-        if args.name or model:
-            refuse_existing_outputs(benchmark_outputs(args, args.name or model), args.overwrite)
-        return args.name or model
-    for path in args.from_generation:
-        if not Path(path).is_file():
-            raise FileNotFoundError(
-                f"--from {path}: no such file. Give the <model>.generation.json that `untied-sc benchmark "
-                "--generate-only` wrote."
-            )
-    try:
-        model = json.loads(Path(args.from_generation[0]).read_text()).get("model")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        model = None  # read_generation says what is wrong with the file
+    model = stored_model(args.store)  # read_stored_sweeps says what is wrong with the store
     if args.name or model:
         refuse_existing_outputs(benchmark_outputs(args, args.name or model), args.overwrite)
     return args.name or model
@@ -204,10 +192,7 @@ def check_sweep_arguments(args) -> str:
     from .definitions import experiment_name
 
     if not args.pipeline:
-        raise SystemExit(
-            "Name a pipeline folder (or Hub id) to benchmark, or score a sampled sweep with --store DIR (or a "
-            "generation file with --from)."
-        )
+        raise SystemExit("Name a pipeline folder (or Hub id) to benchmark, or score a sampled sweep with --store DIR.")
     check_store_from(args)
     for key, default in SWEEP_DEFAULTS.items():
         if getattr(args, key) is None:

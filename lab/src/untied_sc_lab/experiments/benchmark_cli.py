@@ -1,6 +1,5 @@
-"""`untied-sc benchmark`: the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, then `--store DIR`
-alone or `--from`), a
-report's rescoring ([`rescore_report`]), and the Markdown report printed.
+"""`untied-sc benchmark`: the matched sweep ([`run_sweep`], or one half of it: `--generate-only --store DIR`, then
+`--store DIR` alone), a report's rescoring ([`rescore_report`]), and the Markdown report printed.
 """
 
 from untied_sc.families import get_family
@@ -44,18 +43,14 @@ def _rescore(args, name: str) -> dict:
     return results
 
 
-def _score_generation_file(args, scoring, outputs: dict) -> dict:
-    """`--from`, or `--store DIR` without a pipeline: [`score_sweep`] on a `--generate-only` result (its files, or
-    the sweep stored in DIR), whose pipeline and sweep options it fixes."""
+def _score_stored_sweep(args, scoring, outputs: dict) -> dict:
+    """`--store DIR` without a pipeline: [`score_sweep`] on the `--generate-only` sweep stored in DIR, whose pipeline
+    and sweep options it fixes."""
     from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
-    from .generation_files import read_generations
     from .stored_sweeps import read_stored_sweeps
     from .sweep import score_sweep
 
-    if args.from_generation:
-        generation = read_generations(args.from_generation)
-    else:
-        generation = read_stored_sweeps(outputs["store"])
+    generation = read_stored_sweeps(outputs["store"])
     if args.name:
         generation["model"] = args.name
     if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
@@ -151,7 +146,8 @@ def _default_frontier(settings, pipe):
 
 def _generate_baseline_candidates(args, settings, run: dict) -> dict:
     """`--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
-    benchmark runs of the chosen values ([`generate_baseline_candidates`]); `--from` replays the choice and scores."""
+    benchmark runs of the chosen values ([`generate_baseline_candidates`]); `--store DIR` alone replays the choice and
+    scores."""
     from untied_sc.distributed import process_device
     from untied_sc.pipelines import load_pipeline
 
@@ -197,7 +193,7 @@ def benchmark_command(args) -> dict | None:
 
     Under `accelerate launch` (or `torchrun`) the sampling is split across the processes by batch, with the samples of
     one process; the main process alone scores, writes and prints (the others return `None`). Scoring a sampled sweep
-    (`--from`, `--store DIR` alone) is not split: it runs on the main process only.
+    (`--store DIR` alone) is not split: it runs on the main process only.
     """
     # Everything that needs no model is checked first, before torch loads (see `check_sweep_arguments`).
     from untied_sc.output_paths import claimed_outputs
@@ -215,7 +211,7 @@ def benchmark_command(args) -> dict | None:
 
     state = process_state(args.device)
     # The main process, which alone writes, holds the result files from here to its last write: a second run of the
-    # same name is refused now (a generation file whose model is unreadable names none: `read_generation` says why).
+    # same name is refused now (a store whose sweep is unreadable names none: `read_stored_sweeps` says why).
     outputs = benchmark_outputs(args, name) if name else []
     with claimed_outputs(outputs, args.overwrite, OTHER_NAME, active=is_main_process(state)):
         return _benchmark_into(args, name, state)
@@ -226,7 +222,6 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     from untied_sc.distributed import is_main_process, silence_other_processes
 
     from .definitions import select_samplers, with_preset
-    from .generation_files import write_generation
     from .report import format_markdown
     from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
@@ -245,7 +240,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     if scores_generation(args):
         if not is_main_process(state):
             return None
-        results = _score_generation_file(args, scoring, outputs)
+        results = _score_stored_sweep(args, scoring, outputs)
         print(format_markdown(results))
         print("Wrote " + ", ".join(results["files"].values()))
         return results
@@ -270,15 +265,11 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     if args.generate_only:
         if not is_main_process(state):
             return None
-        if outputs["store"] is not None:  # the store carries the sweep: no generation file
-            where, score_with = store_sweep(outputs["store"], generation), f"--store {args.store}"
-        else:
-            where = write_generation(generation, args.output_dir)["generation"]
-            score_with = f"--from {where}"
+        where = store_sweep(outputs["store"], generation)  # the store carries the sweep
         count = sum(len(run["samples"]) for run in generation["runs"])
         print(
             f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
-            f"{generation['device']} into {where}. Score them with: untied-sc benchmark {score_with}"
+            f"{generation['device']} into {where}. Score them with: untied-sc benchmark --store {args.store}"
         )
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep

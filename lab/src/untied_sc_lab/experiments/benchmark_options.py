@@ -21,7 +21,7 @@ from .cli_help import EVAL_BATCH_HELP, EVALUATOR_DTYPE_HELP, EVALUATOR_HELP
 from .sweep_settings import DEFAULT_SCORING
 
 
-# Options that define the sweep (what is sampled): a generation file fixes them, so they are refused beside one.
+# Options that define the sweep (what is sampled): a stored sweep fixes them, so scoring one refuses them.
 SWEEP_DEFAULTS = {
     "nfe": list(DEFAULT_NFE),
     "seeds": list(DEFAULT_SEEDS),
@@ -47,7 +47,7 @@ SCORING_OPTIONS = (
     "store_from",
 )
 
-# The knob tuning of `--experiment baselines` (refused with any other experiment and with --from).
+# The knob tuning of `--experiment baselines` (refused with any other experiment and when scoring a stored sweep).
 TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "tune_budget": TUNE_BUDGET, "confidence": 0.95}
 # Tuning options without a default (checked with the ones above).
 TUNING_OPTIONS = ("tune_parts_dir",)
@@ -58,8 +58,8 @@ def add_benchmark_arguments(parser):
     parser.add_argument(
         "pipeline",
         nargs="?",
-        help="Pipeline folder (or Hub repo id), calibrated at every --nfe (none with --from, or with --store DIR to "
-        "score the sweep sampled into DIR).",
+        help="Pipeline folder (or Hub repo id), calibrated at every --nfe (none with --store DIR to score the sweep "
+        "sampled into DIR).",
     )
     parser.add_argument("--nfe", type=int, nargs="+", help="NFEs (default 8 16 32 64).")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds (default 0 1 2).")
@@ -123,7 +123,7 @@ def add_benchmark_arguments(parser):
         "--tune-here",
         action="store_true",
         help="With --generate-only (needed there): tune on the bank here, with the evaluator, and sample only the "
-        "chosen knob values; `benchmark --store DIR` (or --from) scores the part as any other.",
+        "chosen knob values; `benchmark --store DIR` scores the part as any other.",
     )
     parser.add_argument(
         "--coefficients",
@@ -133,14 +133,13 @@ def add_benchmark_arguments(parser):
     split.add_argument(
         "--generate-only",
         action="store_true",
-        help="Only sample: with --store DIR, into the store (the sweep's settings beside its samples), to score "
-        "elsewhere with `benchmark --store DIR`; without, write <model>.generation.json and "
-        ".generation-samples.jsonl.gz, to score with --from.",
+        help="Only sample, into the run store of --store DIR (needed: the sweep's settings beside its samples), to "
+        "score elsewhere with `benchmark --store DIR`.",
     )
     parser.add_argument(
         "--main-only",
         action="store_true",
-        help="With --from (or --store DIR alone): score the main runs only, not the diversity sweep.",
+        help="With --store DIR alone: score the main runs only, not the diversity sweep.",
     )
     parser.add_argument(
         "--store-from",
@@ -163,14 +162,6 @@ def add_benchmark_arguments(parser):
         "--generate-only run's sweep is there for the scoring command (`benchmark --store DIR` with no pipeline scores "
         "it, merging the parts sampled into DIR), and the first batch of each sampler read from it is sampled again "
         "and must be identical.",
-    )
-    split.add_argument(
-        "--from",
-        dest="from_generation",
-        metavar="GENERATION_JSON",
-        nargs="+",
-        help="Score a --generate-only result instead of sampling (its sweep options are fixed by the file); several "
-        "files are the parts of one sweep sampled with different --nfe, merged.",
     )
     split.add_argument(
         "--rescore",
@@ -219,7 +210,7 @@ def benchmark_command_line(args) -> str:
     for name, value in vars(args).items():
         if name in skipped or value is None or value is False:
             continue
-        option = "--from" if name == "from_generation" else "--" + name.replace("_", "-")
+        option = "--" + name.replace("_", "-")
         if value is True:
             words.append(option)
         elif isinstance(value, list):

@@ -2,8 +2,8 @@
 
 - `evaluate` scores a samples file (GenPPL, entropy, Rep-4, distinct-n), optionally paired with a baseline
   (`evaluate_cli.py`);
-- `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only`, then `--store DIR` or `--from`) and prints its
-  Markdown report; `--rescore` scores a report's samples again under another evaluator ([`rescore_report`])
+- `benchmark` runs the matched sweep ([`run_sweep`], or one half of it: `--generate-only --store DIR`, then
+  `--store DIR` alone) and prints its Markdown report; `--rescore` scores a report's samples again under another evaluator ([`rescore_report`])
   (`benchmark_cli.py`; its options `benchmark_options.py`, its refusals `benchmark_checks.py`).
 
 The top-level CLI registers them with `register_evaluate_command(commands)` and `register_benchmark_command(commands)`

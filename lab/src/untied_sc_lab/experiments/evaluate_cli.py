@@ -51,7 +51,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         choices=PROTOCOLS,
         help="GenPPL protocol: 'elf' (drop empty, first-EOS counting, chunking, entropy on evaluator ids) or "
         "'langflow' (mean loss × (len-1), truncation, entropy on generator ids). Default: the one a benchmark's "
-        "samples file records (<stem>.json or <stem>.generation.json beside it); required for any other JSONL.",
+        "samples file records (<stem>.json beside it); required for any other JSONL.",
     )
     parser.add_argument("--baseline", help="A second samples file (e.g. official) to pair with this one by order.")
     parser.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)

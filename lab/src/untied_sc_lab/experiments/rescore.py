@@ -20,16 +20,16 @@ from pathlib import Path
 from untied_sc.output_paths import report_paths, rescored_report_name
 
 from ..runs.store import RUN_SETTINGS
-from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import read_report_runs
 from .sweep import score_sweep
+from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import ScoringSettings
 
 
 # Kept where a report has them (some committed reports lack them).
 OPTIONAL_SETTINGS = ("coefficients", "generator_tokenizer", "num_processes", "knob_tuning", "parts")
-# What a report must record to be scored again: the sweep's settings, as a generation file holds them (the settings
+# What a report must record to be scored again: the sweep's settings, as a sampled sweep holds them (the settings
 # that decide a run's samples, [`RUN_SETTINGS`], among them).
 GENERATION_SETTINGS = (
     "model",

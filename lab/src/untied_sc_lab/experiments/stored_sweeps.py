@@ -12,7 +12,7 @@ from untied_sc.generation import run_samples
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, StoredSamples
-from .generation_files import SHARED_SETTINGS, merge_generations
+from .sweep_parts import SHARED_SETTINGS, merge_generations
 
 
 def sweep_run_key(generation: Mapping, run: Mapping) -> RunKey:
@@ -63,7 +63,8 @@ def read_stored_sweeps(store: RunStore) -> dict:
     `--generate-only` command) are merged as [`merge_generations`] merges them, and its errors name the store's files.
 
     Raises:
-        `ValueError`: the store holds no sweep, a run's samples are missing, or the parts are not of one sweep.
+        `ValueError`: the store holds no sweep, a run's samples are missing or incomplete, or the parts are not of one
+        sweep.
     """
     parts, names = [], []
     for path, sweep, keys in store.sweeps():
@@ -74,6 +75,13 @@ def read_stored_sweeps(store: RunStore) -> dict:
                 raise ValueError(
                     f"--store: {path} lists {key.label(run['sampler'])}, whose samples {store.samples_path(key)} "
                     "the store does not hold (deleted or not copied). Sample that part again with --generate-only."
+                )
+            expected = run.get("num_samples", sweep["num_samples"])  # a tuning bank's runs have their own size
+            if len(stored.texts) != expected or len(stored.ids) != expected:
+                raise ValueError(
+                    f"--store: {store.samples_path(key)} holds {len(stored.texts)} samples of "
+                    f"{key.label(run['sampler'])}, not the {expected} that {path} lists: the entry was edited. Delete "
+                    "it and sample that part again with --generate-only."
                 )
             run["samples"] = run_samples(
                 stored.texts, stored.ids, run["seed"], sweep["batch_size"], run["sampler"], run["nfe"],

@@ -11,7 +11,7 @@ temperature T of x̂ = softmax(logits / T)·E_norm; ELF: the temperature T of th
 so that samplers can be compared at equal entropy.
 
 [`run_sweep`] is [`generate_sweep`] (sampling, e.g. on a GPU) then [`score_sweep`] (scoring, where the evaluator is);
-`generation_files.py` carries a generation between the two. The statistics are
+a run store carries a generation between the two (`stored_sweeps.py`). The statistics are
 [`analyse`]'s (`aggregation.py`), the files [`write_results`]'s (`report.py`).
 
 The sweep runs pipelines (with `sampling.generate`; `generate.py`, behind `untied-sc generate`, is the only other
@@ -56,9 +56,9 @@ from ..evaluation.metrics import samples_per_second
 from ..runs.store import RunKey, RunStore, StoreScoring, open_store
 from .aggregation import AGGREGATED_METRICS, analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
-from .generation_files import GENERATION_FORMAT
 from .report import write_results
 from .report_import import PER_SAMPLE_KEYS
+from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_SWEEP, ScoringSettings, SweepSettings
 
 
@@ -152,8 +152,8 @@ def generate_sweep(
     e.g. under `accelerate launch`), each process samples its shard of every run's batches on its own device
     ([`process_device`]: `device`, else the process's) and every process returns the whole sweep, the same as one
     process would. Sampling and scoring can run on different machines (sample on a GPU, score on
-    a machine that has the evaluator): [`write_generation`] saves the result, [`read_generation`] loads it and
-    [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
+    a machine that has the evaluator): [`store_sweep`] records the result in a run store, [`read_stored_sweeps`] reads
+    it back and [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
 
     Returns:
         `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
@@ -283,7 +283,7 @@ def score_sweep(
     store: str | os.PathLike | RunStore | None = None,
     **evaluator_kwargs,
 ) -> dict:
-    """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_generation`] one) and
+    """The scoring half of [`run_sweep`]: scores a [`generate_sweep`] result (or a [`read_stored_sweeps`] one) and
     aggregates it. The arguments are [`run_sweep`]'s; `command` is the scoring command when it differs from the
     generation's; `main_only` leaves the diversity runs out (no GenPPL–entropy curves; scoring is the costly half);
     `evaluator_name` names a loaded `(model, tokenizer)` `evaluator` in the report (default: the model's own name);
@@ -339,11 +339,11 @@ def score_sweep(
         "evaluator": evaluator_name,
         "evaluator_description": description,
         "samplers": generation["samplers"],
-        "coefficients": generation.get("coefficients"),  # absent from generation files that record none
+        "coefficients": generation.get("coefficients"),  # absent from rescored reports that record none
         "generator_tokenizer": generation.get("generator_tokenizer"),
         **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
         **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
-        "num_processes": generation.get("num_processes", 1),  # absent from generation files that record none (1)
+        "num_processes": generation.get("num_processes", 1),  # absent from rescored reports that record none (1)
         "runs": runs,
         "diversity_default": knob_default,
         "command": generation["command"],

@@ -166,7 +166,7 @@ def register_judge_command(commands) -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export", help="Matched baseline/candidate pairs as blinded presentations (both orders) plus a key file."
     )
-    export.add_argument("samples", help="Benchmark samples file (<report>.samples.jsonl.gz or .generation-samples).")
+    export.add_argument("samples", help="Benchmark samples file (<report>.samples.jsonl.gz).")
     export.add_argument("--baseline", default="official", help="Sampler of the baseline side (default: official).")
     export.add_argument("--candidate", default="untied", help="Sampler of the candidate side (default: untied).")
     export.add_argument("--nfe", type=int, required=True, help="NFE of both sides.")

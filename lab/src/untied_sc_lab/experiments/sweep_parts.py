@@ -1,21 +1,17 @@
-"""The files that carry a benchmark generation from the machine that samples to the machine that scores
-(`untied-sc benchmark --generate-only`, then `--from`): [`write_generation`], [`read_generation`], and
-[`merge_generations`] for a sweep sampled in parts (say one process per NFE on one GPU, or parts on several machines).
+"""The parts of one benchmark sweep, sampled by several `untied-sc benchmark --generate-only` commands (say one
+process per NFE on one GPU, or parts on several machines), merged into the sweep one command would have sampled
+([`merge_generations`]); what every part must share ([`SHARED_SETTINGS`]) and the one-part order of its runs.
 """
 
-import json
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from untied_sc.generation import KNOBS_KEY, Sample, read_samples, write_samples
-from untied_sc.output_paths import generation_paths  # noqa: F401  (re-exported)
+from untied_sc.generation import KNOBS_KEY
 
 from ..runs.store import RUN_SETTINGS
 
 
-GENERATION_FORMAT = "untied-sc benchmark generation"
-CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a generation file
+GENERATION_FORMAT = "untied-sc benchmark generation"  # the `format` of a [`generate_sweep`] result
+CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a sampled sweep
 
 # What every part of a merged sweep must share: the model, the settings that decide a run's samples
 # ([`RUN_SETTINGS`]) and the sampler set. `device` and `torch` may differ between parts: every pair, knob choice and
@@ -33,55 +29,6 @@ SHARED_SETTINGS = (
 )
 
 
-def write_generation(generation: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes a [`generate_sweep`] result as `<model>.generation.json` (settings, run timings) and
-    `<model>.generation-samples.jsonl.gz` (every sample, with its run's sampler, NFE, seed, batch, index and knob
-    value; a name apart from the report's own `<model>.samples.jsonl.gz`, which holds only the runs it scored)."""
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    paths = generation_paths(output_dir, generation["model"])
-    header = {**generation, "runs": [{k: v for k, v in run.items() if k != "samples"} for run in generation["runs"]]}
-    header["samples_file"] = paths["samples"].name
-    paths["generation"].write_text(json.dumps(header, indent=1) + "\n")
-    write_samples(paths["samples"], (sample for run in generation["runs"] for sample in run["samples"]))
-    return paths
-
-
-def read_generation(path: str | os.PathLike) -> dict:
-    """Reads a `<model>.generation.json` written by [`write_generation`] (and its samples file beside it), checking
-    that every run holds its `num_samples` samples in order."""
-    path = Path(path)
-    try:
-        generation = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"Cannot read the generation file {path}: {error}") from error
-    if generation.get("format") != GENERATION_FORMAT:
-        raise ValueError(
-            f"{path} is not a benchmark generation file (written by `untied-sc benchmark --generate-only`)."
-        )
-    knob = generation["diversity_knob"]
-    by_run: dict[tuple, list[Sample]] = {}
-    for sample in read_samples(path.parent / generation["samples_file"]):
-        key = (sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob))
-        by_run.setdefault(key, []).append(sample)
-    for run in generation["runs"]:
-        key = (run["sampler"], run["nfe"], run["seed"], run[knob])
-        samples = by_run.pop(key, [])
-        expected = run.get("num_samples", generation["num_samples"])  # a tuning bank's runs have their own size
-        if [s.extra.get("index") for s in samples] != list(range(expected)):
-            raise ValueError(
-                f"{generation['samples_file']} holds {len(samples)} samples of run {key} (sampler, NFE, seed, "
-                f"{knob}), not samples 0..{expected - 1} in order: the file is incomplete or was "
-                "edited. Generate it again."
-            )
-        run["samples"] = samples
-    if by_run:
-        raise ValueError(
-            f"{generation['samples_file']} holds samples of runs {sorted(by_run, key=str)} that "
-            f"{path.name} does not list."
-        )
-    return generation
-
-
 def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | None = None) -> dict:
     """
     One generation from parts that sampled disjoint sets of NFEs of the same sweep (the same model, seeds, batch
@@ -92,8 +39,9 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     `device` and `torch` then name each part's, by NFE.
 
     Args:
-        generations (`Sequence[Mapping]`): the parts ([`read_generation`] readings).
-        names (`Sequence[str]`, *optional*): the parts' file names, for errors.
+        generations (`Sequence[Mapping]`): the parts ([`generate_sweep`] results, or the parts of a run store that
+            [`read_stored_sweeps`] reads).
+        names (`Sequence[str]`, *optional*): the parts' names (their files in the store), for errors.
 
     Raises:
         ValueError: when the parts differ in a shared setting or overlap in an NFE (the error names both parts).
@@ -197,8 +145,3 @@ def _run_order(generation: Mapping):
         return (1, values.index(run[knob]), n, *place)
 
     return key
-
-
-def read_generations(paths: Sequence[str | os.PathLike]) -> dict:
-    """[`read_generation`] of each file, merged ([`merge_generations`]) when there are several."""
-    return merge_generations([read_generation(path) for path in paths], [str(path) for path in paths])
