@@ -447,14 +447,15 @@ def test_benchmark_command_line_writes_the_results_of_a_saved_pipeline(tmp_path,
 
 
 def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipes, evaluator):
-    from untied_sc_lab.experiments import generate_sweep, read_generation, score_sweep, write_generation
+    from untied_sc_lab.experiments import generate_sweep, read_stored_sweeps, score_sweep, store_sweep
+    from untied_sc_lab.runs.store import RunStore
 
     settings, scoring = replace(TINY, diversity_values=[0.5]), ScoringSettings(evaluator, num_resamples=50)
     whole = run_sweep(pipes["langflow"], settings, scoring, progress=False)
     generation = generate_sweep(pipes["langflow"], settings, name="tiny", command="sample", progress=False)
-    paths = write_generation(generation, tmp_path)
-    assert paths["samples"].name == "tiny.generation-samples.jsonl.gz"
-    loaded = read_generation(paths["generation"])
+    path = store_sweep(RunStore(tmp_path / "store"), generation)
+    assert path.parent == tmp_path / "store" / "sweeps"
+    loaded = read_stored_sweeps(RunStore(tmp_path / "store"))  # another process, as on the scoring machine
     assert [run["samples"] for run in loaded["runs"]] == [run["samples"] for run in generation["runs"]]
     apart = score_sweep(loaded, scoring, output_dir=tmp_path, command="score")
     assert len(apart["runs"]) == len(whole["runs"]) == 2 * 2 + 2
@@ -473,18 +474,25 @@ def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipe
 
 
 def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_path, langflow_golden, evaluator):
-    from untied_sc_lab.experiments import generate_sweep, read_generations, score_sweep, write_generation
+    from untied_sc_lab.experiments import (
+        generate_sweep,
+        merge_generations,
+        read_stored_sweeps,
+        score_sweep,
+        store_sweep,
+    )
+    from untied_sc_lab.runs.store import RunStore
 
     pipe = LangFlowPipeline(langflow_from_golden(langflow_golden), LangFlowScheduler(), tiny_tokenizer())
     pipe.set_progress_bar_config(disable=True)
     pipe.calibrate(nfe=[4, 8], bank_size=4, batch_size=4, progress=False)
     settings = replace(TINY, diversity_values=[0.5])
     whole = generate_sweep(pipe, replace(settings, nfe=[4, 8]), name="tiny", command="both", progress=False)
-    paths = {}
-    for n in (8, 4):  # in either order
-        part = generate_sweep(pipe, replace(settings, nfe=[n]), name="tiny", command=f"nfe {n}", progress=False)
-        paths[n] = write_generation(part, tmp_path / f"nfe{n}")["generation"]
-    merged = read_generations([paths[8], paths[4]])
+    parts = {  # in either order
+        n: generate_sweep(pipe, replace(settings, nfe=[n]), name="tiny", command=f"nfe {n}", progress=False)
+        for n in (8, 4)
+    }
+    merged = merge_generations([parts[8], parts[4]])
     assert merged["nfe"] == [4, 8] and merged["command"] == "nfe 8 ; nfe 4"
     key = ("sampler", "nfe", "seed", "temperature")
     assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
@@ -499,10 +507,8 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
     assert merged["device"] == whole["device"] and merged["torch"] == whole["torch"]  # one machine: named once
 
     # Parts from two machines merge (pairs stay within an NFE); the merged sweep names each machine with its NFEs.
-    from untied_sc_lab.experiments import merge_generations, read_generation
-
-    on_gpu = {**read_generation(paths[8]), "device": "cuda:0 (NVIDIA H200)", "torch": "2.11.0+cu130"}
-    mixed = merge_generations([on_gpu, read_generation(paths[4])])
+    on_gpu = {**parts[8], "device": "cuda:0 (NVIDIA H200)", "torch": "2.11.0+cu130"}
+    mixed = merge_generations([on_gpu, parts[4]])
     assert mixed["device"] == f"{whole['device']} at NFE 4; cuda:0 (NVIDIA H200) at NFE 8"
     assert mixed["torch"] == f"{whole['torch']} at NFE 4; 2.11.0+cu130 at NFE 8"
     assert [(part["nfe"], part["device"]) for part in mixed["parts"]] == [
@@ -513,12 +519,16 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
     markdown = (tmp_path / "mixed" / "tiny.md").read_text()
     assert report["parts"] == mixed["parts"] and "NFE 8: sampled in" in markdown and "cuda:0 (NVIDIA H200)" in markdown
 
-    with pytest.raises(ValueError, match="both sampled NFE 8: merge parts with disjoint --nfe"):
-        read_generations([paths[8], paths[8]])
+    # An NFE sampled by two parts of a store, or a part of another sweep: refused, naming both parts.
+    store = RunStore(tmp_path / "store")
+    paths = {n: store_sweep(store, parts[n]) for n in (8, 4)}
+    paths["both"] = store_sweep(store, whole)
+    with pytest.raises(ValueError, match="both sampled NFE (4|8): merge parts with disjoint --nfe") as refused:
+        read_stored_sweeps(store)
+    assert sum(str(path) in str(refused.value) for path in paths.values()) == 2
     other = generate_sweep(pipe, replace(settings, nfe=[4], seeds=[5]), name="tiny", command="seed 5", progress=False)
-    other_path = write_generation(other, tmp_path / "seed5")["generation"]
-    with pytest.raises(ValueError, match="not parts of one sweep: they differ in seeds"):
-        read_generations([paths[8], other_path])
+    with pytest.raises(ValueError, match="seed 5 and nfe 8 are not parts of one sweep: they differ in seeds"):
+        merge_generations([parts[8], other], ["nfe 8", "seed 5"])
 
 
 def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_samples_it_holds(
@@ -597,38 +607,25 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     assert "missing.json: no such file; give a benchmark report" in capsys.readouterr().err
 
 
-def test_read_generation_refuses_an_incomplete_or_foreign_file(tmp_path, pipes):
-    import gzip
-
-    from untied_sc_lab.experiments import generate_sweep, read_generation, write_generation
-
-    generation = generate_sweep(pipes["elf"], replace(TINY, seeds=[0], num_samples=2), progress=False)
-    paths = write_generation(generation, tmp_path)
-    lines = gzip.open(paths["samples"], "rt").read().splitlines()
-    with gzip.open(paths["samples"], "wt") as handle:
-        handle.write("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(ValueError, match="incomplete or was edited"):
-        read_generation(paths["generation"])
-    (tmp_path / "results.json").write_text(json.dumps({"model": "tiny"}))
-    with pytest.raises(ValueError, match="not a benchmark generation file"):
-        read_generation(tmp_path / "results.json")
-
-
 def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evaluator):
     from untied_sc.cli import main
+    from untied_sc_lab.runs.store import RunStore
 
     pipes["elf"].save_pretrained(tmp_path / "tiny-elf")
     evaluator[0].save_pretrained(tmp_path / "evaluator")
     evaluator[1].save_pretrained(tmp_path / "evaluator")
     argv = ["benchmark", str(tmp_path / "tiny-elf"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
     argv += ["--batch-size", "2", "--output-dir", str(tmp_path / "gen"), "--generate-only", "--no-progress"]
-    assert main([*argv, "--temperatures", "1"]) == 0
-    generation = tmp_path / "gen" / "tiny-elf.generation.json"
-    assert not (tmp_path / "gen" / "tiny-elf.json").exists()
-    assert "--evaluator" not in json.loads(generation.read_text())["command"]  # scoring options come with --from
+    with pytest.raises(SystemExit, match="--generate-only samples a sweep to score elsewhere: give the run store"):
+        main([*argv, "--temperatures", "1"])  # nothing would carry the sweep
+    store = tmp_path / "store"
+    assert main([*argv, "--temperatures", "1", "--store", str(store)]) == 0
+    assert not (tmp_path / "gen").exists()
+    [(_, sweep, _)] = RunStore(store).sweeps()
+    assert "--evaluator" not in sweep["command"]  # scoring options come with the scoring command
     with pytest.raises(SystemExit, match="drop --nfe"):
-        main(["benchmark", "--from", str(generation), "--nfe", "8"])
-    argv = ["benchmark", "--from", str(generation), "--evaluator", str(tmp_path / "evaluator")]
+        main(["benchmark", "--store", str(store), "--nfe", "8"])
+    argv = ["benchmark", "--store", str(store), "--evaluator", str(tmp_path / "evaluator")]
     assert main([*argv, "--output-dir", str(tmp_path / "results"), "--num-resamples", "20", "--no-progress"]) == 0
     saved = json.loads((tmp_path / "results" / "tiny-elf.json").read_text())
     assert not saved["main_only"] and len(saved["runs"]) == 2 + 1
@@ -639,7 +636,7 @@ def test_benchmark_command_line_samples_and_scores_apart(tmp_path, pipes, evalua
     assert main_only["runs"] == saved["runs"][:2]  # the same scores, the diversity run left out
     assert "(`--main-only`)" in (tmp_path / "main" / "tiny-elf.md").read_text()
     assert saved["scoring_command"].startswith("untied-sc benchmark --evaluator ")
-    assert f"--from {generation}" in saved["scoring_command"]
+    assert f"--store {store}" in saved["scoring_command"]
     assert saved["num_samples"] == 2
 
 

@@ -6,6 +6,7 @@ import copy
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -26,12 +27,8 @@ from untied_sc_lab.experiments.baseline_generation import (
 )
 from untied_sc_lab.experiments.baselines import tune_baselines
 from untied_sc_lab.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
-from untied_sc_lab.experiments.generation_files import (
-    merge_generations,
-    read_generation,
-    read_generations,
-    write_generation,
-)
+from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep
+from untied_sc_lab.runs.store import RunStore
 from untied_sc_lab.tuning import search
 from untied_sc_lab.tuning.baseline_knobs import is_neutral, neutral_knobs
 from untied_sc_lab.tuning.search import METHOD_KNOBS, RULE, START
@@ -213,21 +210,21 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     assert {"official", "momentum", "ace", "higs", "higs_ace", "multistep"} <= set(logged)
     # no evaluator where the bank is sampled: refused (the search needs the scores as it goes)
     with pytest.raises(SystemExit, match="needs --tune-here"):
-        main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only"])
-    # tuned here, sampled here, scored elsewhere: the same report
-    here = [*argv, "--output-dir", str(tmp_path / "here"), "--generate-only", "--tune-here"]
-    assert main(here) == 0
-    generation = json.loads((tmp_path / "here" / "tiny-elf-baselines.generation.json").read_text())
+        main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only", "--store", str(tmp_path / "gen")])
+    # tuned here, sampled here, scored elsewhere (the run store carries the bank runs' samples and the candidates beside
+    # the runs): the same report
+    carrier = tmp_path / "carrier"
+    assert main([*argv, "--generate-only", "--tune-here", "--store", str(carrier)]) == 0
+    [(_, generation, _)] = RunStore(carrier).sweeps()
     assert "--tune-budget 2" in generation["command"]
     assert generation[CANDIDATES_KEY]["bank"]["num_samples"] == 2
     bank = [run for run in generation["runs"] if "bank_key" in run]
     assert bank and all(run["sampler"].startswith("tuning bank: ") for run in bank)
+    shutil.copytree(carrier, tmp_path / "store")  # the sampled part, unscored, for --store-from below
     with pytest.raises(SystemExit, match="drop --tune-seed"):
-        main(
-            ["benchmark", "--from", str(tmp_path / "here" / "tiny-elf-baselines.generation.json"), "--tune-seed", "5"]
-        )
-    score = ["benchmark", "--from", str(tmp_path / "here" / "tiny-elf-baselines.generation.json")]
-    score += ["--evaluator", str(tmp_path / "evaluator"), "--output-dir", str(tmp_path / "results")]
+        main(["benchmark", "--store", str(carrier), "--tune-seed", "5"])
+    score = ["benchmark", "--store", str(carrier), "--evaluator", str(tmp_path / "evaluator")]
+    score += ["--output-dir", str(tmp_path / "results")]
     assert main([*score, "--num-resamples", "20", "--no-progress"]) == 0
     saved = json.loads((tmp_path / "results" / "tiny-elf-baselines.json").read_text())
     assert {key: value for key, value in saved["knob_tuning"].items() if key != "evaluator"} == {
@@ -235,18 +232,12 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     }
     assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
     assert [run["per_sample"] for run in saved["runs"]] == [run["per_sample"] for run in one["runs"]]
-    # the same part carried by a run store (its bank runs' samples and the candidates beside the runs): the same report
-    assert main([*argv, "--generate-only", "--tune-here", "--store", str(tmp_path / "carrier")]) == 0
-    stored = ["benchmark", "--store", str(tmp_path / "carrier"), "--evaluator", str(tmp_path / "evaluator")]
-    assert main([*stored, "--output-dir", str(tmp_path / "stored"), "--num-resamples", "20", "--no-progress"]) == 0
-    carried = json.loads((tmp_path / "stored" / "tiny-elf-baselines.json").read_text())
-    assert carried["knob_tuning"] == saved["knob_tuning"] and carried["bank_scores"] == saved["bank_scores"]
-    assert [run["per_sample"] for run in carried["runs"]] == [run["per_sample"] for run in saved["runs"]]
     # --store-from: the runs and the bank take the first report's scores through a store (the first of each scored
     # again as the check), the same report
     first = str(tmp_path / "results" / "tiny-elf-baselines.json")
-    reuse = [*score[:-1], str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
-    reuse += ["--store", str(tmp_path / "store"), "--store-from", first]
+    reuse = ["benchmark", "--store", str(tmp_path / "store"), "--evaluator", str(tmp_path / "evaluator")]
+    reuse += ["--output-dir", str(tmp_path / "results-reuse"), "--num-resamples", "20", "--no-progress"]
+    reuse += ["--store-from", first]
     assert main(reuse) == 0
     lent = json.loads((tmp_path / "results-reuse" / "tiny-elf-baselines.json").read_text())
     assert lent["runs"] == saved["runs"] and lent["knob_tuning"] == saved["knob_tuning"]
@@ -346,8 +337,8 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
     one = run_sweep(pipe, replace(TINY, samplers=samplers), scoring, knob_tuning=record, name="one", progress=False)
     generation = generate_baseline_candidates(pipe, BASELINES, evaluator=evaluator, name="two", **TUNING)
-    write_generation(generation, tmp_path)  # through the files, as between two machines
-    two = score_baseline_candidates(read_generation(tmp_path / "two.generation.json"), scoring, progress=False)
+    store_sweep(RunStore(tmp_path / "store"), generation)  # through a run store, as between two machines
+    two = score_baseline_candidates(read_stored_sweeps(RunStore(tmp_path / "store")), scoring, progress=False)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
     outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
     assert "accepted" in outcomes or keep == "rule"
@@ -379,14 +370,11 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
     options = {**TUNING, "evaluator": evaluator, "name": "m"}
     settings = replace(BASELINES, seeds=[0])
     whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), **options)
-    paths = [
-        write_generation(
-            generate_baseline_candidates(pipe, replace(settings, nfe=[n]), **options),
-            tmp_path / str(n),
-        )["generation"]
-        for n in (8, 4)
-    ]
-    merged = read_generations(paths)
+    store = RunStore(tmp_path / "store")
+    parts = [generate_baseline_candidates(pipe, replace(settings, nfe=[n]), **options) for n in (8, 4)]
+    for part in parts:
+        store_sweep(store, part)
+    merged = read_stored_sweeps(store)
     assert merged[CANDIDATES_KEY] == whole[CANDIDATES_KEY]
     assert sorted((r["sampler"], r["nfe"]) for r in merged["runs"]) == sorted(
         (r["sampler"], r["nfe"]) for r in whole["runs"]
@@ -399,10 +387,11 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
     assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]
     assert _without_timings(scored[0]["aggregates"]) == _without_timings(scored[1]["aggregates"])
     assert scored[1]["knob_tuning"]["ace"]["direction_sha256"] == merged[CANDIDATES_KEY]["ace"]["direction_sha256"]
-    parts = [read_generation(path) for path in paths]
-    parts[1][CANDIDATES_KEY]["ace"]["direction_sha256"] = "another direction"
+    other = copy.deepcopy(parts[1])
+    other[CANDIDATES_KEY]["ace"]["direction_sha256"] = "another direction"
+    store_sweep(store, other)  # the part sampled again, with another direction: it replaces its entry
     with pytest.raises(ValueError, match="differ in baseline_candidates.ace"):
-        merge_generations(parts)
+        read_stored_sweeps(store)
 
 
 def test_a_subset_of_samplers_tuned_with_parts_resumes_and_names_its_samplers(pipes, evaluator, tmp_path, capsys):
@@ -616,7 +605,7 @@ def test_rescore_refusals_come_before_any_scoring(tiny_report, second_evaluator,
         with pytest.raises(SystemExit, match=f"drop {extra[0]}"):
             main([*rescore, "--evaluator", str(second_evaluator), *extra])
     with pytest.raises(SystemExit):  # one source of runs: argparse refuses the pair
-        main([*rescore, "--from", str(tiny_report)])
+        main([*rescore, "--generate-only"])
     assert "not allowed with argument" in capsys.readouterr().err
     (tmp_path / f"tiny-{second_evaluator.name}.md").write_text("taken")
     assert main([*rescore, "--evaluator", str(second_evaluator)]) == 2
@@ -624,11 +613,12 @@ def test_rescore_refusals_come_before_any_scoring(tiny_report, second_evaluator,
     lone = tmp_path / "lone"
     lone.mkdir()
     (lone / "tiny.json").write_text(tiny_report.read_text())  # without its samples file
-    (lone / "generation.json").write_text(json.dumps({"format": "untied-sc benchmark generation", "runs": []}))
+    sweep = {"format": "untied-sc run store 1", "sweep": {"runs": []}, "keys": []}  # a run store's sweep part
+    (lone / "sweep.json").write_text(json.dumps(sweep))
     for path, message in (
         (tmp_path / "missing.json", "no such file"),
         (lone / "tiny.json", "has no samples file beside it"),
-        (lone / "generation.json", "is not a benchmark report"),
+        (lone / "sweep.json", "is not a benchmark report"),
     ):
         assert main(["benchmark", "--rescore", str(path), "--evaluator", str(second_evaluator)]) == 2
         assert message in capsys.readouterr().err

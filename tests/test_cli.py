@@ -273,10 +273,10 @@ def test_benchmark_refuses_an_existing_result_before_any_work_and_replaces_it_wi
     assert "--overwrite" not in saved_results["command"]  # it does not change what the results are
 
 
-def test_benchmark_generate_only_refuses_an_existing_generation(tmp_path, saved, pipeline_calls, capsys):
-    (tmp_path / "tiny-langflow.generation-samples.jsonl.gz").write_bytes(b"")
-    assert main(benchmark_argv(saved, tmp_path, "--nfe", "8", "--generate-only")) == 2
-    assert "tiny-langflow.generation-samples.jsonl.gz" in capsys.readouterr().err and pipeline_calls == []
+def test_benchmark_generate_only_needs_a_store_before_any_work(tmp_path, saved, pipeline_calls):
+    with pytest.raises(SystemExit, match=r"--generate-only .*: give the run store that carries it, --store DIR \("):
+        main(benchmark_argv(saved, tmp_path, "--nfe", "8", "--generate-only"))
+    assert pipeline_calls == [] and list(tmp_path.iterdir()) == []
 
 
 def test_benchmark_checks_every_nfe_before_sampling(tmp_path, saved, pipeline_calls, capsys):

@@ -1,5 +1,5 @@
 """Sampling split across processes: shards by batch index, gathered in batch order, and `untied-sc generate`
-/ `benchmark --generate-only` under 2 CPU processes writing exactly the 1-process samples.
+/ `benchmark --generate-only --store DIR` under 2 CPU processes writing exactly the 1-process samples.
 
 The 2-process runs use torchrun (`python -m torch.distributed.run`), the launcher `accelerate launch` itself uses for
 several processes: `accelerate launch --cpu --num_processes 2` starts a single process on a one-machine CPU setup.
@@ -145,19 +145,34 @@ def test_generate_refuses_an_existing_output_and_a_calibration_seed_before_sampl
     assert [sample.extra["index"] for sample in read_samples(out)] == [0, 1, 2]
 
 
-def benchmark_argv(saved, output_dir):
+def benchmark_argv(saved, store):
     argv = ["benchmark", str(saved), "--nfe", "8", "--seeds", "3", "--num-samples", "3", "--batch-size", "1"]
-    return [*argv, "--generate-only", "--device", "cpu", "--no-progress", "--output-dir", str(output_dir)]
+    return [*argv, "--generate-only", "--store", str(store), "--device", "cpu", "--no-progress"]
+
+
+def stored_samples(store: Path) -> dict[str, dict]:
+    """Every run's samples entry in a run store, by file name, without its sampling time (the slowest process's)."""
+    entries = {}
+    for path in sorted((store / "samples").glob("*.json.gz")):
+        entry = json.loads(gzip.decompress(path.read_bytes()))
+        entries[path.name] = {key: value for key, value in entry.items() if key != "seconds"}
+    return entries
 
 
 def test_benchmark_generate_only_with_two_processes_writes_the_one_process_generation(tmp_path, saved):
+    from untied_sc_lab.experiments import read_stored_sweeps
+    from untied_sc_lab.runs.store import RunStore
+
     assert main(benchmark_argv(saved, tmp_path / "one")) == 0
     done = torchrun("-m", "untied_sc.cli", *benchmark_argv(saved, tmp_path / "two"))
     assert done.stdout.count("Sampled 6 samples in 2 runs") == 1  # printed by the main process only
-    samples = "tiny-elf.generation-samples.jsonl.gz"
-    assert (tmp_path / "two" / samples).read_bytes() == (tmp_path / "one" / samples).read_bytes()
+    samples = stored_samples(tmp_path / "one")
+    assert len(samples) == 2 and stored_samples(tmp_path / "two") == samples  # every run's texts and ids
 
-    one, two = (json.loads((tmp_path / d / "tiny-elf.generation.json").read_text()) for d in ("one", "two"))
+    [(one_path, one, one_keys)], [(two_path, two, two_keys)] = (
+        RunStore(tmp_path / d).sweeps() for d in ("one", "two")
+    )
+    assert one_path.name == two_path.name and one_keys == two_keys  # the same part of the same sweep
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
     assert two["device"] == "cpu, 2 processes"
     for generation in (one, two):  # all else is the same: settings, coefficients, runs
@@ -168,11 +183,10 @@ def test_benchmark_generate_only_with_two_processes_writes_the_one_process_gener
 
     # the benchmark's untied run is what `untied-sc generate` writes for the same seed and batch size
     assert main(generate_argv(saved, tmp_path / "generated.jsonl")) == 0
-    with gzip.open(tmp_path / "one" / samples, "rt") as handle:
-        untied = [json.loads(line) for line in handle if json.loads(line)["sampler"] == "untied"]
+    [untied] = [run for run in read_stored_sweeps(RunStore(tmp_path / "one"))["runs"] if run["sampler"] == "untied"]
     generated = [json.loads(line) for line in (tmp_path / "generated.jsonl").read_text().splitlines()]
     assert [(s["text"], s["ids"], s["batch"]) for s in generated] == [
-        (s["text"], s["ids"], s["batch"]) for s in untied
+        (s.text, s.ids, s.batch) for s in untied["samples"]
     ]
 
 

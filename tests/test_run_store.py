@@ -299,6 +299,26 @@ def test_a_sweep_sampled_in_parts_into_a_store_scores_as_the_one_command_sweep(t
         read_stored_sweeps(store)
 
 
+def test_a_stored_sweep_with_an_edited_or_foreign_entry_is_refused(tmp_path, generation):
+    from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep, sweep_run_key
+
+    store = RunStore(tmp_path / "store")
+    path = store_sweep(store, generation)
+    entry = store.samples_path(sweep_run_key(generation, generation["runs"][-1]))
+    stored = json.loads(gzip.decompress(entry.read_bytes()))
+    entry.write_bytes(gzip.compress(json.dumps({**stored, "texts": stored["texts"][:-1]}).encode()))
+    with pytest.raises(ValueError, match=f"{entry} holds 3 samples of .*, not the 4 that {path} lists: .*edited"):
+        read_stored_sweeps(store)
+    entry.write_bytes(gzip.compress(json.dumps(stored).encode()))
+    assert [run["samples"] for run in read_stored_sweeps(store)["runs"]] == [
+        run["samples"] for run in generation["runs"]
+    ]
+    foreign = tmp_path / "store" / "sweeps" / "copied.json"
+    foreign.write_text(json.dumps({"model": "tiny"}))
+    with pytest.raises(ValueError, match=f"{foreign} is not a sampled sweep of this store"):
+        read_stored_sweeps(store)
+
+
 def test_the_command_line_samples_into_a_store_and_scores_the_stored_sweep(tmp_path, pipe, evaluator, capsys):
     from untied_sc.cli import main
 
@@ -309,7 +329,7 @@ def test_the_command_line_samples_into_a_store_and_scores_the_stored_sweep(tmp_p
     argv = ["benchmark", str(tmp_path / "tiny"), "--nfe", "8", "--seeds", "0", "--num-samples", "2"]
     argv += ["--batch-size", "2", "--temperatures", "0.5", "--no-progress"]
     assert main([*argv, "--generate-only", "--store", store, "--output-dir", str(tmp_path / "gen")]) == 0
-    assert not (tmp_path / "gen").exists()  # the store carries the sweep: no generation file
+    assert not (tmp_path / "gen").exists()  # the store carries the sweep: nothing in --output-dir
     assert f"Score them with: untied-sc benchmark --store {store}\n" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=f"--store scores the sweep stored in {store}; drop --nfe"):
         main(["benchmark", "--store", store, "--nfe", "8"])
