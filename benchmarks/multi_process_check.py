@@ -3,14 +3,16 @@
     python benchmarks/multi_process_check.py PIPELINE_DIR [--processes 2] [--nfe 8] [--num-samples 64]
         [--batch-size 8] [--seed 0] [--work-dir DIR]
 
-Runs `untied-sc generate` and `untied-sc benchmark --generate-only` (official and untied at one NFE and seed) once as
-one plain process and once under `accelerate launch --multi_gpu --num_processes N` (one process per GPU; needs N
-GPUs), then compares the written samples byte for byte and prints each run's sampling time (the slowest process's).
+Runs `untied-sc generate` and `untied-sc benchmark --generate-only --store DIR` (official and untied at one NFE and
+seed) once as one plain process and once under `accelerate launch --multi_gpu --num_processes N` (one process per GPU;
+needs N GPUs), then compares the written samples (`generate`'s file byte for byte, every run the store holds by its
+texts and token ids) and prints each run's sampling time (the slowest process's).
 Without N GPUs it launches N CPU processes with torchrun and `--device cpu` instead (what tests/test_distributed.py
 does on a tiny pipeline). Exits 1 if any file differs. Writes `multi-process-check.json` in --work-dir.
 """
 
 import argparse
+import gzip
 import json
 import platform
 import shutil
@@ -33,6 +35,15 @@ def launcher(processes: int) -> tuple[list[str], list[str]]:
         "--device",
         "cpu",
     ]
+
+
+def stored_samples(store: Path) -> dict[str, dict]:
+    """Every run's samples entry in a run store, by file name, without its sampling time (which differs run to run)."""
+    entries = {}
+    for path in sorted((store / "samples").glob("*.json.gz")):
+        entry = json.loads(gzip.decompress(path.read_bytes()))
+        entries[path.name] = {key: value for key, value in entry.items() if key != "seconds"}
+    return entries
 
 
 def run(command: list[str]) -> str:
@@ -62,23 +73,23 @@ def main() -> int:
     sweep = ["--nfe", str(args.nfe), "--num-samples", str(args.num_samples), "--batch-size", str(args.batch_size)]
     generate = ["generate", args.pipeline, *sweep, "--seed", str(args.seed), "--no-progress", "--overwrite", *options]
     benchmark = ["benchmark", args.pipeline, *sweep, "--seeds", str(args.seed), "--generate-only", "--no-progress"]
-    benchmark += ["--overwrite", "--name", "check", *options]
+    benchmark += ["--name", "check", *options]
     outputs = {}
     for label, prefix in (("1 process", plain), (f"{args.processes} processes", launch)):
         tag = label.split()[0]
+        shutil.rmtree(work / f"benchmark-{tag}", ignore_errors=True)  # a store left by an earlier check would be read
         outputs[label] = {
             "generate": run([*prefix, *generate, "--out", str(work / f"generate-{tag}.jsonl")])
             .strip()
             .splitlines()[-1],
-            "benchmark": run([*prefix, *benchmark, "--output-dir", str(work / f"benchmark-{tag}")]).strip(),
+            "benchmark": run([*prefix, *benchmark, "--store", str(work / f"benchmark-{tag}")]).strip(),
         }
-    pairs = {
-        "generate": (work / "generate-1.jsonl", work / f"generate-{args.processes}.jsonl"),
-        "benchmark": tuple(
-            work / f"benchmark-{tag}" / "check.generation-samples.jsonl.gz" for tag in ("1", str(args.processes))
-        ),
+    one, many = (work / "generate-1.jsonl", work / f"generate-{args.processes}.jsonl")
+    stores = [stored_samples(work / f"benchmark-{tag}") for tag in ("1", str(args.processes))]
+    identical = {
+        "generate": one.read_bytes() == many.read_bytes(),
+        "benchmark": bool(stores[0]) and stores[0] == stores[1],
     }
-    identical = {name: one.read_bytes() == many.read_bytes() for name, (one, many) in pairs.items()}
     report = {
         "pipeline": args.pipeline,
         "processes": args.processes,
