@@ -32,11 +32,6 @@ def _baselines(args) -> bool:
 # The options a sampling `benchmark` refuses together, in the order they are checked ([`refuse_combinations`]).
 SAMPLING_RULES = (
     Refusal(
-        lambda args: args.generate_only and not args.store,
-        "--generate-only samples a sweep to score elsewhere: give the run store that carries it, --store DIR (then "
-        "score it with `untied-sc benchmark --store DIR`).",
-    ),
-    Refusal(
         lambda args: args.main_only,
         "--main-only scores part of a sampled sweep: use it with --store DIR without a pipeline (or leave "
         "--temperatures out).",
@@ -55,6 +50,11 @@ SAMPLING_RULES = (
         lambda args: args.tune_parts_dir and args.generate_only,
         "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
         "run's samples for `benchmark --store DIR` to score again, which the parts do not keep. Drop one of them.",
+    ),
+    Refusal(
+        lambda args: args.generate_only and not args.store,
+        "--generate-only samples a sweep to score elsewhere: give the run store that carries it, --store DIR (then "
+        "score it with `untied-sc benchmark --store DIR`).",
     ),
 )
 
