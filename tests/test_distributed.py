@@ -175,8 +175,10 @@ def test_benchmark_generate_only_with_two_processes_writes_the_one_process_gener
     assert one_path.name == two_path.name and one_keys == two_keys  # the same part of the same sweep
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
     assert two["device"] == "cpu, 2 processes"
+    assert {**two["store"], "folder": None} == {**one["store"], "folder": None}  # what each sampled into its store
     for generation in (one, two):  # all else is the same: settings, coefficients, runs
         del generation["seconds"], generation["num_processes"], generation["device"], generation["command"]
+        del generation["store"]
         for run in generation["runs"]:
             del run["seconds"]
     assert two == one
