@@ -180,10 +180,13 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     return untied.from_config(config, **{**overrides, **scaled})
 
 
-def knobs_at(spec: Mapping, num_inference_steps: int | None) -> dict:
-    """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps` (an error where it has none)."""
+def knobs_at(spec: Mapping, num_inference_steps: int | None, *, missing_ok: bool = False) -> dict | None:
+    """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps`: an error where it has none, or
+    `None` with `missing_ok` (what names a run needs no knobs there: sampling it is refused all the same)."""
     by_steps = read_steps_table(spec[KNOBS_KEY], KNOBS_KEY)
     if num_inference_steps not in by_steps:
+        if missing_ok:
+            return None
         raise ValueError(
             f"The sampler spec has knobs for NFE {sorted(by_steps)} only, not {num_inference_steps}: tune "
             "its knobs at that NFE (`untied-sc benchmark --experiment baselines` tunes every --nfe)."

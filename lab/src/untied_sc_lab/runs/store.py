@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from untied_sc.generation import KNOBS_KEY, Sample
-from untied_sc.per_nfe import read_steps_table
+from untied_sc.generation import KNOBS_KEY, Sample, knobs_at
 
 from ..evaluation.io import samples_key
 
@@ -44,7 +43,8 @@ def spec_at(spec: Mapping, n: int) -> dict:
     """A sampler spec as it samples at NFE `n`: its settings and, for a tuned comparison sampler, its knobs there."""
     at_n = {key: value for key, value in spec.items() if key != KNOBS_KEY}
     if KNOBS_KEY in spec:
-        at_n[KNOBS_KEY] = read_steps_table(spec[KNOBS_KEY], KNOBS_KEY).get(n)
+        # a spec tuned at other NFEs only still names its run here (with no knobs); sampling it is refused
+        at_n[KNOBS_KEY] = knobs_at(spec, n, missing_ok=True)
     return at_n
 
 
