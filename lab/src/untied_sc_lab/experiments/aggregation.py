@@ -39,25 +39,11 @@ from ..evaluation.statistics import (
     ratio_difference_intervals,
 )
 from .definitions import BASELINE
+from .records import SCORE_METRICS
 
 
 # The run-record metrics that get a mean ± SE over seeds per (sampler, NFE).
-AGGREGATED_METRICS = (
-    "gen_ppl",
-    "nll_per_token",
-    "entropy",
-    "entropy_generator_ids",
-    "entropy_evaluator_ids",
-    "rep_4",
-    "distinct_1",
-    "distinct_2",
-    "distinct_3",
-    "distinct_4",
-    "token_rep_4",
-    "token_distinct_4",
-    "longest_repeat",
-    "samples_per_second",
-)
+AGGREGATED_METRICS = (*SCORE_METRICS, "samples_per_second")
 
 
 # The rule a report's headline intervals follow, recorded in the results (`interval_rule`) and stated in the report.

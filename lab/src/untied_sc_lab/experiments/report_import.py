@@ -21,11 +21,7 @@ from untied_sc.input_checks import read_benchmark_report
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
-from .aggregation import AGGREGATED_METRICS
-
-
-# Per-sample records a report's run keeps (the intervals and the equal-entropy control resample them).
-PER_SAMPLE_KEYS = ("mean_nll", "nll_sum", "num_tokens", "entropy")
+from .records import PER_SAMPLE_KEYS, SCORE_METRICS
 
 
 def _scoring_result(record: Mapping) -> dict:
@@ -36,7 +32,7 @@ def _scoring_result(record: Mapping) -> dict:
         "num_samples": record["num_samples"],
         "num_scored": record["num_scored"],
         "num_tokens": record["num_tokens"],
-        **{key: record.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
+        **{key: record.get(key) for key in SCORE_METRICS},
         "per_sample": [{key: per_sample[key][i] for key in PER_SAMPLE_KEYS} for i in range(count)],
     }
 

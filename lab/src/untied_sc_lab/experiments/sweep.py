@@ -52,12 +52,11 @@ from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matche
 
 from ..evaluation.evaluator import describe_evaluator, load_evaluator
 from ..evaluation.io import evaluate_samples, samples_key
-from ..evaluation.metrics import samples_per_second
 from ..runs.store import RunKey, RunStore, StoreScoring, open_store
-from .aggregation import AGGREGATED_METRICS, analyse
+from .aggregation import analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
+from .records import RunRecord
 from .report import write_results
-from .report_import import PER_SAMPLE_KEYS
 from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_SWEEP, ScoringSettings, SweepSettings
 
@@ -74,23 +73,6 @@ def _check_evaluator_options(options: Mapping) -> None:
             f"Unknown evaluator options {unknown} (they are {list(EVALUATOR_OPTIONS)}); the evaluator, protocol, "
             "eval_batch_size, max_length and num_resamples go in a ScoringSettings."
         )
-
-
-def _run_record(result: dict, sampler: str, nfe: int, seed: int, knob: str, value, seconds: float) -> dict:
-    per_sample = result["per_sample"]
-    return {
-        "sampler": sampler,
-        "nfe": nfe,
-        "seed": seed,
-        knob: value,
-        "num_samples": result["num_samples"],
-        "num_scored": result["num_scored"],
-        "seconds": seconds,
-        "samples_per_second": samples_per_second(result["num_samples"], seconds),
-        **{key: result.get(key) for key in AGGREGATED_METRICS if key != "samples_per_second"},
-        "num_tokens": result["num_tokens"],
-        "per_sample": {key: [r.get(key) for r in per_sample] for key in PER_SAMPLE_KEYS},
-    }
 
 
 def _sweep_runs(
@@ -329,7 +311,7 @@ def score_sweep(
 
             scored[key] = score() if parts is None else parts.scored(run["samples"], score, name)
         result = scored[key]
-        runs.append(_run_record(result, run["sampler"], run["nfe"], run["seed"], knob, run[knob], run["seconds"]))
+        runs.append(RunRecord.from_sampled(run, knob).scored(result).to_json(knob))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
