@@ -12,7 +12,6 @@ does on a tiny pipeline). Exits 1 if any file differs. Writes `multi-process-che
 """
 
 import argparse
-import gzip
 import json
 import platform
 import shutil
@@ -37,13 +36,17 @@ def launcher(processes: int) -> tuple[list[str], list[str]]:
     ]
 
 
-def stored_samples(store: Path) -> dict[str, dict]:
-    """Every run's samples entry in a run store, by file name, without its sampling time (which differs run to run)."""
-    entries = {}
-    for path in sorted((store / "samples").glob("*.json.gz")):
-        entry = json.loads(gzip.decompress(path.read_bytes()))
-        entries[path.name] = {key: value for key, value in entry.items() if key != "seconds"}
-    return entries
+def stored_samples(store: Path) -> dict[str, tuple]:
+    """Every run a run store's sweeps list, by its entry's name (the hash of its key): its texts and token ids, not its
+    sampling time (which differs run to run)."""
+    from untied_sc_lab.runs.store import RunStore
+
+    store = RunStore(store)
+    return {
+        store.samples_path(key).name: (stored.texts, stored.ids)
+        for _, _, keys in store.sweeps()
+        for key, stored in zip(keys, map(store.samples, keys), strict=True)
+    }
 
 
 def run(command: list[str]) -> str:
