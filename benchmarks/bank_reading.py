@@ -1,12 +1,13 @@
 """Any setting's reading on a committed tuning bank: its GenPPL over official's curve at its entropy, with the keep
-test's cluster bootstrap interval, from the scored runs of a parts folder (nothing is sampled or scored again).
+test's cluster bootstrap interval, from the scored bank runs of a run store (`untied-sc tune --store`, `benchmark
+--experiment baselines --store`; nothing is sampled or scored again).
 
     python benchmarks/bank_reading.py benchmarks/results/tuning-parts/langflow-small-nfe8 --nfe 8 \
         --spec '{"scheduler": "untied", "eta_r": 2.5, "eta_t": 2.5, "eta_o": 1.0, "alpha": 1.0}'
 
 The tuning record (`tuning_by_steps` in a scheduler config) keeps every candidate's point reading; this adds the
 interval of any candidate, e.g. the search's start, which the record does not test. `--call` names pipeline-call
-arguments the run was made with (a temperature); the official curve is every official run of that NFE in the folder.
+arguments the run was made with (a temperature); the official curve is every official run of that NFE in the store.
 Prints one JSON object.
 """
 
@@ -16,56 +17,59 @@ import sys
 from pathlib import Path
 
 from untied_sc.generation.sampling import diversity_knob, resampling_clusters
-from untied_sc_lab.tuning.search import KNOB_DEFAULTS, BankRun, Candidate, OfficialCurve, keep_test
-from untied_sc_lab.tuning.tune import run_key
+from untied_sc_lab.runs.bank_run import BankRun
+from untied_sc_lab.runs.store import HEADER, BankRunKey, RunStore, canonical
+from untied_sc_lab.tuning.search import KNOB_DEFAULTS, Candidate, OfficialCurve, keep_test
 
 
-def load_parts(folder: Path, nfe: int) -> tuple[dict, dict[str, dict]]:
-    """The bank's header and its runs at `nfe`, keyed as the tuner keys them."""
-    header_path = folder / "bank.json"
-    if not header_path.is_file():
-        raise SystemExit(f"{header_path}: not found; pass a folder that `untied-sc tune --parts-dir` wrote.")
-    header = json.loads(header_path.read_text())
-    runs = {}
-    for path in sorted(folder.glob(f"nfe{nfe}-*.json")):
-        record = json.loads(path.read_text())
-        runs[run_key(nfe, record["spec"], record["call"])] = record
+def load_bank(folder: Path, nfe: int) -> tuple[dict, dict[tuple[str, str], tuple[BankRunKey, BankRun]]]:
+    """The bank's fields ([`BankRunKey.bank`]) and its scored runs at `nfe`, keyed by their canonical spec and call."""
+    if not (folder / HEADER).is_file():  # checked first: opening a missing folder as a store would make one
+        raise SystemExit(f"{folder / HEADER}: not found; pass a run store that `untied-sc tune --store` wrote.")
+    runs = {(key.spec, key.call): (key, run) for key, run in RunStore(folder).bank_runs() if key.nfe == nfe}
     if not runs:
-        raise SystemExit(f"{folder}: no scored runs at NFE {nfe} (files nfe{nfe}-*.json).")
-    return header, runs
+        raise SystemExit(f"{folder}: no scored bank runs at NFE {nfe}.")
+    banks = {canonical(key.bank()) for key, _ in runs.values()}
+    if len(banks) > 1:
+        raise SystemExit(
+            f"{folder}: its runs at NFE {nfe} are of {len(banks)} banks ({'; '.join(sorted(banks))}); read one bank "
+            "from a store that holds it alone."
+        )
+    return next(iter(runs.values()))[0].bank(), runs
 
 
-def official_curve(header: dict, runs: dict[str, dict]) -> OfficialCurve:
-    """Official's runs in the folder, ordered by the family's diversity knob."""
-    knob = diversity_knob(header["protocol"])
-    points = sorted(
-        (float(record["call"].get(knob, KNOB_DEFAULTS[knob])), BankRun.from_json(record["run"]))
-        for record in runs.values()
-        if record["spec"] == {"scheduler": "official"} and set(record["call"]) <= {knob}
-    )
+def official_curve(bank: dict, runs: dict) -> OfficialCurve:
+    """Official's runs in the store, ordered by the family's diversity knob."""
+    knob = diversity_knob(bank["protocol"])
+    points = []
+    for key, run in runs.values():
+        call = json.loads(key.call)
+        if json.loads(key.spec) == {"scheduler": "official"} and set(call) <= {knob}:
+            points.append((float(call.get(knob, KNOB_DEFAULTS[knob])), run))
+    points.sort(key=lambda point: point[0])
     if len(points) < 2:
-        raise SystemExit(f"the folder holds {len(points)} official run(s); a curve needs at least 2.")
+        raise SystemExit(f"the store holds {len(points)} official run(s); a curve needs at least 2.")
     return OfficialCurve(knob, [value for value, _ in points], [run for _, run in points])
 
 
 def reading(folder: Path, nfe: int, spec: dict, call: dict) -> dict:
-    header, runs = load_parts(folder, nfe)
-    record = runs.get(run_key(nfe, spec, call))
-    if record is None:
+    bank, runs = load_bank(folder, nfe)
+    found = runs.get((canonical(spec), canonical(call)))
+    if found is None:
         tried = sorted(
             {
-                json.dumps(r["spec"], sort_keys=True)
-                for r in runs.values()
-                if r["spec"]["scheduler"] == spec.get("scheduler")
+                json.dumps(json.loads(key.spec), sort_keys=True)
+                for key, _ in runs.values()
+                if json.loads(key.spec)["scheduler"] == spec.get("scheduler")
             }
         )
         raise SystemExit(
             f"{folder}: no run at NFE {nfe} with spec {json.dumps(spec)} and call {json.dumps(call)}. "
             f"Runs of that scheduler: {', '.join(tried) or 'none'}."
         )
-    curve = official_curve(header, runs)
-    clusters = resampling_clusters(header["protocol"], header["num_samples"], header["batch_size"])
-    candidate = Candidate(dict(spec), BankRun.from_json(record["run"]), None, "read")
+    curve = official_curve(bank, runs)
+    clusters = resampling_clusters(bank["protocol"], bank["num_samples"], bank["batch_size"])
+    candidate = Candidate(dict(spec), found[1], None, "read")
     comparison, kept = keep_test(candidate, curve, clusters)
     raw = candidate.run.gen_ppl / curve.default.gen_ppl
     return {
@@ -82,14 +86,14 @@ def reading(folder: Path, nfe: int, spec: dict, call: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", type=Path, help="a tuning parts folder (bank.json and nfe<N>-<key>.json files)")
+    parser.add_argument("store", type=Path, help="a run store holding one bank's scored runs (its banks/ entries)")
     parser.add_argument("--nfe", type=int, required=True)
     parser.add_argument(
         "--spec", type=json.loads, required=True, help='the sampler spec, e.g. \'{"scheduler": "official"}\''
     )
     parser.add_argument("--call", type=json.loads, default={}, help="pipeline-call arguments of the run (JSON)")
     args = parser.parse_args(argv)
-    json.dump(reading(args.parts, args.nfe, args.spec, args.call), sys.stdout, indent=1)
+    json.dump(reading(args.store, args.nfe, args.spec, args.call), sys.stdout, indent=1)
     print()
     return 0
 

@@ -220,6 +220,8 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     assert generation[CANDIDATES_KEY]["bank"]["num_samples"] == 2
     bank = [run for run in generation["runs"] if "bank_key" in run]
     assert bank and all(run["sampler"].startswith("tuning bank: ") for run in bank)
+    # its bank was scored here only to choose: the store has the bank's samples to score there, no scored bank run
+    assert not (carrier / "banks").exists() and RunStore(carrier).bank_runs() == []
     shutil.copytree(carrier, tmp_path / "store")  # the sampled part, unscored, for --store-from below
     with pytest.raises(SystemExit, match="drop --tune-seed"):
         main(["benchmark", "--store", str(carrier), "--tune-seed", "5"])
@@ -232,6 +234,7 @@ def test_benchmark_command_tunes_samples_and_scores_the_baselines(pipes, evaluat
     }
     assert saved["knob_tuning"]["evaluator"] == str(tmp_path / "evaluator")
     assert [run["per_sample"] for run in saved["runs"]] == [run["per_sample"] for run in one["runs"]]
+    assert "banks_written" not in saved["store"] and not (carrier / "banks").exists()  # its bank scores: scores/
     # --store-from: the runs and the bank take the first report's scores through a store (the first of each scored
     # again as the check), the same report
     first = str(tmp_path / "results" / "tiny-elf-baselines.json")
@@ -394,42 +397,42 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
         read_stored_sweeps(store)
 
 
-def test_a_subset_of_samplers_tuned_with_parts_resumes_and_names_its_samplers(pipes, evaluator, tmp_path, capsys):
+def test_a_subset_of_samplers_tuned_with_a_store_resumes_and_names_its_samplers(pipes, evaluator, tmp_path, capsys):
     pipes["langflow"].save_pretrained(tmp_path / "tiny-langflow")
     evaluator[0].save_pretrained(tmp_path / "evaluator")
     evaluator[1].save_pretrained(tmp_path / "evaluator")
-    parts = tmp_path / "parts"
+    store = tmp_path / "store"
     argv = ["benchmark", str(tmp_path / "tiny-langflow"), "--experiment", "baselines", "--nfe", "8", "--seeds", "0"]
     argv += ["--num-samples", "2", "--batch-size", "2", "--tune-num-samples", "2", "--tune-budget", "2"]
     argv += ["--no-progress", "--evaluator", str(tmp_path / "evaluator"), "--num-resamples", "20"]
-    base, argv = argv, [*argv, "--samplers", "HiGS", "untied", "--tune-parts-dir", str(parts)]
+    base, argv = argv, [*argv, "--samplers", "HiGS", "untied", "--store", str(store)]
     assert main([*argv, "--output-dir", str(tmp_path / "first")]) == 0
     first = json.loads((tmp_path / "first" / "tiny-langflow-baselines.json").read_text())
     assert list(first["samplers"]) == ["official", "untied", "HiGS"]  # the experiment's order, official first
     assert set(first["knob_tuning"]["samplers"]) == {"HiGS"}
     assert {run["sampler"] for run in first["runs"]} == {"official", "untied", "HiGS"}
     assert "--samplers HiGS untied" in first["command"]
-    written = sorted(path.name for path in parts.iterdir())
-    assert "bank.json" in written and len(written) > 2  # official's curve and HiGS's candidates, one file each
-    # a second run finds every bank run in the parts folder: nothing is sampled for the tuning, the same choice
-    stamps = {path.name: path.stat().st_mtime_ns for path in parts.iterdir()}
+    banks = RunStore(store).bank_runs()  # official's curve and HiGS's candidates, one entry each
+    assert len(banks) > 2 and {json.loads(key.spec)["scheduler"] for key, _ in banks} == {"official", "higs"}
+    assert first["store"]["banks_written"] == len(banks) and "banks_read" not in first["store"]
+    # a second run finds every bank run in the store: nothing is sampled for the tuning, the same choice
+    stamps = {path.name: path.stat().st_mtime_ns for path in (store / "banks").iterdir()}
     assert main([*argv, "--output-dir", str(tmp_path / "second")]) == 0
     second = json.loads((tmp_path / "second" / "tiny-langflow-baselines.json").read_text())
-    assert {path.name: path.stat().st_mtime_ns for path in parts.iterdir()} == stamps
+    assert {path.name: path.stat().st_mtime_ns for path in (store / "banks").iterdir()} == stamps
+    assert second["store"]["banks_read"] == len(banks) and "banks_written" not in second["store"]
     assert second["knob_tuning"] == first["knob_tuning"]
     assert [run["per_sample"] for run in second["runs"]] == [run["per_sample"] for run in first["runs"]]
     capsys.readouterr()
     with pytest.raises(SystemExit, match="'HiGS2' is not among the baselines experiment's samplers: 'official'"):
         main([*base, "--samplers", "HiGS2", "--output-dir", str(tmp_path / "bad")])
-    with pytest.raises(SystemExit, match="--tune-parts-dir resumes the tuning of a one-machine run"):
-        main([*argv, "--output-dir", str(tmp_path / "gen"), "--generate-only", "--tune-here"])
-    with pytest.raises(SystemExit, match="--tune-parts-dir tune the comparison samplers' knobs"):
-        main(["benchmark", str(tmp_path / "tiny-langflow"), "--tune-parts-dir", str(parts)])
+    with pytest.raises(SystemExit, match="--tune-budget tune the comparison samplers' knobs"):
+        main(["benchmark", str(tmp_path / "tiny-langflow"), "--tune-budget", "2", "--store", str(store)])
 
 
-def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_share_parts(pipes, evaluator, tmp_path):
-    # The benchmark loads its evaluator before tuning; its parts must still name it as `untied-sc tune` does (by the
-    # name the user gave), or a parts folder that tune wrote would be refused as another bank.
+def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_share_a_store(pipes, evaluator, tmp_path):
+    # The benchmark loads its evaluator before tuning; its bank runs must still name it as `untied-sc tune` does (by
+    # the name the user gave), or the bank runs tune stored would be another bank's, never read.
     samplers = {"official": {}, "HiGS": {"scheduler": "higs"}}
     settings = SweepSettings(nfe=[8], seeds=[0], num_samples=2, batch_size=2, samplers=samplers)
     tune_baselines(
@@ -439,10 +442,10 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
         budget=2,
         evaluator=evaluator,
         progress=False,
-        parts_dir=tmp_path / "parts",
+        store=tmp_path / "store",
         evaluator_name="smollm2-135m",
     )
-    assert json.loads((tmp_path / "parts" / "bank.json").read_text())["evaluator"] == "smollm2-135m"
+    assert {key.evaluator for key, _ in RunStore(tmp_path / "store").bank_runs()} == {"smollm2-135m"}
     assert getattr(evaluator[0], "name_or_path", None) != "smollm2-135m"
 
 

@@ -11,7 +11,8 @@ import pytest
 from untied_sc import LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation import knobs_at
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, generate_sweep, run_sweep, score_sweep, sweep
-from untied_sc_lab.runs.store import RUN_SETTINGS, RunKey, RunStore, ScoreKey, StoredSamples
+from untied_sc_lab.runs import BankRun
+from untied_sc_lab.runs.store import RUN_SETTINGS, BankRunKey, RunKey, RunStore, ScoreKey, StoredSamples
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -138,6 +139,42 @@ def test_a_half_written_entry_is_never_read_and_a_mismatching_one_is_refused(tmp
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="a file, not a folder"):
         RunStore(tmp_path / "file")
+
+
+BANK = {
+    "pipeline": "hub_artifacts/langflow-small",
+    "seed": 10000,
+    "seed_space": "tuning",
+    "num_samples": 2,
+    "batch_size": 2,
+    "evaluator": "smollm2-135m",
+    "evaluator_dtype": "float32",
+    "protocol": "langflow",
+}
+
+
+def test_a_bank_run_is_stored_whole_under_its_key_and_a_mismatching_one_is_refused(tmp_path):
+    store = RunStore(tmp_path / "store")
+    key = BankRunKey.of(BANK, 8, {"scheduler": "untied", "eta_r": 2.5}, {"temperature": 1.1})
+    assert key.spec == '{"eta_r":2.5,"scheduler":"untied"}' and key.call == '{"temperature":1.1}'
+    assert key.bank() == BANK and store.bank_run(key) is None
+    staged = store.bank_path(key).with_name(f".{store.bank_path(key).name}.123.partial")
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b'{"format": ')  # a process stopped while writing: not under the entry's name
+    assert store.bank_run(key) is None and store.bank_runs() == []
+    run = BankRun(2.0, 3.5, [1.0, 2.0], [3.0, 4.0], [3.4, None])
+    store.put_bank_run(key, run)
+    assert store.bank_run(key) == run and store.bank_runs() == [(key, run)]
+    # the counters join the store's record only where bank runs were read or written
+    assert (store.record()["banks_read"], store.record()["banks_written"]) == (1, 1)
+    assert "banks_read" not in RunStore(tmp_path / "store").record()
+    other = replace(key, evaluator_dtype="bfloat16")
+    store.bank_path(other).write_bytes(store.bank_path(key).read_bytes())  # copied in under another name
+    named = f"{store.bank_path(other)} is not the run it is named after \\(its evaluator_dtype differ"
+    with pytest.raises(ValueError, match=named):
+        store.bank_run(other)
+    with pytest.raises(ValueError, match=f"{store.bank_path(other)} is not the bank run it is named after"):
+        store.bank_runs()
 
 
 def test_a_stopped_scoring_resumes_from_the_store_and_gives_the_whole_scorings_report(

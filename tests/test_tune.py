@@ -3,6 +3,8 @@
 import copy
 import json
 import math
+import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,8 +18,9 @@ from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.sampler_statistics import COEFFICIENT_NAMES
 from untied_sc.seeds import calibration_seeds
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
+from untied_sc_lab.runs import RunStore
 from untied_sc_lab.tuning.search import RULE
-from untied_sc_lab.tuning.tune import TUNE_SEED, tune_coefficients
+from untied_sc_lab.tuning.tune import TUNE_SEED, BankScorer, tune_coefficients
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
@@ -155,33 +158,60 @@ def test_tune_command_writes_the_folder(langflow_golden, evaluator, tmp_path, ca
     assert "coefficients_by_steps" in (tmp_path / "pipe" / "scheduler" / "scheduler_config.json").read_text()
 
 
-def test_a_stopped_tuning_resumes_from_its_parts(langflow_golden, evaluator, tuned, tmp_path):
+def test_a_stopped_tuning_resumes_from_its_store(langflow_golden, evaluator, tuned, tmp_path):
     _, _, first = tuned
     lines = []
     pipe = calibrated_pipe(langflow_golden)
-    options = {**OPTIONS, "evaluator": evaluator, "parts_dir": tmp_path / "parts"}
+    folder = tmp_path / "store"
+    options = {**OPTIONS, "evaluator": evaluator, "store": folder}
     tune_coefficients(pipe, [8], **options, log=lines.append)
-    parts = sorted((tmp_path / "parts").glob("nfe8-*.json"))
+    entries = sorted((folder / "banks").glob("*.json"))
     assert (
-        len(parts)
+        len(entries)
         == len(lines)
         == 5 + len(first.candidates) + len(first.extra.get("entropy_matching", {}).get("runs", []))
     )
-    parts[-1].unlink()  # as if stopped before its last run
-    again = []
-    result = tune_coefficients(calibrated_pipe(langflow_golden), [8], **options, log=again.append)[0]
+    stored = RunStore(folder).bank_runs()
+    assert {(key.nfe, key.num_samples, key.evaluator_dtype, key.seed_space) for key, _ in stored} == {
+        (8, 4, "float32", "tuning")
+    }
+    # as if stopped before its last run: that entry is missing and a half-written one lies beside it (never read)
+    entries[-1].unlink()
+    half = entries[-1].with_name(f".{entries[-1].name}.123.partial")
+    half.write_text('{"format": ')
+    again, store = [], RunStore(folder)
+    resumed = {**options, "store": store}
+    result = tune_coefficients(calibrated_pipe(langflow_golden), [8], **resumed, log=again.append)[0]
     assert len(again) == 1 and result.chosen == first.chosen  # one run sampled again, the rest read
-    with pytest.raises(ValueError, match="records another bank"):
-        tune_coefficients(calibrated_pipe(langflow_golden), [8], **{**options, "num_samples": 6})
+    assert (store.banks_read, store.banks_written) == (len(entries) - 1, 1) and entries[-1].exists()
+    assert len(store.bank_runs()) == len(entries)
+    # another bank in the same store reads none of these runs: it is sampled and stored beside them
+    six, store = [], RunStore(folder)
+    six_samples = {**options, "num_samples": 6, "store": store}
+    tune_coefficients(calibrated_pipe(langflow_golden), [8], **six_samples, log=six.append)
+    assert store.banks_read == 0 and store.banks_written == len(six) > 0
+    assert len(list((folder / "banks").glob("*.json"))) == len(entries) + len(six)
     # the evaluator's dtype is part of the bank: the same evaluator in another dtype is another bank
-    half = (copy.deepcopy(evaluator[0]).to(torch.bfloat16), evaluator[1])
-    with pytest.raises(ValueError, match="records another bank.*'evaluator_dtype': 'float32'"):
-        tune_coefficients(calibrated_pipe(langflow_golden), [8], **{**options, "evaluator": half})
-    # a header from before the dtype was recorded says what to add
-    header = tmp_path / "parts" / "bank.json"
-    old = {key: value for key, value in json.loads(header.read_text()).items() if key != "evaluator_dtype"}
-    header.write_text(json.dumps({**old, "format": 1}))
-    with pytest.raises(ValueError, match='add "evaluator_dtype": "float32"'):
+    bfloat = (copy.deepcopy(evaluator[0]).to(torch.bfloat16), evaluator[1])
+    store = RunStore(folder)
+    scorer = BankScorer(pipe, pipe.scheduler.config, TUNE_SEED, 4, 2, bfloat, "langflow", store=store)
+    scorer(8, {"scheduler": "official"})
+    assert (store.banks_read, store.banks_written) == (0, 1) and scorer.bank()["evaluator_dtype"] == "bfloat16"
+    # an entry of one bank under another bank's name (copied in) is refused, naming the file and the fields
+    key = next(key for key, _ in stored if key.spec == '{"scheduler":"official"}' and key.call == "{}")
+    other = RunStore(folder).bank_path(replace(key, num_samples=6))
+    other.write_bytes(RunStore(folder).bank_path(key).read_bytes())
+    named = f"{re.escape(str(other))} is not the run it is named after .its num_samples differ"
+    with pytest.raises(ValueError, match=named):
+        tune_coefficients(calibrated_pipe(langflow_golden), [8], **{**options, "num_samples": 6})
+    with pytest.raises(ValueError, match=f"{re.escape(str(other))} is not the bank run it is named after"):
+        RunStore(folder).bank_runs()
+    # an edited entry is refused, naming the file and what differs
+    edited = json.loads(entries[0].read_text())
+    edited["key"]["seed"] += 1
+    entries[0].write_text(json.dumps(edited))
+    named = f"{re.escape(str(entries[0]))} is not the run it is named after .its seed differ"
+    with pytest.raises(ValueError, match=named):
         tune_coefficients(calibrated_pipe(langflow_golden), [8], **options)
 
 

@@ -86,7 +86,7 @@ def _tune(args: argparse.Namespace) -> None:
         confidence=args.confidence,
         eval_batch_size=args.eval_batch_size,
         match=not args.no_entropy_matching,
-        parts_dir=args.parts_dir,
+        store=args.store,
         progress=not args.no_progress,
         log=stderr_log if args.no_progress else None,
         cache_dir=args.cache_dir,
@@ -169,8 +169,12 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         help="Do not set and store the temperature at which the kept coefficients run at official's entropy.",
     )
     tune.add_argument(
-        "--parts-dir",
-        help="Folder for every scored bank run (a stopped tuning resumes from it; logs with --no-progress).",
+        "--store",
+        metavar="DIR",
+        help="A run store (as `benchmark --store`) that keeps every scored bank run under the hash of what decides "
+        "its scores (the pipeline as named here, the bank, the evaluator, its dtype, the protocol, the run): a "
+        "stopped tuning resumes from it, and `benchmark --experiment baselines --store DIR` shares its bank runs "
+        "(logs with --no-progress).",
     )
     tune.add_argument("--eval-batch-size", type=int, help=EVAL_BATCH_HELP)
     tune.add_argument("--dtype", choices=EVALUATOR_DTYPE_NAMES, default="auto", help=EVALUATOR_DTYPE_HELP)

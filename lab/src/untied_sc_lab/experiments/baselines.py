@@ -102,7 +102,7 @@ def tune_baselines(
     source: str = "PIPELINE_DIR",
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
-    parts_dir=None,
+    store=None,
     on_sampled=None,
     evaluator_name: str | None = None,
     log: Callable[[str], None] | None = None,
@@ -125,13 +125,13 @@ def tune_baselines(
         tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
             tune`'s default bank).
         tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
-        budget, confidence, eval_batch_size, protocol, curve_values, extrapolate, parts_dir: as in
+        budget, confidence, eval_batch_size, protocol, curve_values, extrapolate, store: as in
             [`tune_coefficients`].
         progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
         source (`str`): the pipeline as the user named it (for the commands the errors suggest).
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
         evaluator_name (`str`, *optional*): how the bank names a loaded `evaluator`: the name the user gave (as
-            `untied-sc tune` records it, so that both share a parts folder); default: its model's name.
+            `untied-sc tune` records it, so that both share a store's bank runs); default: its model's name.
         log (*optional*): gets a line per scored bank run (a long run without progress bars).
 
     Returns:
@@ -163,7 +163,7 @@ def tune_baselines(
         confidence=confidence,
         eval_batch_size=eval_batch_size,
         progress=progress,
-        parts_dir=parts_dir,
+        store=store,
         on_sampled=on_sampled,
         evaluator_name=evaluator_name,
         log=log,

@@ -11,7 +11,7 @@ from untied_sc.input_checks import (
     check_source_exists,
 )
 
-from .benchmark_options import SWEEP_DEFAULTS, TUNING_DEFAULTS, TUNING_OPTIONS
+from .benchmark_options import SWEEP_DEFAULTS, TUNING_DEFAULTS
 
 
 # What these checks need (reports, the pipeline's folder) is imported lazily: they run before torch loads.
@@ -29,7 +29,11 @@ def _baselines(args) -> bool:
     return args.experiment == "baselines"
 
 
-# The options a sampling `benchmark` refuses together, in the order they are checked ([`refuse_combinations`]).
+# The options a sampling `benchmark` refuses together, in the order they are checked ([`refuse_combinations`]). The
+# tuning bank's runs and --store: the one-machine run keeps each scored bank run in its store and resumes its tuning
+# from there; --generate-only --tune-here scores its bank here only to choose the knobs, so its store gets the bank's
+# samples (scored again by `benchmark --store DIR`, [`choose_from_bank`]) and no scored bank run, and it samples every
+# bank run again rather than read one.
 SAMPLING_RULES = (
     Refusal(
         lambda args: args.main_only,
@@ -45,11 +49,6 @@ SAMPLING_RULES = (
         lambda args: _baselines(args) and args.generate_only and not args.tune_here,
         "--experiment baselines --generate-only needs --tune-here: the comparison samplers are tuned by a search "
         "whose candidates depend on the scores, so the evaluator must be where the tuning bank is sampled.",
-    ),
-    Refusal(
-        lambda args: args.tune_parts_dir and args.generate_only,
-        "--tune-parts-dir resumes the tuning of a one-machine run: --generate-only --tune-here stores every bank "
-        "run's samples for `benchmark --store DIR` to score again, which the parts do not keep. Drop one of them.",
     ),
     Refusal(
         lambda args: args.generate_only and not args.store,
@@ -99,7 +98,7 @@ def check_generation_scoring(args) -> str | None:
     the outputs named by `--name` or the sweep's model are new (or `--overwrite`)."""
     from .stored_sweeps import stored_model
 
-    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers")
+    options = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, "samplers")
     given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None]
     given += ["--tune-here"] if args.tune_here else []
     if given:
@@ -115,7 +114,7 @@ def check_generation_scoring(args) -> str | None:
 
 
 # Options that choose what is sampled, or how scores are taken: a report's rescoring has them fixed by the report.
-RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, *TUNING_OPTIONS, "samplers", "protocol")
+RESCORE_FIXED = (*SWEEP_DEFAULTS, *TUNING_DEFAULTS, "samplers", "protocol")
 
 
 def _ran_dtype(report: dict) -> str | None:
@@ -198,9 +197,7 @@ def check_sweep_arguments(args) -> str:
         if getattr(args, key) is None:
             setattr(args, key, default)
     baselines = args.experiment == "baselines"
-    given = [
-        f"--{key.replace('_', '-')}" for key in (*TUNING_DEFAULTS, *TUNING_OPTIONS) if getattr(args, key) is not None
-    ]
+    given = [f"--{key.replace('_', '-')}" for key in TUNING_DEFAULTS if getattr(args, key) is not None]
     if given and not baselines:
         raise SystemExit(
             f"{' '.join(given)} tune the comparison samplers' knobs: use them with --experiment baselines."

@@ -83,11 +83,12 @@ def _load_evaluator(args):
     return load_evaluator(args.evaluator, cache_dir=args.cache_dir, device=args.device or "cpu", dtype=args.dtype)
 
 
-def _tune_baselines(args, settings, state):
+def _tune_baselines(args, settings, state, store):
     """`--experiment baselines`: loads the pipeline and the evaluator, checks the sweep, chooses the comparison
     samplers' knobs on the tuning bank ([`tune_baselines`]) and returns the loaded pipeline (the sweep samples it;
     scoring loads the evaluator again by name, so the report names it as any other), the settings with the tuned
-    sampler specs, and the tuning record."""
+    sampler specs, and the tuning record. The bank's scored runs are kept in the run store `store` where given (a
+    stopped tuning resumes from it)."""
     from dataclasses import replace
 
     from untied_sc.distributed import process_device, process_rank
@@ -118,7 +119,7 @@ def _tune_baselines(args, settings, state):
         protocol=args.protocol,
         progress=not args.no_progress,
         source=args.pipeline,
-        parts_dir=args.tune_parts_dir,
+        store=store,
         evaluator_name=args.evaluator,
         log=_tuning_log(args),
     )
@@ -274,7 +275,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep
     if baselines:
-        pipeline, settings, record = _tune_baselines(args, settings, state)
+        pipeline, settings, record = _tune_baselines(args, settings, state, outputs["store"])
         run["knob_tuning"] = record
     else:
         pipeline = args.pipeline

@@ -49,8 +49,6 @@ SCORING_OPTIONS = (
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and when scoring a stored sweep).
 TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "tune_budget": TUNE_BUDGET, "confidence": 0.95}
-# Tuning options without a default (checked with the ones above).
-TUNING_OPTIONS = ("tune_parts_dir",)
 
 
 def add_benchmark_arguments(parser):
@@ -115,15 +113,11 @@ def add_benchmark_arguments(parser):
         f"method's pick to be kept (default {TUNING_DEFAULTS['confidence']}).",
     )
     tuning.add_argument(
-        "--tune-parts-dir",
-        help="Folder for every scored bank run, as `untied-sc tune --parts-dir` (the same folder shares official's "
-        "curve): a stopped tuning resumes from it (not with --generate-only, which stores the bank's samples).",
-    )
-    tuning.add_argument(
         "--tune-here",
         action="store_true",
         help="With --generate-only (needed there): tune on the bank here, with the evaluator, and sample only the "
-        "chosen knob values; `benchmark --store DIR` scores the part as any other.",
+        "chosen knob values; `benchmark --store DIR` scores the part as any other (the store gets the bank's samples, "
+        "scored there, and no scored bank run).",
     )
     parser.add_argument(
         "--coefficients",
@@ -157,8 +151,10 @@ def add_benchmark_arguments(parser):
         help="A run store: every run sampled or scored here is kept in DIR as soon as it is done, under the hash of "
         "what decides it (a run's samples: the pipeline's family, class and tokenizer, the sampler spec and "
         "coefficients, NFE, seed, temperature, --num-samples, --batch-size; its scores: the samples, the evaluator "
-        "and dtype, the protocol, --eval-batch-size and --max-length). A later command with the same store reads "
-        "what it holds and does only the missing work: a stopped sweep, scoring or --rescore resumes, a "
+        "and dtype, the protocol, --eval-batch-size and --max-length; with --experiment baselines, each scored "
+        "tuning-bank run, as `untied-sc tune --store`, under the pipeline as named here, the bank, the evaluator, "
+        "its dtype and the protocol). A later command with the same store reads "
+        "what it holds and does only the missing work: a stopped sweep, tuning, scoring or --rescore resumes, a "
         "--generate-only run's sweep is there for the scoring command (`benchmark --store DIR` with no pipeline scores "
         "it, merging the parts sampled into DIR), and the first batch of each sampler read from it is sampled again "
         "and must be identical.",

@@ -5,7 +5,8 @@ another from it.
 A run's samples are stored under the hash of its [`RunKey`], the settings that decide them and nothing else; a run's
 scores under the hash of its [`ScoreKey`], its samples' fingerprint and the scoring's settings; a `--generate-only`
 sweep's settings (timings, coefficients, device: all but its samples) under the hash of what names the part
-([`RunStore.put_sweep`]), for the scoring command to find. Two runs with equal
+([`RunStore.put_sweep`]), for the scoring command to find; a scored tuning-bank run (`tune --store`, the benchmark's
+knob tuning) under the hash of its [`BankRunKey`], the bank and the run that decide its scores. Two runs with equal
 keys draw equal samples (same seed, same machine) and equal texts score equally, so a key found is work not done
 again. Each entry is written to a temporary name and renamed into place whole: a stopped process never leaves half an
 entry under an entry's name, and temporary files are never read. An entry whose recorded key differs from the one its
@@ -24,11 +25,13 @@ from pathlib import Path
 from untied_sc.generation import KNOBS_KEY, Sample, knobs_at
 
 from ..evaluation.io import samples_key
+from .bank_run import BankRun
 
 
 STORE_FORMAT = "untied-sc run store 1"
 HEADER = "store.json"
 SWEEPS = "sweeps"  # the folder of `--generate-only` sweep parts
+BANKS = "banks"  # the folder of scored tuning-bank runs
 # Relative tolerance of the check of imported scores on each sample's NLL sum: another device or batch padding moves
 # it by ~1e-6; another --max-length, dtype or evaluator moves it by far more.
 SPOT_CHECK_TOLERANCE = 1e-4
@@ -133,6 +136,45 @@ class ScoreKey:
     kind: str = "run"  # "run": an [`evaluate_samples`] result; "bank": a tuning-bank run's [`BankRun`] scores
 
 
+@dataclass(frozen=True)
+class BankRunKey:
+    """
+    What decides a tuning-bank run's scores, and nothing else (a bank run is sampled and scored where it is tuned, so
+    its samples are not stored, only its [`BankRun`]).
+
+    Args:
+        pipeline: the pipeline as it was loaded (its `name_or_path`: the folder or Hub id the command was given).
+        seed, seed_space, num_samples, batch_size: the bank (`seed_space` is `"tuning"`).
+        evaluator, evaluator_dtype, protocol: its scoring (the evaluator as the user named it, the dtype it ran in).
+        nfe: the run's NFE.
+        spec, call: the sampler spec and the pipeline-call arguments (a diversity knob), as [`canonical`] JSON.
+    """
+
+    pipeline: str
+    seed: int
+    seed_space: str
+    num_samples: int
+    batch_size: int
+    evaluator: str | None
+    evaluator_dtype: str
+    protocol: str
+    nfe: int
+    spec: str
+    call: str
+
+    @classmethod
+    def of(cls, bank: Mapping, nfe: int, spec: Mapping, call: Mapping) -> "BankRunKey":
+        """The key of the run (`nfe`, `spec`, `call`) on the bank `bank` (its other fields by name)."""
+        return cls(**bank, nfe=nfe, spec=canonical(dict(spec)), call=canonical(dict(call)))
+
+    def bank(self) -> dict:
+        """The fields that name the bank (all but the run's NFE, spec and call)."""
+        return {name: value for name, value in asdict(self).items() if name not in ("nfe", "spec", "call")}
+
+
+BANK_RUN_FIELDS = {f.name for f in fields(BankRunKey)}
+
+
 @dataclass
 class StoredSamples:
     """A run's samples as stored: texts, generator ids, sampling seconds, and where they came from (`None`: sampled
@@ -152,7 +194,9 @@ def _digest(key) -> str:
 class RunStore:
     """
     A store folder: `samples/<hash of RunKey>.json.gz`, `scores/<hash of ScoreKey>.json`, `sweeps/<hash>.json` (the
-    settings of a `--generate-only` sweep part) and `store.json` naming the format. Counts what this process read and wrote ([`record`] is what a report says of it).
+    settings of a `--generate-only` sweep part), `banks/<hash of BankRunKey>.json` (a scored tuning-bank run) and
+    `store.json` naming the format. Counts what this process read and wrote ([`record`] is what a report says of
+    it).
 
     Raises:
         `ValueError`: the folder is a file, or a non-empty folder that is not a store.
@@ -163,6 +207,8 @@ class RunStore:
     samples_written: int = 0
     scores_read: int = 0
     scores_written: int = 0
+    banks_read: int = 0
+    banks_written: int = 0
     imported: dict[str, str] = field(default_factory=dict)  # entry path -> report, for the spot checks
     checked: list[str] = field(default_factory=list)
     imports: list[dict] = field(default_factory=list)  # what [`import_report`] read into it
@@ -261,6 +307,42 @@ class RunStore:
             found.append((path, entry["sweep"], [RunKey(**key) for key in entry["keys"]]))
         return found
 
+    def bank_path(self, key: BankRunKey) -> Path:
+        return self.folder / BANKS / f"{_digest(key)}.json"
+
+    def bank_run(self, key: BankRunKey) -> BankRun | None:
+        """The stored scores of the bank run `key`, or `None` when the store does not hold it."""
+        entry = _read_entry(self.bank_path(key), key)
+        if entry is None:
+            return None
+        self.banks_read += 1
+        return BankRun.from_json(entry["run"])
+
+    def put_bank_run(self, key: BankRunKey, run: BankRun) -> None:
+        """Stores the scores of the bank run `key` (whole, or not at all)."""
+        entry = {"format": STORE_FORMAT, "key": asdict(key), "run": run.to_json()}
+        _write_atomic(self.bank_path(key), json.dumps(entry).encode())
+        self.banks_written += 1
+
+    def bank_runs(self) -> list[tuple[BankRunKey, BankRun]]:
+        """Every stored bank run, in file-name order (readers of a bank: `benchmarks/bank_reading.py`).
+
+        Raises:
+            `ValueError`: an entry is not the run it is named after (edited or copied in), naming the file.
+        """
+        found = []
+        for path in sorted((self.folder / BANKS).glob("*.json")):
+            entry = _read_json(path, "a stored bank run")
+            recorded = entry.get("key") if isinstance(entry, dict) else None
+            key = BankRunKey(**recorded) if isinstance(recorded, dict) and set(recorded) == BANK_RUN_FIELDS else None
+            if key is None or entry.get("format") != STORE_FORMAT or path != self.bank_path(key):
+                raise ValueError(
+                    f"--store: {path} is not the bank run it is named after (its recorded key is another run's, or "
+                    "none): the file was edited or copied in. Delete it to do that work again."
+                )
+            found.append((key, BankRun.from_json(entry["run"])))
+        return found
+
     def score(self, key: ScoreKey) -> dict | None:
         """The stored scores of `key` (as [`evaluate_samples`] returns them), or `None`."""
         entry = _read_entry(self.score_path(key), key)
@@ -287,6 +369,8 @@ class RunStore:
             "scores_read": self.scores_read,
             "scores_written": self.scores_written,
             "checked_runs": list(self.checked),
+            # (only where bank runs were read or written: the records of runs without a bank stay as they are)
+            **{name: getattr(self, name) for name in ("banks_read", "banks_written") if getattr(self, name)},
             **({"imported": list(self.imports)} if self.imports else {}),
         }
 

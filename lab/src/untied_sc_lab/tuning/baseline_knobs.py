@@ -10,13 +10,14 @@ keep-or-neutral rule at equal entropy. Official's curve is sampled once per NFE 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from untied_sc.defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from untied_sc.families import default_protocol
 from untied_sc.generation import diversity_knob, family_of, resampling_clusters
 
+from ..runs.store import RunStore
 from .search import (
     METHOD_KNOBS,
     NEUTRAL,
@@ -84,7 +85,7 @@ def tune_knobs(
     confidence: float = 0.95,
     eval_batch_size: int = 8,
     progress: bool = True,
-    parts_dir: str | Path | None = None,
+    store: str | os.PathLike | RunStore | None = None,
     on_sampled: Callable | None = None,
     evaluator_name: str | None = None,
     log: Callable[[str], None] | None = None,
@@ -100,10 +101,10 @@ def tune_knobs(
             `"multistep"`).
         nfe (`Sequence[int]`): the NFEs.
         num_samples, seed, batch_size, evaluator, protocol, budget, curve_values, extrapolate, confidence,
-            eval_batch_size, parts_dir: as in [`tune_coefficients`] (the same bank, budget, objective and keep rule).
+            eval_batch_size, store: as in [`tune_coefficients`] (the same bank, budget, objective and keep rule).
         progress (`bool`, defaults to `True`): a progress bar over the scored runs.
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
-        evaluator_name (`str`, *optional*): how the bank (and its parts folder) names a loaded `evaluator`
+        evaluator_name (`str`, *optional*): how the bank (and its store entries) names a loaded `evaluator`
             (default: its model's name; a name given as `evaluator` is its own).
         log (*optional*): gets a line per scored run, as [`tune_coefficients`]' (a long run without progress bars).
         **evaluator_kwargs: `cache_dir`, `device`, `dtype` for [`load_evaluator`] when `evaluator` is a name.
@@ -124,7 +125,7 @@ def tune_knobs(
         evaluator,
         protocol,
         eval_batch_size,
-        parts_dir,
+        store,
         on_sampled,
         log=log,
         evaluator_name=evaluator_name,

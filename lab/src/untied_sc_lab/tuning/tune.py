@@ -16,19 +16,20 @@ temperature, ELF's decode temperature) is set on the bank so that the untied sam
 rule's keep test a small bank picks noise: on the bundled LangFlow at 8 NFE a 32-sample bank chose a candidate 1.5 %
 better than official that lost by 5.5 % on the benchmark's 192 pairs.
 
-A bank run is cached in memory, and with `parts_dir` also on disk (one JSON file per run): a stopped tuning resumes
-where it stopped, and tuning the comparison samplers on the same bank reuses official's curve.
+A bank run is cached in memory, and with `store` also in a run store (`tune --store DIR`: one entry per scored run,
+under the hash of its [`BankRunKey`]): a stopped tuning resumes where it stopped, and tuning the comparison samplers on
+the same bank (`benchmark --experiment baselines --store DIR`) reuses official's curve.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -52,6 +53,7 @@ from untied_sc.seeds import check_seed
 
 from ..evaluation.evaluator import load_evaluator
 from ..evaluation.io import evaluate_samples
+from ..runs.store import BankRunKey, RunStore, open_store
 from .search import (
     KNOB_DEFAULTS,
     BankRun,
@@ -61,9 +63,6 @@ from .search import (
     match_entropy,
     tune_method,
 )
-
-
-PARTS_FORMAT = 2  # 2: the header names the evaluator's dtype (a bf16 and a float32 bank differ in the last digits)
 
 
 def scoring_evaluator(evaluator, **evaluator_kwargs) -> tuple:
@@ -82,7 +81,7 @@ def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> BankRun
 
 
 def run_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
-    """A bank run's key: a hash of its NFE, sampler spec and call arguments."""
+    """A bank run's name within one bank: a hash of its NFE, sampler spec and call arguments."""
     text = json.dumps({"nfe": n, "spec": dict(spec), "call": dict(call_kwargs)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -92,9 +91,10 @@ class BankScorer:
     `scorer(n, spec, **call_kwargs) -> BankRun`: the sampler spec `spec` ([`build_scheduler`] from the scheduler
     config `config`) at NFE `n` with the pipeline-call arguments `call_kwargs` (a diversity knob) on the tuning bank
     (`num_samples` samples of seed `seed` in the tuning space), scored by `evaluator` under `protocol`. It leaves the
-    spec's scheduler on `pipe` (the caller restores its own). Runs are cached by their settings; with `parts_dir`
-    each one is also written there as it is scored (and read back instead of sampling again: a stopped tuning
-    resumes). `on_sampled(name, n, samples)` sees every sampled run (the benchmark keeps the bank's samples).
+    spec's scheduler on `pipe` (the caller restores its own). Runs are cached by their [`BankRunKey`]; with `store`
+    (a [`RunStore`] or its folder) each one is also stored there as it is scored (and read back instead of sampling
+    again: a stopped tuning resumes). `on_sampled(spec, n, call_kwargs, texts, ids)` sees every sampled run (the
+    benchmark keeps the bank's samples); a run read from the store is not sampled, so it sees none of those.
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class BankScorer:
         protocol: str,
         eval_batch_size: int = 8,
         evaluator_name: str | None = None,
-        parts_dir: str | Path | None = None,
+        store: str | os.PathLike | RunStore | None = None,
         on_scored: Callable[[], None] | None = None,
         on_sampled: Callable | None = None,
         log: Callable[[str], None] | None = None,
@@ -118,15 +118,14 @@ class BankScorer:
         self.evaluator, self.protocol, self.eval_batch_size = evaluator, protocol, eval_batch_size
         self.evaluator_name = evaluator_name
         self.on_scored, self.on_sampled, self.log = on_scored, on_sampled, log
-        self.cache: dict[str, BankRun] = {}
-        self.parts_dir = None if parts_dir is None else Path(parts_dir)
+        self.cache: dict[BankRunKey, BankRun] = {}
+        self.store = open_store(store)
         self.sampled = 0
-        if self.parts_dir is not None:
-            self._check_parts_dir()
 
-    def _settings(self) -> dict:
+    def bank(self) -> dict:
+        """The bank's fields of a [`BankRunKey`]: the pipeline as loaded, the bank and its scoring (a bf16 and a
+        float32 evaluator differ in the last digits, so its dtype is part of it)."""
         return {
-            "format": PARTS_FORMAT,
             "pipeline": str(getattr(self.pipe, "name_or_path", "") or type(self.pipe).__name__),
             "seed": self.seed,
             "seed_space": "tuning",
@@ -137,34 +136,12 @@ class BankScorer:
             "protocol": self.protocol,
         }
 
-    def _check_parts_dir(self) -> None:
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        header = self.parts_dir / "bank.json"
-        if header.exists():
-            stored = json.loads(header.read_text())
-            if stored.get("format") == 1 and "evaluator_dtype" not in stored:
-                raise ValueError(
-                    f"{header} was written before a bank recorded its evaluator's dtype. If its runs were scored in "
-                    f'{self._settings()["evaluator_dtype"]} (these runs\' dtype), set "format": {PARTS_FORMAT} and '
-                    f'add "evaluator_dtype": "{self._settings()["evaluator_dtype"]}" to it; otherwise use '
-                    "another parts folder."
-                )
-            if stored != self._settings():
-                raise ValueError(
-                    f"{header} records another bank ({stored}); these runs are {self._settings()}. Use another "
-                    "parts folder, or remove that one to start over."
-                )
-        else:
-            header.write_text(json.dumps(self._settings(), indent=1))
-
     def __call__(self, n: int, spec: Mapping, **call_kwargs) -> BankRun:
-        key = run_key(n, spec, call_kwargs)
+        key = BankRunKey.of(self.bank(), n, spec, call_kwargs)
         if key in self.cache:
             return self.cache[key]
-        path = None if self.parts_dir is None else self.parts_dir / f"nfe{n}-{key}.json"
-        if path is not None and path.exists():
-            run = BankRun.from_json(json.loads(path.read_text())["run"])
-        else:
+        run = None if self.store is None else self.store.bank_run(key)
+        if run is None:
             began = time.perf_counter()
             self.pipe.scheduler = build_scheduler(self.pipe, spec, self.config, n)
             texts, ids, _ = generate(
@@ -175,11 +152,8 @@ class BankScorer:
                 self.on_sampled(spec, n, call_kwargs, texts, ids)
             run = score_bank_samples(samples, self.evaluator, self.protocol, self.eval_batch_size)
             self.sampled += 1
-            if path is not None:  # written whole, then renamed: a stopped run leaves no half file
-                partial = path.with_suffix(".partial")
-                record = {"nfe": n, "spec": dict(spec), "call": dict(call_kwargs), "run": run.to_json()}
-                partial.write_text(json.dumps(record))
-                partial.replace(path)
+            if self.store is not None:  # written whole, then renamed: a stopped run leaves no half entry
+                self.store.put_bank_run(key, run)
             if self.log is not None:
                 self.log(
                     f"NFE {n} {dict(spec)} {dict(call_kwargs) or ''}: GenPPL {run.gen_ppl:.3f}, entropy "
@@ -203,7 +177,7 @@ def bank_scoring(
     evaluator,
     protocol: str,
     eval_batch_size: int,
-    parts_dir: str | Path | None,
+    store: str | os.PathLike | RunStore | None,
     on_sampled: Callable | None = None,
     log: Callable[[str], None] | None = None,
     evaluator_name: str | None = None,
@@ -228,7 +202,7 @@ def bank_scoring(
         protocol,
         eval_batch_size=eval_batch_size,
         evaluator_name=evaluator_name,
-        parts_dir=parts_dir,
+        store=store,
         on_scored=bar.update,
         on_sampled=on_sampled,
         log=log,
@@ -264,7 +238,7 @@ def tune_coefficients(
     confidence: float = 0.95,
     eval_batch_size: int = 8,
     match: bool = True,
-    parts_dir: str | Path | None = None,
+    store: str | os.PathLike | RunStore | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     **evaluator_kwargs,
@@ -289,7 +263,8 @@ def tune_coefficients(
         eval_batch_size (`int`, defaults to 8): samples per evaluator forward pass.
         match (`bool`, defaults to `True`): set and store the diversity knob at which the kept choice runs at
             official's entropy.
-        parts_dir (*optional*): a folder for each scored bank run (resumable).
+        store (*optional*): a [`RunStore`] (or its folder) that keeps each scored bank run (a stopped tuning
+            resumes from it).
         progress (`bool`, defaults to `True`): a progress bar over the scored runs.
         log (*optional*): called with one line per sampled run.
 
@@ -327,7 +302,7 @@ def tune_coefficients(
         evaluator,
         protocol,
         eval_batch_size,
-        parts_dir,
+        store,
         log=log,
         **evaluator_kwargs,
     ) as scorer:
