@@ -39,7 +39,7 @@ from ..evaluation.statistics import (
     ratio_difference_intervals,
 )
 from .definitions import BASELINE
-from .records import SCORE_METRICS, RunRecord
+from .records import SCORE_METRICS, RunRecord, report_records
 
 
 # The run-record metrics that get a mean ± SE over seeds per (sampler, NFE).
@@ -464,7 +464,7 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
     results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
     if small_sample:
         results["interval_rule"] = dict(INTERVAL_RULE)
-    runs = [RunRecord.from_json(run, knob) for run in results["runs"]]
+    runs = report_records(results)
     results["aggregates"] = aggregate(
         [run for run in runs if run.is_main],
         num_resamples=num_resamples,
