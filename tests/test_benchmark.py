@@ -12,9 +12,10 @@ from untied_sc.generation.sampling import batch_seed, build_scheduler
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
+from untied_sc_lab.experiments.records import RunRecord
 
 from .conftest import elf_from_golden, langflow_from_golden
-from .tiny import tiny_evaluator, tiny_tokenizer
+from .tiny import scored_run, tiny_evaluator, tiny_tokenizer
 
 
 ZERO_STRENGTH = {"eta_r": 0.0, "eta_t": 0.0, "eta_o": 0.0, "alpha": 1.0}
@@ -147,19 +148,25 @@ def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_toge
     # the same ratio and the interval collapses onto 0.5.
     tokens = [[10.0, 30.0, 20.0], [25.0, 5.0, 15.0]]
 
-    def run(sampler, seed, temperature, ppl, entropy):
-        per_sample = {
-            "nll_sum": [n * math.log(ppl) for n in tokens[seed]],
-            "num_tokens": tokens[seed],
-            "entropy": [entropy] * 3,
-        }
-        record = {"sampler": sampler, "nfe": 8, "seed": seed, "temperature": temperature, "entropy": entropy}
-        return {**record, "per_sample": per_sample}
+    def run(sampler, seed, temperature, ppl, entropy, per_sample_entropy=True):
+        nll_sum = [n * math.log(ppl) for n in tokens[seed]]
+        sample_entropy = [entropy] * 3 if per_sample_entropy else None
+        return scored_run(
+            nll_sum,
+            tokens[seed],
+            sampler=sampler,
+            seed=seed,
+            value=temperature,
+            entropy=entropy,
+            sample_entropy=sample_entropy,
+        )
 
-    runs = [run("official", s, None, 400.0, 5.0) for s in (0, 1)] + [
-        run("official", s, 0.9, 100.0, 4.0) for s in (0, 1)
-    ]
-    runs += [run("untied", s, None, 100.0, 4.5) for s in (0, 1)]
+    def sweep_runs(per_sample_entropy=True):
+        runs = [run("official", s, None, 400.0, 5.0, per_sample_entropy) for s in (0, 1)]
+        runs += [run("official", s, 0.9, 100.0, 4.0, per_sample_entropy) for s in (0, 1)]
+        return runs + [run("untied", s, None, 100.0, 4.5, per_sample_entropy) for s in (0, 1)]
+
+    runs = sweep_runs()
     point = lambda t, default, ppl, e: {  # noqa: E731
         "temperature": t,
         "default": default,
@@ -173,8 +180,7 @@ def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_toge
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
     assert row["entropy_resampled"] and row["fraction_outside"] == 0.0
     # Records without per-sample entropies (some committed reports): the entropies are held, the interval computed.
-    for r in runs:
-        del r["per_sample"]["entropy"]
+    runs = sweep_runs(per_sample_entropy=False)
     row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5]) and row["entropy_resampled"] is False
 
@@ -185,27 +191,24 @@ def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
 
     def run(sampler, seed, temperature, ppl, entropy):
         noise = torch.randn(32, generator=generator, dtype=torch.float64) * 0.3
-        per_sample = {
-            "nll_sum": [10 * math.log(ppl) for _ in range(32)],
-            "num_tokens": [10.0] * 32,
-            "entropy": (entropy + noise).tolist(),
-        }
+        nll_sum = [10 * math.log(ppl) for _ in range(32)]
         mean = float(entropy + noise.mean())
-        return {
-            "sampler": sampler,
-            "nfe": 8,
-            "seed": seed,
-            "temperature": temperature,
-            "entropy": mean,
-            "per_sample": per_sample,
-        }
+        return scored_run(
+            nll_sum,
+            [10.0] * 32,
+            sampler=sampler,
+            seed=seed,
+            value=temperature,
+            entropy=mean,
+            sample_entropy=(entropy + noise).tolist(),
+        )
 
     runs = [
         run("official", 0, None, 400.0, 5.0),
         run("official", 0, 0.9, 100.0, 4.0),
         run("untied", 0, None, 300.0, 5.0),
     ]
-    by_entropy = {r["temperature"]: r["entropy"] for r in runs if r["sampler"] == "official"}
+    by_entropy = {r.value: r.scores.entropy for r in runs if r.sampler == "official"}
     curves = {
         "official": {
             "8": [
@@ -224,7 +227,7 @@ def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
             ]
         }
     }
-    candidate = runs[2]["entropy"]
+    candidate = runs[2].scores.entropy
     by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": candidate}, "gen_ppl": {"mean": 300.0}}}}
     row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=200)["untied"]["8"]
     assert row["fraction_outside"] > 0.025 and row["ratio_ci"] is None
@@ -236,7 +239,8 @@ def test_elf_intervals_resample_whole_batches(tmp_path, pipes, evaluator):
     results = sweep(pipes["elf"], evaluator, tmp_path)
     assert results["resampling_unit"]["unit"] == "batch"
     assert "resampling whole batches" in (tmp_path / "tiny.md").read_text()
-    runs = {(r["sampler"], r["seed"]): r for r in results["runs"]}
+    knob = results["diversity_knob"]
+    runs = {(r["sampler"], r["seed"]): RunRecord.from_json(r, knob) for r in results["runs"]}
     a, b = [runs["official", s] for s in (0, 1)], [runs["untied", s] for s in (0, 1)]
     ratio, interval = genppl_ratio_ci(a, b, [0, 0, 1, 1], num_resamples=50, generator=0)
     assert results["aggregates"]["paired"]["untied"]["8"]["gen_ppl_ratio_ci"] == list(interval)
@@ -315,12 +319,12 @@ def test_aggregates_are_computed_from_the_recorded_runs(pipes, evaluator):
     assert low <= high
     retained = [runs["untied", s]["samples_per_second"] / runs["official", s]["samples_per_second"] for s in (0, 1)]
     assert paired["retained_throughput"]["mean"] == pytest.approx(sum(retained) / 2)
-    again = aggregate(list(results["runs"]), num_resamples=50)
+    again = aggregate([RunRecord.from_json(r, results["diversity_knob"]) for r in results["runs"]], num_resamples=50)
     assert again["paired"]["untied"]["8"]["mean_delta"] == paired["mean_delta"]
 
 
 def test_genppl_ratio_of_identical_runs_is_one():
-    run = {"per_sample": {"nll_sum": [2.0, 3.0], "num_tokens": [2, 3]}}
+    run = scored_run([2.0, 3.0], [2, 3])
     ratio, interval = genppl_ratio_ci([run], [run], num_resamples=20)
     assert ratio == 1.0 and interval == (1.0, 1.0)
 

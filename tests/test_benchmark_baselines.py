@@ -587,7 +587,8 @@ def test_rescore_with_the_report_s_own_evaluator_gives_back_the_report(tiny_repo
     from untied_sc_lab.experiments.rescore import rescore_report
 
     first = json.loads(tiny_report.read_text())
-    again = rescore_report(tiny_report, evaluator, name="again", output_dir=tmp_path, num_resamples=50, progress=False)
+    scoring = ScoringSettings(evaluator, num_resamples=50)
+    again = rescore_report(tiny_report, scoring, name="again", output_dir=tmp_path, progress=False)
     written = json.loads((tmp_path / "again.json").read_text())
     for key in ("runs", "aggregates", "diversity_curves", "equal_entropy", "frontiers", "knob_tuning", "samplers"):
         assert _dumped(written[key]) == _dumped(first[key]), key

@@ -16,7 +16,10 @@ from untied_sc_lab.evaluation.statistics import (
     student_t_quantile,
 )
 from untied_sc_lab.experiments.aggregation import aggregate, analyse, genppl_ratio_ci, genppl_ratio_intervals
+from untied_sc_lab.experiments.records import RunRecord
 from untied_sc_lab.experiments.report import format_markdown
+
+from .tiny import scored_run
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small matrices: a second thread only contends
@@ -67,7 +70,7 @@ def test_log_ratio_t_interval_by_hand_with_equal_tokens():
 
 
 def test_identical_samplers_give_a_point_and_errors_are_explicit():
-    run = {"per_sample": {"nll_sum": [2.0, 3.0, 4.0, 1.0], "num_tokens": [2, 3, 4, 2]}}
+    run = scored_run([2.0, 3.0, 4.0, 1.0], [2, 3, 4, 2])
     same = genppl_ratio_intervals([run], [run], clusters=[0, 0, 1, 1], num_resamples=20)
     assert same.estimate == 1.0 and same.t_interval == (1.0, 1.0) and same.bootstrap_t_interval == (1.0, 1.0)
     with pytest.raises(ValueError, match="at least 2 clusters"):
@@ -92,12 +95,8 @@ def _clustered_runs(generator, seeds: int, per_seed: int, size: int, log_ratio: 
         noise_a, noise_b = torch.randn(2, n, generator=generator, dtype=torch.float64) * 0.2
         per_token_a = 5.0 + grid_a + noise_a
         per_token_b = 5.0 + log_ratio + grid_a + grid_b + noise_b
-        baseline.append(
-            {"per_sample": {"nll_sum": (tokens_a * per_token_a).tolist(), "num_tokens": tokens_a.tolist()}}
-        )
-        candidate.append(
-            {"per_sample": {"nll_sum": (tokens_b * per_token_b).tolist(), "num_tokens": tokens_b.tolist()}}
-        )
+        baseline.append(scored_run((tokens_a * per_token_a).tolist(), tokens_a.tolist()))
+        candidate.append(scored_run((tokens_b * per_token_b).tolist(), tokens_b.tolist()))
     return baseline, candidate
 
 
@@ -144,23 +143,10 @@ def _results(num_samples: int = 8, batch_size: int = 2) -> dict:
     runs = []
     for sampler, group in (("official", baseline), ("untied", candidate)):
         for seed, run in enumerate(group):
-            per_sample = dict(run["per_sample"])
-            per_sample["mean_nll"] = [
-                s / t for s, t in zip(per_sample["nll_sum"], per_sample["num_tokens"], strict=True)
-            ]
-            gen_ppl = math.exp(sum(per_sample["nll_sum"]) / sum(per_sample["num_tokens"]))
-            runs.append(
-                {
-                    "sampler": sampler,
-                    "nfe": 8,
-                    "seed": seed,
-                    "decode_temperature": None,
-                    "gen_ppl": gen_ppl,
-                    "entropy": 4.0,
-                    "samples_per_second": 1.0,
-                    "per_sample": per_sample,
-                }
-            )
+            nll_sum, num_tokens = run.scores.per_sample.nll_sum, run.scores.per_sample.num_tokens
+            gen_ppl = math.exp(sum(nll_sum) / sum(num_tokens))
+            record = scored_run(nll_sum, num_tokens, sampler=sampler, seed=seed, entropy=4.0, gen_ppl=gen_ppl)
+            runs.append(record.to_json("decode_temperature"))
     return {
         "model": "tiny",
         "pipeline_class": "ELFPipeline",
@@ -183,6 +169,10 @@ def _results(num_samples: int = 8, batch_size: int = 2) -> dict:
     }
 
 
+def _records(results: dict) -> list[RunRecord]:
+    return [RunRecord.from_json(run, results["diversity_knob"]) for run in results["runs"]]
+
+
 def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them():
     fresh = analyse(_results(), num_resamples=50)
     cell = fresh["aggregates"]["paired"]["untied"]["8"]
@@ -199,7 +189,7 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
     assert analyse(dict(fresh), num_resamples=50)["aggregates"] == fresh["aggregates"]
     # a report analysed before the intervals existed keeps its tables unless asked
     old = _results()
-    old["aggregates"] = aggregate(old["runs"], num_resamples=50)
+    old["aggregates"] = aggregate(_records(old), num_resamples=50)
     analyse(old, num_resamples=50)
     assert "interval_rule" not in old and "num_clusters" not in old["aggregates"]["paired"]["untied"]["8"]
     assert "independent time grids" not in format_markdown(old)
@@ -209,7 +199,7 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
 def test_a_single_cluster_has_no_small_sample_interval():
     results = analyse(_results(num_samples=2, batch_size=2) | {"seeds": [0]}, num_resamples=20)
     results["runs"] = [run for run in results["runs"] if run["seed"] == 0]
-    cell = aggregate(results["runs"], num_resamples=20, clusters=[0, 0], small_sample=True)["paired"]["untied"]["8"]
+    cell = aggregate(_records(results), num_resamples=20, clusters=[0, 0], small_sample=True)["paired"]["untied"]["8"]
     assert cell["num_clusters"] == 1 and cell["gen_ppl_ratio_t_ci"] is None and cell["interval_method"] is None
 
 

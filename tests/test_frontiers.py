@@ -8,6 +8,8 @@ import pytest
 from untied_sc_lab.evaluation.curves import RunSamples, frontier_ratio, monotone_cubic
 from untied_sc_lab.experiments.aggregation import frontier_comparison
 
+from .tiny import scored_run
+
 
 def run(ppl: float, entropy: float, n: int = 32, spread: float = 0.0) -> RunSamples:
     logs = [math.log(ppl) + (spread if i % 2 else -spread) for i in range(n)]
@@ -61,16 +63,18 @@ def test_noisy_pairs_widen_the_interval_and_every_frontier_point_is_resampled_al
 
 
 def _record(sampler, nfe, seed, value, ppl, entropy, n=8):
-    logs = [math.log(ppl)] * n
-    return {
-        "sampler": sampler,
-        "nfe": nfe,
-        "seed": seed,
-        "temperature": value,
-        "entropy": entropy,
-        "gen_ppl": ppl,
-        "per_sample": {"nll_sum": [10 * v for v in logs], "num_tokens": [10] * n, "entropy": [entropy] * n},
-    }
+    nll_sum = [10 * math.log(ppl)] * n
+    return scored_run(
+        nll_sum,
+        [10] * n,
+        sampler=sampler,
+        nfe=nfe,
+        seed=seed,
+        value=value,
+        entropy=entropy,
+        sample_entropy=[entropy] * n,
+        gen_ppl=ppl,
+    )
 
 
 def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head():
@@ -91,7 +95,7 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
         },
         "aggregates": {"paired": {"untied": {"8": {"gen_ppl_ratio": 0.59, "gen_ppl_ratio_ci": [0.5, 0.6]}}}},
     }
-    out = frontier_comparison(results, runs, "temperature", num_resamples=100)
+    out = frontier_comparison(results, runs, num_resamples=100)
     assert out["by_sampler"]["untied"]["8"]["ratio"] == pytest.approx(0.7, rel=1e-6)
     assert out["by_sampler"]["untied"]["8"]["raw_ratio"] == 0.59 and out["by_sampler"]["untied"]["8"]["points"] == 3
     assert out["by_sampler"]["HiGS"]["8"]["ratio"] == pytest.approx(0.9, rel=1e-6)
@@ -111,7 +115,7 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
         runs += [_record("untied", 8, seed, t, 100 * math.exp(t), 5.5 + t) for t in (0.9, 1.1)]
     samplers = {"official": {"scheduler": "official"}, "untied": {"scheduler": "untied"}}
     results = {"samplers": {**samplers, "Momentum": {"scheduler": "momentum"}}, "aggregates": {"paired": {}}}
-    out = frontier_comparison(results, runs, "temperature", num_resamples=50)
+    out = frontier_comparison(results, runs, num_resamples=50)
     assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
     assert out["by_sampler"]["Momentum"]["8"]["switched_off"] and not out["by_sampler"]["untied"]["8"]["switched_off"]
     assert out["by_sampler"]["untied"]["8"]["ratio"] is None and out["head_to_head"] == {"8": []}
@@ -119,8 +123,6 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
     lines = "\n".join(_frontier_lines({**report, "num_resamples": 50}))
     assert "- NFE 8: none: no other method has a reading at official's entropy" in lines
     # without a rival at all (only untied swept) there is no head-to-head paragraph
-    only = frontier_comparison(
-        {"samplers": samplers, "aggregates": {"paired": {}}}, runs, "temperature", num_resamples=50
-    )
+    only = frontier_comparison({"samplers": samplers, "aggregates": {"paired": {}}}, runs, num_resamples=50)
     alone = _frontier_lines({**report, "frontiers": only, "samplers": samplers, "num_resamples": 50})
     assert not any("Head to head" in line for line in alone)

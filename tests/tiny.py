@@ -72,3 +72,29 @@ def tiny_evaluator(seed: int = 0):
     tokenizer = tiny_tokenizer()
     tokenizer.pad_token = tokenizer.eos_token
     return tiny_llama(len(tokenizer), tokenizer.eos_token_id, seed), tokenizer
+
+
+def scored_run(
+    nll_sum,
+    num_tokens,
+    *,
+    sampler: str = "official",
+    nfe: int = 8,
+    seed: int = 0,
+    value: float | None = None,
+    mean_nll=None,
+    entropy: float | None = None,
+    sample_entropy=None,
+    gen_ppl: float | None = None,
+):
+    """A scored run record (`experiments/records.py`) with these per-sample columns and scores, the rest filled in
+    (per-token NLLs from the sums by default, the other scores `None`, one sample per second)."""
+    from untied_sc_lab.experiments.records import SCORE_METRICS, PerSample, RunRecord, RunScores
+
+    if mean_nll is None:
+        mean_nll = [nll / tokens for nll, tokens in zip(nll_sum, num_tokens, strict=True)]
+    count = len(nll_sum)
+    per_sample = PerSample(mean_nll, nll_sum, num_tokens, sample_entropy)
+    metrics = dict.fromkeys(SCORE_METRICS) | {"gen_ppl": gen_ppl, "entropy": entropy}
+    scores = RunScores(count, count, 1.0, metrics, sum(num_tokens), per_sample)
+    return RunRecord(sampler, nfe, seed, value, float(count), scores=scores)

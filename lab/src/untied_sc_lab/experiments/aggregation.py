@@ -39,7 +39,7 @@ from ..evaluation.statistics import (
     ratio_difference_intervals,
 )
 from .definitions import BASELINE
-from .records import SCORE_METRICS
+from .records import SCORE_METRICS, RunRecord, report_records
 
 
 # The run-record metrics that get a mean ± SE over seeds per (sampler, NFE).
@@ -72,14 +72,14 @@ def _nan_if_none(values) -> list[float]:
     return [float("nan") if v is None else float(v) for v in values]
 
 
-def run_clusters(runs: Sequence[dict], clusters: Sequence | None = None) -> tuple[list, list]:
+def run_clusters(runs: Sequence[RunRecord], clusters: Sequence | None = None) -> tuple[list, list]:
     """Cluster and stratum labels of the pooled samples of `runs` (one run per seed, in order): `(seed, cluster)` and
     the seed, `clusters` being the label of sample i within a seed ([`resampling_clusters`]; `None`: i itself)."""
     if clusters is None:
-        clusters = range(max(len(run["per_sample"]["nll_sum"]) for run in runs))
+        clusters = range(max(len(run.scores.per_sample) for run in runs))
     labels, strata = [], []
     for position, run in enumerate(runs):  # one run per seed
-        count = len(run["per_sample"]["nll_sum"])
+        count = len(run.scores.per_sample)
         if count > len(clusters):
             raise ValueError(f"A run holds {count} samples but only {len(clusters)} cluster labels were given.")
         labels += [(position, clusters[i]) for i in range(count)]
@@ -87,19 +87,19 @@ def run_clusters(runs: Sequence[dict], clusters: Sequence | None = None) -> tupl
     return labels, strata
 
 
-def paired_token_table(baseline_runs: Sequence[dict], candidate_runs: Sequence[dict]) -> torch.Tensor:
+def paired_token_table(baseline_runs: Sequence[RunRecord], candidate_runs: Sequence[RunRecord]) -> torch.Tensor:
     """(pairs, 4) float64 table of matched runs' per-sample sums: nll_a, tokens_a, nll_b, tokens_b (a the baseline),
     the pairs of all runs (one run per seed, same order) stacked."""
     columns = []
     for a, b in zip(baseline_runs, candidate_runs, strict=True):
-        pa, pb = a["per_sample"], b["per_sample"]
-        columns += list(zip(pa["nll_sum"], pa["num_tokens"], pb["nll_sum"], pb["num_tokens"], strict=True))
+        pa, pb = a.scores.per_sample, b.scores.per_sample
+        columns += list(zip(pa.nll_sum, pa.num_tokens, pb.nll_sum, pb.num_tokens, strict=True))
     return torch.tensor(columns, dtype=torch.float64)
 
 
 def genppl_ratio_ci(
-    baseline_runs: Sequence[dict],
-    candidate_runs: Sequence[dict],
+    baseline_runs: Sequence[RunRecord],
+    candidate_runs: Sequence[RunRecord],
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
@@ -125,8 +125,8 @@ def genppl_ratio_ci(
 
 
 def genppl_ratio_intervals(
-    baseline_runs: Sequence[dict],
-    candidate_runs: Sequence[dict],
+    baseline_runs: Sequence[RunRecord],
+    candidate_runs: Sequence[RunRecord],
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
@@ -191,7 +191,7 @@ def _small_sample_entry(
 
 
 def aggregate(
-    runs: Sequence[dict],
+    runs: Sequence[RunRecord],
     baseline: str = BASELINE,
     num_resamples: int = 1000,
     generator: int = 0,
@@ -211,10 +211,12 @@ def aggregate(
     by_sampler: dict = {}
     grouped: dict = {}
     for run in runs:
-        grouped.setdefault(run["sampler"], {}).setdefault(run["nfe"], {})[run["seed"]] = run
+        grouped.setdefault(run.sampler, {}).setdefault(run.nfe, {})[run.seed] = run
     for sampler, by_nfe in grouped.items():
         by_sampler[sampler] = {
-            str(nfe): {metric: _mean_se([r.get(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS}
+            str(nfe): {
+                metric: _mean_se([r.scores.metric(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS
+            }
             for nfe, seeds in sorted(by_nfe.items())
         }
     paired: dict = {}
@@ -228,15 +230,15 @@ def aggregate(
             a = [grouped[baseline][nfe][s] for s in common]
             b = [seeds[s] for s in common]
             labels, strata = run_clusters(a, clusters)
-            nll_a = [x for run in a for x in _nan_if_none(run["per_sample"]["mean_nll"])]
-            nll_b = [x for run in b for x in _nan_if_none(run["per_sample"]["mean_nll"])]
+            nll_a = [x for run in a for x in _nan_if_none(run.scores.per_sample.mean_nll)]
+            nll_b = [x for run in b for x in _nan_if_none(run.scores.per_sample.mean_nll)]
             comparison = paired_comparison(
                 nll_a, nll_b, num_resamples=num_resamples, generator=generator, clusters=labels, strata=strata
             )
             ratio, ratio_ci = genppl_ratio_ci(a, b, clusters, num_resamples=num_resamples, generator=generator)
-            per_seed_ratio = [rb["gen_ppl"] / ra["gen_ppl"] for ra, rb in zip(a, b, strict=True)]
+            per_seed_ratio = [rb.scores.gen_ppl / ra.scores.gen_ppl for ra, rb in zip(a, b, strict=True)]
             retained = [
-                retained_throughput(ra["samples_per_second"], rb["samples_per_second"])
+                retained_throughput(ra.scores.samples_per_second, rb.scores.samples_per_second)
                 for ra, rb in zip(a, b, strict=True)
             ]
             paired.setdefault(sampler, {})[str(nfe)] = {
@@ -265,7 +267,7 @@ def aggregate(
     return {"by_sampler": by_sampler, "paired": paired}
 
 
-def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = None) -> dict:
+def diversity_curves(runs: Sequence[RunRecord], knob: str, default: float | None = None) -> dict:
     """GenPPL and entropy (mean ± SE over seeds) per sampler, NFE and knob value, for samplers that were swept.
 
     The main runs (knob value `None`) join their sampler's curve at `default` (the knob's value in the main runs: T = 1,
@@ -274,7 +276,7 @@ def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = No
     """
     grouped: dict = {}
     for run in runs:
-        grouped.setdefault(run["sampler"], {}).setdefault(str(run["nfe"]), {}).setdefault(run[knob], []).append(run)
+        grouped.setdefault(run.sampler, {}).setdefault(str(run.nfe), {}).setdefault(run.value, []).append(run)
     curves: dict = {}
     for sampler, by_nfe in grouped.items():
         for nfe, by_value in by_nfe.items():
@@ -284,8 +286,8 @@ def diversity_curves(runs: Sequence[dict], knob: str, default: float | None = No
                 {
                     knob: default if value is None else value,
                     "default": value is None,
-                    "gen_ppl": _mean_se([r["gen_ppl"] for r in group]),
-                    "entropy": _mean_se([r["entropy"] for r in group]),
+                    "gen_ppl": _mean_se([r.scores.gen_ppl for r in group]),
+                    "entropy": _mean_se([r.scores.entropy for r in group]),
                 }
                 for value, group in by_value.items()
             ]
@@ -304,25 +306,21 @@ def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
     return gen_ppl_on_curve([p["entropy"]["mean"] for p in usable], [p["gen_ppl"]["mean"] for p in usable], entropy)
 
 
-def _run_samples(runs: Sequence[dict], sampler: str, nfe: str, knob: str, value) -> list[RunSamples]:
-    """Per-sample records of one sampler, NFE and knob value (`None`: main runs), by seed."""
+def _run_samples(runs: Sequence[RunRecord], sampler: str, nfe: str, value) -> list[RunSamples]:
+    """Per-sample records of one sampler, NFE and knob value (`None`: main runs), by seed (a run's per-sample
+    entropies `None` in reports that hold each run's mean entropy only)."""
     chosen = sorted(
-        (r for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] == value),
-        key=lambda r: r["seed"],
+        (r for r in runs if r.sampler == sampler and str(r.nfe) == nfe and r.value == value), key=lambda r: r.seed
     )
-    blocks = []
-    for run in chosen:
-        per_sample = run["per_sample"]
-        entropy = per_sample.get("entropy")  # absent from reports that hold each run's mean entropy only
-        blocks.append(RunSamples(per_sample["nll_sum"], per_sample["num_tokens"], entropy, run["entropy"]))
-    return blocks
+    columns = [(run.scores.per_sample, run.scores.entropy) for run in chosen]
+    return [RunSamples(each.nll_sum, each.num_tokens, each.entropy, entropy) for each, entropy in columns]
 
 
 def equal_entropy_comparison(
     by_sampler: dict,
     curves: dict,
     baseline: str = BASELINE,
-    runs: Sequence[dict] | None = None,
+    runs: Sequence[RunRecord] | None = None,
     knob: str = "temperature",
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
@@ -353,9 +351,9 @@ def equal_entropy_comparison(
                 "ratio": None if reference is None else ppl / reference,
                 "ratio_ci": None,
             }
-            candidate = [] if runs is None else _run_samples(runs, sampler, nfe, knob, None)
+            candidate = [] if runs is None else _run_samples(runs, sampler, nfe, None)
             if candidate:
-                points = [_run_samples(runs, baseline, nfe, knob, None if p["default"] else p[knob]) for p in curve]
+                points = [_run_samples(runs, baseline, nfe, None if p["default"] else p[knob]) for p in curve]
                 bootstrap = equal_entropy_ratio(
                     candidate,
                     points,
@@ -369,19 +367,16 @@ def equal_entropy_comparison(
     return out
 
 
-def _frontier(runs: Sequence[dict], sampler: str, nfe: str, knob: str) -> list[list[RunSamples]]:
+def _frontier(runs: Sequence[RunRecord], sampler: str, nfe: str) -> list[list[RunSamples]]:
     """A sampler's frontier at one NFE: its main runs and each swept value's runs (by seed), main first."""
-    values = sorted(
-        {r[knob] for r in runs if r["sampler"] == sampler and str(r["nfe"]) == nfe and r[knob] is not None}
-    )
-    points = [_run_samples(runs, sampler, nfe, knob, value) for value in [None, *values]]
+    values = sorted({r.value for r in runs if r.sampler == sampler and str(r.nfe) == nfe and not r.is_main})
+    points = [_run_samples(runs, sampler, nfe, value) for value in [None, *values]]
     return [point for point in points if point]
 
 
 def frontier_comparison(
     results: dict,
-    runs: Sequence[dict],
-    knob: str,
+    runs: Sequence[RunRecord],
     baseline: str = BASELINE,
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
@@ -400,17 +395,17 @@ def frontier_comparison(
     """
     samplers = results.get("samplers") or {}
     paired = results.get("aggregates", {}).get("paired", {})
-    nfes = sorted({str(r["nfe"]) for r in runs if r["sampler"] != baseline and r[knob] is not None}, key=int)
+    nfes = sorted({str(r.nfe) for r in runs if r.sampler != baseline and not r.is_main}, key=int)
     by_sampler: dict = {}
     head_to_head: dict = {}
     options = {"clusters": clusters, "num_resamples": num_resamples, "confidence": confidence, "generator": 0}
     for nfe in nfes:
-        reference = _run_samples(runs, baseline, nfe, knob, None)
+        reference = _run_samples(runs, baseline, nfe, None)
         if not reference:
             continue
         frontiers = {}
         for sampler in samplers:
-            frontier = _frontier(runs, sampler, nfe, knob)
+            frontier = _frontier(runs, sampler, nfe)
             if sampler == baseline or len(frontier) < 2:
                 continue
             frontiers[sampler] = frontier
@@ -469,9 +464,9 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
     results["resampling_unit"] = {"unit": unit, "why": why, "stratified_by": "seed"}
     if small_sample:
         results["interval_rule"] = dict(INTERVAL_RULE)
-    runs = results["runs"]
+    runs = report_records(results)
     results["aggregates"] = aggregate(
-        [run for run in runs if run[knob] is None],
+        [run for run in runs if run.is_main],
         num_resamples=num_resamples,
         clusters=clusters,
         small_sample=small_sample,
@@ -487,7 +482,7 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
         num_resamples=num_resamples,
     )
     frontiers = frontier_comparison(
-        results, runs, knob, results.get("baseline", BASELINE), clusters, num_resamples=num_resamples
+        results, runs, results.get("baseline", BASELINE), clusters, num_resamples=num_resamples
     )
     if frontiers["by_sampler"]:  # only sweeps that swept more than the baseline (other reports hold no frontiers)
         results["frontiers"] = frontiers

@@ -22,15 +22,18 @@ def _rescore(args, name: str) -> dict:
     """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
     from .report import format_markdown
     from .rescore import rescore_report
+    from .sweep_settings import ScoringSettings
 
     results = rescore_report(
         args.rescore,
-        evaluator=args.evaluator,
+        ScoringSettings(
+            evaluator=args.evaluator,
+            eval_batch_size=args.eval_batch_size,
+            max_length=args.max_length,
+            num_resamples=args.num_resamples,
+        ),
         name=name,
         output_dir=args.output_dir,
-        num_resamples=args.num_resamples,
-        eval_batch_size=args.eval_batch_size,
-        max_length=args.max_length,
         command=benchmark_command_line(args),
         progress=not args.no_progress,
         cache_dir=args.cache_dir,

@@ -27,6 +27,7 @@ def check_report_headline(
     """
     from ..evaluation.io import group_runs, samples_key
     from .rescore import HEADLINE_TOLERANCE, compare_headlines, reports_of_samples, rescore_report
+    from .sweep_settings import ScoringSettings
 
     reports = reports_of_samples(args.samples)
     if not reports:
@@ -41,11 +42,13 @@ def check_report_headline(
     try:
         computed = rescore_report(
             source,
-            evaluator=evaluator,
+            ScoringSettings(
+                evaluator=evaluator,
+                eval_batch_size=args.eval_batch_size,
+                max_length=args.max_length,
+                num_resamples=args.num_resamples,
+            ),
             evaluator_name=args.evaluator,
-            num_resamples=args.num_resamples,
-            eval_batch_size=args.eval_batch_size,
-            max_length=args.max_length,
             progress=False,
             scored=scored,
         )

@@ -222,3 +222,8 @@ class RunRecord:
             "num_tokens": scores.num_tokens,
             "per_sample": scores.per_sample.to_json(),
         }
+
+
+def report_records(report: Mapping) -> list[RunRecord]:
+    """A report's runs as [`RunRecord`]s, in the report's order (its `diversity_knob` names the knob)."""
+    return [RunRecord.from_json(run, report["diversity_knob"]) for run in report["runs"]]

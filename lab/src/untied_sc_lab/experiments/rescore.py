@@ -15,16 +15,18 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
 from ..runs.store import RUN_SETTINGS
+from .records import report_records
 from .report import write_results
 from .report_import import read_report_runs
 from .sweep import score_sweep
 from .sweep_parts import GENERATION_FORMAT
-from .sweep_settings import ScoringSettings
+from .sweep_settings import DEFAULT_SCORING, ScoringSettings
 
 
 # Kept where a report has them (some committed reports lack them).
@@ -59,26 +61,25 @@ def report_generation(report: dict, run_samples: Sequence[Sequence], path: str |
         )
     knob = report["diversity_knob"]
     runs = [
-        {key: record[key] for key in ("sampler", "nfe", "seed", "seconds")} | {knob: record.get(knob), "samples": run}
-        for record, run in zip(report["runs"], run_samples, strict=True)
+        replace(record, samples=samples, scores=None)
+        for record, samples in zip(report_records(report), run_samples, strict=True)
     ]
     return {
         "format": GENERATION_FORMAT,
         **{key: report[key] for key in GENERATION_SETTINGS},
         **{key: report[key] for key in OPTIONAL_SETTINGS if key in report},
-        "seconds": report.get("sampling_seconds", sum(run["seconds"] for run in runs)),
-        "runs": runs,
+        "seconds": report.get("sampling_seconds", sum(run.seconds for run in runs)),
+        "runs": [run.to_sampled(knob) for run in runs],
     }
+
 
 
 def rescore_report(
     report_path: str | os.PathLike,
-    evaluator="smollm2-135m",
+    scoring: ScoringSettings = DEFAULT_SCORING,
+    *,
     name: str | None = None,
     output_dir: str | os.PathLike | None = None,
-    num_resamples: int = 1000,
-    eval_batch_size: int | None = None,
-    max_length: int | None = None,
     command: str | None = None,
     progress: bool = True,
     evaluator_name: str | None = None,
@@ -87,19 +88,20 @@ def rescore_report(
     **evaluator_kwargs,
 ) -> dict:
     """
-    Scores every run of a benchmark report again under `evaluator` and analyses them as [`score_sweep`] does, with
-    the [`evaluator_control`] against the first report.
+    Scores every run of a benchmark report again under `scoring`'s evaluator and analyses them as [`score_sweep`]
+    does, with the [`evaluator_control`] against the first report.
 
     Args:
         report_path: the first report, `<model>.json`, its samples file beside it.
-        evaluator, evaluator_name, eval_batch_size, max_length, num_resamples, progress, **evaluator_kwargs: as in
-            [`score_sweep`] (the protocol is the first report's).
+        scoring ([`ScoringSettings`]): the second evaluator, scoring batch size, maximum length and bootstrap; the
+            protocol is the first report's (a scoring that names another is refused).
+        evaluator_name, progress, **evaluator_kwargs: as in [`score_sweep`].
         name (`str`, *optional*): the new report's file stem and model name (default `<model>-<evaluator's short
             name>`, [`rescored_report_name`]).
         output_dir (`str` or `os.PathLike`, *optional*): where `<name>.json`, `.md` and `.png` go (no samples file:
             `samples_file` names the first report's, relative to `output_dir`); nothing is written when `None`.
         command (`str`, *optional*): the command that rescored (default: this process's argv).
-        scored (`dict`, *optional*): runs already scored with `evaluator`, as [`score_sweep`] takes them.
+        scored (`dict`, *optional*): runs already scored with the evaluator, as [`score_sweep`] takes them.
         store (`str`, `os.PathLike` or [`RunStore`], *optional*): a store folder that keeps every run scored here,
             so that a stopped rescoring resumes ([`score_sweep`]).
 
@@ -109,9 +111,14 @@ def rescore_report(
     """
     report_path = Path(report_path)
     first, run_samples = read_report_runs(report_path, "--rescore")
+    if scoring.protocol not in (None, first["protocol"]):
+        raise ValueError(
+            f"--rescore: {report_path} was scored under the {first['protocol']} protocol, not {scoring.protocol}: a "
+            "rescoring keeps the first report's protocol."
+        )
     generation = report_generation(first, run_samples, report_path)
-    if isinstance(evaluator, (str, os.PathLike)):
-        evaluator_name = str(evaluator)
+    if isinstance(scoring.evaluator, (str, os.PathLike)):
+        evaluator_name = str(scoring.evaluator)
     generation["model"] = name or rescored_report_name(first["model"], evaluator_name or "evaluator")
     if output_dir is not None and report_paths(output_dir, generation["model"])["json"].resolve() == (
         report_path.resolve()
@@ -119,7 +126,7 @@ def rescore_report(
         raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")
     results = score_sweep(
         generation,
-        ScoringSettings(evaluator, first["protocol"], eval_batch_size, max_length, num_resamples),
+        replace(scoring, protocol=first["protocol"]),
         command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         progress=progress,
         main_only=first.get("main_only", False),
@@ -228,8 +235,8 @@ def _nll_correlation(first: dict, second: dict) -> dict:
     samples of another (a comparison sampler at its neutral knob runs as official) has the same scores under both
     evaluators as that one: it is counted once."""
     seen, a, b = set(), [], []
-    for mine, theirs in zip(first["runs"], second["runs"], strict=True):
-        x, y = mine["per_sample"]["mean_nll"], theirs["per_sample"]["mean_nll"]
+    for mine, theirs in zip(report_records(first), report_records(second), strict=True):
+        x, y = mine.scores.per_sample.mean_nll, theirs.scores.per_sample.mean_nll
         key = json.dumps([x, y])
         if key in seen:
             continue
