@@ -15,19 +15,23 @@ import pytest
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.calibration.ace import estimate_ace_direction
-from untied_sc.cli import main
+from untied_sc.cli import build_parser, main
+from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE, TUNE_NUM_SAMPLES, TUNE_SEED
 from untied_sc.generation.sampling import build_scheduler, knobs_at
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
-from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
+from untied_sc_lab.experiments import ScoringSettings, SweepSettings, TuningSettings, run_sweep
 from untied_sc_lab.experiments.baseline_generation import (
     CANDIDATES_KEY,
     generate_baseline_candidates,
     score_baseline_candidates,
 )
 from untied_sc_lab.experiments.baselines import tune_baselines
+from untied_sc_lab.experiments.benchmark_cli import _tuning_settings
+from untied_sc_lab.experiments.benchmark_options import TUNING_DEFAULTS
 from untied_sc_lab.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
 from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep
+from untied_sc_lab.experiments.sweep_settings import DEFAULT_TUNING
 from untied_sc_lab.runs.store import RunStore
 from untied_sc_lab.tuning import search
 from untied_sc_lab.tuning.baseline_knobs import is_neutral, neutral_knobs
@@ -37,7 +41,7 @@ from .conftest import elf_from_golden, langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
 
 
-TUNING = {"tune_num_samples": 4, "budget": 2, "progress": False}
+TUNING = TuningSettings(num_samples=4, budget=2)
 TINY = SweepSettings(nfe=[8], seeds=[0, 1], num_samples=4, batch_size=2)
 BASELINES = replace(TINY, samplers=experiment_samplers("baselines"))
 
@@ -92,7 +96,7 @@ def test_missing_ace_statistics_fail_up_front_with_the_command_that_estimates_th
     bare.transformer.register_forward_hook(lambda *args: calls.append(1))
     samplers = experiment_samplers("baselines")
     with pytest.raises(ValueError, match=r"'ACE', 'HiGS \+ ACE' need ACE's .*`untied-sc ace my-pipe`"):
-        tune_baselines(bare, replace(TINY, samplers=samplers), evaluator=evaluator, source="my-pipe", **TUNING)
+        tune_baselines(bare, replace(TINY, samplers=samplers), evaluator, TUNING, source="my-pipe", progress=False)
     with pytest.raises(ValueError, match="untied-sc ace PIPELINE_DIR"):
         run_sweep(
             bare, replace(TINY, samplers={"official": {}, "ACE": {"scheduler": "ace"}}), ScoringSettings(evaluator)
@@ -112,9 +116,11 @@ def test_seeds_are_checked_before_tuning(pipes, evaluator):
         legacy.register_to_config(seed_space="benchmark", seed=3000)
         pipe.register_modules(ace_statistics=legacy)
         with pytest.raises(ValueError, match=r"Seeds \[3000\] drew the trajectories ACE's direction"):
-            tune_baselines(pipe, replace(TINY, samplers=samplers, seeds=[0, 3000]), evaluator=evaluator, **TUNING)
+            leaked = replace(TINY, samplers=samplers, seeds=[0, 3000])
+            tune_baselines(pipe, leaked, evaluator, TUNING, progress=False)
         with pytest.raises(ValueError, match="--tune-seed must lie in"):
-            tune_baselines(pipe, replace(TINY, samplers=samplers), evaluator=evaluator, tune_seed=-1, **TUNING)
+            negative = replace(TUNING, seed=-1)
+            tune_baselines(pipe, replace(TINY, samplers=samplers), evaluator, negative, progress=False)
     finally:
         pipe.register_modules(ace_statistics=original)
         hook.remove()
@@ -127,7 +133,7 @@ FRONTIER = {"langflow": [0.8, 1.2], "elf": [0.5, 1.0]}
 def _tiny_baselines_report(pipe, family, evaluator, folder, command) -> dict:
     """The baselines experiment on a tiny pipeline: every comparison sampler tuned on the bank, then every sampler
     swept on its own frontier, written to `folder` as `tiny.*`."""
-    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator, TUNING, progress=False)
     return run_sweep(
         pipe,
         replace(TINY, samplers=samplers, diversity_values=FRONTIER[family], diversity_samplers=list(samplers)),
@@ -337,9 +343,9 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
         monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
     pipe = pipes[family]
     scoring = ScoringSettings(evaluator, num_resamples=50)
-    samplers, record = tune_baselines(pipe, BASELINES, evaluator=evaluator, **TUNING)
+    samplers, record = tune_baselines(pipe, BASELINES, evaluator, TUNING, progress=False)
     one = run_sweep(pipe, replace(TINY, samplers=samplers), scoring, knob_tuning=record, name="one", progress=False)
-    generation = generate_baseline_candidates(pipe, BASELINES, evaluator=evaluator, name="two", **TUNING)
+    generation = generate_baseline_candidates(pipe, BASELINES, TUNING, evaluator=evaluator, name="two", progress=False)
     store_sweep(RunStore(tmp_path / "store"), generation)  # through a run store, as between two machines
     two = score_baseline_candidates(read_stored_sweeps(RunStore(tmp_path / "store")), scoring, progress=False)
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
@@ -370,11 +376,11 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
             pipe, num_trajectories=6, num_inference_steps=4, batch_size=3, progress=False
         )
     )
-    options = {**TUNING, "evaluator": evaluator, "name": "m"}
+    options = {"evaluator": evaluator, "name": "m", "progress": False}
     settings = replace(BASELINES, seeds=[0])
-    whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), **options)
+    whole = generate_baseline_candidates(pipe, replace(settings, nfe=[4, 8]), TUNING, **options)
     store = RunStore(tmp_path / "store")
-    parts = [generate_baseline_candidates(pipe, replace(settings, nfe=[n]), **options) for n in (8, 4)]
+    parts = [generate_baseline_candidates(pipe, replace(settings, nfe=[n]), TUNING, **options) for n in (8, 4)]
     for part in parts:
         store_sweep(store, part)
     merged = read_stored_sweeps(store)
@@ -438,15 +444,35 @@ def test_the_bank_is_named_by_the_evaluator_name_given_so_tune_and_benchmark_sha
     tune_baselines(
         pipes["langflow"],
         settings,
-        tune_num_samples=2,
-        budget=2,
-        evaluator=evaluator,
+        evaluator,
+        TuningSettings(num_samples=2, budget=2),
         progress=False,
         store=tmp_path / "store",
         evaluator_name="smollm2-135m",
     )
     assert {key.evaluator for key, _ in RunStore(tmp_path / "store").bank_runs()} == {"smollm2-135m"}
     assert getattr(evaluator[0], "name_or_path", None) != "smollm2-135m"
+
+
+def test_the_tuning_settings_are_one_record_with_the_defaults_of_tune_and_the_benchmark():
+    defaults = (TUNE_SEED, TUNE_NUM_SAMPLES, TUNE_BUDGET, TUNE_CONFIDENCE, None, EXTRAPOLATE)
+    assert DEFAULT_TUNING == TuningSettings(*defaults)
+    assert (TUNE_NUM_SAMPLES, TUNE_CONFIDENCE) == (64, 0.95)
+    tune = build_parser().parse_args(["tune", "PIPE", "--nfe", "8"])
+    assert (tune.seed, tune.num_samples, tune.budget, tune.confidence, tune.extrapolate) == (
+        DEFAULT_TUNING.seed,
+        DEFAULT_TUNING.num_samples,
+        DEFAULT_TUNING.budget,
+        DEFAULT_TUNING.confidence,
+        DEFAULT_TUNING.extrapolate,
+    )
+    # the benchmark's options fill in the same defaults, and its one record carries what was given
+    args = build_parser().parse_args(["benchmark", "PIPE", "--experiment", "baselines", "--tune-budget", "3"])
+    for key, default in TUNING_DEFAULTS.items():
+        setattr(args, key, default if getattr(args, key) is None else getattr(args, key))
+    assert _tuning_settings(args) == replace(DEFAULT_TUNING, budget=3)
+    args.tune_seed, args.tune_num_samples, args.confidence = 5, 8, 0.9
+    assert _tuning_settings(args) == TuningSettings(seed=5, num_samples=8, budget=3, confidence=0.9)
 
 
 # ---- `benchmark --rescore`: a report's samples under a second evaluator -------------------------------------------

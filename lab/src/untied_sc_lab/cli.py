@@ -15,14 +15,7 @@ from untied_sc.cli import (
     save_calibration,
     statistics_push_folder,
 )
-from untied_sc.defaults import (
-    CURVE_VALUES,
-    EVALUATOR_DTYPE_NAMES,
-    EXTRAPOLATE,
-    SMOLLM2_NAME,
-    TUNE_BUDGET,
-    TUNE_SEED,
-)
+from untied_sc.defaults import CURVE_VALUES, EVALUATOR_DTYPE_NAMES, SMOLLM2_NAME
 from untied_sc.input_checks import refuse_replacing_tuning
 
 from .diagnostics.cli import register_diagnose_command
@@ -33,6 +26,7 @@ from .experiments.cli import (
     register_benchmark_command,
     register_evaluate_command,
 )
+from .experiments.sweep_settings import DEFAULT_TUNING
 from .judge.cli import register_judge_command
 from .training.cli import FAMILIES as TRAINED_FAMILIES
 
@@ -130,17 +124,22 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     )
     tune.add_argument("pipeline", help="Calibrated pipeline folder (or Hub repo id).")
     tune.add_argument("--nfe", type=int, nargs="+", required=True, help="NFEs to tune (calibrated ones).")
-    tune.add_argument("--num-samples", type=int, default=64, help="Samples in the tuning bank.")
+    tune.add_argument(
+        "--num-samples", type=int, default=DEFAULT_TUNING.num_samples, help="Samples in the tuning bank."
+    )
     tune.add_argument(
         "--seed",
         type=int,
-        default=TUNE_SEED,
+        default=DEFAULT_TUNING.seed,
         help="Seed of the bank, in the tuning seed space (no benchmark seed draws it).",
     )
     tune.add_argument("--batch-size", type=int, default=32, help="Samples per pipeline call.")
     tune.add_argument("--evaluator", default=SMOLLM2_NAME, help=EVALUATOR_HELP)
     tune.add_argument(
-        "--budget", type=int, default=TUNE_BUDGET, help="Scored candidates per NFE (the same for every sampler)."
+        "--budget",
+        type=int,
+        default=DEFAULT_TUNING.budget,
+        help="Scored candidates per NFE (the same for every sampler).",
     )
     tune.add_argument(
         "--temperatures",
@@ -153,13 +152,13 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     tune.add_argument(
         "--extrapolate",
         type=float,
-        default=EXTRAPOLATE,
+        default=DEFAULT_TUNING.extrapolate,
         help="Nats beyond official's curve a candidate's entropy may lie and still be read (on the end's tangent).",
     )
     tune.add_argument(
         "--confidence",
         type=float,
-        default=0.95,
+        default=DEFAULT_TUNING.confidence,
         help="Level of the equal-entropy GenPPL ratio's interval vs official that must lie below 1 for the untied "
         "sampler to be kept.",
     )

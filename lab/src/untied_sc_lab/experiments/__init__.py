@@ -16,6 +16,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".stored_sweeps": ("read_stored_sweeps", "store_sweep"),
         ".sweep": ("generate_sweep", "run_sweep", "score_sweep"),
         ".sweep_parts": ("merge_generations",),
-        ".sweep_settings": ("ScoringSettings", "SweepSettings"),
+        ".sweep_settings": ("ScoringSettings", "SweepSettings", "TuningSettings"),
     },
 )

@@ -13,12 +13,11 @@ its retained throughput reads exactly 1.
 """
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from untied_sc.families import default_protocol
 from untied_sc.generation import diversity_knob, family_of, knobs_at, resampling_clusters, run_samples
 from untied_sc.schedulers import COMPARISON_METHODS
@@ -33,7 +32,7 @@ from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tu
 from .definitions import BASELINE, normalise_samplers
 from .sweep import generate_sweep, place_pipeline, score_sweep
 from .sweep_parts import CANDIDATES_KEY
-from .sweep_settings import DEFAULT_SCORING, ScoringSettings, SweepSettings
+from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, SweepSettings, TuningSettings
 
 
 BANK_PREFIX = "tuning bank: "
@@ -57,11 +56,8 @@ def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
 def generate_baseline_candidates(
     pipe,
     settings: SweepSettings,
+    tuning: TuningSettings = DEFAULT_TUNING,
     *,
-    tune_seed: int = TUNE_SEED,
-    tune_num_samples: int = 64,
-    budget: int = TUNE_BUDGET,
-    confidence: float = 0.95,
     progress: bool = True,
     state=None,
     source: str = "PIPELINE_DIR",
@@ -69,8 +65,6 @@ def generate_baseline_candidates(
     protocol: str | None = None,
     eval_batch_size: int = 8,
     evaluator_name: str | None = None,
-    curve_values: Sequence[float] | None = None,
-    extrapolate: float = EXTRAPOLATE,
     log: Callable[[str], None] | None = None,
     name: str | None = None,
     command: str | None = None,
@@ -88,8 +82,7 @@ def generate_baseline_candidates(
     Args:
         pipe: the loaded pipeline.
         settings ([`SweepSettings`]): the benchmark sweep, its `samplers` the `baselines` sampler set.
-        tune_seed, tune_num_samples, budget, confidence, curve_values, extrapolate: the tuning's (as
-            [`tune_baselines`]).
+        tuning ([`TuningSettings`], defaults to `DEFAULT_TUNING`): the bank and the rule (as [`tune_baselines`]).
         progress (`bool`): progress bars.
         state: a [`untied_sc.distributed.process_state`] (several processes), or `None`.
         source (`str`): the pipeline as the user named it (for the commands errors suggest).
@@ -112,9 +105,9 @@ def generate_baseline_candidates(
         )
     samplers = normalise_samplers(settings.samplers)
     nfe, batch_size = settings.nfe, settings.batch_size
-    tune_seed = check_seed(tune_seed, "--tune-seed")
-    if tune_num_samples < 2:
-        raise ValueError(f"The tuning bank needs at least 2 samples, got {tune_num_samples}.")
+    tune_seed = check_seed(tuning.seed, "--tune-seed")
+    if tuning.num_samples < 2:
+        raise ValueError(f"The tuning bank needs at least 2 samples, got {tuning.num_samples}.")
     place_pipeline(pipe, state, device)  # the bank is sampled before generate_sweep places it
     knob = diversity_knob(family_of(pipe))
     loaded, loaded_name = scoring_evaluator(evaluator)
@@ -133,7 +126,7 @@ def generate_baseline_candidates(
                 "bank_key": bank_key(n, spec, call_kwargs),
                 "spec": dict(spec),
                 "call": dict(call_kwargs),
-                "num_samples": tune_num_samples,
+                "num_samples": tuning.num_samples,
                 "seconds": 0.0,
                 "samples": samples,
             }
@@ -143,16 +136,11 @@ def generate_baseline_candidates(
         pipe,
         replace(settings, samplers=samplers),
         loaded,
-        tune_seed=tune_seed,
-        tune_num_samples=tune_num_samples,
-        budget=budget,
-        confidence=confidence,
+        tuning,
         eval_batch_size=eval_batch_size,
         protocol=protocol,
         progress=progress,
         source=source,
-        curve_values=curve_values,
-        extrapolate=extrapolate,
         on_sampled=keep,
         evaluator_name=evaluator_name,
         log=log,
@@ -163,12 +151,12 @@ def generate_baseline_candidates(
         "bank": {
             "seed": tune_seed,
             "seed_space": "tuning",
-            "num_samples": tune_num_samples,
+            "num_samples": tuning.num_samples,
             "batch_size": batch_size,
-            "budget": budget,
-            "confidence": confidence,
-            "curve_values": None if curve_values is None else list(curve_values),
-            "extrapolate": extrapolate,
+            "budget": tuning.budget,
+            "confidence": tuning.confidence,
+            "curve_values": None if tuning.curve_values is None else list(tuning.curve_values),
+            "extrapolate": tuning.extrapolate,
         },
         "untied": {
             name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"

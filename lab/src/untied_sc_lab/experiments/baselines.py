@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
 from untied_sc.families import default_protocol
 from untied_sc.generation import KNOBS_KEY, check_ace_statistics, check_runs, refuse_leaked_seeds
 from untied_sc.per_nfe import write_steps_table
@@ -22,7 +21,7 @@ from untied_sc.seeds import check_seed
 from ..tuning.baseline_knobs import knob_record, tune_knobs
 from ..tuning.tune import scoring_evaluator
 from .definitions import normalise_samplers
-from .sweep_settings import SweepSettings
+from .sweep_settings import DEFAULT_TUNING, SweepSettings, TuningSettings
 
 
 def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
@@ -92,16 +91,12 @@ def tune_baselines(
     pipe,
     settings: SweepSettings,
     evaluator,
-    tune_seed: int = TUNE_SEED,
-    tune_num_samples: int = 64,
-    budget: int = TUNE_BUDGET,
-    confidence: float = 0.95,
+    tuning: TuningSettings = DEFAULT_TUNING,
+    *,
     eval_batch_size: int = 8,
     protocol: str | None = None,
     progress: bool = True,
     source: str = "PIPELINE_DIR",
-    curve_values: Sequence[float] | None = None,
-    extrapolate: float = EXTRAPOLATE,
     store=None,
     on_sampled=None,
     evaluator_name: str | None = None,
@@ -122,11 +117,9 @@ def tune_baselines(
             ([`experiment_samplers`]`("baselines")`); the bank uses its `batch_size` too (an ELF batch shares one time
             grid).
         evaluator: an evaluator name or a loaded `(model, tokenizer)` pair.
-        tune_seed (`int`, defaults to `TUNE_SEED`): seed of the tuning bank in the tuning seed space (`untied-sc
-            tune`'s default bank).
-        tune_num_samples (`int`, defaults to 64): samples in the tuning bank.
-        budget, confidence, eval_batch_size, protocol, curve_values, extrapolate, store: as in
-            [`tune_coefficients`].
+        tuning ([`TuningSettings`], defaults to `DEFAULT_TUNING`): the bank (its seed, in the tuning seed space, and
+            size) and the rule's budget, confidence, official's curve and extrapolation (`untied-sc tune`'s defaults).
+        eval_batch_size, protocol, store: as in [`tune_coefficients`].
         progress (`bool`, defaults to `True`): a progress bar over the tuning runs.
         source (`str`): the pipeline as the user named it (for the commands the errors suggest).
         on_sampled (*optional*): sees every sampled bank run ([`BankScorer`]).
@@ -141,7 +134,7 @@ def tune_baselines(
     samplers = normalise_samplers(settings.samplers)
     nfe, batch_size = settings.nfe, settings.batch_size
     refuse_leaked_seeds(settings.seeds, pipe)
-    tune_seed = check_seed(tune_seed, "--tune-seed")  # its bank lies in the tuning seed space: never a benchmark batch
+    tune_seed = check_seed(tuning.seed, "--tune-seed")  # the bank lies in the tuning seed space: no benchmark batch
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
 
@@ -152,15 +145,15 @@ def tune_baselines(
         pipe,
         list(dict.fromkeys(methods.values())),
         nfe,
-        num_samples=tune_num_samples,
+        num_samples=tuning.num_samples,
         seed=tune_seed,
         batch_size=batch_size,
         evaluator=evaluator,
         protocol=protocol,
-        budget=budget,
-        curve_values=curve_values,
-        extrapolate=extrapolate,
-        confidence=confidence,
+        budget=tuning.budget,
+        curve_values=tuning.curve_values,
+        extrapolate=tuning.extrapolate,
+        confidence=tuning.confidence,
         eval_batch_size=eval_batch_size,
         progress=progress,
         store=store,
@@ -171,12 +164,12 @@ def tune_baselines(
     bank = {
         "seed": tune_seed,
         "seed_space": "tuning",
-        "num_samples": tune_num_samples,
+        "num_samples": tuning.num_samples,
         "batch_size": batch_size,
         "evaluator": evaluator_name,
         "protocol": protocol or default_protocol(pipe.family),
-        "budget": budget,
-        "confidence": confidence,
+        "budget": tuning.budget,
+        "confidence": tuning.confidence,
     }
     untied = {
         name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"

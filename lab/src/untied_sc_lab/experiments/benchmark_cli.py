@@ -113,11 +113,8 @@ def _tune_baselines(args, settings, state, store):
     samplers, record = tune_baselines(
         pipe,
         settings,
-        evaluator=evaluator,
-        tune_seed=args.tune_seed,
-        tune_num_samples=args.tune_num_samples,
-        budget=args.tune_budget,
-        confidence=args.confidence,
+        evaluator,
+        _tuning_settings(args),
         eval_batch_size=args.eval_batch_size,
         protocol=args.protocol,
         progress=not args.no_progress,
@@ -128,6 +125,16 @@ def _tune_baselines(args, settings, state, store):
     )
     record["evaluator"] = args.evaluator
     return pipe, replace(settings, samplers=samplers), record
+
+
+def _tuning_settings(args):
+    """The knob tuning of `--experiment baselines` as the options give it ([`TuningSettings`]; their defaults are set
+    by [`check_sweep_arguments`])."""
+    from .sweep_settings import TuningSettings
+
+    return TuningSettings(
+        seed=args.tune_seed, num_samples=args.tune_num_samples, budget=args.tune_budget, confidence=args.confidence
+    )
 
 
 def _tuning_log(args):
@@ -165,14 +172,11 @@ def _generate_baseline_candidates(args, settings, run: dict) -> dict:
     return generate_baseline_candidates(
         pipe,
         _default_frontier(settings, pipe),
+        _tuning_settings(args),
         evaluator=_load_evaluator(args),
         evaluator_name=args.evaluator,
         protocol=args.protocol,
         eval_batch_size=args.eval_batch_size,
-        tune_seed=args.tune_seed,
-        tune_num_samples=args.tune_num_samples,
-        budget=args.tune_budget,
-        confidence=args.confidence,
         log=_tuning_log(args),
         source=args.pipeline,
         **run,

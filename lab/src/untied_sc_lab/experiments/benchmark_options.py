@@ -10,15 +10,13 @@ from untied_sc.defaults import (
     EVALUATOR_DTYPE_NAMES,
     EXPERIMENTS,
     SMOLLM2_NAME,
-    TUNE_BUDGET,
-    TUNE_SEED,
 )
 from untied_sc.input_checks import (
     PROTOCOLS,
 )
 
 from .cli_help import EVAL_BATCH_HELP, EVALUATOR_DTYPE_HELP, EVALUATOR_HELP
-from .sweep_settings import DEFAULT_SCORING
+from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING
 
 
 # Options that define the sweep (what is sampled): a stored sweep fixes them, so scoring one refuses them.
@@ -48,7 +46,12 @@ SCORING_OPTIONS = (
 )
 
 # The knob tuning of `--experiment baselines` (refused with any other experiment and when scoring a stored sweep).
-TUNING_DEFAULTS = {"tune_seed": TUNE_SEED, "tune_num_samples": 64, "tune_budget": TUNE_BUDGET, "confidence": 0.95}
+TUNING_DEFAULTS = {
+    "tune_seed": DEFAULT_TUNING.seed,
+    "tune_num_samples": DEFAULT_TUNING.num_samples,
+    "tune_budget": DEFAULT_TUNING.budget,
+    "confidence": DEFAULT_TUNING.confidence,
+}
 
 
 def add_benchmark_arguments(parser):
@@ -93,7 +96,8 @@ def add_benchmark_arguments(parser):
     tuning.add_argument(
         "--tune-seed",
         type=int,
-        help=f"Seed of the tuning bank, in the tuning seed space (default {TUNE_SEED}, `untied-sc tune`'s).",
+        help="Seed of the tuning bank, in the tuning seed space (default "
+        f"{TUNING_DEFAULTS['tune_seed']}, `untied-sc tune`'s).",
     )
     tuning.add_argument(
         "--tune-num-samples",

@@ -1,11 +1,23 @@
-"""The settings of a matched sweep as two records, built once (from the command line or by a caller) and passed to
-[`generate_sweep`], [`score_sweep`] and [`run_sweep`]: what is sampled ([`SweepSettings`]) and how it is scored
-([`ScoringSettings`]). Their defaults are the sweep's defaults, here only."""
+"""The settings of a matched sweep as records, built once (from the command line or by a caller) and passed to
+[`generate_sweep`], [`score_sweep`] and [`run_sweep`]: what is sampled ([`SweepSettings`]), how it is scored
+([`ScoringSettings`]) and, for `--experiment baselines`, how the comparison samplers are tuned ([`TuningSettings`]).
+Their defaults are the sweep's defaults, here only (the tuning's are `untied-sc tune`'s, from `untied_sc.defaults`)."""
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from untied_sc.defaults import DEFAULT_BATCH_SIZE, DEFAULT_NFE, DEFAULT_NUM_SAMPLES, DEFAULT_SEEDS, SMOLLM2_NAME
+from untied_sc.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_NFE,
+    DEFAULT_NUM_SAMPLES,
+    DEFAULT_SEEDS,
+    EXTRAPOLATE,
+    SMOLLM2_NAME,
+    TUNE_BUDGET,
+    TUNE_CONFIDENCE,
+    TUNE_NUM_SAMPLES,
+    TUNE_SEED,
+)
 
 from .definitions import BASELINE
 
@@ -65,5 +77,32 @@ class ScoringSettings:
     num_resamples: int = 1000
 
 
+@dataclass(frozen=True)
+class TuningSettings:
+    """
+    How the comparison samplers' knobs are chosen on the tuning bank (`--experiment baselines`, by the rule of
+    `untied-sc tune`: `tuning/search.py`). The bank's batch size is the sweep's ([`SweepSettings`]).
+
+    Args:
+        seed (`int`, defaults to `TUNE_SEED`): seed of the bank in the tuning seed space (`untied-sc tune`'s bank).
+        num_samples (`int`, defaults to `TUNE_NUM_SAMPLES`, 64): samples in the bank.
+        budget (`int`, defaults to `TUNE_BUDGET`, 20): scored candidates per method and NFE.
+        confidence (`float`, defaults to `TUNE_CONFIDENCE`, 0.95): level of the equal-entropy ratio's interval that
+            must lie below 1 for a method's pick to be kept.
+        curve_values (`Sequence[float]`, *optional*): the diversity knob's values of official's curve on the bank
+            (default: the family's `CURVE_VALUES`).
+        extrapolate (`float`, defaults to `EXTRAPOLATE`, 0.02): nats beyond the curve's ends a candidate may lie and
+            still be read.
+    """
+
+    seed: int = TUNE_SEED
+    num_samples: int = TUNE_NUM_SAMPLES
+    budget: int = TUNE_BUDGET
+    confidence: float = TUNE_CONFIDENCE
+    curve_values: Sequence[float] | None = None
+    extrapolate: float = EXTRAPOLATE
+
+
 DEFAULT_SWEEP = SweepSettings()
 DEFAULT_SCORING = ScoringSettings()
+DEFAULT_TUNING = TuningSettings()

@@ -10,4 +10,10 @@ __all__ = [
     "RUN_SETTINGS",
     "BankRun",
     "BankRunKey",
-    "RunKey", "RunStore", "ScoreKey", "StoreScoring", "StoredSamples", "open_store"]
+    "RunKey",
+    "RunStore",
+    "ScoreKey",
+    "StoreScoring",
+    "StoredSamples",
+    "open_store",
+]

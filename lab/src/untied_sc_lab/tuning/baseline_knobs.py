@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from untied_sc.defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_SEED
+from untied_sc.defaults import CURVE_VALUES, EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE, TUNE_NUM_SAMPLES, TUNE_SEED
 from untied_sc.families import default_protocol
 from untied_sc.generation import diversity_knob, family_of, resampling_clusters
 
@@ -43,7 +43,7 @@ def search_methods(
     budget: int = TUNE_BUDGET,
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
-    confidence: float = 0.95,
+    confidence: float = TUNE_CONFIDENCE,
 ) -> list[SearchResult]:
     """The rule for each method at each NFE with a bank `scorer(n, spec, **call_kwargs) -> BankRun` (a live
     [`BankScorer`], or one that reads stored runs: the choice is a function of the bank's scores). NFE-major."""
@@ -74,7 +74,7 @@ def tune_knobs(
     pipe,
     methods: Sequence[str],
     nfe: Sequence[int],
-    num_samples: int = 64,
+    num_samples: int = TUNE_NUM_SAMPLES,
     seed: int = TUNE_SEED,
     batch_size: int = 32,
     evaluator="smollm2-135m",
@@ -82,7 +82,7 @@ def tune_knobs(
     budget: int = TUNE_BUDGET,
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
-    confidence: float = 0.95,
+    confidence: float = TUNE_CONFIDENCE,
     eval_batch_size: int = 8,
     progress: bool = True,
     store: str | os.PathLike | RunStore | None = None,

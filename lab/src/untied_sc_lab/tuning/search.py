@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET
+from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE
 from untied_sc.sampling_methods import Knob, methods
 
 from ..evaluation.curves import equal_entropy_ratio, gen_ppl_on_curve
@@ -140,7 +140,7 @@ class SearchResult:
     comparison: dict | None
     kept: bool
     chosen: dict
-    confidence: float = 0.95
+    confidence: float = TUNE_CONFIDENCE
     extra: dict = field(default_factory=dict)
 
     @property
@@ -317,7 +317,7 @@ def _line_search(knob: Knob, best: Candidate, factors, phase: str, evaluate) -> 
 
 
 def keep_test(
-    best: Candidate | None, curve: OfficialCurve, clusters: Sequence | None, confidence: float = 0.95
+    best: Candidate | None, curve: OfficialCurve, clusters: Sequence | None, confidence: float = TUNE_CONFIDENCE
 ) -> tuple[dict | None, bool]:
     """Step 5: the pick's equal-entropy ratio against the official curve on the bank, with its cluster bootstrap
     interval (generator 0: the decision is a function of the scores); kept when the interval lies below 1."""
@@ -346,7 +346,7 @@ def tune_method(
     curve: OfficialCurve,
     budget: int = TUNE_BUDGET,
     clusters: Sequence | None = None,
-    confidence: float = 0.95,
+    confidence: float = TUNE_CONFIDENCE,
     knobs: Sequence[Knob] | None = None,
 ) -> SearchResult:
     """The whole rule for one method at one NFE: the search, the edges, the keep test, the chosen knob values (the

@@ -37,6 +37,8 @@ from untied_sc.defaults import (
     CURVE_VALUES,
     EXTRAPOLATE,
     TUNE_BUDGET,
+    TUNE_CONFIDENCE,
+    TUNE_NUM_SAMPLES,
     TUNE_SEED,  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 )
 from untied_sc.families import default_protocol
@@ -227,7 +229,7 @@ def official_curve(
 def tune_coefficients(
     pipe,
     nfe: Sequence[int],
-    num_samples: int = 64,
+    num_samples: int = TUNE_NUM_SAMPLES,
     seed: int = TUNE_SEED,
     batch_size: int = 32,
     evaluator="smollm2-135m",
@@ -235,7 +237,7 @@ def tune_coefficients(
     budget: int = TUNE_BUDGET,
     curve_values: Sequence[float] | None = None,
     extrapolate: float = EXTRAPOLATE,
-    confidence: float = 0.95,
+    confidence: float = TUNE_CONFIDENCE,
     eval_batch_size: int = 8,
     match: bool = True,
     store: str | os.PathLike | RunStore | None = None,
@@ -248,7 +250,7 @@ def tune_coefficients(
     Args:
         pipe: an [`ELFPipeline`] or [`LangFlowPipeline`] whose `sampler_statistics` are calibrated at every NFE.
         nfe (`Sequence[int]`): the NFEs to tune.
-        num_samples (`int`, defaults to 64): size of the tuning bank (samples per candidate).
+        num_samples (`int`, defaults to `TUNE_NUM_SAMPLES`, 64): size of the tuning bank (samples per candidate).
         seed (`int`, defaults to `TUNE_SEED`): seed of the bank in the tuning seed space (batch b uses
             [`batch_seed`]`(seed, b, "tuning")`, never a benchmark batch); recorded with its space.
         batch_size (`int`, defaults to 32): samples per pipeline call.
@@ -258,8 +260,8 @@ def tune_coefficients(
         curve_values (`Sequence[float]`, *optional*): the diversity knob's values of official's curve on the bank
             (default [`CURVE_VALUES`] of the family).
         extrapolate (`float`, defaults to 0.02): nats beyond the curve's ends a candidate may lie and still be read.
-        confidence (`float`, defaults to 0.95): level of the equal-entropy ratio's interval that must lie below 1
-            for the choice to replace the official sampler.
+        confidence (`float`, defaults to `TUNE_CONFIDENCE`, 0.95): level of the equal-entropy ratio's interval that
+            must lie below 1 for the choice to replace the official sampler.
         eval_batch_size (`int`, defaults to 8): samples per evaluator forward pass.
         match (`bool`, defaults to `True`): set and store the diversity knob at which the kept choice runs at
             official's entropy.
