@@ -582,6 +582,12 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
     edited = [{**run, "samples": [replace(s, text=s.text + " x") for s in run["samples"]]} for run in parts[0]["runs"]]
     edited_report = score_sweep({**parts[0], "runs": edited}, under, store=store_of("edited"), progress=False)
     assert edited_report["store"]["scores_read"] == 0
+    # a report scored before per-sample entropies were kept lends none of its scores
+    older = json.loads(report.read_text())
+    del older["runs"][1]["per_sample"]["entropy"]
+    (tmp_path / "nfe8" / "older.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=r"older.json's run \S+ at NFE 8, seed \d holds no per-sample entropies"):
+        import_report(RunStore(tmp_path / "older"), tmp_path / "nfe8" / "older.json", eval_batch_size=8)
     (tmp_path / "nfe8" / "tiny.samples.jsonl.gz").unlink()
     with pytest.raises(ValueError, match="has no samples file beside it"):
         store_of("no-samples")

@@ -30,6 +30,7 @@ from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
 from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
+from .records import RunRecord
 from .sweep import generate_sweep, place_pipeline, score_sweep
 from .sweep_parts import CANDIDATES_KEY
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, SweepSettings, TuningSettings
@@ -293,7 +294,7 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], rec
     candidates.
     """
     knob = generation["diversity_knob"]
-    by_run = {(run["sampler"], run["nfe"], run["seed"], run[knob]): run for run in generation["runs"]}
+    by_run = {record.key: record for record in (RunRecord.from_sampled(run, knob) for run in generation["runs"])}
     plan = [(name, n, seed, None) for n in generation["nfe"] for seed in generation["seeds"] for name in samplers]
     for value in generation.get("diversity_values") or ():
         for n in generation.get("diversity_nfe") or generation["nfe"]:
@@ -306,8 +307,8 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], rec
         run = by_run.get((source, n, seed, value))
         if run is None:
             raise ValueError(_missing_chosen_run(generation, source, n))
-        samples = [sample if source == name else replace(sample, sampler=name) for sample in run["samples"]]
-        runs.append({**run, "sampler": name, "samples": samples})
+        samples = [sample if source == name else replace(sample, sampler=name) for sample in run.samples]
+        runs.append(replace(run, sampler=name, samples=samples).to_sampled(knob))
     coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
     selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
     selected.update(samplers=dict(samplers), runs=runs, coefficients=coefficients, knob_tuning=dict(record))

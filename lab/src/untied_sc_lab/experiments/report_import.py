@@ -13,7 +13,6 @@ scores alone (`bank_scores`, by [`samples_fingerprint`]).
 """
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from untied_sc.generation import Sample, read_samples
@@ -21,20 +20,18 @@ from untied_sc.input_checks import read_benchmark_report
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
-from .records import PER_SAMPLE_KEYS, SCORE_METRICS
+from .records import RunRecord
 
 
-def _scoring_result(record: Mapping) -> dict:
-    """A report's run record turned back into the scoring result it was made from (what a run record needs)."""
-    per_sample = record["per_sample"]
-    count = len(per_sample["nll_sum"])
-    return {
-        "num_samples": record["num_samples"],
-        "num_scored": record["num_scored"],
-        "num_tokens": record["num_tokens"],
-        **{key: record.get(key) for key in SCORE_METRICS},
-        "per_sample": [{key: per_sample[key][i] for key in PER_SAMPLE_KEYS} for i in range(count)],
-    }
+def _refuse_without_sample_entropies(records: list[RunRecord], path: str | os.PathLike) -> None:
+    """Refuses a report whose runs lack per-sample entropies: a stored score stands for a fresh scoring, and the
+    equal-entropy intervals of a report scored from it would resample entropies it does not hold."""
+    for record in records:
+        if record.scores.per_sample.entropy is None:
+            raise ValueError(
+                f"--store-from: {path}'s run {record.label()} holds no per-sample entropies (it was scored before "
+                "they were kept), so its scores cannot stand for a fresh scoring. Score its samples again instead."
+            )
 
 
 def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> tuple[dict, list[list[Sample]]]:
@@ -54,13 +51,12 @@ def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> 
     for sample in read_samples(path.parent / report["samples_file"]):
         by_run.setdefault((sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob)), []).append(sample)
     runs = []
-    for record in report["runs"]:
-        wanted = (record["sampler"], record["nfe"], record["seed"], record.get(knob))
-        run = by_run.get(wanted, [])
-        if len(run) != record["num_samples"]:
+    for record in (RunRecord.from_json(run, knob) for run in report["runs"]):
+        run, count = by_run.get(record.key, []), record.scores.num_samples
+        if len(run) != count:
             raise ValueError(
-                f"{option}: {report['samples_file']} holds {len(run)} samples of {path}'s run {wanted} (sampler, NFE, "
-                f"seed, knob), not its {record['num_samples']}: one of the two was edited or replaced."
+                f"{option}: {report['samples_file']} holds {len(run)} samples of {path}'s run {record.key} (sampler, "
+                f"NFE, seed, knob), not its {count}: one of the two was edited or replaced."
             )
         runs.append(run)
     return report, runs
@@ -84,16 +80,18 @@ def import_report(
     knob = settings["diversity_knob"]
     description, protocol = report.get("evaluator_description"), report["protocol"]
     by_sampler = report.get("coefficients") or {}
-    for record, samples in zip(report["runs"], runs, strict=True):
-        sampler, n = record["sampler"], record["nfe"]
-        coefficients = read_steps_table(by_sampler.get(sampler), "coefficients").get(n)
-        key = RunKey.of(settings, report["samplers"][sampler], coefficients, n, record["seed"], record.get(knob))
+    records = [RunRecord.from_json(run, knob) for run in report["runs"]]
+    _refuse_without_sample_entropies(records, path)
+    for record, samples in zip(records, runs, strict=True):
+        coefficients = read_steps_table(by_sampler.get(record.sampler), "coefficients").get(record.nfe)
+        spec = report["samplers"][record.sampler]
+        key = RunKey.of(settings, spec, coefficients, record.nfe, record.seed, record.value)
         if not store.samples_path(key).exists():
             texts, ids = [s.text for s in samples], [s.ids for s in samples]
-            store.put_samples(key, StoredSamples(texts, ids, record["seconds"], source))
+            store.put_samples(key, StoredSamples(texts, ids, record.seconds, source))
         scores = ScoreKey(samples_fingerprint(samples), description, protocol, eval_batch_size, max_length)
         if not store.score_path(scores).exists():
-            store.put_score(scores, _scoring_result(record), source)
+            store.put_score(scores, record.scores.to_result(), source)
     bank = report.get("bank_scores", {})
     for fingerprint, scores in bank.items():
         # a bank run's per-sample records (the equal-entropy search); reports of the fixed-grid rule keep mean NLLs
