@@ -427,6 +427,9 @@ def test_a_subset_of_samplers_tuned_with_a_store_resumes_and_names_its_samplers(
     second = json.loads((tmp_path / "second" / "tiny-langflow-baselines.json").read_text())
     assert {path.name: path.stat().st_mtime_ns for path in (store / "banks").iterdir()} == stamps
     assert second["store"]["banks_read"] == len(banks) and "banks_written" not in second["store"]
+    report = (tmp_path / "second" / "tiny-langflow-baselines.md").read_text()
+    assert f"Scores of {len(banks)} tuning-bank runs were read from the run store {store}" in report
+    assert "tuning-bank runs were read" not in (tmp_path / "first" / "tiny-langflow-baselines.md").read_text()
     assert second["knob_tuning"] == first["knob_tuning"]
     assert [run["per_sample"] for run in second["runs"]] == [run["per_sample"] for run in first["runs"]]
     capsys.readouterr()

@@ -606,6 +606,13 @@ def _provenance_lines(results: dict) -> list[str]:
             "pairs runs timed in different steps is not a speed result.",
             "",
         ]
+    if store and store.get("banks_read"):
+        lines += [
+            f"Scores of {store['banks_read']} tuning-bank runs were read from the run store {store['folder']} (each "
+            f"under the hash of its bank and run); {store.get('banks_written', 0)} bank runs were sampled and scored "
+            "here.",
+            "",
+        ]
     bank = results.get("bank_scores_reused")
     if bank:
         lines += [
