@@ -225,9 +225,7 @@ def generate_sweep(
                     lambda sample=sample: sample(batch_size)[0],
                     partial(run_samples, seed=seed, batch_size=batch_size, sampler=sampler, nfe=n, **{knob: value}),
                 )
-            runs.append(
-                {"sampler": sampler, "nfe": n, "seed": seed, knob: value, "seconds": seconds, "samples": samples}
-            )
+            runs.append(RunRecord(sampler, n, seed, value, seconds, samples).to_sampled(knob))
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
@@ -299,19 +297,18 @@ def score_sweep(
     scored = dict(scored or {})
     store = open_store(store)
     parts = None if store is None else StoreScoring(store, description, protocol, eval_batch_size, max_length)
-    for run in tqdm(generation["runs"], desc=f"scoring {generation['model']}", disable=not progress):
-        key = samples_key(run["samples"])
+    records = [RunRecord.from_sampled(run, knob) for run in generation["runs"]]
+    for record in tqdm(records, desc=f"scoring {generation['model']}", disable=not progress):
+        key = samples_key(record.samples)
         if key not in scored:
-            name = f"{run['sampler']} at NFE {run['nfe']}, seed {run['seed']}"
 
-            def score(samples=run["samples"]) -> dict:
+            def score(samples=record.samples) -> dict:
                 return evaluate_samples(
                     samples, evaluator=evaluator, protocol=protocol, batch_size=eval_batch_size, max_length=max_length
                 )
 
-            scored[key] = score() if parts is None else parts.scored(run["samples"], score, name)
-        result = scored[key]
-        runs.append(RunRecord.from_sampled(run, knob).scored(result).to_json(knob))
+            scored[key] = score() if parts is None else parts.scored(record.samples, score, record.label())
+        runs.append(record.scored(scored[key]).to_json(knob))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
     settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
