@@ -10,6 +10,7 @@ import torch
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation.sampling import batch_seed, build_scheduler
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
+from untied_sc_lab.experiments.aggregates import Aggregates, MeanSE
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
 from untied_sc_lab.experiments.records import RunRecord
@@ -35,6 +36,17 @@ def pipes(elf_golden, langflow_golden):
         pipe.set_progress_bar_config(disable=True)
         pipe.calibrate(nfe=[8], bank_size=4, batch_size=4, progress=False)
     return {"elf": elf, "langflow": langflow}
+
+
+def _aggregates(by_sampler: dict) -> Aggregates:
+    """Aggregates holding the given means only (what the equal-entropy reading needs), NFEs keyed as in JSON."""
+    typed = {
+        sampler: {
+            int(nfe): {name: MeanSE(stat["mean"], None, 1) for name, stat in m.items()} for nfe, m in by_nfe.items()
+        }
+        for sampler, by_nfe in by_sampler.items()
+    }
+    return Aggregates(typed, {})
 
 
 def sweep(pipe, evaluator, tmp_path=None, **changes):
@@ -136,10 +148,10 @@ def test_gen_ppl_at_entropy_interpolates_log_gen_ppl_and_never_extrapolates():
     assert gen_ppl_at_entropy(curve, 3.0) == pytest.approx(25.0)
     assert gen_ppl_at_entropy(curve, 2.9) is None and gen_ppl_at_entropy(curve, 5.1) is None
     by_sampler = {"official": {"8": {}}, "untied": {"8": {"entropy": {"mean": 3.5}, "gen_ppl": {"mean": 40.0}}}}
-    row = equal_entropy_comparison(by_sampler, {"official": {"8": curve}})["untied"]["8"]
+    row = equal_entropy_comparison(_aggregates(by_sampler), {"official": {"8": curve}})["untied"]["8"]
     assert row["baseline_gen_ppl_at_entropy"] == pytest.approx(50.0) and row["ratio"] == pytest.approx(0.8)
     outside = {"untied": {"8": {"entropy": {"mean": 6.0}, "gen_ppl": {"mean": 40.0}}}}
-    assert equal_entropy_comparison(outside, {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
+    assert equal_entropy_comparison(_aggregates(outside), {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
 
 
 def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_together():
@@ -175,13 +187,13 @@ def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_toge
     }
     curves = {"official": {"8": [point(0.9, False, 100.0, 4.0), point(1.0, True, 400.0, 5.0)]}}
     by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": 4.5}, "gen_ppl": {"mean": 100.0}}}}
-    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"]["8"]
     assert row["ratio"] == pytest.approx(0.5)
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
     assert row["entropy_resampled"] and row["fraction_outside"] == 0.0
     # Records without per-sample entropies (some committed reports): the entropies are held, the interval computed.
     runs = sweep_runs(per_sample_entropy=False)
-    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=100)["untied"]["8"]
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"]["8"]
     assert row["ratio_ci"] == pytest.approx([0.5, 0.5]) and row["entropy_resampled"] is False
 
 
@@ -229,7 +241,7 @@ def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
     }
     candidate = runs[2].scores.entropy
     by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": candidate}, "gen_ppl": {"mean": 300.0}}}}
-    row = equal_entropy_comparison(by_sampler, curves, runs=runs, num_resamples=200)["untied"]["8"]
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=200)["untied"]["8"]
     assert row["fraction_outside"] > 0.025 and row["ratio_ci"] is None
 
 
@@ -320,7 +332,7 @@ def test_aggregates_are_computed_from_the_recorded_runs(pipes, evaluator):
     retained = [runs["untied", s]["samples_per_second"] / runs["official", s]["samples_per_second"] for s in (0, 1)]
     assert paired["retained_throughput"]["mean"] == pytest.approx(sum(retained) / 2)
     again = aggregate([RunRecord.from_json(r, results["diversity_knob"]) for r in results["runs"]], num_resamples=50)
-    assert again["paired"]["untied"]["8"]["mean_delta"] == paired["mean_delta"]
+    assert again.paired["untied"][8].mean_delta == paired["mean_delta"]
 
 
 def test_genppl_ratio_of_identical_runs_is_one():

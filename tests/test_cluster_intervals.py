@@ -189,7 +189,7 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
     assert analyse(dict(fresh), num_resamples=50)["aggregates"] == fresh["aggregates"]
     # a report analysed before the intervals existed keeps its tables unless asked
     old = _results()
-    old["aggregates"] = aggregate(_records(old), num_resamples=50)
+    old["aggregates"] = aggregate(_records(old), num_resamples=50).to_json()
     analyse(old, num_resamples=50)
     assert "interval_rule" not in old and "num_clusters" not in old["aggregates"]["paired"]["untied"]["8"]
     assert "independent time grids" not in format_markdown(old)
@@ -199,8 +199,10 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
 def test_a_single_cluster_has_no_small_sample_interval():
     results = analyse(_results(num_samples=2, batch_size=2) | {"seeds": [0]}, num_resamples=20)
     results["runs"] = [run for run in results["runs"] if run["seed"] == 0]
-    cell = aggregate(_records(results), num_resamples=20, clusters=[0, 0], small_sample=True)["paired"]["untied"]["8"]
-    assert cell["num_clusters"] == 1 and cell["gen_ppl_ratio_t_ci"] is None and cell["interval_method"] is None
+    cell = aggregate(_records(results), num_resamples=20, clusters=[0, 0], small_sample=True).paired["untied"][8]
+    assert cell.num_clusters == 1 and cell.gen_ppl_ratio_t_ci is None and cell.interval_method is None
+    written = cell.to_json()
+    assert written["interval_method"] is None and written["mean_delta_bootstrap_t_ci"] is None
 
 
 def test_few_independent_clusters_are_warned_about():

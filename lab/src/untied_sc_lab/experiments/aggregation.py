@@ -33,11 +33,11 @@ from ..evaluation.statistics import (
     cluster_mean_intervals,
     cluster_resample_weights,
     headline_interval,
-    mean_and_standard_error,
     paired_comparison,
     percentile_interval,
     ratio_difference_intervals,
 )
+from .aggregates import Aggregates, MeanSE, PairedSummary
 from .definitions import BASELINE
 from .records import SCORE_METRICS, RunRecord, report_records
 
@@ -58,14 +58,6 @@ INTERVAL_RULE = {
         "shown beside it, checks for skew"
     ),
 }
-
-
-def _mean_se(values) -> dict:
-    finite = [v for v in values if v is not None and not math.isnan(v)]
-    if not finite:
-        return {"mean": None, "se": None, "n": 0}
-    mean, se = mean_and_standard_error(finite)
-    return {"mean": mean, "se": None if math.isnan(se) else se, "n": len(finite)}
 
 
 def _nan_if_none(values) -> list[float]:
@@ -156,10 +148,6 @@ def genppl_ratio_intervals(
     return log_ratio.exp()
 
 
-def _listed(interval: Sequence[float] | None) -> list[float] | None:
-    return None if interval is None else list(interval)
-
-
 def _small_sample_entry(
     ratio_ci: Sequence[float],
     ratio: ClusterIntervals | None,
@@ -167,15 +155,10 @@ def _small_sample_entry(
     delta: ClusterIntervals | None,
     num_clusters: int,
 ) -> dict:
-    """A paired cell's small-sample keys: cluster count, both methods' intervals and the headline by the rule (no
-    interval, `None`, from a single cluster: nothing measures the spread between grids)."""
+    """A paired cell's small-sample fields ([`PairedSummary`]): cluster count, both methods' intervals and the
+    headline by the rule (no interval, `None`, from a single cluster: nothing measures the spread between grids)."""
     if ratio is None or delta is None:
-        keys = ("gen_ppl_ratio", "mean_delta")
-        return {
-            "num_clusters": num_clusters,
-            "interval_method": None,
-            **{f"{key}_{kind}_ci": None for key in keys for kind in ("headline", "t", "bootstrap_t")},
-        }
+        return {"num_clusters": num_clusters}
     ratio_headline, method = headline_interval(tuple(ratio_ci), ratio)
     delta_headline, _ = headline_interval(tuple(delta_ci), delta)
     return {
@@ -183,10 +166,10 @@ def _small_sample_entry(
         "interval_method": method,
         "gen_ppl_ratio_headline_ci": list(ratio_headline),
         "gen_ppl_ratio_t_ci": list(ratio.t_interval),
-        "gen_ppl_ratio_bootstrap_t_ci": _listed(ratio.bootstrap_t_interval),
+        "gen_ppl_ratio_bootstrap_t_ci": ratio.bootstrap_t_interval,
         "mean_delta_headline_ci": list(delta_headline),
         "mean_delta_t_ci": list(delta.t_interval),
-        "mean_delta_bootstrap_t_ci": _listed(delta.bootstrap_t_interval),
+        "mean_delta_bootstrap_t_ci": delta.bootstrap_t_interval,
     }
 
 
@@ -197,29 +180,29 @@ def aggregate(
     generator: int = 0,
     clusters: Sequence | None = None,
     small_sample: bool = False,
-) -> dict:
+) -> Aggregates:
     """Aggregates the main-sweep runs (those without a diversity value).
 
-    Returns `{"by_sampler": {sampler: {nfe: {metric: {mean, se, n}}}}, "paired": {candidate: {nfe: {...}}}}`, NFEs as
-    strings (JSON keys). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order;
+    Returns the mean ± SE of every metric per sampler and NFE and the paired comparison of every candidate per NFE
+    ([`Aggregates`]; a report stores its `to_json()`). `paired` pools the pairs of all seeds present in both samplers, matched by seed and order;
     its intervals resample `clusters` (the resampling unit of sample i of a seed, [`resampling_clusters`]; default:
     every sample its own) within seeds. With `small_sample`, every paired cell also holds `num_clusters`, the
     t-interval and the studentized bootstrap of the GenPPL ratio ([`genppl_ratio_intervals`]) and of the mean ΔNLL
     ([`cluster_mean_intervals`]) (`*_t_ci`, `*_bootstrap_t_ci`), and the headline interval by [`INTERVAL_RULE`]
     (`*_headline_ci`, its `interval_method` `"t"` or `"bootstrap"`).
     """
-    by_sampler: dict = {}
+    by_sampler: dict[str, dict[int, dict[str, MeanSE]]] = {}
     grouped: dict = {}
     for run in runs:
         grouped.setdefault(run.sampler, {}).setdefault(run.nfe, {})[run.seed] = run
     for sampler, by_nfe in grouped.items():
         by_sampler[sampler] = {
-            str(nfe): {
-                metric: _mean_se([r.scores.metric(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS
+            nfe: {
+                metric: MeanSE.of([r.scores.metric(metric) for r in seeds.values()]) for metric in AGGREGATED_METRICS
             }
             for nfe, seeds in sorted(by_nfe.items())
         }
-    paired: dict = {}
+    paired: dict[str, dict[int, PairedSummary]] = {}
     for sampler, by_nfe in grouped.items():
         if sampler == baseline or baseline not in grouped:
             continue
@@ -241,30 +224,30 @@ def aggregate(
                 retained_throughput(ra.scores.samples_per_second, rb.scores.samples_per_second)
                 for ra, rb in zip(a, b, strict=True)
             ]
-            paired.setdefault(sampler, {})[str(nfe)] = {
-                "baseline": baseline,
-                "seeds": common,
-                "gen_ppl_ratio": ratio,
-                "gen_ppl_ratio_ci": list(ratio_ci),
-                "gen_ppl_ratio_per_seed": _mean_se(per_seed_ratio),
-                **{key: list(v) if isinstance(v, tuple) else v for key, v in vars(comparison).items()},
-                "retained_throughput": _mean_se(retained),
-            }
+            small: dict = {}
             if small_sample:
                 delta = [y - x for x, y in zip(nll_a, nll_b, strict=True)]  # NaN where either side is
                 finite_clusters = {c for c, d in zip(labels, delta, strict=True) if not math.isnan(d)}
                 several = len(set(labels)) > 1 and len(finite_clusters) > 1
                 options = {"num_resamples": num_resamples, "generator": generator}
-                paired[sampler][str(nfe)].update(
-                    _small_sample_entry(
-                        ratio_ci,
-                        genppl_ratio_intervals(a, b, clusters, **options) if several else None,
-                        comparison.mean_delta_ci,
-                        cluster_mean_intervals(delta, labels, **options) if several else None,
-                        len(set(labels)),
-                    )
+                small = _small_sample_entry(
+                    ratio_ci,
+                    genppl_ratio_intervals(a, b, clusters, **options) if several else None,
+                    comparison.mean_delta_ci,
+                    cluster_mean_intervals(delta, labels, **options) if several else None,
+                    len(set(labels)),
                 )
-    return {"by_sampler": by_sampler, "paired": paired}
+            paired.setdefault(sampler, {})[nfe] = PairedSummary(
+                baseline=baseline,
+                seeds=common,
+                gen_ppl_ratio=ratio,
+                gen_ppl_ratio_ci=ratio_ci,
+                gen_ppl_ratio_per_seed=MeanSE.of(per_seed_ratio),
+                **vars(comparison),
+                retained_throughput=MeanSE.of(retained),
+                **small,
+            )
+    return Aggregates(by_sampler, paired)
 
 
 def diversity_curves(runs: Sequence[RunRecord], knob: str, default: float | None = None) -> dict:
@@ -286,8 +269,8 @@ def diversity_curves(runs: Sequence[RunRecord], knob: str, default: float | None
                 {
                     knob: default if value is None else value,
                     "default": value is None,
-                    "gen_ppl": _mean_se([r.scores.gen_ppl for r in group]),
-                    "entropy": _mean_se([r.scores.entropy for r in group]),
+                    "gen_ppl": MeanSE.of([r.scores.gen_ppl for r in group]).to_json(),
+                    "entropy": MeanSE.of([r.scores.entropy for r in group]).to_json(),
                 }
                 for value, group in by_value.items()
             ]
@@ -317,7 +300,7 @@ def _run_samples(runs: Sequence[RunRecord], sampler: str, nfe: str, value) -> li
 
 
 def equal_entropy_comparison(
-    by_sampler: dict,
+    aggregates: Aggregates,
     curves: dict,
     baseline: str = BASELINE,
     runs: Sequence[RunRecord] | None = None,
@@ -335,12 +318,13 @@ def equal_entropy_comparison(
     default every sample its own; generator 0), with `fraction_outside` and `entropy_resampled`; otherwise `None`.
     """
     out: dict[str, dict[str, dict]] = {}
-    for sampler, by_nfe in by_sampler.items():
+    for sampler, by_nfe in aggregates.by_sampler.items():
         if sampler == baseline:
             continue
-        for nfe, metrics in by_nfe.items():
+        for steps, metrics in by_nfe.items():
+            nfe = str(steps)  # the curves' and the rows' JSON key
             curve = curves.get(baseline, {}).get(nfe)
-            entropy, ppl = metrics.get("entropy", {}).get("mean"), metrics.get("gen_ppl", {}).get("mean")
+            entropy, ppl = (metrics[name].mean if name in metrics else None for name in ("entropy", "gen_ppl"))
             if not curve or entropy is None or ppl is None:
                 continue
             reference = gen_ppl_at_entropy(curve, entropy)
@@ -465,16 +449,17 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
     if small_sample:
         results["interval_rule"] = dict(INTERVAL_RULE)
     runs = report_records(results)
-    results["aggregates"] = aggregate(
+    aggregates = aggregate(
         [run for run in runs if run.is_main],
         num_resamples=num_resamples,
         clusters=clusters,
         small_sample=small_sample,
     )
+    results["aggregates"] = aggregates.to_json()
     results["diversity_curves"] = diversity_curves(runs, knob, results["diversity_default"])
     results["equal_entropy_fit"] = FIT_DESCRIPTION
     results["equal_entropy"] = equal_entropy_comparison(
-        results["aggregates"]["by_sampler"],
+        aggregates,
         results["diversity_curves"],
         runs=runs,
         knob=knob,

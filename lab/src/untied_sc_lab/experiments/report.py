@@ -7,7 +7,7 @@ byte for byte from its JSON (`benchmarks/rerender_reports.py`).
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from untied_sc.generation import Sample, write_samples
@@ -17,14 +17,15 @@ from untied_sc.schedulers import COEFFICIENT_NAMES
 from ..evaluation.curves import FIT_DESCRIPTION
 from ..evaluation.evaluator import SMOLLM2_NAME
 from ..evaluation.plots import plot_benchmark
+from .aggregates import Aggregates, MeanSE, PairedSummary
 
 
-def _fmt(stat: dict | None, digits: int = 2) -> str:
-    if not stat or stat.get("mean") is None:
+def _fmt(stat: MeanSE | None, digits: int = 2) -> str:
+    if stat is None or stat.mean is None:
         return "n/a"
-    if stat.get("se") is None:
-        return f"{stat['mean']:.{digits}f}"
-    return f"{stat['mean']:.{digits}f} ± {stat['se']:.{digits}f}"
+    if stat.se is None:
+        return f"{stat.mean:.{digits}f}"
+    return f"{stat.mean:.{digits}f} ± {stat.se:.{digits}f}"
 
 
 def entropy_label(results: dict) -> str:
@@ -72,7 +73,7 @@ def interval_rule_text(results: dict) -> str:
 
 def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     """The repetition table: word Rep-4 beside its subword twins on generator ids (they see loops inside words)."""
-    by_sampler = results["aggregates"]["by_sampler"]
+    aggregates = Aggregates.from_json(results["aggregates"])
     columns = ("rep_4", "token_rep_4", "token_distinct_4", "longest_repeat")
     lines = [
         "",
@@ -84,7 +85,7 @@ def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
         "",
     ]
     if not any(
-        by_sampler.get(s, {}).get(str(n), {}).get("token_rep_4", {}).get("mean") is not None
+        (stat := aggregates.metric(s, n, "token_rep_4")) is not None and stat.mean is not None
         for s in samplers
         for n in results["nfe"]
     ):
@@ -96,16 +97,16 @@ def _repetition_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     ]
     for sampler in samplers:
         for nfe in results["nfe"]:
-            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
+            metrics = aggregates.metrics(sampler, nfe)
             if metrics:
-                cells = [_fmt(metrics.get(key), 3 if key != "longest_repeat" else 1) for key in columns]
+                cells = [_fmt(metrics.get(name), 3 if name != "longest_repeat" else 1) for name in columns]
                 lines.append(f"| {sampler} | {nfe} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _main_table_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     """The title, the setting and the NFE × sampler table (GenPPL and entropy side by side)."""
-    by_sampler = results["aggregates"]["by_sampler"]
+    aggregates = Aggregates.from_json(results["aggregates"])
     evaluator = results.get("evaluator_description") or results["evaluator"]
     lines = [
         f"# Benchmark: {results['model']} ({results['pipeline_class']})",
@@ -123,19 +124,21 @@ def _main_table_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     for nfe in results["nfe"]:
         cells = []
         for sampler in samplers:
-            metrics = by_sampler.get(sampler, {}).get(str(nfe), {})
-            cells += [_fmt(metrics.get("gen_ppl")), _fmt(metrics.get("entropy"), 3)]
+            cells += [
+                _fmt(aggregates.metric(sampler, nfe, "gen_ppl")),
+                _fmt(aggregates.metric(sampler, nfe, "entropy"), 3),
+            ]
         lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _paired_lines(results: dict) -> list[str]:
     """The paired comparison against the baseline: GenPPL ratio, ΔNLL/token, fraction worse, retained throughput."""
-    paired = results["aggregates"]["paired"]
+    paired = Aggregates.from_json(results["aggregates"]).paired
     if not paired:
         return []
     if "interval_rule" in results:
-        return _paired_lines_with_rule(results)
+        return _paired_lines_with_rule(results, paired)
     lines = [
         "",
         f"## Paired comparison against `{results['baseline']}` (pairs pooled over seeds)",
@@ -147,13 +150,13 @@ def _paired_lines(results: dict) -> list[str]:
     ]
     for sampler, by_nfe in paired.items():
         for nfe, p in by_nfe.items():
-            low, high = p["gen_ppl_ratio_ci"]
-            d_low, d_high = p["mean_delta_ci"]
-            w_low, w_high = p["fraction_b_worse_ci"]
+            low, high = p.gen_ppl_ratio_ci
+            d_low, d_high = p.mean_delta_ci
+            w_low, w_high = p.fraction_b_worse_ci
             lines.append(
-                f"| {sampler} | {nfe} | {p['num_pairs']} | {p['gen_ppl_ratio']:.3f} [{low:.3f}, {high:.3f}] | "
-                f"{p['mean_delta']:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p['fraction_b_worse']:.1%} "
-                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+                f"| {sampler} | {nfe} | {p.num_pairs} | {p.gen_ppl_ratio:.3f} [{low:.3f}, {high:.3f}] | "
+                f"{p.mean_delta:+.4f} [{d_low:+.4f}, {d_high:+.4f}] | {p.fraction_b_worse:.1%} "
+                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p.retained_throughput, 3)} |"
             )
     return lines
 
@@ -162,10 +165,9 @@ def _interval_text(interval: Sequence[float] | None, form: str) -> str:
     return "n/a" if interval is None else f"[{format(interval[0], form)}, {format(interval[1], form)}]"
 
 
-def _paired_lines_with_rule(results: dict) -> list[str]:
+def _paired_lines_with_rule(results: dict, paired: Mapping[str, Mapping[int, PairedSummary]]) -> list[str]:
     """The paired comparison of a report analysed with the small-sample intervals: headline intervals by the rule,
     the clusters of each cell, and beside the cluster bootstrap the t-interval and bootstrap-t where they are few."""
-    paired = results["aggregates"]["paired"]
     threshold = results["interval_rule"]["threshold_clusters"]
     lines = [
         "",
@@ -180,16 +182,16 @@ def _paired_lines_with_rule(results: dict) -> list[str]:
     few = []
     for sampler, by_nfe in paired.items():
         for nfe, p in by_nfe.items():
-            mark = "†" if p["interval_method"] == "t" else ""
-            w_low, w_high = p["fraction_b_worse_ci"]
+            mark = "†" if p.interval_method == "t" else ""
+            w_low, w_high = p.fraction_b_worse_ci
             lines.append(
-                f"| {sampler} | {nfe} | {p['num_pairs']} | {p['num_clusters']} | {p['gen_ppl_ratio']:.3f} "
-                f"{_interval_text(p['gen_ppl_ratio_headline_ci'], '.3f')}{mark} | {p['mean_delta']:+.4f} "
-                f"{_interval_text(p['mean_delta_headline_ci'], '+.4f')}{mark} | {p['fraction_b_worse']:.1%} "
-                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p['retained_throughput'], 3)} |"
+                f"| {sampler} | {nfe} | {p.num_pairs} | {p.num_clusters} | {p.gen_ppl_ratio:.3f} "
+                f"{_interval_text(p.gen_ppl_ratio_headline_ci, '.3f')}{mark} | {p.mean_delta:+.4f} "
+                f"{_interval_text(p.mean_delta_headline_ci, '+.4f')}{mark} | {p.fraction_b_worse:.1%} "
+                f"[{w_low:.1%}, {w_high:.1%}] | {_fmt(p.retained_throughput, 3)} |"
             )
-            spread = p["gen_ppl_ratio_t_ci"] is not None and p["gen_ppl_ratio_t_ci"][0] < p["gen_ppl_ratio_t_ci"][1]
-            if p["num_clusters"] < threshold and spread:  # identical samples (a neutral knob): nothing to compare
+            spread = p.gen_ppl_ratio_t_ci is not None and p.gen_ppl_ratio_t_ci[0] < p.gen_ppl_ratio_t_ci[1]
+            if p.num_clusters < threshold and spread:  # identical samples (a neutral knob): nothing to compare
                 few.append((sampler, nfe, p))
     if not few:
         return lines
@@ -207,12 +209,12 @@ def _paired_lines_with_rule(results: dict) -> list[str]:
         "|---|---:|---:|---:|---|---|---|---:|---|---|---|",
     ]
     for sampler, nfe, p in few:
-        ratio = [p[f"gen_ppl_ratio{kind}"] for kind in ("_ci", "_t_ci", "_bootstrap_t_ci")]
-        delta = [p[f"mean_delta{kind}"] for kind in ("_ci", "_t_ci", "_bootstrap_t_ci")]
+        ratio = [p.gen_ppl_ratio_ci, p.gen_ppl_ratio_t_ci, p.gen_ppl_ratio_bootstrap_t_ci]
+        delta = [p.mean_delta_ci, p.mean_delta_t_ci, p.mean_delta_bootstrap_t_ci]
         lines.append(
-            f"| {sampler} | {nfe} | {p['num_clusters']} | {p['gen_ppl_ratio']:.3f} | "
+            f"| {sampler} | {nfe} | {p.num_clusters} | {p.gen_ppl_ratio:.3f} | "
             + " | ".join(_interval_text(ci, ".3f") for ci in ratio)
-            + f" | {p['mean_delta']:+.4f} | "
+            + f" | {p.mean_delta:+.4f} | "
             + " | ".join(_interval_text(ci, "+.4f") for ci in delta)
             + " |"
         )
@@ -221,13 +223,13 @@ def _paired_lines_with_rule(results: dict) -> list[str]:
 
 def _throughput_lines(results: dict, samplers: Sequence[str]) -> list[str]:
     """Samples/s of sampling per NFE and sampler."""
-    by_sampler = results["aggregates"]["by_sampler"]
+    aggregates = Aggregates.from_json(results["aggregates"])
     lines = ["", "## Throughput (samples/s of sampling, mean ± SE over seeds)", ""]
     if len({part.get("device") for part in results.get("parts") or []}) > 1:
         lines += ["NFEs were sampled on different machines (see the end): compare samplers within a row only.", ""]
     lines += ["| NFE | " + " | ".join(samplers) + " |", "|---:|" + "---:|" * len(samplers)]
     for nfe in results["nfe"]:
-        cells = [_fmt(by_sampler.get(s, {}).get(str(nfe), {}).get("samples_per_second")) for s in samplers]
+        cells = [_fmt(aggregates.metric(s, nfe, "samples_per_second")) for s in samplers]
         lines.append(f"| {nfe} | " + " | ".join(cells) + " |")
     return lines
 
@@ -405,7 +407,8 @@ def _curve_lines(results: dict) -> list[str]:
                 value = "n/a" if point[knob] is None else f"{point[knob]:g}"
                 value += " (default)" if point["default"] else ""
                 lines.append(
-                    f"| {sampler} | {nfe} | {value} | {_fmt(point['gen_ppl'])} | {_fmt(point['entropy'], 3)} |"
+                    f"| {sampler} | {nfe} | {value} | {_fmt(MeanSE.from_json(point['gen_ppl']))} | "
+                    f"{_fmt(MeanSE.from_json(point['entropy']), 3)} |"
                 )
     return lines
 
