@@ -12,7 +12,7 @@ from untied_sc.cli import main
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, run_sweep
 
 from .conftest import langflow_from_golden
-from .tiny import tiny_evaluator, tiny_tokenizer
+from .tiny import paired_cell, tiny_evaluator, tiny_tokenizer
 
 
 SWEEP = {"nfe": [8], "seeds": [0, 1], "num_samples": 4, "batch_size": 2}
@@ -167,22 +167,24 @@ def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_
 def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_baseline_entropy():
     from untied_sc_lab.experiments.rescore import headline_ratios
 
-    paired = {"untied": {"8": {"gen_ppl_ratio": 2.2, "gen_ppl_ratio_ci": [2.0, 2.4]}}}
+    paired = {"untied": {"8": paired_cell(2.2, [2.0, 2.4])}}
     curve = {"untied": {"8": {"ratio": 0.46, "ratio_ci": [0.45, 0.48]}}}
     outside = {"by_sampler": {"untied": {"8": {"ratio": None, "ratio_ci": None}}}}
-    results = {"aggregates": {"paired": paired}, "equal_entropy": curve, "frontiers": outside}
+    results = {"aggregates": {"by_sampler": {}, "paired": paired}, "equal_entropy": curve, "frontiers": outside}
     reading, rows = headline_ratios(results)
     assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
     assert rows["untied"]["8"]["raw_ratio"] == 2.2 and rows["untied"]["8"]["raw_ratio_ci"] == [2.0, 2.4]
     reached = {"by_sampler": {"untied": {"8": {"ratio": 0.7, "ratio_ci": [0.6, 0.8]}}}}
     reading, rows = headline_ratios({**results, "frontiers": reached})
     assert reading == "frontier" and rows["untied"]["8"]["ratio"] == 0.7
-    assert headline_ratios({"aggregates": {"paired": paired}})[0] is None
+    assert headline_ratios({"aggregates": {"by_sampler": {}, "paired": paired}})[0] is None
     # a method its tuning switched off runs the baseline's samples: its frontier "reaches" trivially, and is not read
     neutral = {"ratio": 1.0, "ratio_ci": [1.0, 1.0], "switched_off": True}
     off = {"by_sampler": {**outside["by_sampler"], "Momentum": {"8": neutral}}}
-    paired_off = {**paired, "Momentum": {"8": {"gen_ppl_ratio": 1.0, "gen_ppl_ratio_ci": [1.0, 1.0]}}}
-    reading, rows = headline_ratios({**results, "aggregates": {"paired": paired_off}, "frontiers": off})
+    paired_off = {**paired, "Momentum": {"8": paired_cell(1.0, [1.0, 1.0])}}
+    reading, rows = headline_ratios(
+        {**results, "aggregates": {"by_sampler": {}, "paired": paired_off}, "frontiers": off}
+    )
     assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
     reading, _ = headline_ratios(
         {**results, "frontiers": {"by_sampler": {"Momentum": {"8": {**neutral, "switched_off": False}}}}}
@@ -193,10 +195,13 @@ def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_bas
 def test_the_head_to_head_is_checked_number_by_number_too():
     from untied_sc_lab.experiments.rescore import compare_headlines
 
-    paired = {"untied": {"16": {"gen_ppl_ratio": 0.9, "gen_ppl_ratio_ci": [0.8, 1.0]}}}
+    paired = {"untied": {"16": paired_cell(0.9, [0.8, 1.0])}}
     frontier = {"untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79]}}}
     head = {"sampler": "untied", "against": "HiGS", "ratio": 0.96, "ratio_ci": [0.92, 0.99], "entropy": 4.4}
-    report = {"aggregates": {"paired": paired}, "frontiers": {"by_sampler": frontier, "head_to_head": {"16": [head]}}}
+    report = {
+        "aggregates": {"by_sampler": {}, "paired": paired},
+        "frontiers": {"by_sampler": frontier, "head_to_head": {"16": [head]}},
+    }
     check = compare_headlines(report, report)
     assert check["reproduced"] is True and check["max_relative_difference"] == 0.0
     assert check["head_to_head"] == {"16": {"untied vs HiGS": {"ratio": 0.96, "ratio_ci": [0.92, 0.99]}}}

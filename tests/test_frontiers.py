@@ -8,7 +8,7 @@ import pytest
 from untied_sc_lab.evaluation.curves import RunSamples, frontier_ratio, monotone_cubic
 from untied_sc_lab.experiments.aggregation import frontier_comparison
 
-from .tiny import scored_run
+from .tiny import paired_cell, scored_run
 
 
 def run(ppl: float, entropy: float, n: int = 32, spread: float = 0.0) -> RunSamples:
@@ -93,7 +93,7 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
             "untied": {"scheduler": "untied"},
             "HiGS": {"scheduler": "higs"},
         },
-        "aggregates": {"paired": {"untied": {"8": {"gen_ppl_ratio": 0.59, "gen_ppl_ratio_ci": [0.5, 0.6]}}}},
+        "aggregates": {"by_sampler": {}, "paired": {"untied": {"8": paired_cell(0.59, [0.5, 0.6])}}},
     }
     out = frontier_comparison(results, runs, num_resamples=100)
     assert out["by_sampler"]["untied"]["8"]["ratio"] == pytest.approx(0.7, rel=1e-6)
@@ -114,7 +114,10 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
         runs.append(_record("untied", 8, seed, None, 100.0, 6.0))  # its frontier lies above official's entropy
         runs += [_record("untied", 8, seed, t, 100 * math.exp(t), 5.5 + t) for t in (0.9, 1.1)]
     samplers = {"official": {"scheduler": "official"}, "untied": {"scheduler": "untied"}}
-    results = {"samplers": {**samplers, "Momentum": {"scheduler": "momentum"}}, "aggregates": {"paired": {}}}
+    results = {
+        "samplers": {**samplers, "Momentum": {"scheduler": "momentum"}},
+        "aggregates": {"by_sampler": {}, "paired": {}},
+    }
     out = frontier_comparison(results, runs, num_resamples=50)
     assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
     assert out["by_sampler"]["Momentum"]["8"]["switched_off"] and not out["by_sampler"]["untied"]["8"]["switched_off"]
@@ -123,6 +126,8 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
     lines = "\n".join(_frontier_lines({**report, "num_resamples": 50}))
     assert "- NFE 8: none: no other method has a reading at official's entropy" in lines
     # without a rival at all (only untied swept) there is no head-to-head paragraph
-    only = frontier_comparison({"samplers": samplers, "aggregates": {"paired": {}}}, runs, num_resamples=50)
+    only = frontier_comparison(
+        {"samplers": samplers, "aggregates": {"by_sampler": {}, "paired": {}}}, runs, num_resamples=50
+    )
     alone = _frontier_lines({**report, "frontiers": only, "samplers": samplers, "num_resamples": 50})
     assert not any("Head to head" in line for line in alone)

@@ -98,3 +98,24 @@ def scored_run(
     metrics = dict.fromkeys(SCORE_METRICS) | {"gen_ppl": gen_ppl, "entropy": entropy}
     scores = RunScores(count, count, 1.0, metrics, sum(num_tokens), per_sample)
     return RunRecord(sampler, nfe, seed, value, float(count), scores=scores)
+
+
+def paired_cell(gen_ppl_ratio: float, gen_ppl_ratio_ci: list[float]) -> dict:
+    """A report's paired cell (JSON) with this raw GenPPL ratio and interval, one seed's placeholders elsewhere."""
+    from untied_sc_lab.experiments.aggregates import MeanSE, PairedSummary
+
+    return PairedSummary(
+        baseline="official",
+        seeds=[0],
+        gen_ppl_ratio=gen_ppl_ratio,
+        gen_ppl_ratio_ci=gen_ppl_ratio_ci,
+        gen_ppl_ratio_per_seed=MeanSE(gen_ppl_ratio, None, 1),
+        num_pairs=1,
+        fraction_b_worse=0.0,
+        fraction_tied=0.0,
+        mean_delta=0.0,
+        mean_delta_ci=[0.0, 0.0],
+        fraction_b_worse_ci=[0.0, 0.0],
+        num_dropped=0,
+        retained_throughput=MeanSE(1.0, None, 1),
+    ).to_json()

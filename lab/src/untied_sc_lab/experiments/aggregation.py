@@ -378,7 +378,7 @@ def frontier_comparison(
     when no other method has a reading there.
     """
     samplers = results.get("samplers") or {}
-    paired = results.get("aggregates", {}).get("paired", {})
+    paired = Aggregates.from_json(results["aggregates"]).paired
     nfes = sorted({str(r.nfe) for r in runs if r.sampler != baseline and not r.is_main}, key=int)
     by_sampler: dict = {}
     head_to_head: dict = {}
@@ -394,7 +394,7 @@ def frontier_comparison(
                 continue
             frontiers[sampler] = frontier
             row = frontier_ratio(frontier, reference, **options)
-            raw = paired.get(sampler, {}).get(nfe, {})
+            raw = paired.get(sampler, {}).get(int(nfe))
             entropies = [
                 sum(run.run_entropy for run in point) / len(point)
                 for point in frontier
@@ -403,8 +403,8 @@ def frontier_comparison(
             row.update(
                 points=len(frontier),
                 frontier_entropy_range=[min(entropies), max(entropies)] if entropies else None,
-                raw_ratio=raw.get("gen_ppl_ratio"),
-                raw_ratio_ci=raw.get("gen_ppl_ratio_ci"),
+                raw_ratio=None if raw is None else raw.gen_ppl_ratio,
+                raw_ratio_ci=None if raw is None else raw.gen_ppl_ratio_ci,
                 # its main runs are the baseline's, sample for sample: its frontier is the baseline's own
                 switched_off=frontier[0] == reference,
             )

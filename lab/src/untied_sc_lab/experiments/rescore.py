@@ -21,6 +21,7 @@ from pathlib import Path
 from untied_sc.output_paths import report_paths, rescored_report_name
 
 from ..runs.store import RUN_SETTINGS
+from .aggregates import Aggregates
 from .records import report_records
 from .report import write_results
 from .report_import import read_report_runs
@@ -71,7 +72,6 @@ def report_generation(report: dict, run_samples: Sequence[Sequence], path: str |
         "seconds": report.get("sampling_seconds", sum(run.seconds for run in runs)),
         "runs": [run.to_sampled(knob) for run in runs],
     }
-
 
 
 def rescore_report(
@@ -204,14 +204,15 @@ def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict
     reading = "frontier" if reached else "baseline curve" if results.get("equal_entropy") else None
     rows = frontiers if reading == "frontier" else results.get("equal_entropy") or {}
     out: dict[str, dict[str, dict]] = {}
-    for sampler, by_nfe in results["aggregates"]["paired"].items():
-        for nfe, cell in by_nfe.items():
+    for sampler, by_nfe in Aggregates.from_json(results["aggregates"]).paired.items():
+        for steps, cell in by_nfe.items():
+            nfe = str(steps)  # the rows' JSON key
             row = rows.get(sampler, {}).get(nfe) or {}
             out.setdefault(sampler, {})[nfe] = {
                 "ratio": row.get("ratio"),
                 "ratio_ci": row.get("ratio_ci"),
-                "raw_ratio": cell["gen_ppl_ratio"],
-                "raw_ratio_ci": cell.get("gen_ppl_ratio_headline_ci") or cell["gen_ppl_ratio_ci"],
+                "raw_ratio": cell.gen_ppl_ratio,
+                "raw_ratio_ci": cell.gen_ppl_ratio_headline_ci or cell.gen_ppl_ratio_ci,
             }
     return reading, out
 
