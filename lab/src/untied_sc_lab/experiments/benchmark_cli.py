@@ -22,16 +22,10 @@ def _rescore(args, name: str) -> dict:
     """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
     from .report import format_markdown
     from .rescore import rescore_report
-    from .sweep_settings import ScoringSettings
 
     results = rescore_report(
         args.rescore,
-        ScoringSettings(
-            evaluator=args.evaluator,
-            eval_batch_size=args.eval_batch_size,
-            max_length=args.max_length,
-            num_resamples=args.num_resamples,
-        ),
+        _scoring_settings(args),  # its --protocol is refused: the report's protocol is kept
         name=name,
         output_dir=args.output_dir,
         command=benchmark_command_line(args),
@@ -125,6 +119,19 @@ def _tune_baselines(args, settings, state, store):
     )
     record["evaluator"] = args.evaluator
     return pipe, replace(settings, samplers=samplers), record
+
+
+def _scoring_settings(args):
+    """How the runs are scored and analysed, as the options give it ([`ScoringSettings`])."""
+    from .sweep_settings import ScoringSettings
+
+    return ScoringSettings(
+        evaluator=args.evaluator,
+        protocol=args.protocol,
+        eval_batch_size=args.eval_batch_size,
+        max_length=args.max_length,
+        num_resamples=args.num_resamples,
+    )
 
 
 def _tuning_settings(args):
@@ -233,15 +240,9 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     from .report import format_markdown
     from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
-    from .sweep_settings import ScoringSettings, SweepSettings
+    from .sweep_settings import SweepSettings
 
-    scoring = ScoringSettings(
-        evaluator=args.evaluator,
-        protocol=args.protocol,
-        eval_batch_size=args.eval_batch_size,
-        max_length=args.max_length,
-        num_resamples=args.num_resamples,
-    )
+    scoring = _scoring_settings(args)
     outputs = {"output_dir": args.output_dir, "cache_dir": args.cache_dir, "dtype": args.dtype}
     outputs["store"] = _open_store(args)
     silence_other_processes(state)
