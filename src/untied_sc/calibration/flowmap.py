@@ -6,8 +6,9 @@ official chained trajectories, as §4.3 defines it for ELF, with the flow map's 
 
 import torch
 
+from ..schedulers.flowmap_statistics import FlowMapStatistics
 from ..schedulers.history_directions import history_direction, solver_history_direction, token_cosine_distance
-from ..schedulers.scheduling_flowmap import FlowMapLMScheduler, FlowMapStatistics, flowmap_kappa
+from ..schedulers.scheduling_flowmap import FlowMapLMScheduler, flowmap_kappa
 from .overlap import overlap_basis
 
 
@@ -85,8 +86,10 @@ def flowmap_statistics(
     alpha: float = FLOWMAP_ALPHA,
 ) -> FlowMapStatistics:
     """
-    The statistics of [`UntiedFlowMapLMScheduler`]: Q and ρ² of the network's input maps (`overlap_basis`), and for
-    each N the mean δ̄_k over `num_trajectories` official chained runs (batches seeded `seed`, `seed + 1`, …).
+    The statistics of [`UntiedFlowMapLMScheduler`] for `transformer`: Q and ρ² of the network's input maps
+    (`overlap_basis`), and for each N the mean δ̄_k over `num_trajectories` official chained runs (batches seeded
+    `seed`, `seed + 1`, …). They are the [`FlowMapPipeline`]'s optional component `flowmap_statistics`
+    (`pipe.register_modules(flowmap_statistics=...)`, saved with the folder by `save_pretrained`).
     """
     basis = overlap_basis(*transformer.input_maps())
     table = {}
@@ -105,4 +108,14 @@ def flowmap_statistics(
             count, batch_index = count + size, batch_index + 1
         table[steps] = (sums / count).float()
     q, rho_sq = basis.storage_tensors()
-    return FlowMapStatistics(basis=q, rho_sq=rho_sq, cosine_distance=table)
+    return FlowMapStatistics.build(
+        transformer,
+        q,
+        rho_sq,
+        table,
+        solver_config={key: value for key, value in scheduler.config.items() if not key.startswith("_")},
+        sc_cfg_scale=float(sc_cfg_scale),
+        num_trajectories=num_trajectories,
+        seed=seed,
+        alpha=alpha,
+    )

@@ -16,7 +16,8 @@ from ..families import family_names, family_of_pipeline_class, get_family
 from ..schedulers.coefficients import check_coefficients, coefficients_table
 from ..schedulers.config_checks import check_config_ranges
 from ..schedulers.contract import init_keys
-from ..schedulers.sampler_statistics import SamplerStatistics, check_format_version
+from ..schedulers.flowmap_statistics import FlowMapStatistics
+from ..schedulers.sampler_statistics import SamplerStatistics
 from .remote_code import saved_class_name
 
 
@@ -60,34 +61,43 @@ def safetensors_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_statistics_folder(folder: Path) -> None:
-    """The sampler statistics file holds every tensor its config promises (each calibrated NFE's moments)."""
+# The statistics components a folder may hold, by class name: their class knows their layout.
+STATISTICS_CLASSES = {cls.__name__: cls for cls in (SamplerStatistics, FlowMapStatistics)}
+
+
+def check_statistics_folder(folder: Path, cls: type = SamplerStatistics) -> None:
+    """A statistics component's file (`cls`: [`SamplerStatistics`] or [`FlowMapStatistics`]) holds every tensor its
+    config promises (each calibrated NFE's), in the shapes the config gives."""
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
-    check_format_version(config, str(config_path))
+    cls.check_config(config, str(config_path))
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         return  # a .bin file: diffusers reports it
     present = {name: shape for path in weights for name, shape in safetensors_tensor_shapes(path).items()}
-    expected = SamplerStatistics.tensor_shapes(config)
+    expected = cls.tensor_shapes(config)
     missing = [name for name in expected if name not in present]
+    steps = sorted(config.get("calibrated_steps") or [])
     if missing:
-        steps = sorted(config.get("calibrated_steps") or [])
+        if cls is SamplerStatistics:
+            fix = f"`untied-sc calibrate PIPELINE_DIR --nfe {' '.join(map(str, steps or [8]))} --overwrite`"
+        else:
+            fix = cls.recalibrate_hint
         raise ValueError(
-            f"The sampler statistics in {folder} lack tensors {missing} that {config_path.name} promises "
-            f"(calibrated_steps {steps}). The folder is incomplete: recalibrate with `untied-sc calibrate "
-            f"PIPELINE_DIR --nfe {' '.join(map(str, steps or [8]))} --overwrite`, or remove the NFEs without "
-            "tensors from calibrated_steps."
+            f"The {cls.statistics_name} in {folder} lack tensors {missing} that {config_path.name} promises "
+            f"(calibrated_steps {steps}). The folder is incomplete: recalibrate with {fix}, or remove the NFEs "
+            "without tensors from calibrated_steps."
         )
     wrong = [
         f"{name} {present[name]} (expected {shape})" for name, shape in expected.items() if present[name] != shape
     ]
     if wrong:
+        solver = f"solver {config.get('solver')!r}, " if "solver" in config else ""
         raise ValueError(
-            f"The sampler statistics in {folder} do not fit {config_path.name} (solver {config.get('solver')!r}, "
-            f"latent_dim {config.get('latent_dim')}, rank {config.get('rank')}): tensor shapes {'; '.join(wrong)}. "
-            "The tensor file and the config come from different calibrations (or the file was edited): recalibrate "
-            "with `untied-sc calibrate PIPELINE_DIR --nfe N` into a fresh copy of the pipeline."
+            f"The {cls.statistics_name} in {folder} do not fit {config_path.name} ({solver}latent_dim "
+            f"{config.get('latent_dim')}, rank {config.get('rank')}): tensor shapes {'; '.join(wrong)}. The tensor "
+            "file and the config come from different calibrations (or the file was edited): recalibrate with "
+            f"{cls.recalibrate_hint} into a fresh copy of the pipeline."
         )
 
 
@@ -166,6 +176,7 @@ def check_scheduler_config(path: Path) -> None:
 COMPONENT_ENTRIES = {
     "sampler_statistics": ["untied_sc.schedulers.sampler_statistics", "SamplerStatistics"],
     "ace_statistics": ["untied_sc.calibration.ace", "ACEStatistics"],
+    "flowmap_statistics": ["untied_sc.schedulers.flowmap_statistics", "FlowMapStatistics"],
 }
 
 
@@ -258,5 +269,5 @@ def check_pipeline_folder(folder: Path, pipeline_class: type, passed: set[str] =
             safetensors_tensor_names(weights)
         if name == "scheduler":
             check_scheduler_config(component / "scheduler_config.json")
-        if value[-1] == "SamplerStatistics":
-            check_statistics_folder(component)
+        if value[-1] in STATISTICS_CLASSES:
+            check_statistics_folder(component, STATISTICS_CLASSES[value[-1]])

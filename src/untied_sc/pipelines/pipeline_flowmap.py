@@ -8,10 +8,12 @@ from diffusers import DiffusionPipeline
 
 from ..hub import HUB_KWARGS, resolve_local
 from ..models.flowmap_transformer import FlowMapTransformerModel, read_official_flowmap
+from ..schedulers.flowmap_statistics import FlowMapStatistics
 from ..schedulers.noise import global_generator
 from ..schedulers.run_context import RunContext, start_run
 from ..schedulers.scheduling_elf import ELFScheduler
 from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
+from .artifact_checks import check_pipeline_folder, check_statistics_folder
 from .conversion import save_atomically
 from .outputs import LanguageFlowPipelineOutput
 
@@ -25,6 +27,34 @@ DEFAULT_STEPS = {"fmlm-star": 4, "elf-star": 32, "elf": 32}
 # The teacher's SDE churn: 32 steps → 1.5, 64 → 1.0 (`owt_ELF_b.yml`); other counts as `ELFScheduler` interpolates.
 TEACHER_SDE_GAMMA = {"32": 1.5, "64": 1.0}
 OUTPUT_TYPES = ("text", "seq", "latent")
+STATISTICS = "flowmap_statistics"  # the component's name, and its folder's in a pipeline folder
+
+
+def load_flowmap_statistics(
+    source: str | os.PathLike, revision: str | None = None, **hub_kwargs
+) -> tuple[FlowMapStatistics, Path]:
+    """
+    The flow-map statistics of `source`, a local folder or Hub repo id (downloaded at `revision`, its own, with
+    `hub_kwargs`: `token`, `cache_dir`, ...): a pipeline folder saved with them (their `flowmap_statistics/`) or the
+    component's own folder (`pipe.flowmap_statistics.save_pretrained(DIR)`), checked whole. Returns them and the
+    config file they were read from.
+    """
+    hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in HUB_KWARGS and key != "revision"}
+    try:
+        folder = resolve_local(
+            source, [f"{STATISTICS}/*", "config.json", "*.safetensors"], revision=revision, **hub_kwargs
+        )
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"The flow-map statistics {str(source)!r} could not be read: {error}") from None
+    component = folder / STATISTICS if (folder / STATISTICS / "config.json").is_file() else folder
+    if not (component / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{str(source)!r} ({folder}) holds no flow-map statistics: no {STATISTICS}/config.json. Give a pipeline "
+            "folder or repo saved with them (`pipe.save_pretrained`) or their own folder "
+            "(`pipe.flowmap_statistics.save_pretrained(DIR)`)."
+        )
+    check_statistics_folder(component, FlowMapStatistics)
+    return FlowMapStatistics.from_pretrained(component), component / "config.json"
 
 
 class FlowMapPipeline(DiffusionPipeline):
@@ -43,13 +73,24 @@ class FlowMapPipeline(DiffusionPipeline):
         scheduler ([`FlowMapLMScheduler`], [`CDEQScheduler`] or [`ELFScheduler`]): the sampler.
         tokenizer (*optional*): the GPT-2 tokenizer, for `output_type="text"`.
         sc_cfg_scale (`float`, *optional*): the default SC-CFG scale w (5.0 for FMLM*, 3.0 for ELF* and the teacher).
+        flowmap_statistics ([`FlowMapStatistics`], *optional*): the statistics of the untied transform
+            ([`UntiedFlowMapLMScheduler`] at η_R > 0; `untied_sc.calibration.flowmap.flowmap_statistics` computes
+            them). Every call hands them to the scheduler in its [`RunContext`], where they are checked against the
+            transformer; `save_pretrained` writes them to the folder's `flowmap_statistics/`.
     """
 
     family = "flowmap"
     model_cpu_offload_seq = "transformer"
-    _optional_components = ["tokenizer"]
+    _optional_components = ["tokenizer", STATISTICS]
 
-    def __init__(self, transformer, scheduler, tokenizer=None, sc_cfg_scale: float | None = None):
+    def __init__(
+        self,
+        transformer,
+        scheduler,
+        tokenizer=None,
+        sc_cfg_scale: float | None = None,
+        flowmap_statistics: FlowMapStatistics | None = None,
+    ):
         super().__init__()
         if not isinstance(transformer, FlowMapTransformerModel):
             raise TypeError(f"transformer must be a FlowMapTransformerModel, got {type(transformer).__name__}.")
@@ -58,7 +99,14 @@ class FlowMapPipeline(DiffusionPipeline):
                 "scheduler must be a FlowMapLMScheduler (FMLM*), CDEQScheduler (ELF*) or ELFScheduler (the ELF "
                 f"teacher), got {type(scheduler).__name__}."
             )
-        self.register_modules(transformer=transformer, scheduler=scheduler, tokenizer=tokenizer)
+        if flowmap_statistics is not None and not isinstance(flowmap_statistics, FlowMapStatistics):
+            raise TypeError(
+                "flowmap_statistics must be a FlowMapStatistics (`untied_sc.calibration.flowmap.flowmap_statistics`), "
+                f"got {type(flowmap_statistics).__name__}."
+            )
+        self.register_modules(
+            transformer=transformer, scheduler=scheduler, tokenizer=tokenizer, flowmap_statistics=flowmap_statistics
+        )
         self.register_to_config(sc_cfg_scale=sc_cfg_scale)
 
     @property
@@ -72,11 +120,36 @@ class FlowMapPipeline(DiffusionPipeline):
         """
         diffusers' `from_pretrained`, for a local folder or a Hub repo id: a repo id is downloaded whole first
         ([`resolve_local`]; `revision`, `token`, `cache_dir`... apply), since diffusers' own download would look for
-        the components' `untied_sc` module files in the repo.
+        the components' `untied_sc` module files in the repo. The folder is checked first (`check_pipeline_folder`:
+        every listed component whole, the flow-map statistics' tensors and format version), and the statistics
+        loaded are checked against the transformer, naming their file.
+
+        `flowmap_statistics` given as a folder or repo id (a str or path; a pipeline folder saved with them, or their
+        own folder) loads the pipeline with those statistics instead of the folder's ([`load_flowmap_statistics`];
+        `flowmap_statistics_revision` is their repo's revision, `token` and `cache_dir` apply to it too). A
+        [`FlowMapStatistics`] object (or `None`) is used as it is, as diffusers does.
         """
+        statistics_revision = kwargs.pop(f"{STATISTICS}_revision", None)
+        source = kwargs.get(STATISTICS)
+        if not isinstance(source, str | os.PathLike):
+            if statistics_revision is not None:
+                raise TypeError(
+                    f"{STATISTICS}_revision is the revision of a statistics repo: give the repo too, "
+                    f"`from_pretrained(..., {STATISTICS}='owner/name', {STATISTICS}_revision=...)`."
+                )
+            source = None
         hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
+        where = None
+        if source is not None:  # the small download first: a wrong or unreachable repo fails at once
+            shared = {key: value for key, value in hub_kwargs.items() if key != "revision"}
+            kwargs[STATISTICS], where = load_flowmap_statistics(source, revision=statistics_revision, **shared)
         folder = resolve_local(pretrained_model_name_or_path, **hub_kwargs)
-        return super().from_pretrained(folder, **kwargs)
+        check_pipeline_folder(folder, cls, passed=set(kwargs))
+        pipe = super().from_pretrained(folder, **kwargs)
+        statistics = pipe.flowmap_statistics
+        if statistics is not None and (where is not None or STATISTICS not in kwargs):
+            statistics.check_model(pipe.transformer, where=str(where or folder / STATISTICS / "config.json"))
+        return pipe
 
     @classmethod
     def from_official(
@@ -156,9 +229,15 @@ class FlowMapPipeline(DiffusionPipeline):
 
     def _run_context(self, generator: torch.Generator) -> RunContext:
         """The call's [`RunContext`]: every draw from `generator`; the teacher draws its grid from the generator
-        itself, first, as the official run does (not from a copy, as ELF's own sampler)."""
+        itself, first, as the official run does (not from a copy, as ELF's own sampler); the pipeline's
+        `flowmap_statistics`, which the untied scheduler checks against `model`."""
         grid_generator = generator if isinstance(self.scheduler, ELFScheduler) else None
-        return RunContext.for_call(generator, grid_generator=grid_generator, model=self.transformer)
+        return RunContext.for_call(
+            generator,
+            grid_generator=grid_generator,
+            flowmap_statistics=self.flowmap_statistics,
+            model=self.transformer,
+        )
 
     def denoise_step(self, latents, k, t, scale):
         """One official step: the network call(s) the scheduler asks for, then its `step` (its draws: the run's)."""

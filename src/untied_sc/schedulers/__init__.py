@@ -11,6 +11,7 @@ from .coefficients import (
 )
 from .comparison_names import COMPARISON_METHODS
 from .compatibility import CompatibleSchedulerMixin
+from .flowmap_statistics import FlowMapStatistics
 from .history_directions import (
     active_mask,
     history_direction,

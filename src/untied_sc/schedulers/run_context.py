@@ -17,7 +17,8 @@ import torch
 from .noise import RunRandom
 
 
-if TYPE_CHECKING:  # a type only: the statistics module need not load with every scheduler
+if TYPE_CHECKING:  # types only: the statistics modules need not load with every scheduler
+    from .flowmap_statistics import FlowMapStatistics
     from .sampler_statistics import SamplerStatistics
 
 
@@ -33,6 +34,9 @@ class RunContext:
             is not the generator's start (the conditional generation, [`ELFText2TextPipeline`]).
         statistics ([`SamplerStatistics`], *optional*): the untied sampler's statistics.
         ace_statistics ([`ACEStatistics`], *optional*): ACE's repetition direction (the ACE schedulers).
+        flowmap_statistics ([`FlowMapStatistics`], *optional*): the untied flow-map sampler's statistics
+            ([`UntiedFlowMapLMScheduler`]); a field of their own, as ACE's, since they are another model's record
+            than `statistics` and no scheduler reads both.
         proposal (`tuple[float, float, float]`, *optional*): LangFlow's Gumbel proposal (loc, scale, cutoff) of the
             model ([`LangFlowTransformerModel.gumbel_parameters`]).
         mask (`torch.Tensor` of shape `(batch, length)`, *optional*): the positions the sampler generates (the
@@ -48,6 +52,7 @@ class RunContext:
     grid_generator: torch.Generator | None = None
     statistics: "SamplerStatistics | None" = None
     ace_statistics: Any = None  # an `ACEStatistics` (calibration, a floor above the schedulers)
+    flowmap_statistics: "FlowMapStatistics | None" = None
     proposal: tuple[float, float, float] | None = None
     mask: torch.Tensor | None = None
     model: torch.nn.Module | None = None
@@ -71,17 +76,23 @@ class RunContext:
             return self.random
         return RunRandom(generator)
 
+    def _checked(self, statistics):
+        """`statistics`, after a check that they belong to `model` (when both are given)."""
+        if statistics is not None and self.model is not None:
+            statistics.check_model(self.model)
+        return statistics
+
     def checked_statistics(self) -> "SamplerStatistics | None":
         """`statistics`, after a check that they belong to `model` (when both are given)."""
-        if self.statistics is not None and self.model is not None:
-            self.statistics.check_model(self.model)
-        return self.statistics
+        return self._checked(self.statistics)
 
     def checked_ace_statistics(self):
         """`ace_statistics`, after a check that they belong to `model` (when both are given)."""
-        if self.ace_statistics is not None and self.model is not None:
-            self.ace_statistics.check_model(self.model)
-        return self.ace_statistics
+        return self._checked(self.ace_statistics)
+
+    def checked_flowmap_statistics(self) -> "FlowMapStatistics | None":
+        """`flowmap_statistics`, after a check that they belong to `model` (when both are given)."""
+        return self._checked(self.flowmap_statistics)
 
 
 def run_context(context: RunContext | None, **inputs) -> RunContext:

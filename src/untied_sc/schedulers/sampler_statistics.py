@@ -1,4 +1,5 @@
-"""SamplerStatistics: the precomputed tensors the untied scheduler needs, saved as a pipeline component."""
+"""SamplerStatistics: the precomputed tensors the untied scheduler needs, saved as a pipeline component; and
+[`CalibratedStatistics`], the loading and the model check every statistics component shares."""
 
 import hashlib
 import json
@@ -53,7 +54,7 @@ def latent_width(model: torch.nn.Module) -> int:
 def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The weights that define the overlap geometry: ELF's `self_cond_proj` and bottleneck, LangFlow's SC projection."""
     family = model_family(model)
-    if family == "elf":
+    if family in ("elf", "flowmap"):  # a flow map's self-conditioning enters as ELF's
         return [model.self_cond_proj.weight, model.text_proj.proj1.weight]
     if family == "langflow" and getattr(model.backbone, "self_cond_proj", None) is not None:
         return [model.backbone.self_cond_proj.weight]
@@ -118,7 +119,124 @@ class StepStatistics:
     cosine_distance: torch.Tensor
 
 
-class SamplerStatistics(ModelMixin, ConfigMixin):
+class CalibratedStatistics(ModelMixin, ConfigMixin):
+    """
+    The base of a model's precomputed sampler statistics as a pipeline component ([`SamplerStatistics`],
+    [`FlowMapStatistics`]): persistent buffers that diffusers saves in the component's folder (`config.json` and
+    one safetensors file), a config that records the width (`latent_dim`) and the [`model_fingerprint`]
+    (`model_fingerprint`) of the model they were computed for, and a loading that checks what diffusers lets
+    through. A subclass names itself (`statistics_name`), says how its statistics are computed afresh
+    (`recalibrate_hint`, `_recalibrate_command`) and checks its config's layout (`check_config`).
+    """
+
+    statistics_name = "statistics"
+    # How to compute them afresh, for an error raised before the config is read (a file that does not fit it).
+    recalibrate_hint = ""
+
+    @classmethod
+    def check_config(cls, config: dict, where: str) -> None:
+        """Refuses a config (`where`, its `config.json`) of another layout than this class reads; none here."""
+
+    def _recalibrate_command(self) -> str:
+        """How these statistics are computed afresh for the pipeline's own model."""
+        return self.recalibrate_hint
+
+    def _recalibrate_again(self) -> str:
+        """[`_recalibrate_command`] over statistics a folder already holds."""
+        return self._recalibrate_command()
+
+    def _promised(self) -> str:
+        """What the config promises, for the message of a file that lacks tensors."""
+        return f"calibrated_steps {sorted(self.config.calibrated_steps or [])}"
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
+        """
+        diffusers' loading, then checks: the config's layout ([`check_config`]), every tensor the config promises
+        was in the file (diffusers would leave a missing one at zeros) and every value is finite. Errors name the
+        folder and the fix.
+        """
+        return_info = kwargs.pop("output_loading_info", False)
+        where = os.path.join(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        config_path = os.path.join(where, "config.json")
+        if os.path.isfile(config_path):  # a local folder: refused before diffusers reads the tensors
+            with open(config_path, encoding="utf-8") as file:
+                cls.check_config(json.load(file), config_path)
+        try:
+            statistics, info = super().from_pretrained(
+                pretrained_model_name_or_path, output_loading_info=True, **kwargs
+            )
+        except ValueError as error:  # diffusers: "Cannot load  because <name> expected shape ..."
+            if "expected shape" not in str(error):
+                raise
+            detail = str(error).split(" because ", 1)[-1].split(". ", 1)[0]
+            raise ValueError(
+                f"The {cls.statistics_name} in {where} do not fit their config.json: {detail}. The tensor file and "
+                f"the config come from different calibrations (or the file was edited); recalibrate with "
+                f"{cls.recalibrate_hint} into a fresh copy of the pipeline."
+            ) from None
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:
+            raise ValueError(
+                f"The {cls.statistics_name} in {where} lack tensors {missing} that its config.json promises "
+                f"({statistics._promised()}). Recalibrate with {statistics._recalibrate_again()}."
+            )
+        statistics.check_finite(where)
+        return (statistics, info) if return_info else statistics
+
+    def check_finite(self, where: str | None = None) -> None:
+        """Raises if a tensor holds NaN or Inf (a corrupt file, or a calibration that diverged)."""
+        where = f"these {self.statistics_name}" if where is None else where
+        for name, tensor in self.named_buffers():
+            if not torch.isfinite(tensor).all():
+                count = int((~torch.isfinite(tensor)).sum())
+                raise ValueError(
+                    f"The {self.statistics_name} in {where}: tensor {name!r} holds {count} NaN/Inf value(s). The "
+                    f"file is corrupt or the calibration diverged; recalibrate with {self._recalibrate_again()}."
+                )
+
+    def forward(self) -> None:
+        raise RuntimeError(f"{type(self).__name__} holds tensors; pass it to the scheduler's `set_timesteps`.")
+
+    def check_model(self, model: torch.nn.Module, where: str | None = None) -> None:
+        """
+        Raises if these statistics were computed for another model than `model`: another latent width, or
+        input-projection weights that hash to another fingerprint. `where`: the file they were read from, named in
+        the message.
+        """
+        config = self.config
+        name = self.statistics_name if where is None else f"{self.statistics_name} of {where}"
+        field = "" if where is None else " (`latent_dim`)"
+        recalibrate = self._recalibrate_command()
+        width = latent_width(model)
+        if width != config.latent_dim:
+            raise ValueError(
+                f"The {name} are for latent width {config.latent_dim}{field}, the model has {width}: they "
+                f"belong to another model. Recalibrate with {recalibrate}."
+            )
+        if self._matched_weights.holds(model, config.model_fingerprint):
+            return
+        fingerprint = model_fingerprint(model)
+        if fingerprint != config.model_fingerprint:
+            dtypes = {weight.dtype for weight in input_projection_weights(model)} - {torch.float32}
+            if dtypes:  # a float32 hash cannot match rounded weights
+                raise ValueError(
+                    f"The {name}' fingerprint {config.model_fingerprint!r} hashes the model's "
+                    f"input-projection weights at the precision they were calibrated with, and this model holds them "
+                    f"in {', '.join(sorted(map(str, dtypes)))}: rounding changes the hash, so the statistics cannot "
+                    "be matched to it. Load the transformer in float32 (e.g. `from_pretrained(..., "
+                    "dtype=torch.float32)` and run it under `torch.autocast`), or calibrate statistics at this "
+                    f"precision with {recalibrate}."
+                )
+            raise ValueError(
+                f"The {name} were computed for a model with fingerprint {config.model_fingerprint!r}, "
+                f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
+                f"weights changed). Recalibrate with {recalibrate}."
+            )
+        self._matched_weights.remember(model, fingerprint)
+
+
+class SamplerStatistics(CalibratedStatistics):
     r"""
     Precomputed statistics of untied self-conditioning for one model (docs/algorithm.md §5), as persistent buffers.
     Everything here is determined by the model (and the calibration banks); the coefficients η_R, η_T, η_O, α that
@@ -146,6 +264,9 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
         prompt_banks (`dict`, *optional*): a conditional model's: per NFE (as strings), the prompts the trajectories
             were generated from (`{"file": name, "fingerprint": sha256 of the texts, "count": n}`).
     """
+
+    statistics_name = "sampler statistics"
+    recalibrate_hint = "`untied-sc calibrate PIPELINE_DIR --nfe N`"
 
     @register_to_config
     def __init__(
@@ -240,55 +361,6 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             shapes[f"cosine_distance_nfe{steps}"] = (updates,)
         return shapes
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "SamplerStatistics":
-        """
-        diffusers' loading, then checks: every tensor the config promises was in the file (diffusers would leave a
-        missing one at zeros) and every value is finite. Errors name the folder and the fix.
-        """
-        return_info = kwargs.pop("output_loading_info", False)
-        where = os.path.join(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
-        config_path = os.path.join(where, "config.json")
-        if os.path.isfile(config_path):  # a local folder: refused before diffusers reads the tensors
-            with open(config_path, encoding="utf-8") as file:
-                check_format_version(json.load(file), config_path)
-        try:
-            statistics, info = super().from_pretrained(
-                pretrained_model_name_or_path, output_loading_info=True, **kwargs
-            )
-        except ValueError as error:  # diffusers: "Cannot load  because <name> expected shape ..."
-            if "expected shape" not in str(error):
-                raise
-            detail = str(error).split(" because ", 1)[-1].split(". ", 1)[0]
-            raise ValueError(
-                f"The sampler statistics in {where} do not fit their config.json: {detail}. The tensor file and the "
-                "config come from different calibrations (or the file was edited); recalibrate with `untied-sc "
-                "calibrate PIPELINE_DIR --nfe N` into a fresh copy of the pipeline."
-            ) from None
-        missing = sorted(info.get("missing_keys") or [])
-        if missing:
-            raise ValueError(
-                f"The sampler statistics in {where} lack tensors {missing} that its config.json promises "
-                f"(calibrated_steps {sorted(statistics.config.calibrated_steps or [])}). Recalibrate with "
-                f"{statistics._recalibrate_command()} (add `--overwrite`)."
-            )
-        statistics.check_finite(where)
-        return (statistics, info) if return_info else statistics
-
-    def check_finite(self, where: str = "these sampler statistics") -> None:
-        """Raises if a tensor holds NaN or Inf (a corrupt file, or a calibration that diverged)."""
-        for name, tensor in self.named_buffers():
-            if not torch.isfinite(tensor).all():
-                count = int((~torch.isfinite(tensor)).sum())
-                raise ValueError(
-                    f"The sampler statistics in {where}: tensor {name!r} holds {count} NaN/Inf value(s). The file is "
-                    f"corrupt or the calibration diverged; recalibrate with {self._recalibrate_command()} (add "
-                    "`--overwrite`)."
-                )
-
-    def forward(self) -> None:
-        raise RuntimeError("SamplerStatistics holds tensors; pass it to the scheduler's `set_timesteps`.")
-
     @property
     def base_transform_exponent(self) -> float:
         """λ_R^(0)."""
@@ -314,36 +386,14 @@ class SamplerStatistics(ModelMixin, ConfigMixin):
             cosine_distance=getattr(self, f"cosine_distance_nfe{num_inference_steps}"),
         )
 
+    @classmethod
+    def check_config(cls, config: dict, where: str) -> None:
+        check_format_version(config, where)
+
     def _recalibrate_command(self) -> str:
         """The command that recalibrates these statistics' NFEs for the pipeline's own model."""
         steps = " ".join(map(str, sorted(self.config.calibrated_steps or [8])))
         return f"`untied-sc calibrate PIPELINE_DIR --nfe {steps}`"
 
-    def check_model(self, model: torch.nn.Module) -> None:
-        """Raises if these statistics were computed for another model (width or input-projection weights)."""
-        width = latent_width(model)
-        if width != self.config.latent_dim:
-            raise ValueError(
-                f"The sampler statistics are for latent width {self.config.latent_dim}, the model has {width}: they "
-                f"belong to another model. Recalibrate with {self._recalibrate_command()}."
-            )
-        if self._matched_weights.holds(model, self.config.model_fingerprint):
-            return
-        fingerprint = model_fingerprint(model)
-        if fingerprint != self.config.model_fingerprint:
-            dtypes = {weight.dtype for weight in input_projection_weights(model)} - {torch.float32}
-            if dtypes:  # a float32 hash cannot match rounded weights
-                raise ValueError(
-                    f"The sampler statistics' fingerprint {self.config.model_fingerprint!r} hashes the model's "
-                    f"input-projection weights at the precision they were calibrated with, and this model holds them "
-                    f"in {', '.join(sorted(map(str, dtypes)))}: rounding changes the hash, so the statistics cannot "
-                    "be matched to it. Load the transformer in float32 (e.g. `from_pretrained(..., "
-                    "dtype=torch.float32)` and run it under `torch.autocast`), or calibrate statistics at this "
-                    f"precision with {self._recalibrate_command()}."
-                )
-            raise ValueError(
-                f"The sampler statistics were computed for a model with fingerprint {self.config.model_fingerprint!r}, "
-                f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
-                f"weights changed). Recalibrate with {self._recalibrate_command()}."
-            )
-        self._matched_weights.remember(model, fingerprint)
+    def _recalibrate_again(self) -> str:
+        return f"{self._recalibrate_command()} (add `--overwrite`)"

@@ -10,16 +10,15 @@ official latents bit for bit. The interpolant is z_t = t·x + (1 − t)·noise_s
 sample from `timestep` (the source s = t_k) to `r_timestep` (t_{k+1}; the next grid time when omitted).
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
-from safetensors.torch import load_file, save_file
 
-from ..per_nfe import check_steps, read_steps_table, write_steps_table
+from ..per_nfe import check_steps, read_steps_table
+from .flowmap_statistics import FlowMapStatistics
 from .noise import global_generator
 from .run_context import RunContext, TakesRunContext, run_context
 from .transform import overlap_transform, retention
@@ -475,39 +474,6 @@ def flowmap_kappa(t_curr: float, t_next: float, gamma: float, sampler: str) -> f
     return beta / t_next if t_next > 0 else 0.0
 
 
-@dataclass
-class FlowMapStatistics:
-    """
-    What the untied transform needs of a flow-map model: the overlap basis and the per-step cosine distances.
-
-    Args:
-        basis (`torch.Tensor` of shape `(D, r)`): Q, orthonormal columns spanning row(W_m) (docs/algorithm.md §4.1).
-        rho_sq (`torch.Tensor` of shape `(r,)`): ρ², descending, in [0, 1].
-        cosine_distance (`dict[int, torch.Tensor]`): per number of steps N, δ̄_k for k = 0..N − 1.
-    """
-
-    basis: torch.Tensor
-    rho_sq: torch.Tensor
-    cosine_distance: dict[int, torch.Tensor]
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the statistics to one safetensors file (`basis`, `rho_sq`, `cosine_distance.<N>`)."""
-        tensors = {"basis": self.basis, "rho_sq": self.rho_sq}
-        tensors.update({f"cosine_distance.{n}": d for n, d in write_steps_table(self.cosine_distance).items()})
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "FlowMapStatistics":
-        """Reads a file written by [`save`]; a file without `basis` and `rho_sq` is an error naming it."""
-        tensors = load_file(str(path))
-        missing = [key for key in ("basis", "rho_sq") if key not in tensors]
-        if missing:
-            raise ValueError(f"{path} lacks {missing}; is it a file written by FlowMapStatistics.save?")
-        table = {k.removeprefix("cosine_distance."): v for k, v in tensors.items() if k.startswith("cosine_distance.")}
-        table = read_steps_table(table, f"{path}: cosine_distance")
-        return cls(basis=tensors["basis"], rho_sq=tensors["rho_sq"], cosine_distance=table)
-
-
 class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
     r"""
     The official FMLM* sampler with the untied SC transform of docs/algorithm.md §3.1 on its self-conditioning input
@@ -521,8 +487,9 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
         eps_fp (`float`, defaults to 0.01), global_scaling (`bool`, defaults to `True`): as docs/algorithm.md §3.1.
         other arguments: [`FlowMapLMScheduler`]'s.
 
-    Statistics ([`FlowMapStatistics`], from `untied_sc.calibration.flowmap.flowmap_statistics`) are set with
-    `set_statistics`; they are needed only when η_R > 0.
+    Statistics ([`FlowMapStatistics`], from `untied_sc.calibration.flowmap.flowmap_statistics`) are the run's:
+    [`FlowMapPipeline`] hands its `flowmap_statistics` component in the run's [`RunContext`], a direct call gives
+    them as `set_timesteps(N, flowmap_statistics=...)`. They are needed only when η_R > 0.
     """
 
     _compatibles = ["FlowMapLMScheduler"]
@@ -546,42 +513,52 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
         self._init_state(sampler, gamma, noise_scale, self_conditioning)
         if eta_r < 0 or base_scale < 0:
             raise ValueError(f"eta_r and base_scale must be ≥ 0, got {eta_r} and {base_scale}.")
-        self.statistics: FlowMapStatistics | None = None
+        self._basis: torch.Tensor | None = None
         self._retention: list[torch.Tensor] | None = None
-
-    def set_statistics(self, statistics: FlowMapStatistics) -> None:
-        self.statistics = statistics
 
     def set_timesteps(
         self,
         num_inference_steps: int,
         device: str | torch.device | None = None,
         generator: torch.Generator | None = None,
+        flowmap_statistics: FlowMapStatistics | None = None,
         *,
         context: RunContext | None = None,
     ) -> None:
-        """[`FlowMapLMScheduler.set_timesteps`], then the transform's retention per step from the statistics
-        (`set_statistics`; needed when η_R > 0)."""
-        super().set_timesteps(num_inference_steps, device, generator, context=context)
+        """
+        [`FlowMapLMScheduler.set_timesteps`], then the transform of this run: its basis and retention per step from
+        the statistics (needed when η_R > 0; a run without them transforms nothing).
+
+        Args:
+            num_inference_steps, device, generator: as [`FlowMapLMScheduler.set_timesteps`].
+            flowmap_statistics ([`FlowMapStatistics`], *optional*): the statistics of the model the run samples.
+            context ([`RunContext`], *optional*): the run's inputs (pipelines pass it, with the pipeline's
+                `flowmap_statistics` component, checked against its network); its fields stand for the arguments
+                not given.
+        """
+        run = run_context(context, generator=generator, flowmap_statistics=flowmap_statistics)
+        super().set_timesteps(num_inference_steps, device, context=run)
+        statistics = run.checked_flowmap_statistics()
         strength = self.config.base_scale * self.config.eta_r
-        self._retention = None
+        self._basis = self._retention = None
         if strength == 0:
             return
-        if self.statistics is None:
-            raise ValueError("eta_r > 0 needs the flow-map statistics: call set_statistics(flowmap_statistics(...)).")
-        table = self.statistics.cosine_distance
-        if num_inference_steps not in table:
+        if statistics is None:
             raise ValueError(
-                f"The statistics have cosine distances for N in {sorted(table)}, not N = "
-                f"{num_inference_steps}; calibrate at that N."
+                f"eta_r = {self.config.eta_r} > 0 needs the flow-map statistics (`flowmap_statistics(...)` of "
+                "`untied_sc.calibration.flowmap` computes them): give the pipeline its `flowmap_statistics` "
+                "component (`FlowMapPipeline(..., flowmap_statistics=...)`, a folder saved with them, or "
+                "`FlowMapPipeline.from_pretrained(..., flowmap_statistics=FOLDER_OR_REPO)`), or pass "
+                "`set_timesteps(N, flowmap_statistics=...)`; eta_r = 0 samples the official sampler without them."
             )
-        delta = [float(d) for d in table[num_inference_steps]]
+        delta = [float(d) for d in statistics.for_steps(num_inference_steps)]
         kappa = [
             flowmap_kappa(self._grid[k], self._grid[k + 1], self.gamma, self.config.sampler)
             for k in range(num_inference_steps)
         ]
         a_hat = [0.0] + [kappa[k - 1] * (1.0 - delta[k - 1]) for k in range(1, num_inference_steps)]
-        rho_sq = self.statistics.rho_sq.to(torch.float64)
+        rho_sq = statistics.rho_sq.to(torch.float64)
+        self._basis = statistics.basis
         self._retention = [
             retention(rho_sq, a, strength, self.config.eps_fp, self.config.global_scaling) for a in a_hat
         ]
@@ -591,6 +568,6 @@ class UntiedFlowMapLMScheduler(FlowMapLMScheduler):
         m = super().self_conditioning_input(sample)
         if self._retention is None or self.self_conditioning is None:
             return m
-        basis = self.statistics.basis.to(device=m.device, dtype=m.dtype)
+        basis = self._basis.to(device=m.device, dtype=m.dtype)
         ell = self._retention[self._step_index].to(device=m.device, dtype=m.dtype)
         return overlap_transform(m, basis, ell)
