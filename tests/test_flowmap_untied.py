@@ -6,6 +6,7 @@
   written here (projectors, eigen-decomposition, explicit recursions) that shares no code with the package.
 """
 
+import functools
 import math
 
 import pytest
@@ -13,7 +14,8 @@ import torch
 
 from untied_sc.calibration.flowmap import chained_predictions, flowmap_statistics
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
-from untied_sc.schedulers.scheduling_flowmap import FlowMapLMScheduler, FlowMapStatistics, UntiedFlowMapLMScheduler
+from untied_sc.schedulers.flowmap_statistics import FlowMapStatistics
+from untied_sc.schedulers.scheduling_flowmap import FlowMapLMScheduler, UntiedFlowMapLMScheduler
 
 from .test_flowmap_official import RECORDINGS
 
@@ -21,15 +23,19 @@ from .test_flowmap_official import RECORDINGS
 CHAINED = [name for name, meta in RECORDINGS["fmlm_star"].runs.items() if not meta["sc_free"]]
 
 
-def untied_for(meta, eta_r=0.0, statistics=None):
-    scheduler = UntiedFlowMapLMScheduler(
+def untied_for(meta, eta_r=0.0):
+    return UntiedFlowMapLMScheduler(
         sampler="flow_map" if meta["method"] == "flowmap" else "ctm",
         gamma=meta["gamma"],
         self_conditioning="free" if meta["sc_free"] else "chained",
         eta_r=eta_r,
     )
-    if statistics is not None:
-        scheduler.set_statistics(statistics)
+
+
+def given_statistics(scheduler, statistics):
+    """`scheduler` whose every `set_timesteps` gets `statistics` (a direct caller's keyword), for a loop that calls
+    it without them."""
+    scheduler.set_timesteps = functools.partial(scheduler.set_timesteps, flowmap_statistics=statistics)
     return scheduler
 
 
@@ -51,13 +57,13 @@ def test_zero_strength_is_the_official_sampler_bit_for_bit(run_name, monkeypatch
     run = rec.run(run_name)
     import tests.test_flowmap_official as official_tests
 
-    monkeypatch.setattr(official_tests, "scheduler_for", lambda m: untied_for(m, 0.0, statistics))
+    monkeypatch.setattr(official_tests, "scheduler_for", lambda m: given_statistics(untied_for(m, 0.0), statistics))
     latents = official_tests.replay(rec, run_name, monkeypatch)
     assert torch.equal(latents, run["latents"])
 
 
-def _sample(model, scheduler, steps, seed=42):
-    pipe = FlowMapPipeline(model, scheduler)
+def _sample(model, scheduler, steps, seed=42, statistics=None):
+    pipe = FlowMapPipeline(model, scheduler, flowmap_statistics=statistics)
     pipe.set_progress_bar_config(disable=True)
     generator = torch.Generator().manual_seed(seed)
     return pipe(batch_size=2, num_inference_steps=steps, generator=generator, sc_cfg_scale=5.0, output_type="seq")
@@ -66,14 +72,14 @@ def _sample(model, scheduler, steps, seed=42):
 def test_self_conditioning_free_model_is_unchanged_at_any_strength(model, statistics, one_thread):
     run = RECORDINGS["fmlm_star"].run("ctm_g0.75_n4")
     meta = RECORDINGS["fmlm_star"].runs["ctm_g0.75_n4"]
-    out = _sample(model, untied_for(meta, eta_r=2.0, statistics=statistics), 4)
+    out = _sample(model, untied_for(meta, eta_r=2.0), 4, statistics=statistics)
     assert torch.equal(out.sequences, run["ids"])
 
 
 def test_positive_strength_changes_a_chained_run(model, statistics, one_thread):
     meta = RECORDINGS["fmlm_star"].runs["ctm_hybrid_g0.75_n4"]
     official = _sample(model, untied_for(meta), 4)
-    untied = _sample(model, untied_for(meta, eta_r=3.0, statistics=statistics), 4)
+    untied = _sample(model, untied_for(meta, eta_r=3.0), 4, statistics=statistics)
     assert torch.equal(official.sequences, RECORDINGS["fmlm_star"].run("ctm_hybrid_g0.75_n4")["ids"])
     assert (untied.latents - official.latents).abs().max() > 1e-4
 
@@ -151,8 +157,8 @@ def test_cosine_distances_against_a_float64_reference(model, statistics, one_thr
 def test_transformed_input_against_a_float64_reference(model, statistics, one_thread):
     """Step 1 of a chained ctm run at η_R = 2: m̃_1 = (I − Q(I − diag ℓ)Qᵀ) m_1, ℓ from â_1 = κ_0 (1 − δ̄_0)."""
     eta_r, steps = 2.0, 4
-    scheduler = untied_for({"method": "ctm", "gamma": 0.75, "sc_free": False}, eta_r, statistics)
-    scheduler.set_timesteps(steps)
+    scheduler = untied_for({"method": "ctm", "gamma": 0.75, "sc_free": False}, eta_r)
+    scheduler.set_timesteps(steps, flowmap_statistics=statistics)
     z = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3)) * 2.0
     prediction = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(4))
     scheduler.set_prepass(torch.zeros_like(z))
@@ -171,11 +177,13 @@ def test_transformed_input_against_a_float64_reference(model, statistics, one_th
 
 def test_strength_needs_statistics_for_the_step_count(statistics):
     scheduler = untied_for({"method": "ctm", "gamma": 1.0, "sc_free": False}, 1.0)
-    with pytest.raises(ValueError, match="set_statistics"):
+    with pytest.raises(ValueError, match=r"flowmap_statistics.*set_timesteps\(N, flowmap_statistics=\.\.\.\)"):
         scheduler.set_timesteps(4)
-    scheduler.set_statistics(statistics)
     with pytest.raises(ValueError, match="calibrate at that N"):
-        scheduler.set_timesteps(3)
+        scheduler.set_timesteps(3, flowmap_statistics=statistics)
+    scheduler.set_timesteps(4, flowmap_statistics=statistics)
+    with pytest.raises(ValueError, match="flowmap_statistics"):  # a run's statistics are its own: none carried over
+        scheduler.set_timesteps(4)
     assert isinstance(statistics, FlowMapStatistics)
 
 
@@ -190,8 +198,8 @@ def test_config_and_statistics_round_trip(tmp_path, statistics):
     )
     official = FlowMapLMScheduler.from_config(untied.config)  # the official sampler of the same run
     assert (official.config.sampler, official.config.self_conditioning) == ("flow_map", "chained")
-    statistics.save(tmp_path / "statistics.safetensors")
-    again = FlowMapStatistics.load(tmp_path / "statistics.safetensors")
+    statistics.save_pretrained(tmp_path / "statistics")
+    again = FlowMapStatistics.from_pretrained(tmp_path / "statistics")
     assert torch.equal(again.basis, statistics.basis) and torch.equal(again.rho_sq, statistics.rho_sq)
     assert again.cosine_distance.keys() == statistics.cosine_distance.keys()
     assert all(torch.equal(again.cosine_distance[n], d) for n, d in statistics.cosine_distance.items())

@@ -50,7 +50,8 @@ from untied_sc.schedulers import (
     UntiedELFScheduler,
     UntiedLangFlowScheduler,
 )
-from untied_sc.schedulers.scheduling_flowmap import FlowMapStatistics, UntiedFlowMapLMScheduler
+from untied_sc.schedulers.flowmap_statistics import FlowMapStatistics
+from untied_sc.schedulers.scheduling_flowmap import UntiedFlowMapLMScheduler
 
 from .test_scheduler_config import diffusers_warnings
 
@@ -455,26 +456,31 @@ def test_a_scheduler_declares_whether_its_step_takes_guidance():
         assert getattr(cls, "takes_guidance", False) is ("guidance" in inspect.signature(cls.step).parameters), cls
 
 
-def _untied_flowmap() -> UntiedFlowMapLMScheduler:
-    """An untied ctm sampler at η_R > 0 on toy statistics (Q, ρ², δ̄ for STEPS)."""
+def _flowmap_statistics() -> FlowMapStatistics:
+    """Toy statistics of the untied flow-map sampler (Q, ρ², δ̄ for STEPS), for no model in particular."""
     g = torch.Generator().manual_seed(2)
-    statistics = FlowMapStatistics(
-        basis=torch.linalg.qr(torch.randn(WIDTH, RANK, generator=g)).Q,
-        rho_sq=torch.sort(torch.rand(RANK, generator=g, dtype=torch.float64) * 0.9, descending=True).values,
-        cosine_distance={STEPS: 0.1 + 0.8 * torch.rand(STEPS, generator=g)},
-    )
-    scheduler = UntiedFlowMapLMScheduler(gamma=0.75, self_conditioning="chained", eta_r=1.5)
-    scheduler.set_statistics(statistics)
-    return scheduler
+    statistics = FlowMapStatistics(latent_dim=WIDTH, rank=RANK, calibrated_steps=[STEPS])
+    with torch.no_grad():
+        statistics.basis.copy_(torch.linalg.qr(torch.randn(WIDTH, RANK, generator=g)).Q)
+        rho_sq = torch.sort(torch.rand(RANK, generator=g, dtype=torch.float64) * 0.9, descending=True).values
+        statistics.rho_sq.copy_(rho_sq)
+        getattr(statistics, f"cosine_distance_nfe{STEPS}").copy_(0.1 + 0.8 * torch.rand(STEPS, generator=g))
+    return statistics
 
+
+FLOWMAP_STATISTICS = _flowmap_statistics()
 
 # The flow-map schedulers (their own loop: the network's times are `prediction_timesteps`, cdeq's `model_timestep`),
-# and whether a run draws from its generator.
+# whether a run draws from its generator, and the run's other inputs (the untied sampler's statistics at η_R > 0).
 FLOWMAP_CASES = {
-    "ctm": (lambda: FlowMapLMScheduler(gamma=0.75, self_conditioning="chained"), True),
-    "flow_map": (lambda: FlowMapLMScheduler(sampler="flow_map"), False),
-    "cdeq": (CDEQScheduler, True),
-    "untied-ctm": (_untied_flowmap, True),
+    "ctm": (lambda: FlowMapLMScheduler(gamma=0.75, self_conditioning="chained"), True, {}),
+    "flow_map": (lambda: FlowMapLMScheduler(sampler="flow_map"), False, {}),
+    "cdeq": (CDEQScheduler, True, {}),
+    "untied-ctm": (
+        lambda: UntiedFlowMapLMScheduler(gamma=0.75, self_conditioning="chained", eta_r=1.5),
+        True,
+        {"flowmap_statistics": FLOWMAP_STATISTICS},
+    ),
 }
 
 
@@ -502,24 +508,25 @@ def _flowmap_sample(scheduler, step_generator=None, **inputs) -> torch.Tensor:
 def test_the_run_context_stands_for_the_keyword_arguments_of_a_flowmap_scheduler(name):
     """The flow-map pipeline hands `set_timesteps(N, device=..., context=RunContext(...))`: the same run as the
     generator given as a keyword (to `set_timesteps`, or to ctm's `step`)."""
-    build, draws = FLOWMAP_CASES[name]
+    build, draws, inputs = FLOWMAP_CASES[name]
     scheduler = build()
     assert isinstance(scheduler, TakesRunContext)
     assert inspect.signature(scheduler.set_timesteps).parameters["context"].kind is inspect.Parameter.KEYWORD_ONLY
-    by_keywords = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3))
-    by_context = _flowmap_sample(scheduler, context=RunContext(generator=torch.Generator().manual_seed(3)))
+    by_keywords = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3), **inputs)
+    by_context = _flowmap_sample(scheduler, context=RunContext(generator=torch.Generator().manual_seed(3), **inputs))
     assert torch.equal(by_context, by_keywords)
     if not isinstance(scheduler, CDEQScheduler):
-        assert torch.equal(_flowmap_sample(build(), step_generator=torch.Generator().manual_seed(3)), by_keywords)
-    other_seed = _flowmap_sample(build(), context=RunContext(generator=torch.Generator().manual_seed(4)))
+        by_step = _flowmap_sample(build(), step_generator=torch.Generator().manual_seed(3), **inputs)
+        assert torch.equal(by_step, by_keywords)
+    other_seed = _flowmap_sample(build(), context=RunContext(generator=torch.Generator().manual_seed(4), **inputs))
     assert torch.equal(other_seed, by_keywords) is not draws  # the generator is the one the run draws from
 
 
-@pytest.mark.parametrize("name", [name for name, (_, draws) in FLOWMAP_CASES.items() if draws])
+@pytest.mark.parametrize("name", [name for name, (_, draws, _) in FLOWMAP_CASES.items() if draws])
 def test_a_keyword_wins_over_the_run_context_of_a_flowmap_scheduler(name):
-    build, _ = FLOWMAP_CASES[name]
-    reference = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3))
-    context = RunContext(generator=torch.Generator().manual_seed(99))
+    build, _, inputs = FLOWMAP_CASES[name]
+    reference = _flowmap_sample(build(), generator=torch.Generator().manual_seed(3), **inputs)
+    context = RunContext(generator=torch.Generator().manual_seed(99), **inputs)
     assert torch.equal(
         _flowmap_sample(build(), generator=torch.Generator().manual_seed(3), context=context), reference
     )
