@@ -1,0 +1,203 @@
+"""The untied flow-map sampler's statistics as the `flowmap_statistics` component of `FlowMapPipeline`, on the
+recorded tiny FMLM* model: saved and loaded with the folder (or from a folder or Hub repo of their own), checked
+against the network, and handed to the scheduler in the run's context, giving the direct scheduler run token for
+token.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from untied_sc.calibration.flowmap import flowmap_statistics
+from untied_sc.models.flowmap_transformer import FlowMapTransformerModel
+from untied_sc.pipelines import load_pipeline
+from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
+from untied_sc.schedulers.flowmap_statistics import FORMAT_VERSION, FlowMapStatistics
+from untied_sc.schedulers.run_context import RunContext
+from untied_sc.schedulers.scheduling_flowmap import FlowMapLMScheduler, UntiedFlowMapLMScheduler
+
+from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
+from .test_flowmap_official import RECORDINGS
+from .test_hub_http import hub, loopback_guard  # noqa: F401  (fixtures)
+
+
+STEPS, SCALE, ETA_R = 4, 5.0, 3.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return RECORDINGS["fmlm_star"].model()
+
+
+@pytest.fixture(scope="module")
+def statistics(model):
+    torch.set_num_threads(1)
+    scheduler = FlowMapLMScheduler(sampler="ctm", gamma=0.75, self_conditioning="chained")
+    return flowmap_statistics(model, scheduler, [STEPS], sc_cfg_scale=SCALE, num_trajectories=2, batch_size=2)
+
+
+def untied(eta_r=ETA_R):
+    return UntiedFlowMapLMScheduler(gamma=0.75, self_conditioning="chained", eta_r=eta_r)
+
+
+def sample(pipe, seed=42):
+    pipe.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(seed)
+    return pipe(batch_size=2, num_inference_steps=STEPS, generator=generator, sc_cfg_scale=SCALE, output_type="seq")
+
+
+def other_weights(model) -> FlowMapTransformerModel:
+    """The same network with another self-conditioning projection: same width, another fingerprint."""
+    other = FlowMapTransformerModel(**{k: v for k, v in model.config.items() if not k.startswith("_")}).eval()
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        other.self_cond_proj.weight.mul_(1.5)
+    return other
+
+
+@pytest.fixture
+def saved(tmp_path, model, statistics):
+    """A pipeline folder saved with the component."""
+    folder = tmp_path / "pipe"
+    FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE, flowmap_statistics=statistics).save_pretrained(folder)
+    return folder
+
+
+def test_the_pipeline_run_is_the_direct_scheduler_run_token_for_token(model, statistics, one_thread):
+    """The component in the run's context gives what `set_timesteps(N, generator=, flowmap_statistics=)` and the
+    flow-map loop give by hand (the official loop: z_0 from the generator, then ctm's draws)."""
+    out = sample(FlowMapPipeline(model, untied(), flowmap_statistics=statistics))
+
+    scheduler, generator = untied(), torch.Generator().manual_seed(42)
+    scheduler.set_timesteps(STEPS, generator=generator, flowmap_statistics=statistics)
+    z = torch.randn((2, model.config.max_length, model.config.latent_dim), generator=generator) * 2.0
+    with torch.no_grad():
+        for k, t in enumerate(scheduler.timesteps.tolist()):
+            if scheduler.needs_prepass:
+                scheduler.set_prepass(model(z, t, source_timestep=t, sc_cfg_scale=SCALE).sample)
+            sc = scheduler.self_conditioning_input(z)
+            target = scheduler.prediction_timesteps[k]
+            prediction = model(z, target, source_timestep=t, self_conditioning=sc, sc_cfg_scale=SCALE).sample
+            z = scheduler.step(prediction, t, z).prev_sample
+        logits = model(z, 1.0, source_timestep=1.0, sc_cfg_scale=SCALE, decoder_step_active=True).logits
+    assert torch.equal(out.latents, z)
+    assert torch.equal(out.sequences, logits.argmax(dim=-1))
+    official = sample(FlowMapPipeline(model, untied(eta_r=0.0), flowmap_statistics=statistics))
+    assert (official.latents - out.latents).abs().max() > 1e-4  # the statistics were used
+
+
+def test_save_and_load_the_pipeline_with_its_statistics(saved, model, statistics, one_thread):
+    index = json.loads((saved / "model_index.json").read_text())
+    assert index["flowmap_statistics"] == ["untied_sc.schedulers.flowmap_statistics", "FlowMapStatistics"]
+    config = json.loads((saved / "flowmap_statistics" / "config.json").read_text())
+    assert (config["format_version"], config["latent_dim"], config["calibrated_steps"]) == (FORMAT_VERSION, 16, [4])
+    assert config["sc_cfg_scale"] == SCALE and config["solver_config"]["self_conditioning"] == "chained"
+    reference = sample(FlowMapPipeline(model, untied(), flowmap_statistics=statistics))
+    for load in (FlowMapPipeline.from_pretrained, load_pipeline):
+        pipe = load(saved)
+        loaded = pipe.flowmap_statistics
+        assert isinstance(loaded, FlowMapStatistics) and isinstance(pipe.scheduler, UntiedFlowMapLMScheduler)
+        assert torch.equal(loaded.basis, statistics.basis) and torch.equal(loaded.rho_sq, statistics.rho_sq)
+        assert torch.equal(loaded.cosine_distance[STEPS], statistics.cosine_distance[STEPS])
+        assert torch.equal(sample(pipe).sequences, reference.sequences)
+    without = saved.parent / "without"
+    FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE).save_pretrained(without)
+    assert not (without / "flowmap_statistics").exists()
+    bare = FlowMapPipeline.from_pretrained(without)
+    assert bare.flowmap_statistics is None
+    given = FlowMapPipeline.from_pretrained(without, flowmap_statistics=saved)  # a pipeline folder's statistics
+    assert torch.equal(sample(given).sequences, reference.sequences)
+    statistics.save_pretrained(saved.parent / "own")  # or their own folder
+    given = FlowMapPipeline.from_pretrained(without, flowmap_statistics=saved.parent / "own")
+    assert torch.equal(sample(given).sequences, reference.sequences)
+
+
+def test_statistics_of_another_model_are_refused_naming_the_file_and_field(saved, model, statistics, one_thread):
+    narrow = FlowMapTransformerModel(
+        **{**{k: v for k, v in model.config.items() if not k.startswith("_")}, "latent_dim": 12}
+    )
+    foreign = FlowMapStatistics.build(narrow, torch.eye(12)[:, :8], torch.full((8,), 0.5), {STEPS: torch.zeros(4)})
+    foreign.save_pretrained(saved.parent / "narrow")
+    config = saved.parent / "narrow" / "config.json"
+    with pytest.raises(ValueError, match=r"latent width 12 \(`latent_dim`\), the model has 16") as error:
+        FlowMapPipeline.from_pretrained(saved, flowmap_statistics=saved.parent / "narrow")
+    assert str(config) in str(error.value) and "flowmap_statistics(pipe.transformer" in str(error.value)
+
+    # The folder's own statistics, its transformer retrained since: refused at loading, naming the folder's file.
+    other = other_weights(model)
+    other.save_pretrained(saved / "transformer")
+    with pytest.raises(ValueError, match="belong to another model") as error:
+        FlowMapPipeline.from_pretrained(saved)
+    assert str(saved / "flowmap_statistics" / "config.json") in str(error.value)
+
+    # Built in memory, refused by the run (the run's context checks them against its network).
+    pipe = FlowMapPipeline(other, untied(), flowmap_statistics=statistics)
+    with pytest.raises(ValueError, match="fingerprint .* belong to another model"):
+        sample(pipe)
+    with pytest.raises(ValueError, match="belong to another model"):
+        untied().set_timesteps(STEPS, context=RunContext(flowmap_statistics=statistics, model=other))
+    with pytest.raises(TypeError, match="FlowMapStatistics"):
+        FlowMapPipeline(model, untied(), flowmap_statistics={"basis": statistics.basis})
+
+
+def test_a_run_at_positive_strength_without_statistics_says_how_to_give_them(model, one_thread):
+    with pytest.raises(ValueError, match=r"`flowmap_statistics` component .*`set_timesteps\(N, flowmap_statistics="):
+        sample(FlowMapPipeline(model, untied()))
+    assert sample(FlowMapPipeline(model, untied(eta_r=0.0))).sequences.shape == (2, 8)  # η_R = 0 needs none
+
+
+def test_the_run_context_hands_the_statistics_and_a_keyword_wins(model, statistics):
+    """`set_timesteps(N, context=RunContext(flowmap_statistics=...))` is the keyword's run; the keyword wins."""
+    z, prediction = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3)), torch.randn(2, 8, 16)
+
+    def second_input(**inputs):
+        scheduler = untied()
+        scheduler.set_timesteps(STEPS, **inputs)
+        scheduler.set_prepass(torch.zeros_like(z))
+        scheduler.step(prediction, scheduler.timesteps[0], z, generator=torch.Generator().manual_seed(5))
+        return scheduler.self_conditioning_input(z)
+
+    by_keyword = second_input(flowmap_statistics=statistics)
+    assert torch.equal(second_input(context=RunContext(flowmap_statistics=statistics, model=model)), by_keyword)
+    assert not torch.equal(by_keyword, prediction)  # transformed
+    foreign = FlowMapStatistics.build(model, statistics.basis, statistics.rho_sq, {STEPS: torch.ones(STEPS)})
+    context = RunContext(flowmap_statistics=foreign)
+    assert torch.equal(second_input(flowmap_statistics=statistics, context=context), by_keyword)
+    assert not torch.equal(second_input(context=context), by_keyword)
+
+
+def test_a_damaged_statistics_folder_names_the_file_and_the_fix(saved):
+    component = saved / "flowmap_statistics"
+    config_path = component / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "format_version": 7}))
+    with pytest.raises(ValueError, match=r"config.json has `format_version: 7`.*flowmap_statistics\("):
+        FlowMapPipeline.from_pretrained(saved)
+    config_path.write_text(json.dumps(config))
+    weights = next(component.glob("*.safetensors"))
+    tensors = load_file(weights)
+    save_file({k: v for k, v in tensors.items() if k != f"cosine_distance_nfe{STEPS}"}, weights)
+    with pytest.raises(ValueError, match=r"lack tensors \['cosine_distance_nfe4'\].*calibrated_steps \[4\]"):
+        FlowMapPipeline.from_pretrained(saved)
+
+
+def test_statistics_from_a_hub_repo_of_their_own(hub, loopback_guard, saved, model, statistics, one_thread):  # noqa: F811
+    """`from_pretrained(BASE, flowmap_statistics="owner/name")` downloads the statistics' folder only, at their
+    own revision, and samples as the folder saved with them."""
+    reference = sample(FlowMapPipeline.from_pretrained(saved))
+    own = saved.parent / "statistics-repo"
+    (own / "flowmap_statistics").mkdir(parents=True)
+    statistics.save_pretrained(own / "flowmap_statistics")
+    commit = hub.commit("someone/fmlm-flowmap-statistics", own, "flow-map statistics")
+    base = saved.parent / "base"
+    FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE).save_pretrained(base)
+    pipe = FlowMapPipeline.from_pretrained(
+        base, flowmap_statistics="someone/fmlm-flowmap-statistics", flowmap_statistics_revision=commit
+    )
+    assert torch.equal(sample(pipe).sequences, reference.sequences)
+    with pytest.raises(FileNotFoundError, match="could not be read"):
+        FlowMapPipeline.from_pretrained(base, flowmap_statistics="someone/no-such-statistics")
+    with pytest.raises(TypeError, match="flowmap_statistics_revision"):
+        FlowMapPipeline.from_pretrained(base, flowmap_statistics_revision=commit)
