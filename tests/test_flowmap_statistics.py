@@ -10,32 +10,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from untied_sc.calibration.flowmap import flowmap_statistics
 from untied_sc.models.flowmap_transformer import FlowMapTransformerModel
 from untied_sc.pipelines import load_pipeline
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
 from untied_sc.schedulers.flowmap_statistics import FORMAT_VERSION, FlowMapStatistics
 from untied_sc.schedulers.run_context import RunContext
-from untied_sc.schedulers.scheduling_flowmap import FlowMapLMScheduler, UntiedFlowMapLMScheduler
+from untied_sc.schedulers.scheduling_flowmap import UntiedFlowMapLMScheduler
 
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
-from .test_flowmap_official import RECORDINGS
+from .test_flowmap_untied import model, statistics  # noqa: F401  (fixtures: the recorded model, its statistics)
 from .test_hub_http import hub, loopback_guard  # noqa: F401  (fixtures)
 
 
 STEPS, SCALE, ETA_R = 4, 5.0, 3.0
-
-
-@pytest.fixture(scope="module")
-def model():
-    return RECORDINGS["fmlm_star"].model()
-
-
-@pytest.fixture(scope="module")
-def statistics(model):
-    torch.set_num_threads(1)
-    scheduler = FlowMapLMScheduler(sampler="ctm", gamma=0.75, self_conditioning="chained")
-    return flowmap_statistics(model, scheduler, [STEPS], sc_cfg_scale=SCALE, num_trajectories=2, batch_size=2)
 
 
 def untied(eta_r=ETA_R):
@@ -48,24 +35,24 @@ def sample(pipe, seed=42):
     return pipe(batch_size=2, num_inference_steps=STEPS, generator=generator, sc_cfg_scale=SCALE, output_type="seq")
 
 
-def other_weights(model) -> FlowMapTransformerModel:
+def other_weights(network) -> FlowMapTransformerModel:
     """The same network with another self-conditioning projection: same width, another fingerprint."""
-    other = FlowMapTransformerModel(**{k: v for k, v in model.config.items() if not k.startswith("_")}).eval()
-    other.load_state_dict(model.state_dict())
+    other = FlowMapTransformerModel(**{k: v for k, v in network.config.items() if not k.startswith("_")}).eval()
+    other.load_state_dict(network.state_dict())
     with torch.no_grad():
         other.self_cond_proj.weight.mul_(1.5)
     return other
 
 
 @pytest.fixture
-def saved(tmp_path, model, statistics):
+def saved(tmp_path, model, statistics):  # noqa: F811
     """A pipeline folder saved with the component."""
     folder = tmp_path / "pipe"
     FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE, flowmap_statistics=statistics).save_pretrained(folder)
     return folder
 
 
-def test_the_pipeline_run_is_the_direct_scheduler_run_token_for_token(model, statistics, one_thread):
+def test_the_pipeline_run_is_the_direct_scheduler_run_token_for_token(model, statistics, one_thread):  # noqa: F811
     """The component in the run's context gives what `set_timesteps(N, generator=, flowmap_statistics=)` and the
     flow-map loop give by hand (the official loop: z_0 from the generator, then ctm's draws)."""
     out = sample(FlowMapPipeline(model, untied(), flowmap_statistics=statistics))
@@ -88,11 +75,15 @@ def test_the_pipeline_run_is_the_direct_scheduler_run_token_for_token(model, sta
     assert (official.latents - out.latents).abs().max() > 1e-4  # the statistics were used
 
 
-def test_save_and_load_the_pipeline_with_its_statistics(saved, model, statistics, one_thread):
+def test_save_and_load_the_pipeline_with_its_statistics(saved, model, statistics, one_thread):  # noqa: F811
     index = json.loads((saved / "model_index.json").read_text())
     assert index["flowmap_statistics"] == ["untied_sc.schedulers.flowmap_statistics", "FlowMapStatistics"]
     config = json.loads((saved / "flowmap_statistics" / "config.json").read_text())
-    assert (config["format_version"], config["latent_dim"], config["calibrated_steps"]) == (FORMAT_VERSION, 16, [4])
+    assert (config["format_version"], config["latent_dim"], config["calibrated_steps"]) == (
+        FORMAT_VERSION,
+        16,
+        [2, 4, 8],
+    )
     assert config["sc_cfg_scale"] == SCALE and config["solver_config"]["self_conditioning"] == "chained"
     reference = sample(FlowMapPipeline(model, untied(), flowmap_statistics=statistics))
     for load in (FlowMapPipeline.from_pretrained, load_pipeline):
@@ -114,7 +105,12 @@ def test_save_and_load_the_pipeline_with_its_statistics(saved, model, statistics
     assert torch.equal(sample(given).sequences, reference.sequences)
 
 
-def test_statistics_of_another_model_are_refused_naming_the_file_and_field(saved, model, statistics, one_thread):
+def test_statistics_of_another_model_are_refused_naming_the_file_and_field(
+    saved,
+    model,  # noqa: F811
+    statistics,  # noqa: F811
+    one_thread,
+):
     narrow = FlowMapTransformerModel(
         **{**{k: v for k, v in model.config.items() if not k.startswith("_")}, "latent_dim": 12}
     )
@@ -142,13 +138,13 @@ def test_statistics_of_another_model_are_refused_naming_the_file_and_field(saved
         FlowMapPipeline(model, untied(), flowmap_statistics={"basis": statistics.basis})
 
 
-def test_a_run_at_positive_strength_without_statistics_says_how_to_give_them(model, one_thread):
+def test_a_run_at_positive_strength_without_statistics_says_how_to_give_them(model, one_thread):  # noqa: F811
     with pytest.raises(ValueError, match=r"`flowmap_statistics` component .*`set_timesteps\(N, flowmap_statistics="):
         sample(FlowMapPipeline(model, untied()))
     assert sample(FlowMapPipeline(model, untied(eta_r=0.0))).sequences.shape == (2, 8)  # η_R = 0 needs none
 
 
-def test_the_run_context_hands_the_statistics_and_a_keyword_wins(model, statistics):
+def test_the_run_context_hands_the_statistics_and_a_keyword_wins(model, statistics):  # noqa: F811
     """`set_timesteps(N, context=RunContext(flowmap_statistics=...))` is the keyword's run; the keyword wins."""
     z, prediction = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3)), torch.randn(2, 8, 16)
 
@@ -179,11 +175,18 @@ def test_a_damaged_statistics_folder_names_the_file_and_the_fix(saved):
     weights = next(component.glob("*.safetensors"))
     tensors = load_file(weights)
     save_file({k: v for k, v in tensors.items() if k != f"cosine_distance_nfe{STEPS}"}, weights)
-    with pytest.raises(ValueError, match=r"lack tensors \['cosine_distance_nfe4'\].*calibrated_steps \[4\]"):
+    with pytest.raises(ValueError, match=r"lack tensors \['cosine_distance_nfe4'\].*calibrated_steps \[2, 4, 8\]"):
         FlowMapPipeline.from_pretrained(saved)
 
 
-def test_statistics_from_a_hub_repo_of_their_own(hub, loopback_guard, saved, model, statistics, one_thread):  # noqa: F811
+def test_statistics_from_a_hub_repo_of_their_own(
+    hub,  # noqa: F811
+    loopback_guard,  # noqa: F811
+    saved,
+    model,  # noqa: F811
+    statistics,  # noqa: F811
+    one_thread,
+):
     """`from_pretrained(BASE, flowmap_statistics="owner/name")` downloads the statistics' folder only, at their
     own revision, and samples as the folder saved with them."""
     reference = sample(FlowMapPipeline.from_pretrained(saved))
