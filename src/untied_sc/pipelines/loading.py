@@ -22,7 +22,8 @@ def load_pipeline(source: str | os.PathLike, conditional: bool = False, **kwargs
     """
     Loads a pipeline folder (or Hub repo id) of a registered family ([`ELFPipeline`], [`LangFlowPipeline`],
     [`FlowMapPipeline`]), picking the class from `model_index.json`; the keyword arguments are `from_pretrained`'s (`sampler_statistics=` a statistics folder or
-    repo, `sampler_statistics_revision=` its revision). With `conditional=True` (a caller that handles prompts), an
+    repo, `sampler_statistics_revision=` its revision; a flow map's `flowmap_statistics=` and
+    `flowmap_statistics_revision=` likewise). With `conditional=True` (a caller that handles prompts), an
     [`ELFText2TextPipeline`] folder too; otherwise such a folder is refused, naming what takes it.
     """
     hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
