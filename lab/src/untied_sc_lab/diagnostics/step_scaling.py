@@ -141,7 +141,8 @@ class StepScalingResult:
     pooled_exponents: dict[str, dict] = field(default_factory=dict)
     excluded: list[dict] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
+        """The result as the JSON payload stores it."""
         return asdict(self)
 
 
