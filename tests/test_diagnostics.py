@@ -11,9 +11,9 @@ from untied_sc import ELFPipeline, LangFlowPipeline
 from untied_sc.cli import main
 from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
 from untied_sc_lab.diagnostics import coupling as coupling_module
+from untied_sc_lab.diagnostics.bootstrap import BootstrapEstimate
 from untied_sc_lab.diagnostics.coupling import (
     CouplingResult,
-    PairedDifference,
     coupled_noise,
     coupling_experiment,
     optimal_coefficient,
@@ -228,7 +228,7 @@ def test_coupling_is_reproducible_and_consistent(family, pipes):
         assert len(first.alpha_star[n]) == 5 and all(math.isfinite(a) for a in first.alpha_star[n])
         assert len(first.alpha_star_by_step[n][0]) == n - 1  # steps k ≥ 1
         difference = first.paired_difference[n]
-        assert difference.estimate == pytest.approx(first.alpha_star[n][0] - first.alpha_star[n][-1])
+        assert difference.value == pytest.approx(first.alpha_star[n][0] - first.alpha_star[n][-1])
         assert difference.ci[0] <= difference.ci[1] and difference.resamples == 20
     with pytest.raises(ValueError, match="shape"):
         coupling_experiment(pipe, clean[:, :3], [4], progress=False)
@@ -242,24 +242,24 @@ def test_step_scaling_end_to_end(family, pipes):
     )
     assert result.prefixes == [4, 2]
     for n in (4, 6):  # ELF: its final step to t = 1 is left out; LangFlow's final evaluation updates nothing
-        rows = [row for row in result.steps if row["nfe"] == n]
-        assert {row["call"] for row in rows} == {0, 1} and len(rows) <= 2 * (n - 1)
+        rows = [row for row in result.steps if row.nfe == n]
+        assert {row.call for row in rows} == {0, 1} and len(rows) <= 2 * (n - 1)
     for row in result.steps:
-        assert row["widths"][1] == pytest.approx(row["width"] / 2)  # m = 2 of 4 equal substeps
-        assert all(v > 0 for v in row["correction_rms"])
+        assert row.widths[1] == pytest.approx(row.width / 2)  # m = 2 of 4 equal substeps
+        assert all(v > 0 for v in row.correction_rms)
         for width, correction, contribution in zip(
-            row["widths"], row["correction_rms"], row["latent_contribution_rms"], strict=True
+            row.widths, row.correction_rms, row.latent_contribution_rms, strict=True
         ):  # the latent contribution is (1 − e^{−h})·C*, width by width
             assert contribution == pytest.approx(-math.expm1(-width) * correction, rel=1e-6)
     if family == "elf":
-        assert {(e["nfe"], e["step"]) for e in result.excluded} >= {(4, 3), (6, 5)}
+        assert {(e.nfe, e.step) for e in result.excluded} >= {(4, 3), (6, 5)}
     else:
-        assert max(row["step"] for row in result.steps if row["nfe"] == 4) == 2
+        assert max(row.step for row in result.steps if row.nfe == 4) == 2
     for exponents in (result.exponents, result.pooled_exponents):
         for key in ("correction", "latent_contribution"):
-            assert math.isfinite(exponents[key]["exponent"]) and exponents[key]["ci"][0] <= exponents[key]["ci"][1]
+            assert math.isfinite(exponents[key].value) and exponents[key].ci[0] <= exponents[key].ci[1]
     # the latent contribution's extra factor 1 − e^{−h} adds between 0 and 1 to the order (≈ 1 for small h)
-    assert 0 < result.exponents["latent_contribution"]["exponent"] - result.exponents["correction"]["exponent"] < 1
+    assert 0 < result.exponents["latent_contribution"].value - result.exponents["correction"].value < 1
     with pytest.raises(ValueError, match="substeps"):
         step_scaling_experiment(pipe, [4], substeps=3, progress=False)
 
@@ -329,8 +329,8 @@ def test_coupling_results_are_keyed_by_int_nfe_and_written_with_string_keys_in_n
     result.control_alpha_star = {16: [0.75, 0.5], 8: [0.5, 0.25]}
     result.control_risk_ratio = {16: [0.8, 0.9], 8: [0.7, 0.6]}
     result.paired_difference = {
-        16: PairedDifference(0.25, (0.125, 0.375), 0.95, 10),
-        8: PairedDifference(nan, None, 0.9, 0),
+        16: BootstrapEstimate(0.25, (0.125, 0.375), 0.95, 10),
+        8: BootstrapEstimate(nan, None, 0.9, 0),
     }
     expected = {
         "nfe": [16, 8],

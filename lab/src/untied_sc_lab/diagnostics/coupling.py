@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .bootstrap import BootstrapEstimate, percentile_interval
 from .family import check_family, clean_prediction, corrupt, evaluation_times
 from .outputs import nfe_keyed
 
@@ -75,27 +76,6 @@ def risk_ratio(sum_ee: torch.Tensor | float, sum_ed: torch.Tensor | float, sum_d
     return (sum_ee + 2 * sum_ed + sum_dd) / sum_ee
 
 
-@dataclass(frozen=True)
-class PairedDifference:
-    """
-    α*(first ρ) − α*(last ρ) at one NFE, with its percentile bootstrap interval over examples.
-
-    Args:
-        estimate (`float`): the difference on all examples.
-        ci (`tuple[float, float]`, *optional*): its interval at `confidence`; `None` without resamples.
-        confidence (`float`), resamples (`int`): the interval's level and bootstrap resamples.
-    """
-
-    estimate: float
-    ci: tuple[float, float] | None
-    confidence: float
-    resamples: int
-
-    def to_json(self) -> dict:
-        ci = None if self.ci is None else list(self.ci)
-        return {"estimate": self.estimate, "ci": ci, "confidence": self.confidence, "resamples": self.resamples}
-
-
 @dataclass
 class CouplingResult:
     """
@@ -108,7 +88,8 @@ class CouplingResult:
         alpha_star_by_step (`dict[int, list[list[float]]]`): NFE → per ρ, α* of each step k = 1..N−1.
         control_alpha_star, control_risk_ratio (`dict[int, list[float]]`): the same for the control with a
             preliminary prediction from the current state.
-        paired_difference (`dict[int, PairedDifference]`): NFE → α*(first ρ) − α*(last ρ) with its interval.
+        paired_difference (`dict[int, BootstrapEstimate]`): NFE → α*(first ρ) − α*(last ρ), with its bootstrap
+            interval over examples.
     """
 
     nfe: list[int]
@@ -119,7 +100,7 @@ class CouplingResult:
     alpha_star_by_step: dict[int, list[list[float]]] = field(default_factory=dict)
     control_alpha_star: dict[int, list[float]] = field(default_factory=dict)
     control_risk_ratio: dict[int, list[float]] = field(default_factory=dict)
-    paired_difference: dict[int, PairedDifference] = field(default_factory=dict)
+    paired_difference: dict[int, BootstrapEstimate] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The result as the JSON payload stores it: NFE keys as strings, in NFE order."""
@@ -132,13 +113,13 @@ class CouplingResult:
             "alpha_star_by_step": nfe_keyed(self.alpha_star_by_step),
             "control_alpha_star": nfe_keyed(self.control_alpha_star),
             "control_risk_ratio": nfe_keyed(self.control_risk_ratio),
-            "paired_difference": nfe_keyed(self.paired_difference, PairedDifference.to_json),
+            "paired_difference": nfe_keyed(self.paired_difference, lambda difference: difference.to_json("estimate")),
         }
 
 
 def _paired_difference(
     terms: torch.Tensor, generator: torch.Generator, resamples: int, confidence: float
-) -> PairedDifference:
+) -> BootstrapEstimate:
     """α*(ρ_first) − α*(ρ_last) from per-example terms (R, examples, 3), with a percentile bootstrap over examples."""
 
     def difference(rows: torch.Tensor) -> float:
@@ -150,12 +131,7 @@ def _paired_difference(
     draws = sorted(
         difference(torch.randint(examples, (examples,), generator=generator)) for _ in range(max(resamples, 0))
     )
-    ci = None
-    if draws:
-        low = draws[int(math.floor((1 - confidence) / 2 * (len(draws) - 1)))]
-        high = draws[int(math.ceil((1 + confidence) / 2 * (len(draws) - 1)))]
-        ci = (low, high)
-    return PairedDifference(estimate, ci, confidence, resamples)
+    return BootstrapEstimate(estimate, percentile_interval(draws, confidence), confidence, resamples)
 
 
 @torch.no_grad()

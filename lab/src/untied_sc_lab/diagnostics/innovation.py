@@ -20,7 +20,7 @@ non-identity transform, with the raw input m_k = p_{k−1} and the transformed m
 averaged over trajectories and steps. The official sampler's E(m_k) (no transform) is the reference row.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -87,14 +87,8 @@ class InnovationRow:
     transformed_steps: int
 
     def to_json(self) -> dict:
-        return {
-            "configuration": self.configuration,
-            "energy": self.energy,
-            "energy_transformed": self.energy_transformed,
-            "alignment": self.alignment,
-            "normalized_decrease": self.normalized_decrease,
-            "transformed_steps": self.transformed_steps,
-        }
+        """The row as the JSON payload stores it: its fields, in their order."""
+        return asdict(self)
 
 
 @dataclass

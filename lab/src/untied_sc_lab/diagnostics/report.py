@@ -56,7 +56,7 @@ def coupling_markdown(result: CouplingResult, model: str, command: str) -> str:
         difference = result.paired_difference[n]
         lines += [
             "",
-            f"Paired α*(ρ={result.rhos[0]:g}) − α*(ρ={result.rhos[-1]:g}): {_number(difference.estimate)}, "
+            f"Paired α*(ρ={result.rhos[0]:g}) − α*(ρ={result.rhos[-1]:g}): {_number(difference.value)}, "
             f"{difference.confidence:.0%} bootstrap interval {_interval(difference.ci)} "
             f"({difference.resamples} resamples over examples).",
             "",
@@ -100,7 +100,7 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
         for fit, exponents in (("within steps", result.exponents), ("across steps", result.pooled_exponents)):
             fitted = exponents[key]
             lines.append(
-                f"| {label} | {fit} | {_number(fitted['exponent'])} | {_interval(fitted['ci'])} | {paper:.2f} | "
+                f"| {label} | {fit} | {_number(fitted.value)} | {_interval(fitted.ci)} | {paper:.2f} | "
                 f"{_interval(paper_ci)} |"
             )
     lines += [
@@ -111,16 +111,13 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result.steps:
-        corrections = ", ".join(f"{v:.3g}" for v in row["correction_rms"])
-        contributions = ", ".join(f"{v:.3g}" for v in row["latent_contribution_rms"])
-        lines.append(
-            f"| {row['nfe']} | {row['call']} | {row['step']} | {row['width']:.4f} | {corrections} | {contributions} |"
-        )
+        corrections = ", ".join(f"{v:.3g}" for v in row.correction_rms)
+        contributions = ", ".join(f"{v:.3g}" for v in row.latent_contribution_rms)
+        lines.append(f"| {row.nfe} | {row.call} | {row.step} | {row.width:.4f} | {corrections} | {contributions} |")
     if result.excluded:
         lines += [
             "",
-            "Excluded steps: "
-            + "; ".join(f"{e['nfe']} NFE step {e['step']} ({e['reason']})" for e in result.excluded),
+            "Excluded steps: " + "; ".join(f"{e.nfe} NFE step {e.step} ({e.reason})" for e in result.excluded),
         ]
     return "\n".join(lines) + "\n"
 
@@ -133,11 +130,12 @@ def plot_step_scaling(result: StepScalingResult, model: str, path: Path) -> None
         (right, "latent_contribution_rms", "(1 − e^{−h})·C*_k", "latent_contribution"),
     ):
         for i, n in enumerate(result.nfe):
-            rows = [row for row in result.steps if row["nfe"] == n]
+            rows = [row for row in result.steps if row.nfe == n]
             for j, row in enumerate(rows):  # one line per step: its nested widths
-                axis.loglog(row["widths"], row[key], "-", color=f"C{i}", alpha=0.35, lw=0.8)
-                axis.loglog(row["widths"][:1], row[key][:1], "o", color=f"C{i}", label=f"{n} NFE" if j == 0 else None)
-        within, pooled = result.exponents[exponent]["exponent"], result.pooled_exponents[exponent]["exponent"]
+                values = getattr(row, key)
+                axis.loglog(row.widths, values, "-", color=f"C{i}", alpha=0.35, lw=0.8)
+                axis.loglog(row.widths[:1], values[:1], "o", color=f"C{i}", label=f"{n} NFE" if j == 0 else None)
+        within, pooled = result.exponents[exponent].value, result.pooled_exponents[exponent].value
         axis.set(
             xlabel="width h (solver coordinate u)",
             ylabel=f"RMS {label}",
