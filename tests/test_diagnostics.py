@@ -11,7 +11,9 @@ from untied_sc import ELFPipeline, LangFlowPipeline
 from untied_sc.cli import main
 from untied_sc.schedulers import ELFScheduler, LangFlowScheduler
 from untied_sc_lab.diagnostics import coupling as coupling_module
+from untied_sc_lab.diagnostics.bootstrap import BootstrapEstimate
 from untied_sc_lab.diagnostics.coupling import (
+    CouplingResult,
     coupled_noise,
     coupling_experiment,
     optimal_coefficient,
@@ -20,12 +22,15 @@ from untied_sc_lab.diagnostics.coupling import (
 )
 from untied_sc_lab.diagnostics.family import corrupt, solver_time, time_of
 from untied_sc_lab.diagnostics.innovation import (
+    InnovationResult,
+    InnovationRow,
     alignment,
     innovation_experiment,
     normalized_energy_decrease,
     overlap_energy,
     overlap_energy_gradient,
 )
+from untied_sc_lab.diagnostics.outputs import write_outputs
 from untied_sc_lab.diagnostics.step_scaling import (
     fitted_exponent,
     latent_contribution,
@@ -204,7 +209,7 @@ def test_coupling_without_self_conditioning_effect_has_ratio_one(tiny_langflow):
     pipe = LangFlowPipeline(tiny_langflow, LangFlowScheduler(), tiny_tokenizer())
     clean = tiny_langflow.embed(torch.randint(40, (4, 12), generator=torch.Generator().manual_seed(3)))
     result = coupling_experiment(pipe, clean, [4], rhos=(0.0, 1.0), batch_size=2, bootstrap=0, progress=False)
-    assert result.risk_ratio["4"] == [1.0, 1.0] and all(math.isnan(a) for a in result.alpha_star["4"])
+    assert result.risk_ratio[4] == [1.0, 1.0] and all(math.isnan(a) for a in result.alpha_star[4])
 
 
 @pytest.mark.parametrize("family", ["elf", "langflow"])
@@ -218,13 +223,13 @@ def test_coupling_is_reproducible_and_consistent(family, pipes):
         )
 
     first, second = run(), run()
-    assert first.to_dict() == second.to_dict()
-    for n in ("4", "6"):
+    assert first == second
+    for n in (4, 6):
         assert len(first.alpha_star[n]) == 5 and all(math.isfinite(a) for a in first.alpha_star[n])
-        assert len(first.alpha_star_by_step[n][0]) == int(n) - 1  # steps k ≥ 1
+        assert len(first.alpha_star_by_step[n][0]) == n - 1  # steps k ≥ 1
         difference = first.paired_difference[n]
-        assert difference["estimate"] == pytest.approx(first.alpha_star[n][0] - first.alpha_star[n][-1])
-        assert difference["ci"][0] <= difference["ci"][1]
+        assert difference.value == pytest.approx(first.alpha_star[n][0] - first.alpha_star[n][-1])
+        assert difference.ci[0] <= difference.ci[1] and difference.resamples == 20
     with pytest.raises(ValueError, match="shape"):
         coupling_experiment(pipe, clean[:, :3], [4], progress=False)
 
@@ -237,24 +242,24 @@ def test_step_scaling_end_to_end(family, pipes):
     )
     assert result.prefixes == [4, 2]
     for n in (4, 6):  # ELF: its final step to t = 1 is left out; LangFlow's final evaluation updates nothing
-        rows = [row for row in result.steps if row["nfe"] == n]
-        assert {row["call"] for row in rows} == {0, 1} and len(rows) <= 2 * (n - 1)
+        rows = [row for row in result.steps if row.nfe == n]
+        assert {row.call for row in rows} == {0, 1} and len(rows) <= 2 * (n - 1)
     for row in result.steps:
-        assert row["widths"][1] == pytest.approx(row["width"] / 2)  # m = 2 of 4 equal substeps
-        assert all(v > 0 for v in row["correction_rms"])
+        assert row.widths[1] == pytest.approx(row.width / 2)  # m = 2 of 4 equal substeps
+        assert all(v > 0 for v in row.correction_rms)
         for width, correction, contribution in zip(
-            row["widths"], row["correction_rms"], row["latent_contribution_rms"], strict=True
+            row.widths, row.correction_rms, row.latent_contribution_rms, strict=True
         ):  # the latent contribution is (1 − e^{−h})·C*, width by width
             assert contribution == pytest.approx(-math.expm1(-width) * correction, rel=1e-6)
     if family == "elf":
-        assert {(e["nfe"], e["step"]) for e in result.excluded} >= {(4, 3), (6, 5)}
+        assert {(e.nfe, e.step) for e in result.excluded} >= {(4, 3), (6, 5)}
     else:
-        assert max(row["step"] for row in result.steps if row["nfe"] == 4) == 2
+        assert max(row.step for row in result.steps if row.nfe == 4) == 2
     for exponents in (result.exponents, result.pooled_exponents):
         for key in ("correction", "latent_contribution"):
-            assert math.isfinite(exponents[key]["exponent"]) and exponents[key]["ci"][0] <= exponents[key]["ci"][1]
+            assert math.isfinite(exponents[key].value) and exponents[key].ci[0] <= exponents[key].ci[1]
     # the latent contribution's extra factor 1 − e^{−h} adds between 0 and 1 to the order (≈ 1 for small h)
-    assert 0 < result.exponents["latent_contribution"]["exponent"] - result.exponents["correction"]["exponent"] < 1
+    assert 0 < result.exponents["latent_contribution"].value - result.exponents["correction"].value < 1
     with pytest.raises(ValueError, match="substeps"):
         step_scaling_experiment(pipe, [4], substeps=3, progress=False)
 
@@ -265,20 +270,20 @@ def test_innovation_end_to_end(family, pipes):
     result = innovation_experiment(pipe, [4, 6], num_trajectories=3, batch_size=2, progress=False)
     rho_sq = pipe.sampler_statistics.rho_sq
     assert result.rho_sq_range == [float(rho_sq.min()), float(rho_sq.max())]
-    for n in ("4", "6"):
-        rows = {row["configuration"]: row for row in result.rows[n]}
+    for n in (4, 6):
+        rows = {row.configuration: row for row in result.rows[n]}
         assert list(rows) == ["official", "overlap", "reversed", "random"]
-        assert rows["official"]["transformed_steps"] == 0 and rows["official"]["alignment"] is None
+        assert rows["official"].transformed_steps == 0 and rows["official"].alignment is None
         for name in ("overlap", "reversed", "random"):
             row = rows[name]
-            assert row["transformed_steps"] > 0
+            assert row.transformed_steps > 0
             # every retention is ≤ 1 along an orthonormal basis: a transform can only lower E
-            assert row["energy_transformed"] < row["energy"] and row["normalized_decrease"] < 0
-            assert -1 <= row["alignment"] <= 1
-        assert set(result.by_step[n]) == set(rows) and len(result.by_step[n]["overlap"]) == int(n) - 1
+            assert row.energy_transformed < row.energy and row.normalized_decrease < 0
+            assert -1 <= row.alignment <= 1
+        assert set(result.by_step[n]) == set(rows) and len(result.by_step[n]["overlap"]) == n - 1
     # the official sampler's steps are the same for every run of the same seeds
     again = innovation_experiment(pipe, [4], num_trajectories=3, batch_size=2, assignments=(), progress=False)
-    assert again.rows["4"][0] == result.rows["4"][0]
+    assert again.rows[4][0] == result.rows[4][0]
     pipe.sampler_statistics = None
     with pytest.raises(ValueError, match="calibrate it first"):
         innovation_experiment(pipe, [4], progress=False)
@@ -302,6 +307,80 @@ def saved(pipes, tmp_path):
     lines = [" ".join(f"w{i}" for i in torch.randint(3, 40, (30,), generator=generator).tolist()) for _ in range(8)]
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder, text
+
+
+def _written_result(result, tmp_path) -> str:
+    """The `result` entry of the JSON payload that `write_outputs` writes, as text."""
+    paths = {suffix: tmp_path / f"m-d.{suffix}" for suffix in ("json", "md", "png")}
+    write_outputs(paths, {"result": result.to_json()}, "", lambda path: path.write_bytes(b""))
+    return paths["json"].read_text()
+
+
+def _expected_result(result: dict) -> str:
+    return json.dumps({"result": result}, indent=2, ensure_ascii=False) + "\n"
+
+
+def test_coupling_results_are_keyed_by_int_nfe_and_written_with_string_keys_in_nfe_order(tmp_path):
+    nan = float("nan")
+    result = CouplingResult(nfe=[16, 8], rhos=[0.0, 1.0], num_examples=3)
+    result.alpha_star = {16: [0.5, 0.25], 8: [nan, 0.125]}
+    result.risk_ratio = {16: [0.9, 1.1], 8: [1.0, 1.0]}
+    result.alpha_star_by_step = {16: [[0.5], [0.25]], 8: [[nan], [0.125]]}
+    result.control_alpha_star = {16: [0.75, 0.5], 8: [0.5, 0.25]}
+    result.control_risk_ratio = {16: [0.8, 0.9], 8: [0.7, 0.6]}
+    result.paired_difference = {
+        16: BootstrapEstimate(0.25, (0.125, 0.375), 0.95, 10),
+        8: BootstrapEstimate(nan, None, 0.9, 0),
+    }
+    expected = {
+        "nfe": [16, 8],
+        "rhos": [0.0, 1.0],
+        "num_examples": 3,
+        "alpha_star": {"16": [0.5, 0.25], "8": [None, 0.125]},
+        "risk_ratio": {"16": [0.9, 1.1], "8": [1.0, 1.0]},
+        "alpha_star_by_step": {"16": [[0.5], [0.25]], "8": [[None], [0.125]]},
+        "control_alpha_star": {"16": [0.75, 0.5], "8": [0.5, 0.25]},
+        "control_risk_ratio": {"16": [0.8, 0.9], "8": [0.7, 0.6]},
+        "paired_difference": {
+            "16": {"estimate": 0.25, "ci": [0.125, 0.375], "confidence": 0.95, "resamples": 10},
+            "8": {"estimate": None, "ci": None, "confidence": 0.9, "resamples": 0},
+        },
+    }
+    assert _written_result(result, tmp_path) == _expected_result(expected)  # byte for byte: key order included
+
+
+def test_innovation_results_are_keyed_by_int_nfe_and_written_with_string_keys_in_nfe_order(tmp_path):
+    result = InnovationResult(nfe=[8, 16], num_trajectories=2, rho_sq_range=[0.25, 0.5])
+    result.eta_r = {8: 0.5, 16: 0.25}
+    result.rows = {
+        8: [InnovationRow("official", 2.0, None, None, None, 0), InnovationRow("overlap", 2.0, 1.5, 0.75, -3.0, 4)],
+        16: [InnovationRow("official", 1.0, None, None, float("nan"), 0)],
+    }
+    result.by_step = {8: {"official": [2.0, 1.0], "overlap": [1.5, 0.5]}, 16: {"official": [1.0]}}
+    official = {"configuration": "official", "energy": 2.0, "energy_transformed": None, "alignment": None}
+    expected = {
+        "nfe": [8, 16],
+        "num_trajectories": 2,
+        "rho_sq_range": [0.25, 0.5],
+        "eta_r": {"8": 0.5, "16": 0.25},
+        "rows": {
+            "8": [
+                {**official, "normalized_decrease": None, "transformed_steps": 0},
+                {
+                    "configuration": "overlap",
+                    "energy": 2.0,
+                    "energy_transformed": 1.5,
+                    "alignment": 0.75,
+                    "normalized_decrease": -3.0,
+                    "transformed_steps": 4,
+                },
+            ],
+            "16": [{**official, "energy": 1.0, "normalized_decrease": None, "transformed_steps": 0}],
+        },
+        "by_step": {"8": {"official": [2.0, 1.0], "overlap": [1.5, 0.5]}, "16": {"official": [1.0]}},
+    }
+    assert _written_result(result, tmp_path) == _expected_result(expected)
+    assert result.rows[8][1].to_json() == expected["rows"]["8"][1]
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,7 @@ def _diagnose_into(args: argparse.Namespace, model: str, paths: dict[str, Path])
     payload["settings"] = settings
     payload["torch_version"] = torch.__version__
     result, markdown, plot = _run(args, pipe, generator, progress, model, payload["command"])
-    payload["result"] = result.to_dict()
+    payload["result"] = result.to_json()
     payload["paper"] = _paper_numbers(args.diagnostic)
     from .outputs import write_outputs
 
@@ -248,8 +248,9 @@ def _paper_numbers(diagnostic: str) -> dict:
     """The paper's reported values for this diagnostic (ELF-B), stored next to the measured ones."""
     if diagnostic == "coupling":
         from .coupling import PAPER_TABLE
+        from .outputs import nfe_keyed
 
-        return {"model": "ELF-B", "table": "tab:coupling", "by_nfe": {str(n): v for n, v in PAPER_TABLE.items()}}
+        return {"model": "ELF-B", "table": "tab:coupling", "by_nfe": nfe_keyed(PAPER_TABLE)}
     if diagnostic == "step-scaling":
         from .step_scaling import PAPER_EXPONENTS, PAPER_SUBSTEPS
 

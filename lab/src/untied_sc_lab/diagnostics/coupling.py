@@ -20,12 +20,14 @@ With d = v_sc − v_base and e = v_base − y, summed over examples, steps k ≥
 """
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
+from .bootstrap import BootstrapEstimate, percentile_interval
 from .family import check_family, clean_prediction, corrupt, evaluation_times
+from .outputs import nfe_keyed
 
 
 PAPER_RHOS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -81,30 +83,43 @@ class CouplingResult:
 
     Args:
         nfe (`list[int]`), rhos (`list[float]`), num_examples (`int`): what was measured.
-        alpha_star (`dict[str, list[float]]`): NFE → α*(ρ) per ρ (summed over steps k ≥ 1).
-        risk_ratio (`dict[str, list[float]]`): NFE → risk ratio per ρ.
-        alpha_star_by_step (`dict[str, list[list[float]]]`): NFE → per ρ, α* of each step k = 1..N−1.
-        control_alpha_star, control_risk_ratio (`dict[str, list[float]]`): the same for the control with a
+        alpha_star (`dict[int, list[float]]`): NFE → α*(ρ) per ρ (summed over steps k ≥ 1).
+        risk_ratio (`dict[int, list[float]]`): NFE → risk ratio per ρ.
+        alpha_star_by_step (`dict[int, list[list[float]]]`): NFE → per ρ, α* of each step k = 1..N−1.
+        control_alpha_star, control_risk_ratio (`dict[int, list[float]]`): the same for the control with a
             preliminary prediction from the current state.
-        paired_difference (`dict[str, dict]`): NFE → α*(first ρ) − α*(last ρ), with its bootstrap interval over
-            examples (`ci`, at `confidence`).
+        paired_difference (`dict[int, BootstrapEstimate]`): NFE → α*(first ρ) − α*(last ρ), with its bootstrap
+            interval over examples.
     """
 
     nfe: list[int]
     rhos: list[float]
     num_examples: int
-    alpha_star: dict[str, list[float]] = field(default_factory=dict)
-    risk_ratio: dict[str, list[float]] = field(default_factory=dict)
-    alpha_star_by_step: dict[str, list[list[float]]] = field(default_factory=dict)
-    control_alpha_star: dict[str, list[float]] = field(default_factory=dict)
-    control_risk_ratio: dict[str, list[float]] = field(default_factory=dict)
-    paired_difference: dict[str, dict] = field(default_factory=dict)
+    alpha_star: dict[int, list[float]] = field(default_factory=dict)
+    risk_ratio: dict[int, list[float]] = field(default_factory=dict)
+    alpha_star_by_step: dict[int, list[list[float]]] = field(default_factory=dict)
+    control_alpha_star: dict[int, list[float]] = field(default_factory=dict)
+    control_risk_ratio: dict[int, list[float]] = field(default_factory=dict)
+    paired_difference: dict[int, BootstrapEstimate] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> dict:
+        """The result as the JSON payload stores it: NFE keys as strings, in NFE order."""
+        return {
+            "nfe": list(self.nfe),
+            "rhos": list(self.rhos),
+            "num_examples": self.num_examples,
+            "alpha_star": nfe_keyed(self.alpha_star),
+            "risk_ratio": nfe_keyed(self.risk_ratio),
+            "alpha_star_by_step": nfe_keyed(self.alpha_star_by_step),
+            "control_alpha_star": nfe_keyed(self.control_alpha_star),
+            "control_risk_ratio": nfe_keyed(self.control_risk_ratio),
+            "paired_difference": nfe_keyed(self.paired_difference, lambda difference: difference.to_json("estimate")),
+        }
 
 
-def _paired_difference(terms: torch.Tensor, generator: torch.Generator, resamples: int, confidence: float) -> dict:
+def _paired_difference(
+    terms: torch.Tensor, generator: torch.Generator, resamples: int, confidence: float
+) -> BootstrapEstimate:
     """α*(ρ_first) − α*(ρ_last) from per-example terms (R, examples, 3), with a percentile bootstrap over examples."""
 
     def difference(rows: torch.Tensor) -> float:
@@ -116,12 +131,7 @@ def _paired_difference(terms: torch.Tensor, generator: torch.Generator, resample
     draws = sorted(
         difference(torch.randint(examples, (examples,), generator=generator)) for _ in range(max(resamples, 0))
     )
-    ci = None
-    if draws:
-        low = draws[int(math.floor((1 - confidence) / 2 * (len(draws) - 1)))]
-        high = draws[int(math.ceil((1 + confidence) / 2 * (len(draws) - 1)))]
-        ci = [low, high]
-    return {"estimate": estimate, "ci": ci, "confidence": confidence, "resamples": resamples}
+    return BootstrapEstimate(estimate, percentile_interval(draws, confidence), confidence, resamples)
 
 
 @torch.no_grad()
@@ -192,16 +202,15 @@ def coupling_experiment(
                     else:
                         carried = base
                 bar.update()
-        key = str(n)
         totals, control_totals = terms.sum((1, 2)), control.sum((1, 2))
-        result.alpha_star[key] = [optimal_coefficient(s[0], s[1]) for s in totals]
-        result.risk_ratio[key] = [risk_ratio(s[2], s[0], s[1]) for s in totals]
-        result.control_alpha_star[key] = [optimal_coefficient(s[0], s[1]) for s in control_totals]
-        result.control_risk_ratio[key] = [risk_ratio(s[2], s[0], s[1]) for s in control_totals]
+        result.alpha_star[n] = [optimal_coefficient(s[0], s[1]) for s in totals]
+        result.risk_ratio[n] = [risk_ratio(s[2], s[0], s[1]) for s in totals]
+        result.control_alpha_star[n] = [optimal_coefficient(s[0], s[1]) for s in control_totals]
+        result.control_risk_ratio[n] = [risk_ratio(s[2], s[0], s[1]) for s in control_totals]
         by_step = terms.sum(2)
-        result.alpha_star_by_step[key] = [
+        result.alpha_star_by_step[n] = [
             [optimal_coefficient(by_step[r, k, 0], by_step[r, k, 1]) for k in range(1, n)] for r in range(len(rhos))
         ]
-        result.paired_difference[key] = _paired_difference(terms.sum(1), generator, bootstrap, confidence)
+        result.paired_difference[n] = _paired_difference(terms.sum(1), generator, bootstrap, confidence)
     bar.close()
     return result

@@ -29,6 +29,7 @@ from untied_sc.schedulers import preset_entry
 
 from ..ablations import TRANSFORM_ASSIGNMENTS, ablation_scheduler_class
 from .family import check_family
+from .outputs import nfe_keyed
 
 
 FAMILY_PRESETS = {"elf": "elf-b", "langflow": "langflow-owt"}
@@ -64,17 +65,42 @@ def normalized_energy_decrease(
     return torch.where(rms > 0, change / rms, torch.full_like(rms, float("nan")))
 
 
+@dataclass(frozen=True)
+class InnovationRow:
+    """
+    One configuration's measurements at one NFE (`None` where no trajectory-step was measured).
+
+    Args:
+        configuration (`str`): `official` or a transform assignment.
+        energy (`float`, *optional*): mean E(m_k) of the raw inputs.
+        energy_transformed (`float`, *optional*): mean E(m̃_k) over the trajectory-steps whose transform acts.
+        alignment (`float`, *optional*): mean cos(Δ, −∇E) over them.
+        normalized_decrease (`float`, *optional*): mean (E(m̃_k) − E(m_k)) / RMS(Δ) over them.
+        transformed_steps (`int`): how many trajectory-steps with Δ ≠ 0 the means run over.
+    """
+
+    configuration: str
+    energy: float | None
+    energy_transformed: float | None
+    alignment: float | None
+    normalized_decrease: float | None
+    transformed_steps: int
+
+    def to_json(self) -> dict:
+        """The row as the JSON payload stores it: its fields, in their order."""
+        return asdict(self)
+
+
 @dataclass
 class InnovationResult:
     """
     Output of [`innovation_experiment`].
 
     Args:
-        nfe (`list[int]`), num_trajectories (`int`), eta_r (`dict[str, float]`): what was measured (η_R per NFE).
-        rows (`dict[str, list[dict]]`): NFE → one row per configuration (`official`, then each assignment):
-            `energy` (mean E(m_k) of the raw inputs), `energy_transformed` (mean E(m̃_k)), `alignment`,
-            `normalized_decrease`, `transformed_steps` (trajectory-steps with Δ ≠ 0 that the means run over).
-        by_step (`dict[str, dict[str, list[float]]]`): NFE → configuration → mean E of the network's input at
+        nfe (`list[int]`), num_trajectories (`int`), eta_r (`dict[int, float]`): what was measured (η_R per NFE).
+        rows (`dict[int, list[InnovationRow]]`): NFE → one row per configuration (`official`, then each
+            assignment).
+        by_step (`dict[int, dict[str, list[float]]]`): NFE → configuration → mean E of the network's input at
             each step k ≥ 1.
         rho_sq_range (`list[float]`): the smallest and largest ρ_i² of the overlap basis (equal: every assignment
             is the same transform).
@@ -83,12 +109,20 @@ class InnovationResult:
     nfe: list[int]
     num_trajectories: int
     rho_sq_range: list[float] = field(default_factory=list)
-    eta_r: dict[str, float] = field(default_factory=dict)
-    rows: dict[str, list[dict]] = field(default_factory=dict)
-    by_step: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    eta_r: dict[int, float] = field(default_factory=dict)
+    rows: dict[int, list[InnovationRow]] = field(default_factory=dict)
+    by_step: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> dict:
+        """The result as the JSON payload stores it: NFE keys as strings, in NFE order."""
+        return {
+            "nfe": list(self.nfe),
+            "num_trajectories": self.num_trajectories,
+            "rho_sq_range": list(self.rho_sq_range),
+            "eta_r": nfe_keyed(self.eta_r),
+            "rows": nfe_keyed(self.rows, lambda rows: [row.to_json() for row in rows]),
+            "by_step": nfe_keyed(self.by_step),
+        }
 
 
 def _mean(values: list[torch.Tensor]) -> float | None:
@@ -151,9 +185,10 @@ def innovation_experiment(
     bar = tqdm(total=len(nfe) * len(sizes) * len(configurations), desc="innovation", disable=not progress)
     for n in nfe:
         strength = eta_r if eta_r is not None else preset_entry(FAMILY_PRESETS[family], n)[1]["eta_r"]
-        result.eta_r[str(n)] = strength
+        result.eta_r[n] = strength
         seeds = torch.randint(2**62, (len(sizes),), generator=generator).tolist()
-        rows, by_step = [], {}
+        rows: list[InnovationRow] = []
+        by_step: dict[str, list[float]] = {}
         for configuration in configurations:
             overrides = {"eta_r": 0.0 if configuration == "official" else strength, "eta_t": 0.0, "eta_o": 0.0}
             if configuration != "official":
@@ -197,17 +232,17 @@ def innovation_experiment(
                 )
                 bar.update()
             rows.append(
-                {
-                    "configuration": configuration,
-                    "energy": _mean(records["energy"]),
-                    "energy_transformed": _mean(records["energy_transformed"]),
-                    "alignment": _mean(records["alignment"]),
-                    "normalized_decrease": _mean(records["decrease"]),
-                    "transformed_steps": int(sum(len(v) for v in records["alignment"])),
-                }
+                InnovationRow(
+                    configuration=configuration,
+                    energy=_mean(records["energy"]),
+                    energy_transformed=_mean(records["energy_transformed"]),
+                    alignment=_mean(records["alignment"]),
+                    normalized_decrease=_mean(records["decrease"]),
+                    transformed_steps=int(sum(len(v) for v in records["alignment"])),
+                )
             )
             by_step[configuration] = (step_energy[1:] / step_count[1:].clamp(min=1)).tolist()
-        result.rows[str(n)] = rows
-        result.by_step[str(n)] = by_step
+        result.rows[n] = rows
+        result.by_step[n] = by_step
     bar.close()
     return result

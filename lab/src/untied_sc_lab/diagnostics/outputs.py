@@ -1,9 +1,10 @@
 """Where a diagnostic's results go: `<output-dir>/<model>-<diagnostic>.{json,md,png}`, never over existing files
-unless asked."""
+unless asked; and how their per-NFE entries cross the JSON boundary (`int` NFEs in memory, `str` object keys in JSON).
+"""
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -23,6 +24,12 @@ def refuse_existing(paths: dict[str, Path], overwrite: bool) -> None:
             f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; pass --overwrite to replace "
             "them, or choose another --output-dir."
         )
+
+
+def nfe_keyed(by_nfe: Mapping[int, object], convert: Callable[[object], object] | None = None) -> dict[str, object]:
+    """Per-NFE entries as a JSON object: the NFE's decimal string as the key, in the mapping's (NFE) order; each entry
+    through `convert` where given (a record's `to_json`)."""
+    return {str(n): value if convert is None else convert(value) for n, value in by_nfe.items()}
 
 
 def _finite(value):

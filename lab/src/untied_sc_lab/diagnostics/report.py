@@ -36,7 +36,7 @@ def coupling_markdown(result: CouplingResult, model: str, command: str) -> str:
         "",
     ]
     for n in result.nfe:
-        key, paper = str(n), COUPLING_PAPER.get(n)
+        paper = COUPLING_PAPER.get(n)
         lines += [
             f"## {n} NFE",
             "",
@@ -49,16 +49,16 @@ def coupling_markdown(result: CouplingResult, model: str, command: str) -> str:
                 index = [0.0, 0.25, 0.5, 0.75, 1.0].index(rho)
                 paper_alpha, paper_ratio = paper["alpha_star"][index], paper["risk_ratio"][index]
             lines.append(
-                f"| {rho:.2f} | {_number(result.alpha_star[key][r])} | {_number(result.risk_ratio[key][r])} | "
-                f"{_number(result.control_alpha_star[key][r])} | {_number(result.control_risk_ratio[key][r])} | "
+                f"| {rho:.2f} | {_number(result.alpha_star[n][r])} | {_number(result.risk_ratio[n][r])} | "
+                f"{_number(result.control_alpha_star[n][r])} | {_number(result.control_risk_ratio[n][r])} | "
                 f"{_number(paper_alpha, 2)} | {_number(paper_ratio, 2)} |"
             )
-        difference = result.paired_difference[key]
+        difference = result.paired_difference[n]
         lines += [
             "",
-            f"Paired α*(ρ={result.rhos[0]:g}) − α*(ρ={result.rhos[-1]:g}): {_number(difference['estimate'])}, "
-            f"{difference['confidence']:.0%} bootstrap interval {_interval(difference['ci'])} "
-            f"({difference['resamples']} resamples over examples).",
+            f"Paired α*(ρ={result.rhos[0]:g}) − α*(ρ={result.rhos[-1]:g}): {_number(difference.value)}, "
+            f"{difference.confidence:.0%} bootstrap interval {_interval(difference.ci)} "
+            f"({difference.resamples} resamples over examples).",
             "",
         ]
     return "\n".join(lines)
@@ -69,9 +69,9 @@ def plot_coupling(result: CouplingResult, model: str, path: Path) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for i, n in enumerate(result.nfe):
         color = f"C{i}"
-        left.plot(result.rhos, result.alpha_star[str(n)], "o-", color=color, label=f"{n} NFE")
-        right.plot(result.rhos, result.risk_ratio[str(n)], "o-", color=color, label=f"{n} NFE")
-        right.plot(result.rhos, result.control_risk_ratio[str(n)], "x:", color=color, label=f"{n} NFE, control")
+        left.plot(result.rhos, result.alpha_star[n], "o-", color=color, label=f"{n} NFE")
+        right.plot(result.rhos, result.risk_ratio[n], "o-", color=color, label=f"{n} NFE")
+        right.plot(result.rhos, result.control_risk_ratio[n], "x:", color=color, label=f"{n} NFE, control")
     left.set(xlabel="correlation ρ", ylabel="α* (MSE-optimal coefficient)", title=f"{model}: optimal coefficient")
     right.axhline(1.0, color="grey", lw=0.8)
     right.set(xlabel="correlation ρ", ylabel="risk ratio, coefficient 1 vs 0", title="fixed coefficient one")
@@ -100,7 +100,7 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
         for fit, exponents in (("within steps", result.exponents), ("across steps", result.pooled_exponents)):
             fitted = exponents[key]
             lines.append(
-                f"| {label} | {fit} | {_number(fitted['exponent'])} | {_interval(fitted['ci'])} | {paper:.2f} | "
+                f"| {label} | {fit} | {_number(fitted.value)} | {_interval(fitted.ci)} | {paper:.2f} | "
                 f"{_interval(paper_ci)} |"
             )
     lines += [
@@ -111,16 +111,13 @@ def step_scaling_markdown(result: StepScalingResult, model: str, command: str) -
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result.steps:
-        corrections = ", ".join(f"{v:.3g}" for v in row["correction_rms"])
-        contributions = ", ".join(f"{v:.3g}" for v in row["latent_contribution_rms"])
-        lines.append(
-            f"| {row['nfe']} | {row['call']} | {row['step']} | {row['width']:.4f} | {corrections} | {contributions} |"
-        )
+        corrections = ", ".join(f"{v:.3g}" for v in row.correction_rms)
+        contributions = ", ".join(f"{v:.3g}" for v in row.latent_contribution_rms)
+        lines.append(f"| {row.nfe} | {row.call} | {row.step} | {row.width:.4f} | {corrections} | {contributions} |")
     if result.excluded:
         lines += [
             "",
-            "Excluded steps: "
-            + "; ".join(f"{e['nfe']} NFE step {e['step']} ({e['reason']})" for e in result.excluded),
+            "Excluded steps: " + "; ".join(f"{e.nfe} NFE step {e.step} ({e.reason})" for e in result.excluded),
         ]
     return "\n".join(lines) + "\n"
 
@@ -133,11 +130,12 @@ def plot_step_scaling(result: StepScalingResult, model: str, path: Path) -> None
         (right, "latent_contribution_rms", "(1 − e^{−h})·C*_k", "latent_contribution"),
     ):
         for i, n in enumerate(result.nfe):
-            rows = [row for row in result.steps if row["nfe"] == n]
+            rows = [row for row in result.steps if row.nfe == n]
             for j, row in enumerate(rows):  # one line per step: its nested widths
-                axis.loglog(row["widths"], row[key], "-", color=f"C{i}", alpha=0.35, lw=0.8)
-                axis.loglog(row["widths"][:1], row[key][:1], "o", color=f"C{i}", label=f"{n} NFE" if j == 0 else None)
-        within, pooled = result.exponents[exponent]["exponent"], result.pooled_exponents[exponent]["exponent"]
+                values = getattr(row, key)
+                axis.loglog(row.widths, values, "-", color=f"C{i}", alpha=0.35, lw=0.8)
+                axis.loglog(row.widths[:1], values[:1], "o", color=f"C{i}", label=f"{n} NFE" if j == 0 else None)
+        within, pooled = result.exponents[exponent].value, result.pooled_exponents[exponent].value
         axis.set(
             xlabel="width h (solver coordinate u)",
             ylabel=f"RMS {label}",
@@ -168,18 +166,17 @@ def innovation_markdown(result: InnovationResult, model: str, command: str) -> s
         )
     lines.append("")
     for n in result.nfe:
-        key = str(n)
         lines += [
-            f"## {n} NFE (η_R = {result.eta_r[key]:g})",
+            f"## {n} NFE (η_R = {result.eta_r[n]:g})",
             "",
             "| configuration | mean E(m) | mean E(m̃) | alignment | ΔE/RMS | steps | paper alignment | paper ΔE/RMS |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for row in result.rows[key]:
-            paper = INNOVATION_PAPER.get(row["configuration"]) if n == 8 else None
+        for row in result.rows[n]:
+            paper = INNOVATION_PAPER.get(row.configuration) if n == 8 else None
             lines.append(
-                f"| {row['configuration']} | {_number(row['energy'], 4)} | {_number(row['energy_transformed'], 4)} | "
-                f"{_number(row['alignment'])} | {_number(row['normalized_decrease'], 4)} | {row['transformed_steps']} | "
+                f"| {row.configuration} | {_number(row.energy, 4)} | {_number(row.energy_transformed, 4)} | "
+                f"{_number(row.alignment)} | {_number(row.normalized_decrease, 4)} | {row.transformed_steps} | "
                 f"{_number(paper[0], 2) if paper else '–'} | {_number(paper[1], 0) if paper else '–'} |"
             )
         lines.append("")
@@ -190,7 +187,7 @@ def plot_innovation(result: InnovationResult, model: str, path: Path) -> None:
     plt = pyplot()
     figure, axes = plt.subplots(1, len(result.nfe), figsize=(5 * len(result.nfe), 4), squeeze=False)
     for axis, n in zip(axes[0], result.nfe, strict=True):
-        for configuration, energies in result.by_step[str(n)].items():
+        for configuration, energies in result.by_step[n].items():
             axis.plot(range(1, len(energies) + 1), energies, "o-", label=configuration)
         axis.set(xlabel="step k", ylabel="mean E of the network's SC input", title=f"{model}, {n} NFE")
         axis.set_yscale("log")

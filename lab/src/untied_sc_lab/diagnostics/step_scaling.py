@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from untied_sc.schedulers import ELFSolver, LangFlowSolver
 
+from .bootstrap import BootstrapEstimate, percentile_interval
 from .family import check_family, clean_prediction, official_scheduler, solver_time, time_of
 
 
@@ -115,6 +116,45 @@ def nested_prefixes(substeps: int) -> list[int]:
     return prefixes
 
 
+@dataclass(frozen=True)
+class MeasuredStep:
+    """
+    One measured step of one pipeline call.
+
+    Args:
+        nfe (`int`), call (`int`), step (`int`): where it was measured (ELF draws a new grid per call).
+        width (`float`): its width h_k in the solver coordinate u.
+        widths (`list[float]`): the nested widths h_k·m/S, one per prefix m, the full step first.
+        correction_rms, latent_contribution_rms (`list[float]`): RMS of C*_k and of (1 − e^{−h})·C*_k over the
+            call's trajectories, positions, dimensions, one per width.
+    """
+
+    nfe: int
+    call: int
+    step: int
+    width: float
+    widths: list[float]
+    correction_rms: list[float]
+    latent_contribution_rms: list[float]
+
+    def to_json(self) -> dict:
+        """The step as the JSON payload stores it: its fields, in their order."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExcludedStep:
+    """A step left out of the fits (`nfe`, `step`) and why (`reason`)."""
+
+    nfe: int
+    step: int
+    reason: str
+
+    def to_json(self) -> dict:
+        """The step as the JSON payload stores it: its fields, in their order."""
+        return asdict(self)
+
+
 @dataclass
 class StepScalingResult:
     """
@@ -123,26 +163,34 @@ class StepScalingResult:
     Args:
         nfe (`list[int]`), substeps (`int`), num_trajectories (`int`): what was measured.
         prefixes (`list[int]`): the nested substep counts m of the within-step fit.
-        steps (`list[dict]`): one row per measured step of one pipeline call: `nfe`, `call` (ELF draws a new
-            grid per call), `step`, `width` (h_k), `correction_rms`, `latent_contribution_rms` (RMS over the call's
-            trajectories, positions, dimensions; lists, one per prefix m, the full step first).
-        exponents (`dict[str, dict]`): within steps: `correction` and `latent_contribution`: fitted `exponent`,
-            bootstrap `ci`.
-        pooled_exponents (`dict[str, dict]`): the same across steps and NFEs (full widths).
-        excluded (`list[dict]`): steps left out, with the reason.
+        steps (`list[MeasuredStep]`): one row per measured step of one pipeline call.
+        exponents (`dict[str, BootstrapEstimate]`): within steps, by quantity (`correction`,
+            `latent_contribution`): the fitted exponent with its bootstrap interval over trajectories.
+        pooled_exponents (`dict[str, BootstrapEstimate]`): the same across steps and NFEs (full widths).
+        excluded (`list[ExcludedStep]`): steps left out, with the reason.
     """
 
     nfe: list[int]
     substeps: int
     num_trajectories: int
     prefixes: list[int] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)
-    exponents: dict[str, dict] = field(default_factory=dict)
-    pooled_exponents: dict[str, dict] = field(default_factory=dict)
-    excluded: list[dict] = field(default_factory=list)
+    steps: list[MeasuredStep] = field(default_factory=list)
+    exponents: dict[str, BootstrapEstimate] = field(default_factory=dict)
+    pooled_exponents: dict[str, BootstrapEstimate] = field(default_factory=dict)
+    excluded: list[ExcludedStep] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> dict:
+        """The result as the JSON payload stores it."""
+        return {
+            "nfe": list(self.nfe),
+            "substeps": self.substeps,
+            "num_trajectories": self.num_trajectories,
+            "prefixes": list(self.prefixes),
+            "steps": [step.to_json() for step in self.steps],
+            "exponents": {key: fit.to_json("exponent") for key, fit in self.exponents.items()},
+            "pooled_exponents": {key: fit.to_json("exponent") for key, fit in self.pooled_exponents.items()},
+            "excluded": [step.to_json() for step in self.excluded],
+        }
 
 
 def _substep_solver(family: str, scheduler, k: int, substeps: int):
@@ -163,16 +211,6 @@ def _substep_solver(family: str, scheduler, k: int, substeps: int):
         sub = LangFlowSolver(torch.tensor(times, dtype=torch.float32), solver.gamma_min, solver.gamma_max)
     nodes = torch.tensor([solver_time(family, t) - solver_time(family, times[0]) for t in times], dtype=torch.float64)
     return sub, times, nodes
-
-
-def _percentile_interval(draws: list[float], confidence: float) -> list[float] | None:
-    if not draws:
-        return None
-    draws = sorted(draws)
-    return [
-        draws[int(math.floor((1 - confidence) / 2 * (len(draws) - 1)))],
-        draws[int(math.ceil((1 + confidence) / 2 * (len(draws) - 1)))],
-    ]
 
 
 @torch.no_grad()
@@ -257,18 +295,18 @@ def step_scaling_experiment(
     bar.close()
     if not rows:
         raise ValueError("No step could be measured; use more NFEs.")
-    result.excluded = [{"nfe": n, "step": k, "reason": why} for n, k, why in sorted(excluded)]
+    result.excluded = [ExcludedStep(n, k, why) for n, k, why in sorted(excluded)]
     for row in rows:
         result.steps.append(
-            {
-                "nfe": row["nfe"],
-                "call": row["call"],
-                "step": row["step"],
-                "width": row["widths"][0],
-                "widths": row["widths"],
-                "correction_rms": row["correction"].mean(1).sqrt().tolist(),
-                "latent_contribution_rms": row["contribution"].mean(1).sqrt().tolist(),
-            }
+            MeasuredStep(
+                nfe=row["nfe"],
+                call=row["call"],
+                step=row["step"],
+                width=row["widths"][0],
+                widths=row["widths"],
+                correction_rms=row["correction"].mean(1).sqrt().tolist(),
+                latent_contribution_rms=row["contribution"].mean(1).sqrt().tolist(),
+            )
         )
     widths = [torch.tensor(row["widths"], dtype=torch.float64) for row in rows]
     full_widths = torch.stack([w[0] for w in widths])
@@ -287,10 +325,7 @@ def step_scaling_experiment(
             within.append(within_step_exponent(widths, values))
             pooled.append(fitted_exponent(full_widths, torch.stack([v[0] for v in values])))
         for target, draws in ((result.exponents, within), (result.pooled_exponents, pooled)):
-            target[key] = {
-                "exponent": draws[0],
-                "ci": _percentile_interval(draws[1:], confidence),
-                "confidence": confidence,
-                "resamples": bootstrap,
-            }
+            target[key] = BootstrapEstimate(
+                draws[0], percentile_interval(draws[1:], confidence), confidence, bootstrap
+            )
     return result
