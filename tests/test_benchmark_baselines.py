@@ -357,7 +357,9 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
         name
         for name, entry in two["knob_tuning"]["samplers"].items()
         if entry["by_steps"]["8"]["outcome"] == "accepted"
-        and not is_neutral(two["samplers"][name]["scheduler"], SamplerSpec.from_json(two["samplers"][name]).knobs_at(8))
+        and not is_neutral(
+            two["samplers"][name]["scheduler"], SamplerSpec.from_json(two["samplers"][name]).knobs_at(8)
+        )
     }
     # a method at its neutral value (switched off, or picked there) runs as official: not sampled again
     assert sampled == {"official", "untied", *accepted}

@@ -37,9 +37,7 @@ def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> 
             raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other {option}{remedy}.")
 
 
-def check_ace_statistics(
-    pipe, samplers: Mapping[str, SamplerSpec | Mapping], source: str = "PIPELINE_DIR"
-) -> None:
+def check_ace_statistics(pipe, samplers: Mapping[str, SamplerSpec | Mapping], source: str = "PIPELINE_DIR") -> None:
     """Before any sampling: the ACE samplers need the pipeline's `ace_statistics` (ACE's repetition direction, for
     this model); one error naming them and the `untied-sc ace` command that estimates it."""
     needing = [name for name, spec in samplers.items() if SamplerSpec.of(spec).scheduler in ACE_METHODS]

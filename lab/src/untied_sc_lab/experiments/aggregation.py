@@ -378,7 +378,8 @@ def frontier_comparison(
     when no other method has a reading there.
     """
     samplers = {
-        name: SamplerSpec.from_json(spec, f"samplers[{name!r}]") for name, spec in (results.get("samplers") or {}).items()
+        name: SamplerSpec.from_json(spec, f"samplers[{name!r}]")
+        for name, spec in (results.get("samplers") or {}).items()
     }
     paired = Aggregates.from_json(results["aggregates"]).paired
     nfes = sorted({str(r.nfe) for r in runs if r.sampler != baseline and not r.is_main}, key=int)

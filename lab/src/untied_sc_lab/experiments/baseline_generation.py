@@ -39,19 +39,19 @@ from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, Sw
 BANK_PREFIX = "tuning bank: "
 
 
-def bank_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+def bank_key(n: int, spec: SamplerSpec, call_kwargs: Mapping) -> str:
     """The key of one bank run: its NFE, sampler spec and call arguments (as [`BankScorer`] caches it)."""
     return run_key(n, spec, call_kwargs)
 
 
-def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
+def bank_label(spec: SamplerSpec, call_kwargs: Mapping) -> str:
     """`"tuning bank: higs (higs_weight=1.75, higs_routing=both)"`: a bank run as it appears in run names."""
-    knobs = {key: value for key, value in spec.items() if key != "scheduler"}
+    knobs = {key: value for key, value in spec.to_json().items() if key != "scheduler"}
     inside = ", ".join(
         f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
         for key, value in {**knobs, **call_kwargs}.items()
     )
-    return f"{BANK_PREFIX}{spec['scheduler']}" + (f" ({inside})" if inside else "")
+    return f"{BANK_PREFIX}{spec.scheduler}" + (f" ({inside})" if inside else "")
 
 
 def generate_baseline_candidates(
@@ -125,7 +125,7 @@ def generate_baseline_candidates(
                 "seed": tune_seed,
                 knob: None,  # a bank run is no diversity run of the benchmark: its knob is in `call`
                 "bank_key": bank_key(n, spec, call_kwargs),
-                "spec": dict(spec),
+                "spec": spec.to_json(),
                 "call": dict(call_kwargs),
                 "num_samples": tuning.num_samples,
                 "seconds": 0.0,
@@ -232,7 +232,7 @@ def choose_from_bank(
     bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
     scored: dict[str, BankRun] = {}
 
-    def score(n: int, spec: Mapping, **call_kwargs) -> BankRun:
+    def score(n: int, spec: SamplerSpec, **call_kwargs) -> BankRun:
         key = bank_key(n, spec, call_kwargs)
         if key in scored:
             return scored[key]
@@ -255,11 +255,7 @@ def choose_from_bank(
         bar.update()
         return result
 
-    methods = [
-        m
-        for m in dict.fromkeys(spec.scheduler for spec in samplers.values())
-        if m in COMPARISON_METHODS
-    ]
+    methods = [m for m in dict.fromkeys(spec.scheduler for spec in samplers.values()) if m in COMPARISON_METHODS]
     try:
         results = search_methods(
             score,
@@ -313,7 +309,12 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec],
         runs.append(replace(run, sampler=name, samples=samples).to_sampled(knob))
     coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
     selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
-    selected.update(samplers={name: spec.to_json() for name, spec in samplers.items()}, runs=runs, coefficients=coefficients, knob_tuning=dict(record))
+    selected.update(
+        samplers={name: spec.to_json() for name, spec in samplers.items()},
+        runs=runs,
+        coefficients=coefficients,
+        knob_tuning=dict(record),
+    )
     return selected
 
 

@@ -171,9 +171,7 @@ def tune_baselines(
         "budget": tuning.budget,
         "confidence": tuning.confidence,
     }
-    untied = {
-        name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"
-    }
+    untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
     return apply_knob_choices(samplers, results, nfe, {**bank, "ace": ace_record(pipe)}, untied)
 
 

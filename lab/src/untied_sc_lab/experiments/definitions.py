@@ -40,7 +40,9 @@ BASELINE_METHODS = {get_method(name).label: name for name in BASELINE_ORDER}
 def experiment_samplers(name: str) -> dict[str, SamplerSpec]:
     """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity`, `directions` or `baselines`
     (official always first; the comparison samplers of `baselines` at their defaults until their knobs are tuned)."""
-    return {label: SamplerSpec.from_json(spec, f"samplers[{label!r}]") for label, spec in _experiment_json(name).items()}
+    return {
+        label: SamplerSpec.from_json(spec, f"samplers[{label!r}]") for label, spec in _experiment_json(name).items()
+    }
 
 
 def _experiment_json(name: str) -> dict[str, dict]:

@@ -128,7 +128,9 @@ def _merged_specs(parts: Sequence[Mapping[str, SamplerSpec]]) -> dict[str, dict]
     merged = {}
     for name, spec in parts[0].items():
         if spec.knobs_by_steps is not None:
-            spec = spec.with_knobs({n: knobs for part in parts for n, knobs in (part[name].knobs_by_steps or {}).items()})
+            spec = spec.with_knobs(
+                {n: knobs for part in parts for n, knobs in (part[name].knobs_by_steps or {}).items()}
+            )
         merged[name] = spec.to_json()
     return merged
 

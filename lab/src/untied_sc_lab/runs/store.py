@@ -171,9 +171,10 @@ class BankRunKey:
     call: str
 
     @classmethod
-    def of(cls, bank: Mapping, nfe: int, spec: Mapping, call: Mapping) -> "BankRunKey":
-        """The key of the run (`nfe`, `spec`, `call`) on the bank `bank` (its other fields by name)."""
-        return cls(**bank, nfe=nfe, spec=canonical(dict(spec)), call=canonical(dict(call)))
+    def of(cls, bank: Mapping, nfe: int, spec: SamplerSpec | Mapping, call: Mapping) -> "BankRunKey":
+        """The key of the run (`nfe`, `spec`, `call`) on the bank `bank` (its other fields by name); a JSON `spec` is
+        read with [`SamplerSpec.from_json`]."""
+        return cls(**bank, nfe=nfe, spec=canonical(SamplerSpec.of(spec).to_json()), call=canonical(dict(call)))
 
     def bank(self) -> dict:
         """The fields that name the bank (all but the run's NFE, spec and call)."""
