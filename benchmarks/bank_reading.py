@@ -16,10 +16,14 @@ import json
 import sys
 from pathlib import Path
 
+from untied_sc.generation import SamplerSpec
 from untied_sc.generation.sampling import diversity_knob, resampling_clusters
 from untied_sc_lab.runs.bank_run import BankRun
 from untied_sc_lab.runs.store import HEADER, BankRunKey, RunStore, canonical
 from untied_sc_lab.tuning.search import KNOB_DEFAULTS, Candidate, OfficialCurve, keep_test
+
+
+OFFICIAL = SamplerSpec(scheduler="official")
 
 
 def load_bank(folder: Path, nfe: int) -> tuple[dict, dict[tuple[str, str], tuple[BankRunKey, BankRun]]]:
@@ -44,7 +48,7 @@ def official_curve(bank: dict, runs: dict) -> OfficialCurve:
     points = []
     for key, run in runs.values():
         call = json.loads(key.call)
-        if json.loads(key.spec) == {"scheduler": "official"} and set(call) <= {knob}:
+        if SamplerSpec.from_json(json.loads(key.spec)) == OFFICIAL and set(call) <= {knob}:
             points.append((float(call.get(knob, KNOB_DEFAULTS[knob])), run))
     points.sort(key=lambda point: point[0])
     if len(points) < 2:
@@ -54,13 +58,14 @@ def official_curve(bank: dict, runs: dict) -> OfficialCurve:
 
 def reading(folder: Path, nfe: int, spec: dict, call: dict) -> dict:
     bank, runs = load_bank(folder, nfe)
+    scheduler = SamplerSpec.from_json(spec, "--spec").scheduler
     found = runs.get((canonical(spec), canonical(call)))
     if found is None:
         tried = sorted(
             {
                 json.dumps(json.loads(key.spec), sort_keys=True)
                 for key, _ in runs.values()
-                if json.loads(key.spec)["scheduler"] == spec.get("scheduler")
+                if SamplerSpec.from_json(json.loads(key.spec)).scheduler == scheduler
             }
         )
         raise SystemExit(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
+from untied_sc.generation import SamplerSpec
 from untied_sc.generation.sampling import batch_seed, build_scheduler
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
 from untied_sc_lab.experiments.aggregates import Aggregates, MeanSE
@@ -697,11 +698,11 @@ def test_the_directions_experiment_builds_one_untied_sampler_per_direction_contr
         "untied (random)",
     ]
     pipe = pipes[family]
-    official = build_scheduler(pipe, {"scheduler": "official", **samplers["official"]})
+    official = build_scheduler(pipe, samplers["official"].with_scheduler("official"))
     assert type(official) is type(pipe.scheduler) and "correction_direction" not in official.config
     latents = {}
     for name, spec in list(samplers.items())[1:]:
-        scheduler = build_scheduler(pipe, {"scheduler": "untied", **spec}, None, 8)
+        scheduler = build_scheduler(pipe, spec.with_scheduler("untied"), None, 8)
         assert scheduler.config.correction_direction == name.removeprefix("untied (").removesuffix(")")
         pipe.scheduler, kept = scheduler, pipe.scheduler
         try:
@@ -736,11 +737,11 @@ def test_a_preset_applies_to_every_untied_sampler_and_names_the_results(pipes):
     from untied_sc_lab.experiments.definitions import experiment_name, with_preset
 
     samplers = with_preset(experiment_samplers("components"), "langflow-lm1b")
-    assert samplers["official"] == {} and all(
-        spec["coefficients"] == "langflow-lm1b" for name, spec in samplers.items() if name != "official"
+    assert samplers["official"] == SamplerSpec() and all(
+        spec.overrides["coefficients"] == "langflow-lm1b" for name, spec in samplers.items() if name != "official"
     )
     pipe = pipes["langflow"]
-    spec = {"scheduler": "untied", **samplers["untied (correction only)"]}
+    spec = samplers["untied (correction only)"].with_scheduler("untied")
     coefficients = build_scheduler(pipe, spec, None, 8).resolve_coefficients(8)
     assert coefficients == {**paper_coefficients()["langflow-lm1b"][8], "eta_r": 0.0}
     assert experiment_name("hub/x", "components", "langflow-lm1b") == "x-components-langflow-lm1b"

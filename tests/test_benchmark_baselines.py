@@ -17,7 +17,8 @@ from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowSched
 from untied_sc.calibration.ace import estimate_ace_direction
 from untied_sc.cli import build_parser, main
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE, TUNE_NUM_SAMPLES, TUNE_SEED
-from untied_sc.generation.sampling import build_scheduler, knobs_at
+from untied_sc.generation import SamplerSpec
+from untied_sc.generation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, TuningSettings, run_sweep
@@ -74,9 +75,9 @@ def pipes(elf_golden, langflow_golden):
 def test_the_baselines_set_names_every_method_and_builds_it_from_the_official_config(pipes):
     samplers = experiment_samplers("baselines")
     assert list(samplers)[:2] == ["official", "untied"]
-    assert {spec["scheduler"] for name, spec in samplers.items() if name in BASELINE_METHODS} == set(START)
+    assert {spec.scheduler for name, spec in samplers.items() if name in BASELINE_METHODS} == set(START)
     assert set(METHOD_KNOBS) == {*START, "untied"}
-    assert with_preset(samplers, "langflow-lm1b")["Momentum"] == {"scheduler": "momentum"}  # no coefficients
+    assert with_preset(samplers, "langflow-lm1b")["Momentum"].to_json() == {"scheduler": "momentum"}  # no coefficients
     for family, pipe in pipes.items():
         for name, method in BASELINE_METHODS.items():
             spec = {"scheduler": method, "knobs_by_steps": {"8": START[method]}}
@@ -356,7 +357,9 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
         name
         for name, entry in two["knob_tuning"]["samplers"].items()
         if entry["by_steps"]["8"]["outcome"] == "accepted"
-        and not is_neutral(two["samplers"][name]["scheduler"], knobs_at(two["samplers"][name], 8))
+        and not is_neutral(
+            two["samplers"][name]["scheduler"], SamplerSpec.from_json(two["samplers"][name]).knobs_at(8)
+        )
     }
     # a method at its neutral value (switched off, or picked there) runs as official: not sampled again
     assert sampled == {"official", "untied", *accepted}

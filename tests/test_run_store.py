@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
-from untied_sc.generation import knobs_at
+from untied_sc.generation import SamplerSpec
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, generate_sweep, run_sweep, score_sweep, sweep
 from untied_sc_lab.runs import BankRun
 from untied_sc_lab.runs.store import RUN_SETTINGS, BankRunKey, RunKey, RunStore, ScoreKey, StoredSamples
@@ -107,7 +107,7 @@ def test_the_run_key_is_the_one_list_of_run_settings():
     untuned = RunKey.of(SETTINGS, knobs, None, 4, 0)
     assert json.loads(untuned.spec) == {"scheduler": "momentum", "knobs_by_steps": None}
     with pytest.raises(ValueError, match="knobs for NFE \\[8, 16\\] only, not 4"):
-        knobs_at(knobs, 4)
+        SamplerSpec.from_json(knobs).knobs_at(4)
 
 
 def test_a_half_written_entry_is_never_read_and_a_mismatching_one_is_refused(tmp_path):

@@ -100,6 +100,7 @@ def generate_samples(
     """
     # keeps `untied-sc --help` torch-free (cli.py registers this module's parser)
     from .generation.checks import check_runs, refuse_leaked_seeds
+    from .generation.sampler_spec import SamplerSpec
     from .generation.sampling import build_scheduler, generate, run_samples
 
     if nfe < 1 or num_samples < 1 or batch_size < 1:
@@ -110,7 +111,7 @@ def generate_samples(
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}.")
     refuse_leaked_seeds([seed], pipe, option="--seed")
-    spec = {"scheduler": sampler}
+    spec = SamplerSpec(scheduler=sampler)
     check_runs(pipe, {sampler: spec}, [(sampler, nfe, seed, None)], source)
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))

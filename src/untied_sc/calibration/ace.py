@@ -25,6 +25,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from tqdm.auto import tqdm
 
 from ..generation.repetition import word_repetition
+from ..generation.sampler_spec import SamplerSpec
 from ..generation.sampling import batch_seed, build_scheduler, family_of
 from ..schedulers.sampler_statistics import SOLVERS, MatchedWeights, latent_width, model_family, model_fingerprint
 from ..seeds import DEFAULT_RECORD_SPACE, check_seed
@@ -268,7 +269,9 @@ def estimate_ace_direction(
     original = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)  # one bar over batches, not one per pipeline call
-    pipe.scheduler = build_scheduler(pipe, {"scheduler": "official", **(scheduler_overrides or {})})
+    pipe.scheduler = build_scheduler(
+        pipe, SamplerSpec.from_json({"scheduler": "official", **(scheduler_overrides or {})})
+    )
     features, labels = [], []
     try:
         starts = list(range(0, num_trajectories, batch_size))

@@ -11,9 +11,8 @@ __getattr__, __dir__, __all__ = lazy_attributes(
         ".checks": ("check_ace_statistics", "check_runs", "refuse_leaked_seeds"),
         ".repetition": ("word_ngrams", "word_repetition"),
         ".samples": ("PROVENANCE_KEYS", "RUN_KEYS", "SAME_SAMPLES_AS", "Sample", "read_samples", "write_samples"),
+        ".sampler_spec": ("CALL_KEYS", "KNOBS_KEY", "SamplerSpec"),
         ".sampling": (
-            "CALL_KEYS",
-            "KNOBS_KEY",
             "MIN_INDEPENDENT_CLUSTERS",
             "batch_seed",
             "build_scheduler",
@@ -22,7 +21,6 @@ __getattr__, __dir__, __all__ = lazy_attributes(
             "generate",
             "generator_ids",
             "independent_clusters",
-            "knobs_at",
             "resampling_clusters",
             "resampling_unit",
             "run_samples",

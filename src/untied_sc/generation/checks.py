@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from ..schedulers import UntiedSelfConditioningScheduler
 from ..schedulers.comparison_names import ACE_METHODS
 from ..seeds import calibration_seeds, check_seed
+from .sampler_spec import SamplerSpec
 from .sampling import build_scheduler, tuning_seeds
 
 
@@ -36,10 +37,10 @@ def refuse_leaked_seeds(seeds: Sequence[int], pipe, option: str = "--seeds") -> 
             raise ValueError(f"Seeds {leaked} {what}; evaluating on them would leak. Choose other {option}{remedy}.")
 
 
-def check_ace_statistics(pipe, samplers: Mapping[str, Mapping], source: str = "PIPELINE_DIR") -> None:
+def check_ace_statistics(pipe, samplers: Mapping[str, SamplerSpec | Mapping], source: str = "PIPELINE_DIR") -> None:
     """Before any sampling: the ACE samplers need the pipeline's `ace_statistics` (ACE's repetition direction, for
     this model); one error naming them and the `untied-sc ace` command that estimates it."""
-    needing = [name for name, spec in samplers.items() if spec.get("scheduler") in ACE_METHODS]
+    needing = [name for name, spec in samplers.items() if SamplerSpec.of(spec).scheduler in ACE_METHODS]
     if not needing:
         return
     ace_statistics = getattr(pipe, "ace_statistics", None)
@@ -52,7 +53,7 @@ def check_ace_statistics(pipe, samplers: Mapping[str, Mapping], source: str = "P
     ace_statistics.check_model(pipe.transformer)
 
 
-def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPELINE_DIR") -> None:
+def check_runs(pipe, samplers: Mapping[str, SamplerSpec | Mapping], plan, source: str = "PIPELINE_DIR") -> None:
     """Before any sampling: every untied sampler's coefficients resolve at each of its NFEs, and the sampler statistics
     are calibrated at every NFE an untied sampler needs them at (one error naming all the missing NFEs and the
     `untied-sc calibrate` command that adds them, which also writes coefficients for NFEs that have none), so that a
@@ -61,14 +62,14 @@ def check_runs(pipe, samplers: Mapping[str, Mapping], plan, source: str = "PIPEL
     calibrated = set(statistics.config.calibrated_steps or []) if statistics is not None else set()
     missing: dict[int, list[str]] = {}
     for sampler, n in dict.fromkeys((sampler, n) for sampler, n, _, _ in plan):
-        spec = samplers[sampler]
+        spec = SamplerSpec.of(samplers[sampler], f"samplers[{sampler!r}]")
         try:
             scheduler = build_scheduler(pipe, spec, pipe.scheduler.config, n)
             if not isinstance(scheduler, UntiedSelfConditioningScheduler):
                 continue
             coefficients = scheduler.resolve_coefficients(n)
         except (ValueError, KeyError) as error:
-            if n in calibrated or spec.get("scheduler") != "untied":
+            if n in calibrated or spec.scheduler != "untied":
                 raise ValueError(f"Sampler {sampler!r} at NFE {n}: {error}") from error
             coefficients = None  # unresolvable at an uncalibrated NFE: calibrating it writes its coefficients too
         needs_statistics = coefficients is None or coefficients["eta_r"] > 0 or coefficients["eta_t"] > 0

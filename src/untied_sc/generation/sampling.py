@@ -25,18 +25,12 @@ from ..distributed import (
     slowest_process_seconds,
 )
 from ..families import family_names, get_family, untied_families
-from ..per_nfe import read_steps_table
 from ..schedulers import UntiedSelfConditioningScheduler, stored_tuning
 from ..schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 from ..seeds import generator_seed
 from ..untied_variants import untied_variant_class
+from .sampler_spec import SamplerSpec
 from .samples import Sample
-
-
-# Pipeline-call arguments a sampler spec may carry; every other key is a scheduler config override.
-CALL_KEYS = ("temperature", "sc_cfg_scale", "decode_temperature")
-# A spec key holding config overrides by NFE (`{"8": {"momentum_beta": 0.8}}`): knobs tuned per NFE.
-KNOBS_KEY = "knobs_by_steps"
 
 
 def resampling_unit(family: str) -> str:
@@ -130,41 +124,53 @@ def diversity_knob(family: str) -> str:
     return get_family(family).require("diversity_knob", "Sweeping a diversity knob")
 
 
-def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_inference_steps: int | None = None):
+def build_scheduler(
+    pipe, spec: SamplerSpec | Mapping, config: Mapping | None = None, num_inference_steps: int | None = None
+):
     """The scheduler of one sampler spec, built from `config` (default: the pipeline's scheduler config).
 
-    `spec["scheduler"]` is `"official"` (the family's official scheduler), `"untied"`
-    ([`UntiedSelfConditioningScheduler`] with the spec's other non-call keys, e.g. `eta_r`, as config overrides; the
-    registered variant's scheduler when they name its switch, [`untied_variant_class`]: the lab's
-    `AblationUntiedELFScheduler` / `AblationUntiedLangFlowScheduler` for an ablation switch) or a
-    comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the family's class from
-    [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`, with the spec's
-    other keys, e.g. `momentum_beta`, as overrides).
-    A key `<coefficient>_scale` (e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise be used at
-    `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1]. A key `knobs_by_steps` (`{"8":
-    {"momentum_beta": 0.8}, ...}`, the benchmark's tuned knobs) adds the overrides of `num_inference_steps`.
+    `spec` is a [`SamplerSpec`] or its JSON object (read with [`SamplerSpec.from_json`]). Its `scheduler` is
+    `"official"` (the family's official scheduler), `"untied"` ([`UntiedSelfConditioningScheduler`] with the spec's
+    config overrides, e.g. `eta_r`; the registered variant's scheduler when they name its switch,
+    [`untied_variant_class`]: the lab's `AblationUntiedELFScheduler` / `AblationUntiedLangFlowScheduler` for an
+    ablation switch) or a comparison method (`"momentum"`, `"higs"`, `"ace"`, `"higs_ace"`, `"multistep"`: the
+    family's class from [`comparison_scheduler_class`], built with `from_config` from the official keys of `config`,
+    with the spec's overrides, e.g. `momentum_beta`).
+    A scale (the key `<coefficient>_scale`, e.g. `eta_t_scale: 0.5`) multiplies the coefficient that would otherwise
+    be used at `num_inference_steps` (the sensitivity sweep); α is clipped to (0, 1]. A `knobs_by_steps` table
+    (`{"8": {"momentum_beta": 0.8}, ...}`, the benchmark's tuned knobs) adds the overrides of `num_inference_steps`.
+
+    Examples:
+
+    ```py
+    >>> build_scheduler(pipe, {"scheduler": "untied", "eta_r": 0.5}, num_inference_steps=8)
+    >>> build_scheduler(pipe, SamplerSpec(scheduler="untied", overrides={"eta_r": 0.5}), num_inference_steps=8)
+    ```
     """
-    overrides = {key: value for key, value in spec.items() if key not in (*CALL_KEYS, "scheduler", KNOBS_KEY)}
-    if KNOBS_KEY in spec:
-        overrides.update(knobs_at(spec, num_inference_steps))
-    scales = {key.removesuffix("_scale"): overrides.pop(key) for key in list(overrides) if key.endswith("_scale")}
+    spec = SamplerSpec.of(spec)
+    overrides, scales = spec.settings_at(num_inference_steps)
     config = dict(pipe.scheduler.config if config is None else config)
-    if spec["scheduler"] == "official" or spec["scheduler"] in COMPARISON_METHODS:
+    method = spec.scheduler
+    if method is None:
+        raise ValueError(
+            f"The sampler spec {spec.to_json()} names no 'scheduler': give one of 'official', 'untied' or "
+            f"{COMPARISON_METHODS}."
+        )
+    if method == "official" or method in COMPARISON_METHODS:
         if scales:
             raise ValueError(f"Coefficient scales {sorted(scales)} only apply to the untied sampler.")
-        if spec["scheduler"] == "official":
+        if method == "official":
             cls = get_family(family_of(pipe)).official_scheduler.load()
         else:
-            cls = comparison_scheduler_class(spec["scheduler"], family_of(pipe))
+            cls = comparison_scheduler_class(method, family_of(pipe))
         accepted = inspect.signature(cls.__init__).parameters  # an untied config carries keys the official lacks
         unknown = sorted(set(overrides) - set(accepted))
         if unknown:
-            raise ValueError(f"{cls.__name__} has no config keys {unknown} (sampler spec {dict(spec)}).")
+            raise ValueError(f"{cls.__name__} has no config keys {unknown} (sampler spec {spec.to_json()}).")
         return cls.from_config({k: v for k, v in config.items() if k in accepted or k.startswith("_")}, **overrides)
-    if spec["scheduler"] != "untied":
+    if method != "untied":
         raise ValueError(
-            f"A sampler's 'scheduler' must be 'official', 'untied' or one of {COMPARISON_METHODS}, got "
-            f"{spec['scheduler']!r}."
+            f"A sampler's 'scheduler' must be 'official', 'untied' or one of {COMPARISON_METHODS}, got {method!r}."
         )
     # An ablation switch (`correction_routing`, …) needs the lab's scheduler; it samples the same otherwise.
     untied = untied_variant_class(family_of(pipe), overrides) or UntiedSelfConditioningScheduler
@@ -178,20 +184,6 @@ def build_scheduler(pipe, spec: Mapping, config: Mapping | None = None, num_infe
     if "alpha" in scaled:
         scaled["alpha"] = min(scaled["alpha"], 1.0)
     return untied.from_config(config, **{**overrides, **scaled})
-
-
-def knobs_at(spec: Mapping, num_inference_steps: int | None, *, missing_ok: bool = False) -> dict | None:
-    """The config overrides a spec's `knobs_by_steps` gives at `num_inference_steps`: an error where it has none, or
-    `None` with `missing_ok` (what names a run needs no knobs there: sampling it is refused all the same)."""
-    by_steps = read_steps_table(spec[KNOBS_KEY], KNOBS_KEY)
-    if num_inference_steps not in by_steps:
-        if missing_ok:
-            return None
-        raise ValueError(
-            f"The sampler spec has knobs for NFE {sorted(by_steps)} only, not {num_inference_steps}: tune "
-            "its knobs at that NFE (`untied-sc benchmark --experiment baselines` tunes every --nfe)."
-        )
-    return dict(by_steps[num_inference_steps])
 
 
 def generator_ids(sequences: torch.LongTensor, family: str, pad_token_id: int | None) -> list[list[int]]:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from untied_sc.families import get_family
-from untied_sc.generation import resampling_clusters
+from untied_sc.generation import SamplerSpec, resampling_clusters
 
 from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, frontier_ratio, gen_ppl_on_curve
 from ..evaluation.metrics import retained_throughput
@@ -377,7 +377,10 @@ def frontier_comparison(
     but the baseline was swept. An NFE with an untied sampler and another method has a `head_to_head` entry, empty
     when no other method has a reading there.
     """
-    samplers = results.get("samplers") or {}
+    samplers = {
+        name: SamplerSpec.from_json(spec, f"samplers[{name!r}]")
+        for name, spec in (results.get("samplers") or {}).items()
+    }
     paired = Aggregates.from_json(results["aggregates"]).paired
     nfes = sorted({str(r.nfe) for r in runs if r.sampler != baseline and not r.is_main}, key=int)
     by_sampler: dict = {}
@@ -409,7 +412,7 @@ def frontier_comparison(
                 switched_off=frontier[0] == reference,
             )
             by_sampler.setdefault(sampler, {})[nfe] = row
-        untied = [name for name in frontiers if samplers[name].get("scheduler", "untied") == "untied"]
+        untied = [name for name in frontiers if samplers[name].scheduler in (None, "untied")]
         # A method switched off is the baseline, not a rival.
         others = [
             (row["ratio"], name)

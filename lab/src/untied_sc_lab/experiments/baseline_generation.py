@@ -19,7 +19,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from untied_sc.families import default_protocol
-from untied_sc.generation import diversity_knob, family_of, knobs_at, resampling_clusters, run_samples
+from untied_sc.generation import SamplerSpec, diversity_knob, family_of, resampling_clusters, run_samples
 from untied_sc.schedulers import COMPARISON_METHODS
 from untied_sc.seeds import check_seed
 
@@ -39,19 +39,19 @@ from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, Sw
 BANK_PREFIX = "tuning bank: "
 
 
-def bank_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+def bank_key(n: int, spec: SamplerSpec, call_kwargs: Mapping) -> str:
     """The key of one bank run: its NFE, sampler spec and call arguments (as [`BankScorer`] caches it)."""
     return run_key(n, spec, call_kwargs)
 
 
-def bank_label(spec: Mapping, call_kwargs: Mapping) -> str:
+def bank_label(spec: SamplerSpec, call_kwargs: Mapping) -> str:
     """`"tuning bank: higs (higs_weight=1.75, higs_routing=both)"`: a bank run as it appears in run names."""
-    knobs = {key: value for key, value in spec.items() if key != "scheduler"}
+    knobs = {key: value for key, value in spec.to_json().items() if key != "scheduler"}
     inside = ", ".join(
         f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
         for key, value in {**knobs, **call_kwargs}.items()
     )
-    return f"{BANK_PREFIX}{spec['scheduler']}" + (f" ({inside})" if inside else "")
+    return f"{BANK_PREFIX}{spec.scheduler}" + (f" ({inside})" if inside else "")
 
 
 def generate_baseline_candidates(
@@ -125,7 +125,7 @@ def generate_baseline_candidates(
                 "seed": tune_seed,
                 knob: None,  # a bank run is no diversity run of the benchmark: its knob is in `call`
                 "bank_key": bank_key(n, spec, call_kwargs),
-                "spec": dict(spec),
+                "spec": spec.to_json(),
                 "call": dict(call_kwargs),
                 "num_samples": tuning.num_samples,
                 "seconds": 0.0,
@@ -148,7 +148,7 @@ def generate_baseline_candidates(
     )
     bank_seconds = time.perf_counter() - began
     candidates = {
-        "samplers": samplers,
+        "samplers": {name: spec.to_json() for name, spec in samplers.items()},
         "bank": {
             "seed": tune_seed,
             "seed_space": "tuning",
@@ -160,7 +160,7 @@ def generate_baseline_candidates(
             "extrapolate": tuning.extrapolate,
         },
         "untied": {
-            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
+            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"
         },
         "ace": ace_record(pipe),
     }
@@ -186,10 +186,10 @@ def generate_baseline_candidates(
     return generation
 
 
-def _chosen_source(name: str, spec: Mapping, n: int) -> str:
+def _chosen_source(name: str, spec: SamplerSpec, n: int) -> str:
     """The run name whose benchmark runs stand for sampler `name` (tuned `spec`) at NFE `n`: official where a
     comparison sampler chose its neutral value (bit for bit the official sampler), else itself."""
-    if spec["scheduler"] in COMPARISON_METHODS and is_neutral(spec["scheduler"], knobs_at(spec, n)):
+    if spec.scheduler in COMPARISON_METHODS and is_neutral(spec.scheduler, spec.knobs_at(n)):
         return BASELINE
     return name
 
@@ -220,6 +220,10 @@ def choose_from_bank(
         bank run's scores under its [`samples_fingerprint`] (what a later `--store-from` imports).
     """
     candidates = generation[CANDIDATES_KEY]
+    samplers = {
+        name: SamplerSpec.from_json(spec, f"{CANDIDATES_KEY}.samplers[{name!r}]")
+        for name, spec in candidates["samplers"].items()
+    }
     settings = candidates["bank"]
     family = generation["family"]
     protocol = protocol or default_protocol(family)
@@ -228,7 +232,7 @@ def choose_from_bank(
     bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
     scored: dict[str, BankRun] = {}
 
-    def score(n: int, spec: Mapping, **call_kwargs) -> BankRun:
+    def score(n: int, spec: SamplerSpec, **call_kwargs) -> BankRun:
         key = bank_key(n, spec, call_kwargs)
         if key in scored:
             return scored[key]
@@ -251,11 +255,7 @@ def choose_from_bank(
         bar.update()
         return result
 
-    methods = [
-        m
-        for m in dict.fromkeys(spec["scheduler"] for spec in candidates["samplers"].values())
-        if m in COMPARISON_METHODS
-    ]
+    methods = [m for m in dict.fromkeys(spec.scheduler for spec in samplers.values()) if m in COMPARISON_METHODS]
     try:
         results = search_methods(
             score,
@@ -279,14 +279,12 @@ def choose_from_bank(
         confidence=settings["confidence"],
         ace=candidates.get("ace"),
     )
-    samplers, record = apply_knob_choices(
-        candidates["samplers"], results, generation["nfe"], bank, candidates["untied"]
-    )
+    samplers, record = apply_knob_choices(samplers, results, generation["nfe"], bank, candidates["untied"])
     record["bank_scores"] = bank_scores
     return samplers, record
 
 
-def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], record: Mapping) -> dict:
+def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec], record: Mapping) -> dict:
     """
     The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs (main and
     diversity) at its chosen knobs, official's where it chose the neutral value, under its own name and in the
@@ -311,7 +309,12 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, Mapping], rec
         runs.append(replace(run, sampler=name, samples=samples).to_sampled(knob))
     coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
     selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
-    selected.update(samplers=dict(samplers), runs=runs, coefficients=coefficients, knob_tuning=dict(record))
+    selected.update(
+        samplers={name: spec.to_json() for name, spec in samplers.items()},
+        runs=runs,
+        coefficients=coefficients,
+        knob_tuning=dict(record),
+    )
     return selected
 
 

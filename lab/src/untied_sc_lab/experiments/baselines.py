@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from untied_sc.families import default_protocol
-from untied_sc.generation import KNOBS_KEY, check_ace_statistics, check_runs, refuse_leaked_seeds
+from untied_sc.generation import SamplerSpec, check_ace_statistics, check_runs, refuse_leaked_seeds
 from untied_sc.per_nfe import write_steps_table
 from untied_sc.schedulers import COMPARISON_METHODS, stored_tuning
 from untied_sc.seeds import check_seed
@@ -138,7 +138,7 @@ def tune_baselines(
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, [(name, n, None, None) for n in nfe for name in samplers], source)
 
-    methods = {name: spec["scheduler"] for name, spec in samplers.items() if spec["scheduler"] in COMPARISON_METHODS}
+    methods = {name: spec.scheduler for name, spec in samplers.items() if spec.scheduler in COMPARISON_METHODS}
     evaluator, derived_name = scoring_evaluator(evaluator)
     evaluator_name = evaluator_name or derived_name
     results = tune_knobs(
@@ -171,21 +171,19 @@ def tune_baselines(
         "budget": tuning.budget,
         "confidence": tuning.confidence,
     }
-    untied = {
-        name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec["scheduler"] == "untied"
-    }
+    untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
     return apply_knob_choices(samplers, results, nfe, {**bank, "ace": ace_record(pipe)}, untied)
 
 
 def apply_knob_choices(
-    samplers: Mapping[str, Mapping], results: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
-) -> tuple[dict[str, dict], dict]:
+    samplers: Mapping[str, SamplerSpec], results: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
+) -> tuple[dict[str, SamplerSpec], dict]:
     """
     The sampler specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the tuning record: the
     `bank`'s settings, [`knob_record`] per sampler and NFE, and the untied samplers' own records (`untied`).
 
     Args:
-        samplers (`Mapping[str, Mapping]`): the normalised sampler set.
+        samplers (`Mapping[str, SamplerSpec]`): the normalised sampler set.
         results (`Sequence[SearchResult]`): one per (comparison method, NFE).
         nfe (`Sequence[int]`): the NFEs.
         bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, budget)
@@ -196,10 +194,10 @@ def apply_knob_choices(
     tuned = dict(samplers)
     per_sampler = {}
     for name, spec in samplers.items():
-        method = spec["scheduler"]
+        method = spec.scheduler
         if method not in COMPARISON_METHODS:
             continue
-        tuned[name] = {**spec, KNOBS_KEY: write_steps_table({n: dict(by_method[method, n].chosen) for n in nfe})}
+        tuned[name] = spec.with_knobs({n: by_method[method, n].chosen for n in nfe})
         per_sampler[name] = {
             "method": method,
             "by_steps": write_steps_table({n: knob_record(by_method[method, n]) for n in nfe}),

@@ -1,7 +1,7 @@
 """The sampler sets a benchmark compares: official vs untied (`main`) and the paper's controlled experiments.
 
-A sampler set maps a name to a spec ([`run_sweep`]'s `samplers`): `{}` is the sampler at its defaults, other keys
-override the untied scheduler's config (`eta_t: 0.0`), route its correction (`correction_routing`), scale one resolved
+A sampler set maps a name to a spec ([`run_sweep`]'s `samplers`, each a [`SamplerSpec`] read from the JSON objects
+below): `{}` is the sampler at its defaults, other keys override the untied scheduler's config (`eta_t: 0.0`), route its correction (`correction_routing`), scale one resolved
 coefficient (`eta_t_scale: 0.5`) or go to the pipeline call (`temperature`). The sampler named `official` is the
 baseline of every paired comparison. The experiments (`--experiment`):
 
@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from untied_sc.defaults import COEFFICIENT_NAMES, EXPERIMENTS  # (EXPERIMENTS re-exported here)
+from untied_sc.generation import SamplerSpec
 from untied_sc.sampling_methods import get_method
 
 
 BASELINE = "official"
-DEFAULT_SAMPLERS = {"official": {}, "untied": {}}
+DEFAULT_SAMPLERS = {"official": SamplerSpec(), "untied": SamplerSpec()}
 SENSITIVITY_FACTORS = (0.5, 0.75, 1.5, 2.0)
 # The `baselines` experiment's comparison methods, in its reports' order, and their report names (the `label` of
 # each method, a `scheduler` of `build_scheduler`).
@@ -36,11 +37,18 @@ BASELINE_ORDER = ("momentum", "ace", "higs", "higs_ace", "multistep")
 BASELINE_METHODS = {get_method(name).label: name for name in BASELINE_ORDER}
 
 
-def experiment_samplers(name: str) -> dict[str, dict]:
+def experiment_samplers(name: str) -> dict[str, SamplerSpec]:
     """Sampler specs of an experiment: `main`, `placement`, `components`, `sensitivity`, `directions` or `baselines`
     (official always first; the comparison samplers of `baselines` at their defaults until their knobs are tuned)."""
+    return {
+        label: SamplerSpec.from_json(spec, f"samplers[{label!r}]") for label, spec in _experiment_json(name).items()
+    }
+
+
+def _experiment_json(name: str) -> dict[str, dict]:
+    """The JSON objects of [`experiment_samplers`]."""
     if name == "main":
-        return dict(DEFAULT_SAMPLERS)
+        return {label: {} for label in DEFAULT_SAMPLERS}
     if name == "placement":
         return {
             BASELINE: {},
@@ -71,11 +79,14 @@ def experiment_samplers(name: str) -> dict[str, dict]:
             "untied (random)": {"correction_direction": "random"},
         }
     if name == "baselines":
-        return {**DEFAULT_SAMPLERS, **{label: {"scheduler": method} for label, method in BASELINE_METHODS.items()}}
+        return {
+            **{label: {} for label in DEFAULT_SAMPLERS},
+            **{label: {"scheduler": method} for label, method in BASELINE_METHODS.items()},
+        }
     raise ValueError(f"Unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
 
 
-def select_samplers(name: str, names: Sequence[str] | None = None) -> dict[str, dict]:
+def select_samplers(name: str, names: Sequence[str] | None = None) -> dict[str, SamplerSpec]:
     """The experiment's sampler specs ([`experiment_samplers`]), only `names` of them (and official, the pairs' first
     side, always) in the experiment's order; all of them when `names` is `None`. An unknown name raises a `ValueError`
     that lists the experiment's samplers."""
@@ -91,32 +102,31 @@ def select_samplers(name: str, names: Sequence[str] | None = None) -> dict[str, 
     return {key: spec for key, spec in samplers.items() if key == BASELINE or key in names}
 
 
-def with_preset(samplers: Mapping[str, Mapping], preset: str | None) -> dict[str, dict]:
-    """The sampler set with every untied sampler on the paper coefficient `preset` (unchanged when `None`); the
-    official and comparison samplers have no coefficients."""
+def with_preset(samplers: Mapping[str, SamplerSpec], preset: str | None) -> dict[str, SamplerSpec]:
+    """The sampler set with every untied sampler on the paper coefficient `preset` where it names none (unchanged
+    when `None`); the official and comparison samplers have no coefficients."""
     if preset is None:
         return dict(samplers)
     return {
-        name: {"coefficients": preset, **spec} if is_untied(name, spec) else dict(spec)
+        name: spec.with_default_overrides({"coefficients": preset}) if is_untied(name, spec) else spec
         for name, spec in samplers.items()
     }
 
 
-def is_untied(name: str, spec: Mapping) -> bool:
+def is_untied(name: str, spec: SamplerSpec) -> bool:
     """Whether a sampler spec runs the untied scheduler (its `scheduler`, else every sampler but `official`)."""
-    return spec.get("scheduler", "official" if name == BASELINE else "untied") == "untied"
+    return spec.scheduler_for(name) == "untied"
 
 
-def normalise_samplers(samplers: Mapping[str, Mapping]) -> dict[str, dict]:
-    """Each spec gets an explicit `scheduler` key: `"official"` for the sampler named official, else `"untied"`."""
+def normalise_samplers(samplers: Mapping[str, SamplerSpec | Mapping]) -> dict[str, SamplerSpec]:
+    """Each spec as a [`SamplerSpec`] (a JSON object read with [`SamplerSpec.from_json`]) with its `scheduler`
+    stated: `"official"` for the sampler named official, else `"untied"`."""
     if BASELINE not in samplers:
         raise ValueError(
             f"`samplers` must include the baseline {BASELINE!r} (the pairs' first side), got {list(samplers)}."
         )
-    return {
-        name: {"scheduler": "official" if name == BASELINE else "untied", **dict(spec)}
-        for name, spec in samplers.items()
-    }
+    read = {name: SamplerSpec.of(spec, f"samplers[{name!r}]") for name, spec in samplers.items()}
+    return {name: spec.with_scheduler(spec.scheduler_for(name)) for name, spec in read.items()}
 
 
 def experiment_name(pipeline: str, experiment: str, preset: str | None = None) -> str | None:

@@ -15,7 +15,7 @@ scores alone (`bank_scores`, by [`samples_fingerprint`]).
 import os
 from pathlib import Path
 
-from untied_sc.generation import Sample, read_samples
+from untied_sc.generation import Sample, SamplerSpec, read_samples
 from untied_sc.input_checks import read_benchmark_report
 from untied_sc.per_nfe import read_steps_table
 
@@ -84,7 +84,7 @@ def import_report(
     _refuse_without_sample_entropies(records, path)
     for record, samples in zip(records, runs, strict=True):
         coefficients = read_steps_table(by_sampler.get(record.sampler), "coefficients").get(record.nfe)
-        spec = report["samplers"][record.sampler]
+        spec = SamplerSpec.from_json(report["samplers"][record.sampler], f"samplers[{record.sampler!r}]")
         key = RunKey.of(settings, spec, coefficients, record.nfe, record.seed, record.value)
         if not store.samples_path(key).exists():
             texts, ids = [s.text for s in samples], [s.ids for s in samples]

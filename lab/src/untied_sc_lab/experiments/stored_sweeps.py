@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from untied_sc.generation import run_samples
+from untied_sc.generation import SamplerSpec, run_samples
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, StoredSamples
@@ -25,7 +25,7 @@ def sweep_run_key(generation: Mapping, run: Mapping) -> RunKey:
         )
     coefficients = read_steps_table(generation["coefficients"].get(run["sampler"], {}), "coefficients")
     knob = generation["diversity_knob"]
-    spec = generation["samplers"][run["sampler"]]
+    spec = SamplerSpec.from_json(generation["samplers"][run["sampler"]], f"samplers[{run['sampler']!r}]")
     return RunKey.of(generation, spec, coefficients.get(run["nfe"]), run["nfe"], run["seed"], run[knob])
 
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from untied_sc.distributed import is_main_process, main_process_progress, process_device, process_rank
 from untied_sc.families import default_protocol
 from untied_sc.generation import (
-    CALL_KEYS,
+    SamplerSpec,
     build_scheduler,
     check_ace_statistics,
     check_runs,
@@ -78,7 +78,7 @@ def _check_evaluator_options(options: Mapping) -> None:
 def _sweep_runs(
     nfe: Sequence[int],
     seeds: Sequence[int],
-    samplers: Mapping[str, Mapping],
+    samplers: Mapping[str, SamplerSpec],
     diversity_values: Sequence[float] | None,
     diversity_samplers: Sequence[str],
     diversity_nfe: Sequence[int] | None,
@@ -185,7 +185,7 @@ def generate_sweep(
         "num_samples": num_samples,
         "batch_size": batch_size,
         "batch_seed": BATCH_SEED_RULE,
-        "samplers": samplers,
+        "samplers": {sampler: spec.to_json() for sampler, spec in samplers.items()},
     }
     run_settings = {**header, "diversity_knob": knob}  # every one of [`RUN_SETTINGS`], as the generation records it
 
@@ -198,7 +198,7 @@ def generate_sweep(
         for sampler, n, seed, value in main_process_progress(plan, state, progress, desc=f"sampling {name}"):
             spec = samplers[sampler]
             pipe.scheduler = build_scheduler(pipe, spec, original_scheduler.config, n)
-            call_kwargs = {key: spec[key] for key in CALL_KEYS if key in spec}
+            call_kwargs = dict(spec.call)
             if value is not None:
                 call_kwargs[knob] = value
             if isinstance(pipe.scheduler, UntiedSelfConditioningScheduler) and value is None:

@@ -5,7 +5,7 @@ process per NFE on one GPU, or parts on several machines), merged into the sweep
 
 from collections.abc import Mapping, Sequence
 
-from untied_sc.generation import KNOBS_KEY
+from untied_sc.generation import SamplerSpec
 
 from ..runs.store import RUN_SETTINGS
 
@@ -80,10 +80,7 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     for part in generations:
         for sampler, by_steps in (part.get("coefficients") or {}).items():
             coefficients.setdefault(sampler, {}).update(by_steps)
-    samplers = {name: dict(spec) for name, spec in first["samplers"].items()}
-    for name, spec in samplers.items():  # a spec's per-NFE knobs (the baselines' grid values): each part's NFEs
-        if KNOBS_KEY in spec:
-            spec[KNOBS_KEY] = {k: v for part in generations for k, v in part["samplers"][name][KNOBS_KEY].items()}
+    samplers = _merged_specs([_part_specs(part) for part in generations])
     merged = {**first, "nfe": nfe, "diversity_nfe": diversity_nfe, "coefficients": coefficients, "samplers": samplers}
     merged["seconds"] = sum(part["seconds"] for part in generations)
     merged["command"] = " ; ".join(part["command"] for part in generations)
@@ -120,11 +117,29 @@ def _by_part(generations: Sequence[Mapping], key: str) -> str:
     )
 
 
+def _part_specs(generation: Mapping) -> dict[str, SamplerSpec]:
+    """A part's sampler specs, read from its JSON."""
+    return {name: SamplerSpec.from_json(spec, f"samplers[{name!r}]") for name, spec in generation["samplers"].items()}
+
+
+def _merged_specs(parts: Sequence[Mapping[str, SamplerSpec]]) -> dict[str, dict]:
+    """The merged sweep's sampler specs, as JSON: the first part's, a spec's per-NFE knobs (the baselines' grid
+    values) those of every part's NFEs."""
+    merged = {}
+    for name, spec in parts[0].items():
+        if spec.knobs_by_steps is not None:
+            spec = spec.with_knobs(
+                {n: knobs for part in parts for n, knobs in (part[name].knobs_by_steps or {}).items()}
+            )
+        merged[name] = spec.to_json()
+    return merged
+
+
 def _shared(generation: Mapping, key: str):
     """A setting as the parts must share it: sampler specs without their per-NFE knobs."""
     if key != "samplers":
         return generation.get(key)
-    return {name: {k: v for k, v in spec.items() if k != KNOBS_KEY} for name, spec in generation[key].items()}
+    return {name: spec.without_knobs() for name, spec in _part_specs(generation).items()}
 
 
 def _run_order(generation: Mapping):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from untied_sc.generation import KNOBS_KEY, Sample, knobs_at
+from untied_sc.generation import KNOBS_KEY, Sample, SamplerSpec
 
 from ..evaluation.io import samples_key
 from .bank_run import BankRun
@@ -35,6 +35,8 @@ BANKS = "banks"  # the folder of scored tuning-bank runs
 # Relative tolerance of the check of imported scores on each sample's NLL sum: another device or batch padding moves
 # it by ~1e-6; another --max-length, dtype or evaluator moves it by far more.
 SPOT_CHECK_TOLERANCE = 1e-4
+# What a tuning-bank run's key names in place of a sampler spec: its spec and call arguments.
+BANK_RUN_SPEC = {"spec", "call"}
 
 
 def canonical(value) -> str:
@@ -42,12 +44,13 @@ def canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def spec_at(spec: Mapping, n: int) -> dict:
-    """A sampler spec as it samples at NFE `n`: its settings and, for a tuned comparison sampler, its knobs there."""
-    at_n = {key: value for key, value in spec.items() if key != KNOBS_KEY}
-    if KNOBS_KEY in spec:
+def spec_at(spec: SamplerSpec, n: int) -> dict:
+    """A sampler spec's JSON as it samples at NFE `n`: its settings and, for a tuned comparison sampler, its knobs
+    there under `knobs_by_steps`."""
+    at_n = spec.to_json()
+    if spec.knobs_by_steps is not None:
         # a spec tuned at other NFEs only still names its run here (with no knobs); sampling it is refused
-        at_n[KNOBS_KEY] = knobs_at(spec, n, missing_ok=True)
+        at_n[KNOBS_KEY] = spec.knobs_at(n, missing_ok=True)
     return at_n
 
 
@@ -90,14 +93,19 @@ class RunKey:
     value: float | None = None
 
     @classmethod
-    def of(cls, settings: Mapping, spec: Mapping, coefficients, nfe: int, seed: int, value=None, **overrides):
-        """The key of one run of a sweep whose settings (a generation's or a report's) are `settings`."""
+    def of(
+        cls, settings: Mapping, spec: SamplerSpec | Mapping, coefficients, nfe: int, seed: int, value=None, **overrides
+    ):
+        """The key of one run of a sweep whose settings (a generation's or a report's) are `settings`; `spec` is the
+        run's sampler spec (a JSON object is read with [`SamplerSpec.from_json`]), or for a tuning-bank run the
+        `{"spec": ..., "call": ...}` JSON it was sampled with."""
+        bank_run = isinstance(spec, Mapping) and set(spec) == BANK_RUN_SPEC
         return cls(
             family=settings["family"],
             pipeline_class=settings["pipeline_class"],
             generator_tokenizer=settings.get("generator_tokenizer"),
             seed_space=overrides.pop("seed_space", "benchmark"),
-            spec=canonical(spec_at(spec, nfe)),
+            spec=canonical(dict(spec) if bank_run else spec_at(SamplerSpec.of(spec), nfe)),
             coefficients=canonical(coefficients),
             nfe=nfe,
             seed=seed,
@@ -163,9 +171,10 @@ class BankRunKey:
     call: str
 
     @classmethod
-    def of(cls, bank: Mapping, nfe: int, spec: Mapping, call: Mapping) -> "BankRunKey":
-        """The key of the run (`nfe`, `spec`, `call`) on the bank `bank` (its other fields by name)."""
-        return cls(**bank, nfe=nfe, spec=canonical(dict(spec)), call=canonical(dict(call)))
+    def of(cls, bank: Mapping, nfe: int, spec: SamplerSpec | Mapping, call: Mapping) -> "BankRunKey":
+        """The key of the run (`nfe`, `spec`, `call`) on the bank `bank` (its other fields by name); a JSON `spec` is
+        read with [`SamplerSpec.from_json`]."""
+        return cls(**bank, nfe=nfe, spec=canonical(SamplerSpec.of(spec).to_json()), call=canonical(dict(call)))
 
     def bank(self) -> dict:
         """The fields that name the bank (all but the run's NFE, spec and call)."""

@@ -25,7 +25,7 @@ from .search import (
     SearchResult,
     tune_method,
 )
-from .tune import bank_scoring, check_search_options, chosen_scores, official_curve
+from .tune import bank_scoring, check_search_options, chosen_scores, method_spec, official_curve
 
 
 def neutral_knobs(method: str) -> dict:
@@ -60,7 +60,7 @@ def search_methods(
                     method,
                     n,
                     START[method],
-                    lambda knobs, n=n, method=method: scorer(n, {"scheduler": method, **knobs}),
+                    lambda knobs, n=n, method=method: scorer(n, method_spec(method, knobs)),
                     curve,
                     budget,
                     clusters,

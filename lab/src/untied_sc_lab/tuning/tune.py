@@ -42,7 +42,15 @@ from untied_sc.defaults import (
     TUNE_SEED,  # the default tuning bank; the benchmark's default evaluation seeds are 0, 1, 2
 )
 from untied_sc.families import default_protocol
-from untied_sc.generation import Sample, build_scheduler, diversity_knob, family_of, generate, resampling_clusters
+from untied_sc.generation import (
+    Sample,
+    SamplerSpec,
+    build_scheduler,
+    diversity_knob,
+    family_of,
+    generate,
+    resampling_clusters,
+)
 from untied_sc.schedulers import (
     COEFFICIENT_NAMES,
     StepCoefficients,
@@ -82,10 +90,15 @@ def score_bank_samples(samples, evaluator, protocol, eval_batch_size) -> BankRun
     return BankRun.from_evaluation(result)
 
 
-def run_key(n: int, spec: Mapping, call_kwargs: Mapping) -> str:
+def run_key(n: int, spec: SamplerSpec, call_kwargs: Mapping) -> str:
     """A bank run's name within one bank: a hash of its NFE, sampler spec and call arguments."""
-    text = json.dumps({"nfe": n, "spec": dict(spec), "call": dict(call_kwargs)}, sort_keys=True)
+    text = json.dumps({"nfe": n, "spec": spec.to_json(), "call": dict(call_kwargs)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def method_spec(scheduler: str, knobs: Mapping) -> SamplerSpec:
+    """The spec of a tuning candidate: `scheduler` with the candidate's `knobs` (read as a spec's keys are)."""
+    return SamplerSpec.from_json({"scheduler": scheduler, **knobs})
 
 
 class BankScorer:
@@ -138,7 +151,8 @@ class BankScorer:
             "protocol": self.protocol,
         }
 
-    def __call__(self, n: int, spec: Mapping, **call_kwargs) -> BankRun:
+    def __call__(self, n: int, spec: SamplerSpec | Mapping, **call_kwargs) -> BankRun:
+        spec = SamplerSpec.of(spec)
         key = BankRunKey.of(self.bank(), n, spec, call_kwargs)
         if key in self.cache:
             return self.cache[key]
@@ -158,7 +172,7 @@ class BankScorer:
                 self.store.put_bank_run(key, run)
             if self.log is not None:
                 self.log(
-                    f"NFE {n} {dict(spec)} {dict(call_kwargs) or ''}: GenPPL {run.gen_ppl:.3f}, entropy "
+                    f"NFE {n} {spec.to_json()} {dict(call_kwargs) or ''}: GenPPL {run.gen_ppl:.3f}, entropy "
                     f"{run.entropy if run.entropy is None else round(run.entropy, 4)} "
                     f"({time.perf_counter() - began:.0f} s)"
                 )
@@ -222,7 +236,8 @@ def official_curve(
 ) -> OfficialCurve:
     """Official on the bank at each of the diversity knob's `values` (its default added if absent)."""
     values = list(dict.fromkeys([KNOB_DEFAULTS[knob], *map(float, values)]))
-    runs = [scorer(n, {"scheduler": "official"}, **({} if v == KNOB_DEFAULTS[knob] else {knob: v})) for v in values]
+    official = SamplerSpec(scheduler="official")
+    runs = [scorer(n, official, **({} if v == KNOB_DEFAULTS[knob] else {knob: v})) for v in values]
     return OfficialCurve(knob, values, runs, extrapolate)
 
 
@@ -311,14 +326,14 @@ def tune_coefficients(
         config = scorer.config
         for n in nfe:
             start = calibrated_coefficients(config, n) or build_scheduler(
-                pipe, {"scheduler": "untied"}, config, n
+                pipe, SamplerSpec(scheduler="untied"), config, n
             ).resolve_coefficients(n)
             curve = official_curve(scorer, n, knob, curve_values, extrapolate)
             result = tune_method(
                 "untied",
                 n,
                 start,
-                lambda knobs, n=n: scorer(n, {"scheduler": "untied", **knobs}),
+                lambda knobs, n=n: scorer(n, method_spec("untied", knobs)),
                 curve,
                 budget,
                 clusters,
@@ -326,9 +341,7 @@ def tune_coefficients(
             )
             if match and result.kept:
                 result.extra["entropy_matching"] = entropy_matching(
-                    lambda value, n=n, chosen=result.chosen: scorer(
-                        n, {"scheduler": "untied", **chosen}, **{knob: value}
-                    ),
+                    lambda value, n=n, chosen=result.chosen: scorer(n, method_spec("untied", chosen), **{knob: value}),
                     curve,
                     result.best.run,
                 )
