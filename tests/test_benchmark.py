@@ -9,8 +9,8 @@ import torch
 
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation.sampling import batch_seed, build_scheduler
+from untied_sc_lab.evaluation.aggregates import Aggregates, MeanSE
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
-from untied_sc_lab.experiments.aggregates import Aggregates, MeanSE
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
 from untied_sc_lab.experiments.records import RunRecord

@@ -14,10 +14,10 @@ from untied_sc.generation import Sample, write_samples
 from untied_sc.output_paths import report_paths  # noqa: F401  (re-exported)
 from untied_sc.schedulers import COEFFICIENT_NAMES
 
+from ..evaluation.aggregates import Aggregates, MeanSE, PairedSummary
 from ..evaluation.curves import FIT_DESCRIPTION
 from ..evaluation.evaluator import SMOLLM2_NAME
 from ..evaluation.plots import plot_benchmark
-from .aggregates import Aggregates, MeanSE, PairedSummary
 
 
 def _fmt(stat: MeanSE | None, digits: int = 2) -> str:

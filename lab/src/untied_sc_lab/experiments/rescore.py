@@ -20,8 +20,8 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
+from ..evaluation.aggregates import Aggregates
 from ..runs.store import RUN_SETTINGS
-from .aggregates import Aggregates
 from .records import report_records
 from .report import write_results
 from .report_import import read_report_runs

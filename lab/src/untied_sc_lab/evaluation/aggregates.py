@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..evaluation.statistics import mean_and_standard_error
+from .statistics import mean_and_standard_error
 
 
 @dataclass(frozen=True)
