@@ -85,9 +85,19 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
 
 def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity_sweep(pipes, evaluator):
     from untied_sc_lab.evaluation.plots import benchmark_figure, pyplot
+    from untied_sc_lab.experiments.report_record import Report
 
     results = sweep(pipes["langflow"], evaluator)
-    figure = benchmark_figure(results)
+    report = Report.from_json(results)
+    settings = report.settings
+    figure = benchmark_figure(
+        report.aggregates,
+        report.diversity_curves,
+        knob=settings.diversity_knob,
+        model=settings.model,
+        evaluator=settings.evaluator,
+        protocol=settings.protocol,
+    )
     try:
         plane = figure.axes[1]
         assert plane.get_xlabel() == "unigram entropy (nats)" and plane.get_ylabel() == "GenPPL"

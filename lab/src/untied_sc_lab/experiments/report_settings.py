@@ -64,6 +64,17 @@ class IntervalRule:
         }
 
 
+# The sweep's settings a report holds beside those it renders (absent from the reports tests build by hand).
+SWEEP_KEYS = (
+    "batch_seed",
+    "diversity_values",
+    "diversity_samplers",
+    "diversity_nfe",
+    "diversity_default",
+    "num_processes",
+)
+
+
 @dataclass(frozen=True)
 class ReportSettings:
     """
@@ -71,14 +82,12 @@ class ReportSettings:
 
     Args:
         model (`str`), family (`str`), pipeline_class (`str`): the model.
-        nfe (`Sequence[int]`), seeds (`Sequence[int]`), num_samples (`int`), batch_size (`int`), batch_seed (`str`):
-            the sweep.
+        nfe (`Sequence[int]`), seeds (`Sequence[int]`), num_samples (`int`), batch_size (`int`): the sweep.
         protocol (`str`), evaluator (`str`), evaluator_description (`str`, *optional*): the scoring.
         generator_tokenizer (`str`, *optional*): the generating model's tokenizer, described.
         baseline (`str`): the sampler the others are compared with.
-        diversity_knob (`str`), diversity_values, diversity_samplers, diversity_nfe, diversity_default: the diversity
-            sweep.
-        device (`str`), torch (`str`), num_processes (`int`, *optional*): where it sampled.
+        diversity_knob (`str`): the diversity sweep's knob.
+        device (`str`), torch (`str`): where it sampled.
         command (`str`): the command that ran it (sampled it, where `scoring_command` scored it elsewhere).
         main_only (`bool`): the diversity runs were not scored (`--main-only`).
         scoring_command (`str`, *optional*), scoring_device (`str`, *optional*): the scoring elsewhere.
@@ -87,6 +96,9 @@ class ReportSettings:
         resampling_unit ([`ResamplingUnit`]): the bootstrap's unit.
         interval_rule ([`IntervalRule`], *optional*): the headline rule (reports with the small-sample intervals).
         equal_entropy_fit (`str`, *optional*): the curve fit of the equal-entropy readings.
+        batch_seed, diversity_values, diversity_samplers, diversity_nfe, diversity_default, num_processes
+            (*optional*): the sweep's batch seeding, its diversity values, samplers and NFEs, the knob's value in the
+            main runs, and its processes.
     """
 
     model: str
@@ -96,20 +108,14 @@ class ReportSettings:
     seeds: Sequence[int]
     num_samples: int
     batch_size: int
-    batch_seed: str
     protocol: str
     evaluator: str
     evaluator_description: str | None
     generator_tokenizer: str | None
     baseline: str
     diversity_knob: str
-    diversity_values: Sequence[float]
-    diversity_samplers: Sequence[str]
-    diversity_nfe: Sequence[int]
-    diversity_default: float | None
     device: str
     torch: str
-    num_processes: int | None
     command: str
     main_only: bool
     scoring_command: str | None
@@ -121,6 +127,12 @@ class ReportSettings:
     resampling_unit: ResamplingUnit
     interval_rule: IntervalRule | None
     equal_entropy_fit: str | None
+    batch_seed: str | None = None
+    diversity_values: Sequence[float] | None = None
+    diversity_samplers: Sequence[str] | None = None
+    diversity_nfe: Sequence[int] | None = None
+    diversity_default: float | None = None
+    num_processes: int | None = None
 
     @property
     def num_clusters(self) -> int:
@@ -142,20 +154,14 @@ class ReportSettings:
             report["seeds"],
             report["num_samples"],
             report["batch_size"],
-            report["batch_seed"],
             report["protocol"],
             report["evaluator"],
             report.get("evaluator_description"),
             report.get("generator_tokenizer"),
             report["baseline"],
             report["diversity_knob"],
-            report["diversity_values"],
-            report["diversity_samplers"],
-            report["diversity_nfe"],
-            report["diversity_default"],
             report["device"],
             report["torch"],
-            report.get("num_processes"),
             report["command"],
             bool(report.get("main_only")),
             report.get("scoring_command"),
@@ -167,4 +173,5 @@ class ReportSettings:
             ResamplingUnit.from_json(unit) if unit else SAMPLE_UNIT,
             IntervalRule.from_json(rule) if rule is not None else None,
             report.get("equal_entropy_fit"),
+            *(report.get(key) for key in SWEEP_KEYS),
         )
