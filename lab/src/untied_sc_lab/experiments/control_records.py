@@ -8,6 +8,7 @@ are `int` in memory.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..evaluation.aggregates import by_sampler_from_json, by_sampler_to_json, listed
 
@@ -115,6 +116,26 @@ class NllCorrelation:
         }
 
 
+@dataclass(frozen=True)
+class ScoredBy:
+    """One side's evaluator: its name (a folder, Hub id or bundled name) and its description (`None`: not recorded)."""
+
+    evaluator: str | None
+    evaluator_description: str | None
+
+    @property
+    def short_name(self) -> str:
+        """The evaluator as the control's headings name it (a folder or Hub id by its last part)."""
+        return Path(str(self.evaluator).rstrip("/")).name
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "ScoredBy":
+        return cls(data["evaluator"], data["evaluator_description"])
+
+    def to_json(self) -> dict:
+        return {"evaluator": self.evaluator, "evaluator_description": self.evaluator_description}
+
+
 def _by_nfe(data: Mapping) -> dict[int, RankAgreement]:
     return {int(nfe): RankAgreement.from_json(row) for nfe, row in data.items()}
 
@@ -125,15 +146,15 @@ class EvaluatorControl:
     Two reports of the same runs under two evaluators, side by side.
 
     Args:
-        first (`Mapping[str, str | None]`), second: each report's `evaluator` and `evaluator_description`.
+        first ([`ScoredBy`]), second ([`ScoredBy`]): each report's evaluator.
         reading (`str`, *optional*): the equal-entropy reading (`"frontier"`, `"baseline curve"`; `None`: raw only).
         by_sampler: `{sampler: {nfe: ControlRow}}`.
         equal_entropy_agreement, raw_agreement: `{nfe: RankAgreement}` at equal entropy and raw.
         nll_correlation ([`NllCorrelation`]): the per-sample NLLs' correlation.
     """
 
-    first: Mapping[str, str | None]
-    second: Mapping[str, str | None]
+    first: ScoredBy
+    second: ScoredBy
     reading: str | None
     by_sampler: Mapping[str, Mapping[int, ControlRow]]
     equal_entropy_agreement: Mapping[int, RankAgreement]
@@ -144,8 +165,8 @@ class EvaluatorControl:
     def from_json(cls, data: Mapping) -> "EvaluatorControl":
         agreement = data["rank_agreement"]
         return cls(
-            dict(data["first"]),
-            dict(data["second"]),
+            ScoredBy.from_json(data["first"]),
+            ScoredBy.from_json(data["second"]),
             data["reading"],
             by_sampler_from_json(data["by_sampler"], ControlRow.from_json),
             _by_nfe(agreement["equal_entropy"]),
@@ -155,8 +176,8 @@ class EvaluatorControl:
 
     def to_json(self) -> dict:
         return {
-            "first": dict(self.first),
-            "second": dict(self.second),
+            "first": self.first.to_json(),
+            "second": self.second.to_json(),
             "reading": self.reading,
             "by_sampler": by_sampler_to_json(self.by_sampler, ControlRow.to_json),
             "rank_agreement": {

@@ -508,10 +508,6 @@ def _frontier_lines(
     return lines
 
 
-def _short_evaluator(side: Mapping) -> str:
-    return Path(str(side["evaluator"]).rstrip("/")).name
-
-
 def _tau_text(row: RankAgreement) -> str:
     tau = "n/a" if row.kendall_tau is None else f"{row.kendall_tau:+.2f}"
     return f"τ {tau} over {row.num_ranked} sampler{'s' * (row.num_ranked != 1)}"
@@ -523,7 +519,7 @@ def _evaluator_control_lines(report: Report) -> list[str]:
     control, baseline = report.evaluator_control, report.settings.baseline
     if control is None:
         return []
-    first, second = _short_evaluator(control.first), _short_evaluator(control.second)
+    first, second = control.first.short_name, control.second.short_name
     reading = {
         "frontier": f"each sampler on its own frontier at {baseline}'s entropy",
         "baseline curve": f"{baseline}'s curve read at each sampler's entropy",
