@@ -20,10 +20,10 @@ from untied_sc_lab.experiments.provenance import (
     ReusedScores,
     SampledPart,
     ScoreParts,
-    StoreRecord,
 )
 from untied_sc_lab.experiments.report_record import Report
 from untied_sc_lab.experiments.report_settings import SAMPLE_UNIT, IntervalRule, ResamplingUnit
+from untied_sc_lab.runs.store import StoreRecord
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -9,7 +9,37 @@ are `int` in memory.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..evaluation.aggregates import by_sampler_from_json, by_sampler_to_json, listed
+from ..evaluation.aggregates import by_sampler_from_json, by_sampler_to_json
+
+
+# The keys of a reading at an entropy, in the reports' order: the baseline's curve at a sampler's entropy
+# (`equal_entropy`), a frontier at the baseline's entropy (`frontiers`), a head-to-head between two frontiers.
+EQUAL_ENTROPY_KEYS = (
+    "entropy",
+    "gen_ppl",
+    "baseline_gen_ppl_at_entropy",
+    "ratio",
+    "ratio_ci",
+    "fraction_outside",
+    "entropy_resampled",
+)
+READING_KEYS = (
+    "entropy",
+    "gen_ppl",
+    "reference_gen_ppl",
+    "ratio",
+    "ratio_ci",
+    "fraction_outside",
+    "entropy_resampled",
+)
+FRONTIER_KEYS = (*READING_KEYS, "points", "frontier_entropy_range", "raw_ratio", "raw_ratio_ci", "switched_off")
+HEAD_TO_HEAD_KEYS = ("sampler", "against", *READING_KEYS)
+
+
+def _json(record, keys: tuple[str, ...]) -> dict:
+    """A record's fields under `keys`, in that order, intervals as lists (JSON's arrays)."""
+    values = {key: getattr(record, key) for key in keys}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -37,26 +67,10 @@ class EqualEntropyRow:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "EqualEntropyRow":
-        return cls(
-            data["entropy"],
-            data["gen_ppl"],
-            data["baseline_gen_ppl_at_entropy"],
-            data["ratio"],
-            data["ratio_ci"],
-            data["fraction_outside"],
-            data["entropy_resampled"],
-        )
+        return cls(**{key: data[key] for key in EQUAL_ENTROPY_KEYS})
 
     def to_json(self) -> dict:
-        return {
-            "entropy": self.entropy,
-            "gen_ppl": self.gen_ppl,
-            "baseline_gen_ppl_at_entropy": self.baseline_gen_ppl_at_entropy,
-            "ratio": self.ratio,
-            "ratio_ci": listed(self.ratio_ci),
-            "fraction_outside": self.fraction_outside,
-            "entropy_resampled": self.entropy_resampled,
-        }
+        return _json(self, EQUAL_ENTROPY_KEYS)
 
 
 # `{sampler: {nfe: EqualEntropyRow}}`
@@ -102,36 +116,11 @@ class FrontierRow:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "FrontierRow":
-        return cls(
-            data["entropy"],
-            data["gen_ppl"],
-            data["reference_gen_ppl"],
-            data["ratio"],
-            data["ratio_ci"],
-            data["fraction_outside"],
-            data["entropy_resampled"],
-            data["points"],
-            data.get("frontier_entropy_range"),
-            data.get("raw_ratio"),
-            data.get("raw_ratio_ci"),
-            data.get("switched_off", False),
-        )
+        optional = {key: data[key] for key in FRONTIER_KEYS[len(READING_KEYS) + 1 :] if key in data}
+        return cls(**{key: data[key] for key in (*READING_KEYS, "points")}, **optional)
 
     def to_json(self) -> dict:
-        return {
-            "entropy": self.entropy,
-            "gen_ppl": self.gen_ppl,
-            "reference_gen_ppl": self.reference_gen_ppl,
-            "ratio": self.ratio,
-            "ratio_ci": listed(self.ratio_ci),
-            "fraction_outside": self.fraction_outside,
-            "entropy_resampled": self.entropy_resampled,
-            "points": self.points,
-            "frontier_entropy_range": listed(self.frontier_entropy_range),
-            "raw_ratio": self.raw_ratio,
-            "raw_ratio_ci": listed(self.raw_ratio_ci),
-            "switched_off": self.switched_off,
-        }
+        return _json(self, FRONTIER_KEYS)
 
 
 @dataclass(frozen=True)
@@ -157,30 +146,10 @@ class HeadToHead:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "HeadToHead":
-        return cls(
-            data["sampler"],
-            data["against"],
-            data["entropy"],
-            data["gen_ppl"],
-            data["reference_gen_ppl"],
-            data["ratio"],
-            data["ratio_ci"],
-            data["fraction_outside"],
-            data["entropy_resampled"],
-        )
+        return cls(**{key: data[key] for key in HEAD_TO_HEAD_KEYS})
 
     def to_json(self) -> dict:
-        return {
-            "sampler": self.sampler,
-            "against": self.against,
-            "entropy": self.entropy,
-            "gen_ppl": self.gen_ppl,
-            "reference_gen_ppl": self.reference_gen_ppl,
-            "ratio": self.ratio,
-            "ratio_ci": listed(self.ratio_ci),
-            "fraction_outside": self.fraction_outside,
-            "entropy_resampled": self.entropy_resampled,
-        }
+        return _json(self, HEAD_TO_HEAD_KEYS)
 
 
 @dataclass(frozen=True)

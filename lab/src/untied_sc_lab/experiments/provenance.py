@@ -1,4 +1,4 @@
-"""Where a report's runs came from, as records: a run store's account ([`StoreRecord`], `store`), the runs lent by an
+"""Where a report's runs came from, as records: a run store's account (`store`, [`StoreRecord`]), the runs lent by an
 earlier report (`reused_samples`, [`ReusedSamples`]; `reused_scores` and `bank_scores_reused`, [`ReusedScores`]), a
 parts folder's scores (`score_parts`, [`ScoreParts`]), the report a rescoring scores again (`rescored_from`,
 [`RescoredFrom`]) and the NFE parts sampled on different machines (`parts`, [`SampledPart`]), gathered in
@@ -9,6 +9,8 @@ parts folder's scores (`score_parts`, [`ScoreParts`]), the report a rescoring sc
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from ..runs.store import StoreRecord
 
 
 @dataclass(frozen=True)
@@ -84,56 +86,6 @@ class ScoreParts:
 
     def to_json(self) -> dict:
         return {"folder": self.folder, "read": self.read, "written": self.written}
-
-
-@dataclass(frozen=True)
-class StoreRecord:
-    """
-    A run store's account of a report (`--store`, [`RunStore.record`]).
-
-    Args:
-        folder (`str`): the store.
-        samples_read, samples_written, scores_read, scores_written (`int`): runs read from it and computed here.
-        checked_runs (`Sequence[str]`): the runs read and checked again here.
-        banks_read, banks_written (`int`): tuning-bank runs read and computed (0 where none: then not in the JSON).
-        imported (`Sequence`, *optional*): the reports imported into the store (`--store-from`).
-    """
-
-    folder: str
-    samples_read: int
-    samples_written: int
-    scores_read: int
-    scores_written: int
-    checked_runs: Sequence[str]
-    banks_read: int = 0
-    banks_written: int = 0
-    imported: Sequence | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "StoreRecord":
-        return cls(
-            data["folder"],
-            data["samples_read"],
-            data["samples_written"],
-            data["scores_read"],
-            data["scores_written"],
-            data["checked_runs"],
-            data.get("banks_read", 0),
-            data.get("banks_written", 0),
-            data.get("imported"),
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "folder": self.folder,
-            "samples_read": self.samples_read,
-            "samples_written": self.samples_written,
-            "scores_read": self.scores_read,
-            "scores_written": self.scores_written,
-            "checked_runs": list(self.checked_runs),
-            **{name: getattr(self, name) for name in ("banks_read", "banks_written") if getattr(self, name)},
-            **({"imported": list(self.imported)} if self.imported else {}),
-        }
 
 
 @dataclass(frozen=True)
