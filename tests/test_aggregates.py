@@ -1,4 +1,4 @@
-"""A report's aggregates as records (`experiments/aggregates.py`): every committed report's aggregates read into
+"""A report's aggregates as records (`evaluation/aggregates.py`): every committed report's aggregates read into
 records and written back give the same JSON, key for key and in order; the records keep NFEs as integers and write
 the small-sample fields only where a report was analysed with them."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from untied_sc_lab.experiments.aggregates import SMALL_SAMPLE_KEYS, Aggregates, MeanSE, PairedSummary
+from untied_sc_lab.evaluation.aggregates import SMALL_SAMPLE_KEYS, Aggregates, MeanSE, PairedSummary
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -10,8 +10,8 @@ import torch
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation import SamplerSpec
 from untied_sc.generation.sampling import batch_seed, build_scheduler
+from untied_sc_lab.evaluation.aggregates import Aggregates, MeanSE
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
-from untied_sc_lab.experiments.aggregates import Aggregates, MeanSE
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
 from untied_sc_lab.experiments.records import RunRecord
@@ -86,9 +86,19 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
 
 def test_plot_puts_every_sampler_on_the_genppl_entropy_plane_without_a_diversity_sweep(pipes, evaluator):
     from untied_sc_lab.evaluation.plots import benchmark_figure, pyplot
+    from untied_sc_lab.experiments.report_record import Report
 
     results = sweep(pipes["langflow"], evaluator)
-    figure = benchmark_figure(results)
+    report = Report.from_json(results)
+    settings = report.settings
+    figure = benchmark_figure(
+        report.aggregates,
+        report.diversity_curves,
+        knob=settings.diversity_knob,
+        model=settings.model,
+        evaluator=settings.evaluator,
+        protocol=settings.protocol,
+    )
     try:
         plane = figure.axes[1]
         assert plane.get_xlabel() == "unigram entropy (nats)" and plane.get_ylabel() == "GenPPL"

@@ -307,10 +307,11 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
     assert record["8"]["edges"] == result.edges and set(result.edges) == {"eta_r", "eta_t", "eta_o", "alpha"}
     # a report of the untied sampler alone names the rule from its record, and where its pick lies on each knob
     from untied_sc_lab.experiments.report import _knob_lines
+    from untied_sc_lab.experiments.tuning_records import KnobTuning
 
     tuning = {"seed": 10_000, "seed_space": "tuning", "num_samples": 4, "batch_size": 2, "evaluator": "tiny"}
     tuning.update(protocol="langflow", budget=2, confidence=0.95, samplers={}, untied={"untied": record})
-    text = "\n".join(_knob_lines({"knob_tuning": tuning}))
+    text = "\n".join(_knob_lines(KnobTuning.from_json(tuning)))
     assert f"at most): {RULE}." in text
     row = next(line for line in text.splitlines() if line.startswith("| untied | 8 |"))
     assert "| the same (`untied-sc tune`) |" in row and f"eta_t: {result.edges['eta_t']}" in row

@@ -18,6 +18,7 @@ from untied_sc_lab.evaluation.statistics import (
 from untied_sc_lab.experiments.aggregation import aggregate, analyse, genppl_ratio_ci, genppl_ratio_intervals
 from untied_sc_lab.experiments.records import RunRecord
 from untied_sc_lab.experiments.report import format_markdown
+from untied_sc_lab.experiments.report_record import Report
 
 from .tiny import scored_run
 
@@ -182,7 +183,7 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
     assert cell["mean_delta_headline_ci"] == cell["mean_delta_t_ci"]
     low, high = cell["gen_ppl_ratio_t_ci"]
     assert low < cell["gen_ppl_ratio"] < high
-    text = format_markdown(fresh)
+    text = format_markdown(Report.from_json(fresh))
     assert "8 independent time grids per cell (2 seeds × 4 batches of 2)" in text
     assert "fewer than 50 clusters: the three intervals side by side" in text and "]† |" in text
     # re-analysed as it was: the same statistics
@@ -192,7 +193,7 @@ def test_reports_carry_the_small_sample_intervals_only_when_analysed_with_them()
     old["aggregates"] = aggregate(_records(old), num_resamples=50).to_json()
     analyse(old, num_resamples=50)
     assert "interval_rule" not in old and "num_clusters" not in old["aggregates"]["paired"]["untied"]["8"]
-    assert "independent time grids" not in format_markdown(old)
+    assert "independent time grids" not in format_markdown(Report.from_json(old))
     assert "num_clusters" in analyse(old, num_resamples=50, small_sample=True)["aggregates"]["paired"]["untied"]["8"]
 
 

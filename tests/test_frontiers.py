@@ -104,6 +104,7 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
 
 
 def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_is_none():
+    from untied_sc_lab.experiments.equal_entropy_records import Frontiers
     from untied_sc_lab.experiments.report import _frontier_lines
 
     runs = []
@@ -122,12 +123,11 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
     assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
     assert out["by_sampler"]["Momentum"]["8"]["switched_off"] and not out["by_sampler"]["untied"]["8"]["switched_off"]
     assert out["by_sampler"]["untied"]["8"]["ratio"] is None and out["head_to_head"] == {"8": []}
-    report = {"frontiers": out, "baseline": "official", "diversity_knob": "temperature", **results}
-    lines = "\n".join(_frontier_lines({**report, "num_resamples": 50}))
+    lines = "\n".join(_frontier_lines(Frontiers.from_json(out), "official", "temperature"))
     assert "- NFE 8: none: no other method has a reading at official's entropy" in lines
     # without a rival at all (only untied swept) there is no head-to-head paragraph
     only = frontier_comparison(
         {"samplers": samplers, "aggregates": {"by_sampler": {}, "paired": {}}}, runs, num_resamples=50
     )
-    alone = _frontier_lines({**report, "frontiers": only, "samplers": samplers, "num_resamples": 50})
+    alone = _frontier_lines(Frontiers.from_json(only), "official", "temperature")
     assert not any("Head to head" in line for line in alone)

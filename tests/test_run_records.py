@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 
 from untied_sc.generation import Sample
-from untied_sc_lab.experiments.records import PER_SAMPLE_KEYS, SCORE_METRICS, PerSample, RunRecord, RunScores
+from untied_sc_lab.experiments.records import (
+    DEFAULT_KNOB,
+    PER_SAMPLE_KEYS,
+    SCORE_METRICS,
+    PerSample,
+    RunRecord,
+    RunScores,
+    report_knob,
+    report_records,
+)
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -86,3 +95,17 @@ def test_scores_give_back_the_scoring_result_a_store_keeps():
     assert older.rows() == [{"mean_nll": 1.0, "nll_sum": 2.0, "num_tokens": 2, "entropy": None}]
     assert "entropy" not in older.to_json() and len(older) == 1
     assert scores.metric("samples_per_second") == 2.0 and scores.metric("no such score") is None
+
+
+def test_a_report_that_names_no_knob_reads_its_runs_as_a_temperature_sweep():
+    """Reports written before `diversity_knob` was recorded swept temperature: their runs' values are read under it,
+    by the one reader every user of a report's runs goes through (the store import and the rescoring among them)."""
+    reports = (json.loads(path.read_text()) for path in _reports())
+    report = next(r for r in reports if r["diversity_knob"] == "temperature" and r["diversity_values"])
+    unnamed = {key: value for key, value in report.items() if key != "diversity_knob"}
+    assert report_knob(unnamed) == DEFAULT_KNOB == "temperature" and report_knob(report) == "temperature"
+    records = report_records(unnamed)
+    assert records == report_records(report)
+    assert any(record.value is not None for record in records)  # the sweep's values, not main runs alone
+    decoded = {**report, "diversity_knob": "decode_temperature"}
+    assert all(record.value is None for record in report_records(decoded))  # the knob decides what is read

@@ -102,7 +102,7 @@ def scored_run(
 
 def paired_cell(gen_ppl_ratio: float, gen_ppl_ratio_ci: list[float]) -> dict:
     """A report's paired cell (JSON) with this raw GenPPL ratio and interval, one seed's placeholders elsewhere."""
-    from untied_sc_lab.experiments.aggregates import MeanSE, PairedSummary
+    from untied_sc_lab.evaluation.aggregates import MeanSE, PairedSummary
 
     return PairedSummary(
         baseline="official",

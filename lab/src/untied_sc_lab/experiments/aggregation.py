@@ -25,6 +25,7 @@ import torch
 from untied_sc.families import get_family
 from untied_sc.generation import SamplerSpec, resampling_clusters
 
+from ..evaluation.aggregates import Aggregates, MeanSE, PairedSummary
 from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, frontier_ratio, gen_ppl_on_curve
 from ..evaluation.metrics import retained_throughput
 from ..evaluation.statistics import (
@@ -37,7 +38,6 @@ from ..evaluation.statistics import (
     percentile_interval,
     ratio_difference_intervals,
 )
-from .aggregates import Aggregates, MeanSE, PairedSummary
 from .definitions import BASELINE
 from .records import SCORE_METRICS, RunRecord, report_records
 

@@ -21,6 +21,7 @@ from .benchmark_options import add_benchmark_arguments, benchmark_command_line
 def _rescore(args, name: str) -> dict:
     """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
     from .report import format_markdown
+    from .report_record import Report
     from .rescore import rescore_report
 
     results = rescore_report(
@@ -35,7 +36,7 @@ def _rescore(args, name: str) -> dict:
         dtype=args.dtype,
         store=_open_store(args),
     )
-    print(format_markdown(results))
+    print(format_markdown(Report.from_json(results)))
     print("Wrote " + ", ".join(results["files"].values()))
     return results
 
@@ -238,6 +239,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
 
     from .definitions import select_samplers, with_preset
     from .report import format_markdown
+    from .report_record import Report
     from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
     from .sweep_settings import SweepSettings
@@ -250,7 +252,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         if not is_main_process(state):
             return None
         results = _score_stored_sweep(args, scoring, outputs)
-        print(format_markdown(results))
+        print(format_markdown(Report.from_json(results)))
         print("Wrote " + ", ".join(results["files"].values()))
         return results
     baselines = args.experiment == "baselines"
@@ -290,7 +292,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     results = run_sweep(pipeline, settings, scoring, **run, **outputs)
     if results is None:  # not the main process
         return None
-    print(format_markdown(results))
+    print(format_markdown(Report.from_json(results)))
     print("Wrote " + ", ".join(results["files"].values()))
     return results
 

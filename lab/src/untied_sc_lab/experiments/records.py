@@ -224,6 +224,16 @@ class RunRecord:
         }
 
 
+# The knob of a report that names none: reports written before `diversity_knob` was recorded swept temperature.
+DEFAULT_KNOB = "temperature"
+
+
+def report_knob(report: Mapping) -> str:
+    """The diversity knob a report's runs record their values under ([`DEFAULT_KNOB`] where it names none)."""
+    return report.get("diversity_knob", DEFAULT_KNOB)
+
+
 def report_records(report: Mapping) -> list[RunRecord]:
-    """A report's runs as [`RunRecord`]s, in the report's order (its `diversity_knob` names the knob)."""
-    return [RunRecord.from_json(run, report["diversity_knob"]) for run in report["runs"]]
+    """A report's runs as [`RunRecord`]s, in the report's order (its [`report_knob`] names the knob)."""
+    knob = report_knob(report)
+    return [RunRecord.from_json(run, knob) for run in report["runs"]]

@@ -20,7 +20,7 @@ from untied_sc.input_checks import read_benchmark_report
 from untied_sc.per_nfe import read_steps_table
 
 from ..runs.store import RunKey, RunStore, ScoreKey, StoredSamples, samples_fingerprint
-from .records import RunRecord
+from .records import RunRecord, report_knob, report_records
 
 
 def _refuse_without_sample_entropies(records: list[RunRecord], path: str | os.PathLike) -> None:
@@ -34,11 +34,13 @@ def _refuse_without_sample_entropies(records: list[RunRecord], path: str | os.Pa
             )
 
 
-def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> tuple[dict, list[list[Sample]]]:
+def read_report_runs(
+    path: str | os.PathLike, option: str, remedy: str = ""
+) -> tuple[dict, list[RunRecord], list[list[Sample]]]:
     """
-    A benchmark report (`<model>.json`) and the samples of each of its runs, in the report's order, from its samples
-    file. The file may hold runs the report does not: a rescoring of part of a larger report's runs shares that
-    report's file (samples are stored once).
+    A benchmark report (`<model>.json`), its runs ([`report_records`]) and the samples of each run, in the report's
+    order, from its samples file. The file may hold runs the report does not: a rescoring of part of a larger
+    report's runs shares that report's file (samples are stored once).
 
     Raises:
         `ValueError`: the file is not a benchmark report, its samples file is missing (`remedy` ends that error), or
@@ -46,12 +48,12 @@ def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> 
     """
     path = Path(path)
     report = read_benchmark_report(path, option, remedy)
-    knob = report.get("diversity_knob", "temperature")
+    knob = report_knob(report)
     by_run: dict[tuple, list[Sample]] = {}
     for sample in read_samples(path.parent / report["samples_file"]):
         by_run.setdefault((sample.sampler, sample.nfe, sample.seed, sample.extra.get(knob)), []).append(sample)
-    runs = []
-    for record in (RunRecord.from_json(run, knob) for run in report["runs"]):
+    records, runs = report_records(report), []
+    for record in records:
         run, count = by_run.get(record.key, []), record.scores.num_samples
         if len(run) != count:
             raise ValueError(
@@ -59,7 +61,7 @@ def read_report_runs(path: str | os.PathLike, option: str, remedy: str = "") -> 
                 f"NFE, seed, knob), not its {count}: one of the two was edited or replaced."
             )
         runs.append(run)
-    return report, runs
+    return report, records, runs
 
 
 def import_report(
@@ -74,13 +76,11 @@ def import_report(
         `ValueError`: the file is not a benchmark report or its samples file is missing or incomplete (a report
         written without its samples cannot lend them: nothing shows which samples its scores belong to).
     """
-    report, runs = read_report_runs(path, "--store-from", " Give a report with its samples file beside it.")
+    report, records, runs = read_report_runs(path, "--store-from", " Give a report with its samples file beside it.")
     source = str(path)
-    settings = {**report, "diversity_knob": report.get("diversity_knob", "temperature")}
-    knob = settings["diversity_knob"]
+    settings = {**report, "diversity_knob": report_knob(report)}
     description, protocol = report.get("evaluator_description"), report["protocol"]
     by_sampler = report.get("coefficients") or {}
-    records = [RunRecord.from_json(run, knob) for run in report["runs"]]
     _refuse_without_sample_entropies(records, path)
     for record, samples in zip(records, runs, strict=True):
         coefficients = read_steps_table(by_sampler.get(record.sampler), "coefficients").get(record.nfe)

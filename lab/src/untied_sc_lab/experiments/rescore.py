@@ -20,9 +20,9 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
+from ..evaluation.aggregates import Aggregates
 from ..runs.store import RUN_SETTINGS
-from .aggregates import Aggregates
-from .records import report_records
+from .records import RunRecord, report_records
 from .report import write_results
 from .report_import import read_report_runs
 from .sweep import score_sweep
@@ -50,10 +50,15 @@ GENERATION_SETTINGS = (
 )
 
 
-def report_generation(report: dict, run_samples: Sequence[Sequence], path: str | os.PathLike = "the report") -> dict:
-    """The generation a report was scored from, rebuilt from its record and the samples of each run (in the report's
-    order, [`read_report_runs`]): the same runs, knob values, timings and samples, for [`score_sweep`]. Scores of the
-    first evaluator (the tuning bank's among them) are left behind."""
+def report_generation(
+    report: dict,
+    records: Sequence[RunRecord],
+    run_samples: Sequence[Sequence],
+    path: str | os.PathLike = "the report",
+) -> dict:
+    """The generation a report was scored from, rebuilt from its record, its runs and the samples of each run (in the
+    report's order, [`read_report_runs`]): the same runs, knob values, timings and samples, for [`score_sweep`].
+    Scores of the first evaluator (the tuning bank's among them) are left behind."""
     missing = [key for key in GENERATION_SETTINGS if key not in report]
     if missing:
         raise ValueError(
@@ -62,8 +67,7 @@ def report_generation(report: dict, run_samples: Sequence[Sequence], path: str |
         )
     knob = report["diversity_knob"]
     runs = [
-        replace(record, samples=samples, scores=None)
-        for record, samples in zip(report_records(report), run_samples, strict=True)
+        replace(record, samples=samples, scores=None) for record, samples in zip(records, run_samples, strict=True)
     ]
     return {
         "format": GENERATION_FORMAT,
@@ -110,13 +114,13 @@ def rescore_report(
         `evaluator_control`.
     """
     report_path = Path(report_path)
-    first, run_samples = read_report_runs(report_path, "--rescore")
+    first, records, run_samples = read_report_runs(report_path, "--rescore")
     if scoring.protocol not in (None, first["protocol"]):
         raise ValueError(
             f"--rescore: {report_path} was scored under the {first['protocol']} protocol, not {scoring.protocol}: a "
             "rescoring keeps the first report's protocol."
         )
-    generation = report_generation(first, run_samples, report_path)
+    generation = report_generation(first, records, run_samples, report_path)
     if isinstance(scoring.evaluator, (str, os.PathLike)):
         evaluator_name = str(scoring.evaluator)
     generation["model"] = name or rescored_report_name(first["model"], evaluator_name or "evaluator")

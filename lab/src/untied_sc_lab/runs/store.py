@@ -199,6 +199,56 @@ def _digest(key) -> str:
     return hashlib.sha256(canonical(asdict(key)).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class StoreRecord:
+    """
+    A run store's account of a report (`--store`, [`RunStore.record`]), as the report's `store` holds it.
+
+    Args:
+        folder (`str`): the store.
+        samples_read, samples_written, scores_read, scores_written (`int`): runs read from it and computed here.
+        checked_runs (`Sequence[str]`): the runs read and checked again here.
+        banks_read, banks_written (`int`): tuning-bank runs read and computed (0 where none: then not in the JSON).
+        imported (`Sequence`, *optional*): the reports imported into the store (`--store-from`).
+    """
+
+    folder: str
+    samples_read: int
+    samples_written: int
+    scores_read: int
+    scores_written: int
+    checked_runs: Sequence[str]
+    banks_read: int = 0
+    banks_written: int = 0
+    imported: Sequence | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "StoreRecord":
+        return cls(
+            data["folder"],
+            data["samples_read"],
+            data["samples_written"],
+            data["scores_read"],
+            data["scores_written"],
+            data["checked_runs"],
+            data.get("banks_read", 0),
+            data.get("banks_written", 0),
+            data.get("imported"),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "folder": self.folder,
+            "samples_read": self.samples_read,
+            "samples_written": self.samples_written,
+            "scores_read": self.scores_read,
+            "scores_written": self.scores_written,
+            "checked_runs": list(self.checked_runs),
+            **{name: getattr(self, name) for name in ("banks_read", "banks_written") if getattr(self, name)},
+            **({"imported": list(self.imported)} if self.imported else {}),
+        }
+
+
 @dataclass
 class RunStore:
     """
@@ -370,18 +420,13 @@ class RunStore:
             self.scores_written += 1
 
     def record(self) -> dict:
-        """The report's account of the store: the folder, and how many runs were read and written here."""
-        return {
-            "folder": str(self.folder),
-            "samples_read": self.samples_read,
-            "samples_written": self.samples_written,
-            "scores_read": self.scores_read,
-            "scores_written": self.scores_written,
-            "checked_runs": list(self.checked),
-            # (only where bank runs were read or written: the records of runs without a bank stay as they are)
-            **{name: getattr(self, name) for name in ("banks_read", "banks_written") if getattr(self, name)},
-            **({"imported": list(self.imports)} if self.imports else {}),
-        }
+        """The report's account of the store ([`StoreRecord`]'s JSON): the folder, and how many runs were read and
+        written here."""
+        counts = (self.samples_read, self.samples_written, self.scores_read, self.scores_written)
+        imported = list(self.imports) or None
+        return StoreRecord(
+            str(self.folder), *counts, list(self.checked), self.banks_read, self.banks_written, imported
+        ).to_json()
 
 
 @dataclass

@@ -7,10 +7,11 @@ reports have them (they re-render byte for byte); NFEs are `int` in memory and `
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..evaluation.statistics import mean_and_standard_error
+from .statistics import mean_and_standard_error
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class MeanSE:
         return {"mean": self.mean, "se": self.se, "n": self.n}
 
 
-def _listed(interval: Sequence[float] | None) -> list[float] | None:
+def listed(interval: Sequence[float] | None) -> list[float] | None:
+    """An interval as JSON holds it (a list), `None` kept."""
     return None if interval is None else list(interval)
 
 
@@ -149,7 +151,7 @@ class PairedSummary:
         if not self.has_small_sample:
             return cell
         cell.update(num_clusters=self.num_clusters, interval_method=self.interval_method)
-        cell.update({key: _listed(getattr(self, key)) for key in SMALL_SAMPLE_KEYS[2:]})
+        cell.update({key: listed(getattr(self, key)) for key in SMALL_SAMPLE_KEYS[2:]})
         return cell
 
 
@@ -176,30 +178,69 @@ class Aggregates:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "Aggregates":
-        by_sampler = {
-            sampler: {
-                int(nfe): {name: MeanSE.from_json(stat) for name, stat in metrics.items()}
-                for nfe, metrics in by_nfe.items()
-            }
-            for sampler, by_nfe in data["by_sampler"].items()
-        }
-        paired = {
-            sampler: {int(nfe): PairedSummary.from_json(cell) for nfe, cell in by_nfe.items()}
-            for sampler, by_nfe in data["paired"].items()
-        }
-        return cls(by_sampler, paired)
+        by_sampler = by_sampler_from_json(
+            data["by_sampler"], lambda metrics: {name: MeanSE.from_json(stat) for name, stat in metrics.items()}
+        )
+        return cls(by_sampler, by_sampler_from_json(data["paired"], PairedSummary.from_json))
 
     def to_json(self) -> dict:
         return {
-            "by_sampler": {
-                sampler: {
-                    str(nfe): {name: stat.to_json() for name, stat in metrics.items()}
-                    for nfe, metrics in by_nfe.items()
-                }
-                for sampler, by_nfe in self.by_sampler.items()
-            },
-            "paired": {
-                sampler: {str(nfe): cell.to_json() for nfe, cell in by_nfe.items()}
-                for sampler, by_nfe in self.paired.items()
-            },
+            "by_sampler": by_sampler_to_json(
+                self.by_sampler, lambda metrics: {name: stat.to_json() for name, stat in metrics.items()}
+            ),
+            "paired": by_sampler_to_json(self.paired, PairedSummary.to_json),
         }
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """
+    One point of a sampler's GenPPL–entropy curve at one NFE: a diversity knob value's runs over seeds.
+
+    Args:
+        value (`float`, *optional*): the knob's value (the report's `diversity_knob` names the knob); `None` where the
+            main runs have no default value to sit at.
+        default (`bool`): the main runs (the sampler's own value).
+        gen_ppl ([`MeanSE`]), entropy ([`MeanSE`]): the runs' GenPPL and entropy over seeds.
+    """
+
+    value: float | None
+    default: bool
+    gen_ppl: MeanSE
+    entropy: MeanSE
+
+    @classmethod
+    def from_json(cls, data: Mapping, knob: str) -> "CurvePoint":
+        return cls(data[knob], data["default"], MeanSE.from_json(data["gen_ppl"]), MeanSE.from_json(data["entropy"]))
+
+    def to_json(self, knob: str) -> dict:
+        return {
+            knob: self.value,
+            "default": self.default,
+            "gen_ppl": self.gen_ppl.to_json(),
+            "entropy": self.entropy.to_json(),
+        }
+
+
+# `{sampler: {nfe: [CurvePoint, …]}}`, each curve sorted by knob value.
+DiversityCurves = Mapping[str, Mapping[int, Sequence[CurvePoint]]]
+
+
+def by_sampler_from_json(data: Mapping, read: Callable[[Any], Any]) -> dict:
+    """A report's `{sampler: {nfe: cell}}` table with each cell `read` and NFEs `int` (JSON object keys are `str`)."""
+    return {sampler: {int(nfe): read(cell) for nfe, cell in by_nfe.items()} for sampler, by_nfe in data.items()}
+
+
+def by_sampler_to_json(table: Mapping, write: Callable[[Any], Any]) -> dict:
+    """The JSON of a `{sampler: {nfe: cell}}` table ([`by_sampler_from_json`]'s inverse), each cell `write`n."""
+    return {sampler: {str(nfe): write(cell) for nfe, cell in by_nfe.items()} for sampler, by_nfe in table.items()}
+
+
+def curves_from_json(data: Mapping, knob: str) -> DiversityCurves:
+    """A report's `diversity_curves` as [`CurvePoint`]s (NFEs `int`)."""
+    return by_sampler_from_json(data, lambda points: [CurvePoint.from_json(point, knob) for point in points])
+
+
+def curves_to_json(curves: DiversityCurves, knob: str) -> dict:
+    """The `diversity_curves` a report holds ([`curves_from_json`]'s inverse)."""
+    return by_sampler_to_json(curves, lambda points: [point.to_json(knob) for point in points])
