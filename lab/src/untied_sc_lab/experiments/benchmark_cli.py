@@ -2,6 +2,8 @@
 `--store DIR` alone), a report's rescoring ([`rescore_report`]), and the Markdown report printed.
 """
 
+from pathlib import Path
+
 from untied_sc.families import get_family
 
 from .benchmark_checks import (
@@ -20,8 +22,6 @@ from .benchmark_options import add_benchmark_arguments, benchmark_command_line
 
 def _rescore(args, name: str) -> dict:
     """`--rescore`: [`rescore_report`] under the options' evaluator, written and printed."""
-    from .report import format_markdown
-    from .report_record import Report
     from .rescore import rescore_report
 
     results = rescore_report(
@@ -36,8 +36,7 @@ def _rescore(args, name: str) -> dict:
         dtype=args.dtype,
         store=_open_store(args),
     )
-    print(format_markdown(Report.from_json(results)))
-    print("Wrote " + ", ".join(results["files"].values()))
+    _print_written(results)
     return results
 
 
@@ -191,6 +190,13 @@ def _generate_baseline_candidates(args, settings, run: dict) -> dict:
     )
 
 
+def _print_written(results: dict) -> None:
+    """Prints the report's Markdown as it was written (rendered once, by `write_results`) and the files written."""
+    files = results["files"]
+    print(Path(files["markdown"]).read_text())
+    print("Wrote " + ", ".join(files.values()))
+
+
 def _open_store(args):
     """The `--store` folder opened, with the `--store-from` reports read into it; `None` without `--store`."""
     if not args.store:
@@ -238,8 +244,6 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     from untied_sc.distributed import is_main_process, silence_other_processes
 
     from .definitions import select_samplers, with_preset
-    from .report import format_markdown
-    from .report_record import Report
     from .stored_sweeps import store_sweep
     from .sweep import generate_sweep, run_sweep
     from .sweep_settings import SweepSettings
@@ -252,8 +256,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         if not is_main_process(state):
             return None
         results = _score_stored_sweep(args, scoring, outputs)
-        print(format_markdown(Report.from_json(results)))
-        print("Wrote " + ", ".join(results["files"].values()))
+        _print_written(results)
         return results
     baselines = args.experiment == "baselines"
     settings = SweepSettings(
@@ -292,8 +295,7 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
     results = run_sweep(pipeline, settings, scoring, **run, **outputs)
     if results is None:  # not the main process
         return None
-    print(format_markdown(Report.from_json(results)))
-    print("Wrote " + ", ".join(results["files"].values()))
+    _print_written(results)
     return results
 
 
