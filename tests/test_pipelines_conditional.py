@@ -20,6 +20,7 @@ from untied_sc import ELFPipeline, ELFScheduler, ELFText2TextPipeline, ELFTransf
 from untied_sc.models.convert import elf_config_from_state_dict
 from untied_sc.models.elf_transformer import ELFTransformerOutput
 from untied_sc.schedulers import noise, scheduling_elf
+from untied_sc.schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 
 from .conftest import DRAW_TOLERANCE, FIXTURES, NETWORK_TOLERANCE, TRAJECTORY_BOUNDS, assert_official_grid
 from .tiny import tiny_tokenizer
@@ -260,3 +261,33 @@ def test_the_usage_examples_run_as_written(tmp_path, monkeypatch):
         exec(compile(example, "docs/usage.md", "exec"), scope)
         assert all(isinstance(text, str) for text in scope["out"].texts)
     assert len(scope["out"].texts) == 1
+
+
+ZERO_STRENGTH = {
+    "momentum": {"momentum_beta": 1.0},
+    "higs": {"higs_weight": 0.0},
+    "ace": {"ace_strength": 0.0},
+    "higs_ace": {"higs_weight": 0.0, "ace_strength": 0.0},
+    "multistep": {"multistep_strength": 0.0},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("method", COMPARISON_METHODS)
+def test_comparison_samplers_at_zero_strength_are_the_official_conditional_sampler(method, case):
+    # The conditional run's grid comes from its own stream (the generator advanced by the official data loader's
+    # draw): a comparison sampler takes it from the run as the official one does. With guidance it gets the combined
+    # prediction (the same update in exact arithmetic, not the official float32 rounding of the velocities).
+    official = pipeline(case)
+    expected, expected_trajectory = run(official, case)
+    pipe = pipeline(case)
+    pipe.scheduler = comparison_scheduler_class(method, "elf").from_config(
+        pipe.scheduler.config, **ZERO_STRENGTH[method]
+    )
+    got, trajectory = run(pipe, case)
+    assert torch.equal(pipe.scheduler.timesteps, official.scheduler.timesteps)
+    if GOLDEN.run["cases"][case]["cfg"] == 1:
+        assert torch.equal(trajectory, expected_trajectory)
+        assert torch.equal(got.sequences, expected.sequences)
+    else:
+        torch.testing.assert_close(trajectory, expected_trajectory, rtol=0, atol=1e-4)

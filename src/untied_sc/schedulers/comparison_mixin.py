@@ -183,7 +183,9 @@ class ELFComparisonMixin:
         """
         run = run_context(context, generator=generator)
         self._set_timesteps(
-            num_inference_steps, device, context=RunContext(generator=run.generator, random=run.random)
+            num_inference_steps,
+            device,
+            context=RunContext(generator=run.generator, grid_generator=run.grid_generator, random=run.random),
         )
 
 

@@ -129,7 +129,9 @@ class _ACEELFTimesteps(ACEStatisticsMixin):
         run = run_context(context, generator=generator, ace_statistics=ace_statistics)
         self._ace.use(run.checked_ace_statistics(), self.family)
         self._set_timesteps(
-            num_inference_steps, device, context=RunContext(generator=run.generator, random=run.random)
+            num_inference_steps,
+            device,
+            context=RunContext(generator=run.generator, grid_generator=run.grid_generator, random=run.random),
         )
 
 
