@@ -10,7 +10,7 @@ import torch
 from untied_sc import ELFPipeline, ELFScheduler, LangFlowPipeline, LangFlowScheduler
 from untied_sc.generation import SamplerSpec
 from untied_sc.generation.sampling import batch_seed, build_scheduler
-from untied_sc_lab.evaluation.aggregates import Aggregates, MeanSE
+from untied_sc_lab.evaluation.aggregates import Aggregates, CurvePoint, MeanSE
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, aggregate, run_sweep
 from untied_sc_lab.experiments.aggregation import equal_entropy_comparison, gen_ppl_at_entropy, genppl_ratio_ci
 from untied_sc_lab.experiments.definitions import experiment_samplers
@@ -145,24 +145,30 @@ def test_sweep_writes_json_markdown_and_plot_with_a_diversity_curve(tmp_path, pi
     row = saved["equal_entropy"]["untied"]["8"]
     untied = results["aggregates"]["by_sampler"]["untied"]["8"]
     assert row["entropy"] == untied["entropy"]["mean"] and row["gen_ppl"] == untied["gen_ppl"]["mean"]
-    assert row["baseline_gen_ppl_at_entropy"] == gen_ppl_at_entropy(curve, row["entropy"])
+    points = [CurvePoint.from_json(point, saved["diversity_knob"]) for point in curve]
+    assert row["baseline_gen_ppl_at_entropy"] == gen_ppl_at_entropy(points, row["entropy"])
     assert (row["ratio"] is None) == (row["ratio_ci"] is None)  # an interval exactly where the curve brackets
     if row["ratio_ci"] is not None:
         assert row["ratio_ci"][0] <= row["ratio_ci"][1]
     assert "## At equal entropy" in markdown
 
 
+def _point(value, default, ppl, entropy) -> CurvePoint:
+    """A curve point holding its means only (what the readings need)."""
+    return CurvePoint(value, default, MeanSE(ppl, None, 1), MeanSE(entropy, None, 1))
+
+
 def test_gen_ppl_at_entropy_interpolates_log_gen_ppl_and_never_extrapolates():
-    point = lambda ppl, entropy: {"gen_ppl": {"mean": ppl}, "entropy": {"mean": entropy}}  # noqa: E731
-    curve = [point(400.0, 5.0), point(100.0, 4.0), point(25.0, 3.0)]  # unsorted on purpose
+    curve = [_point(t, t == 1.0, ppl, e) for t, ppl, e in ((1.0, 400.0, 5.0), (0.9, 100.0, 4.0), (0.8, 25.0, 3.0))]
     assert gen_ppl_at_entropy(curve, 4.5) == pytest.approx(200.0)  # geometric mean of the neighbours
     assert gen_ppl_at_entropy(curve, 3.0) == pytest.approx(25.0)
     assert gen_ppl_at_entropy(curve, 2.9) is None and gen_ppl_at_entropy(curve, 5.1) is None
     by_sampler = {"official": {"8": {}}, "untied": {"8": {"entropy": {"mean": 3.5}, "gen_ppl": {"mean": 40.0}}}}
-    row = equal_entropy_comparison(_aggregates(by_sampler), {"official": {"8": curve}})["untied"]["8"]
-    assert row["baseline_gen_ppl_at_entropy"] == pytest.approx(50.0) and row["ratio"] == pytest.approx(0.8)
+    row = equal_entropy_comparison(_aggregates(by_sampler), {"official": {8: curve}})["untied"][8]
+    assert row.baseline_gen_ppl_at_entropy == pytest.approx(50.0) and row.ratio == pytest.approx(0.8)
+    assert row.ratio_ci is None and row.fraction_outside is None  # no runs: no interval
     outside = {"untied": {"8": {"entropy": {"mean": 6.0}, "gen_ppl": {"mean": 40.0}}}}
-    assert equal_entropy_comparison(_aggregates(outside), {"official": {"8": curve}})["untied"]["8"]["ratio"] is None
+    assert equal_entropy_comparison(_aggregates(outside), {"official": {8: curve}})["untied"][8].ratio is None
 
 
 def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_together():
@@ -190,22 +196,16 @@ def test_equal_entropy_interval_resamples_the_candidate_and_the_whole_curve_toge
         return runs + [run("untied", s, None, 100.0, 4.5, per_sample_entropy) for s in (0, 1)]
 
     runs = sweep_runs()
-    point = lambda t, default, ppl, e: {  # noqa: E731
-        "temperature": t,
-        "default": default,
-        "gen_ppl": {"mean": ppl},
-        "entropy": {"mean": e},
-    }
-    curves = {"official": {"8": [point(0.9, False, 100.0, 4.0), point(1.0, True, 400.0, 5.0)]}}
+    curves = {"official": {8: [_point(0.9, False, 100.0, 4.0), _point(1.0, True, 400.0, 5.0)]}}
     by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": 4.5}, "gen_ppl": {"mean": 100.0}}}}
-    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"]["8"]
-    assert row["ratio"] == pytest.approx(0.5)
-    assert row["ratio_ci"] == pytest.approx([0.5, 0.5])
-    assert row["entropy_resampled"] and row["fraction_outside"] == 0.0
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"][8]
+    assert row.ratio == pytest.approx(0.5)
+    assert row.ratio_ci == pytest.approx([0.5, 0.5])
+    assert row.entropy_resampled and row.fraction_outside == 0.0
     # Records without per-sample entropies (some committed reports): the entropies are held, the interval computed.
     runs = sweep_runs(per_sample_entropy=False)
-    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"]["8"]
-    assert row["ratio_ci"] == pytest.approx([0.5, 0.5]) and row["entropy_resampled"] is False
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=100)["untied"][8]
+    assert row.ratio_ci == pytest.approx([0.5, 0.5]) and row.entropy_resampled is False
 
 
 def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
@@ -233,27 +233,12 @@ def test_equal_entropy_gives_no_interval_when_resamples_leave_the_curve():
     ]
     by_entropy = {r.value: r.scores.entropy for r in runs if r.sampler == "official"}
     curves = {
-        "official": {
-            "8": [
-                {
-                    "temperature": 0.9,
-                    "default": False,
-                    "gen_ppl": {"mean": 100.0},
-                    "entropy": {"mean": by_entropy[0.9]},
-                },
-                {
-                    "temperature": 1.0,
-                    "default": True,
-                    "gen_ppl": {"mean": 400.0},
-                    "entropy": {"mean": by_entropy[None]},
-                },
-            ]
-        }
+        "official": {8: [_point(0.9, False, 100.0, by_entropy[0.9]), _point(1.0, True, 400.0, by_entropy[None])]}
     }
     candidate = runs[2].scores.entropy
     by_sampler = {"official": {}, "untied": {"8": {"entropy": {"mean": candidate}, "gen_ppl": {"mean": 300.0}}}}
-    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=200)["untied"]["8"]
-    assert row["fraction_outside"] > 0.025 and row["ratio_ci"] is None
+    row = equal_entropy_comparison(_aggregates(by_sampler), curves, runs=runs, num_resamples=200)["untied"][8]
+    assert row.fraction_outside > 0.025 and row.ratio_ci is None
 
 
 def test_elf_intervals_resample_whole_batches(tmp_path, pipes, evaluator):

@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from untied_sc.generation import SamplerSpec
+from untied_sc_lab.evaluation.aggregates import Aggregates
 from untied_sc_lab.evaluation.curves import RunSamples, frontier_ratio, monotone_cubic
 from untied_sc_lab.experiments.aggregation import frontier_comparison
 
@@ -77,6 +79,12 @@ def _record(sampler, nfe, seed, value, ppl, entropy, n=8):
     )
 
 
+def _frontiers(results: dict, runs, **options):
+    """[`frontier_comparison`] on a report's JSON samplers and aggregates."""
+    samplers = {name: SamplerSpec.from_json(spec, name) for name, spec in results["samplers"].items()}
+    return frontier_comparison(samplers, Aggregates.from_json(results["aggregates"]), runs, **options)
+
+
 def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head():
     runs = []
     for seed in (0, 1):
@@ -95,16 +103,15 @@ def test_the_benchmark_reads_every_swept_sampler_and_the_untied_one_head_to_head
         },
         "aggregates": {"by_sampler": {}, "paired": {"untied": {"8": paired_cell(0.59, [0.5, 0.6])}}},
     }
-    out = frontier_comparison(results, runs, num_resamples=100)
-    assert out["by_sampler"]["untied"]["8"]["ratio"] == pytest.approx(0.7, rel=1e-6)
-    assert out["by_sampler"]["untied"]["8"]["raw_ratio"] == 0.59 and out["by_sampler"]["untied"]["8"]["points"] == 3
-    assert out["by_sampler"]["HiGS"]["8"]["ratio"] == pytest.approx(0.9, rel=1e-6)
-    (head,) = out["head_to_head"]["8"]
-    assert head["sampler"] == "untied" and head["against"] == "HiGS" and head["ratio"] == pytest.approx(0.7 / 0.9)
+    out = _frontiers(results, runs, num_resamples=100)
+    assert out.by_sampler["untied"][8].ratio == pytest.approx(0.7, rel=1e-6)
+    assert out.by_sampler["untied"][8].raw_ratio == 0.59 and out.by_sampler["untied"][8].points == 3
+    assert out.by_sampler["HiGS"][8].ratio == pytest.approx(0.9, rel=1e-6)
+    (head,) = out.head_to_head[8]
+    assert head.sampler == "untied" and head.against == "HiGS" and head.ratio == pytest.approx(0.7 / 0.9)
 
 
 def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_is_none():
-    from untied_sc_lab.experiments.equal_entropy_records import Frontiers
     from untied_sc_lab.experiments.report import _frontier_lines
 
     runs = []
@@ -119,15 +126,13 @@ def test_a_switched_off_method_is_not_the_best_other_and_the_report_says_there_i
         "samplers": {**samplers, "Momentum": {"scheduler": "momentum"}},
         "aggregates": {"by_sampler": {}, "paired": {}},
     }
-    out = frontier_comparison(results, runs, num_resamples=50)
-    assert out["by_sampler"]["Momentum"]["8"]["ratio"] == pytest.approx(1)
-    assert out["by_sampler"]["Momentum"]["8"]["switched_off"] and not out["by_sampler"]["untied"]["8"]["switched_off"]
-    assert out["by_sampler"]["untied"]["8"]["ratio"] is None and out["head_to_head"] == {"8": []}
-    lines = "\n".join(_frontier_lines(Frontiers.from_json(out), "official", "temperature"))
+    out = _frontiers(results, runs, num_resamples=50)
+    assert out.by_sampler["Momentum"][8].ratio == pytest.approx(1)
+    assert out.by_sampler["Momentum"][8].switched_off and not out.by_sampler["untied"][8].switched_off
+    assert out.by_sampler["untied"][8].ratio is None and out.head_to_head == {8: []}
+    lines = "\n".join(_frontier_lines(out, "official", "temperature"))
     assert "- NFE 8: none: no other method has a reading at official's entropy" in lines
     # without a rival at all (only untied swept) there is no head-to-head paragraph
-    only = frontier_comparison(
-        {"samplers": samplers, "aggregates": {"by_sampler": {}, "paired": {}}}, runs, num_resamples=50
-    )
-    alone = _frontier_lines(Frontiers.from_json(only), "official", "temperature")
+    only = _frontiers({"samplers": samplers, "aggregates": {"by_sampler": {}, "paired": {}}}, runs, num_resamples=50)
+    alone = _frontier_lines(only, "official", "temperature")
     assert not any("Head to head" in line for line in alone)

@@ -18,14 +18,14 @@ baselines`), each one's own frontier is read at the baseline's entropy ([`fronti
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from untied_sc.families import get_family
 from untied_sc.generation import SamplerSpec, resampling_clusters
 
-from ..evaluation.aggregates import Aggregates, MeanSE, PairedSummary
+from ..evaluation.aggregates import Aggregates, CurvePoint, DiversityCurves, MeanSE, PairedSummary, curves_to_json
 from ..evaluation.curves import FIT_DESCRIPTION, RunSamples, equal_entropy_ratio, frontier_ratio, gen_ppl_on_curve
 from ..evaluation.metrics import retained_throughput
 from ..evaluation.statistics import (
@@ -39,6 +39,7 @@ from ..evaluation.statistics import (
     ratio_difference_intervals,
 )
 from .definitions import BASELINE
+from .equal_entropy_records import EqualEntropyRow, FrontierRow, Frontiers, HeadToHead, equal_entropy_to_json
 from .records import SCORE_METRICS, RunRecord, report_records
 
 
@@ -250,50 +251,49 @@ def aggregate(
     return Aggregates(by_sampler, paired)
 
 
-def diversity_curves(runs: Sequence[RunRecord], knob: str, default: float | None = None) -> dict:
+def diversity_curves(runs: Sequence[RunRecord], default: float | None = None) -> DiversityCurves:
     """GenPPL and entropy (mean ± SE over seeds) per sampler, NFE and knob value, for samplers that were swept.
 
     The main runs (knob value `None`) join their sampler's curve at `default` (the knob's value in the main runs: T = 1,
-    or the config's w) with `"default": true`. Returns `{sampler: {nfe: [{knob: value, "default": bool, "gen_ppl":
-    {mean, se, n}, "entropy": {...}}, …]}}`, sorted by knob value.
+    or the config's w) as its `default` [`CurvePoint`]. Each curve is sorted by knob value.
     """
-    grouped: dict = {}
+    grouped: dict[str, dict[int, dict]] = {}
     for run in runs:
-        grouped.setdefault(run.sampler, {}).setdefault(str(run.nfe), {}).setdefault(run.value, []).append(run)
-    curves: dict = {}
+        grouped.setdefault(run.sampler, {}).setdefault(run.nfe, {}).setdefault(run.value, []).append(run)
+    curves: dict[str, dict[int, list[CurvePoint]]] = {}
     for sampler, by_nfe in grouped.items():
         for nfe, by_value in by_nfe.items():
             if len(by_value) < 2 and None in by_value:
                 continue  # no sweep for this sampler and NFE
             points = [
-                {
-                    knob: default if value is None else value,
-                    "default": value is None,
-                    "gen_ppl": MeanSE.of([r.scores.gen_ppl for r in group]).to_json(),
-                    "entropy": MeanSE.of([r.scores.entropy for r in group]).to_json(),
-                }
+                CurvePoint(
+                    default if value is None else value,
+                    value is None,
+                    MeanSE.of([r.scores.gen_ppl for r in group]),
+                    MeanSE.of([r.scores.entropy for r in group]),
+                )
                 for value, group in by_value.items()
             ]
             curves.setdefault(sampler, {})[nfe] = sorted(
-                points, key=lambda p: (p[knob] is not None, p[knob] if p[knob] is not None else 0.0)
+                points, key=lambda p: (p.value is not None, p.value if p.value is not None else 0.0)
             )
     return curves
 
 
-def gen_ppl_at_entropy(points: Sequence[dict], entropy: float) -> float | None:
+def gen_ppl_at_entropy(points: Sequence[CurvePoint], entropy: float) -> float | None:
     """GenPPL of a swept curve at `entropy`: the curve's monotone cubic fit in log-GenPPL against entropy
     ([`gen_ppl_on_curve`]); `None` outside the swept entropy range (no extrapolation)."""
-    usable = [p for p in points if p["entropy"].get("mean") is not None and p["gen_ppl"].get("mean")]
+    usable = [p for p in points if p.entropy.mean is not None and p.gen_ppl.mean]
     if not usable:
         return None
-    return gen_ppl_on_curve([p["entropy"]["mean"] for p in usable], [p["gen_ppl"]["mean"] for p in usable], entropy)
+    return gen_ppl_on_curve([p.entropy.mean for p in usable], [p.gen_ppl.mean for p in usable], entropy)
 
 
-def _run_samples(runs: Sequence[RunRecord], sampler: str, nfe: str, value) -> list[RunSamples]:
+def _run_samples(runs: Sequence[RunRecord], sampler: str, nfe: int, value) -> list[RunSamples]:
     """Per-sample records of one sampler, NFE and knob value (`None`: main runs), by seed (a run's per-sample
     entropies `None` in reports that hold each run's mean entropy only)."""
     chosen = sorted(
-        (r for r in runs if r.sampler == sampler and str(r.nfe) == nfe and r.value == value), key=lambda r: r.seed
+        (r for r in runs if r.sampler == sampler and r.nfe == nfe and r.value == value), key=lambda r: r.seed
     )
     columns = [(run.scores.per_sample, run.scores.entropy) for run in chosen]
     return [RunSamples(each.nll_sum, each.num_tokens, each.entropy, entropy) for each, entropy in columns]
@@ -301,43 +301,35 @@ def _run_samples(runs: Sequence[RunRecord], sampler: str, nfe: str, value) -> li
 
 def equal_entropy_comparison(
     aggregates: Aggregates,
-    curves: dict,
+    curves: DiversityCurves,
     baseline: str = BASELINE,
     runs: Sequence[RunRecord] | None = None,
-    knob: str = "temperature",
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
-) -> dict[str, dict[str, dict]]:
+) -> dict[str, dict[int, EqualEntropyRow]]:
     """Every other sampler against the baseline's diversity curve at the same NFE, at the sampler's own entropy.
 
-    Returns `{sampler: {nfe: {"entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci", ...}}}`: the
-    curve is read with [`gen_ppl_at_entropy`] (`None` where the sampler's entropy lies outside the swept range). With
-    `runs` (the run records, which hold per-sample NLLs), `ratio_ci` is the cluster bootstrap interval of
-    [`equal_entropy_ratio`], which re-fits the curve on every resample (`clusters`: the resampling unit of sample i,
-    default every sample its own; generator 0), with `fraction_outside` and `entropy_resampled`; otherwise `None`.
+    Returns `{sampler: {nfe: EqualEntropyRow}}`: the curve is read with [`gen_ppl_at_entropy`] (`None` where the
+    sampler's entropy lies outside the swept range). With `runs` (the run records, which hold per-sample NLLs),
+    `ratio_ci` is the cluster bootstrap interval of [`equal_entropy_ratio`], which re-fits the curve on every resample
+    (`clusters`: the resampling unit of sample i, default every sample its own; generator 0), with `fraction_outside`
+    and `entropy_resampled`; otherwise `None` (and `False`).
     """
-    out: dict[str, dict[str, dict]] = {}
+    out: dict[str, dict[int, EqualEntropyRow]] = {}
     for sampler, by_nfe in aggregates.by_sampler.items():
         if sampler == baseline:
             continue
-        for steps, metrics in by_nfe.items():
-            nfe = str(steps)  # the curves' and the rows' JSON key
+        for nfe, metrics in by_nfe.items():
             curve = curves.get(baseline, {}).get(nfe)
             entropy, ppl = (metrics[name].mean if name in metrics else None for name in ("entropy", "gen_ppl"))
             if not curve or entropy is None or ppl is None:
                 continue
             reference = gen_ppl_at_entropy(curve, entropy)
-            row = {
-                "entropy": entropy,
-                "gen_ppl": ppl,
-                "baseline_gen_ppl_at_entropy": reference,
-                "ratio": None if reference is None else ppl / reference,
-                "ratio_ci": None,
-            }
+            interval, outside, resampled = None, None, False
             candidate = [] if runs is None else _run_samples(runs, sampler, nfe, None)
             if candidate:
-                points = [_run_samples(runs, baseline, nfe, None if p["default"] else p[knob]) for p in curve]
+                points = [_run_samples(runs, baseline, nfe, None if p.default else p.value) for p in curve]
                 bootstrap = equal_entropy_ratio(
                     candidate,
                     points,
@@ -346,45 +338,44 @@ def equal_entropy_comparison(
                     confidence=confidence,
                     generator=0,
                 )
-                row.update({key: bootstrap[key] for key in ("ratio_ci", "fraction_outside", "entropy_resampled")})
+                interval, outside, resampled = (
+                    bootstrap[key] for key in ("ratio_ci", "fraction_outside", "entropy_resampled")
+                )
+            ratio = None if reference is None else ppl / reference
+            row = EqualEntropyRow(entropy, ppl, reference, ratio, interval, outside, resampled)
             out.setdefault(sampler, {})[nfe] = row
     return out
 
 
-def _frontier(runs: Sequence[RunRecord], sampler: str, nfe: str) -> list[list[RunSamples]]:
+def _frontier(runs: Sequence[RunRecord], sampler: str, nfe: int) -> list[list[RunSamples]]:
     """A sampler's frontier at one NFE: its main runs and each swept value's runs (by seed), main first."""
-    values = sorted({r.value for r in runs if r.sampler == sampler and str(r.nfe) == nfe and not r.is_main})
+    values = sorted({r.value for r in runs if r.sampler == sampler and r.nfe == nfe and not r.is_main})
     points = [_run_samples(runs, sampler, nfe, value) for value in [None, *values]]
     return [point for point in points if point]
 
 
 def frontier_comparison(
-    results: dict,
+    samplers: Mapping[str, SamplerSpec],
+    aggregates: Aggregates,
     runs: Sequence[RunRecord],
     baseline: str = BASELINE,
     clusters: Sequence | None = None,
     num_resamples: int = 1000,
     confidence: float = 0.95,
-) -> dict:
+) -> Frontiers:
     """
     Each sampler swept over the diversity knob, read on its own frontier (its main run and its swept runs) at the
     baseline's entropy (the baseline's main run): the GenPPL ratio to the baseline at equal entropy ([`frontier_ratio`],
-    both re-fitted on every resample), beside the raw paired ratio; and each untied sampler against the best other
-    sampler (the lowest ratio at equal entropy; a sampler whose main runs are the baseline's is not one), both read
-    on their own frontiers at that entropy.
+    both re-fitted on every resample), beside the raw paired ratio (`aggregates`); and each untied sampler against the
+    best other sampler (the lowest ratio at equal entropy; a sampler whose main runs are the baseline's is not one),
+    both read on their own frontiers at that entropy.
 
-    Returns `{"by_sampler": {sampler: {nfe: row}}, "head_to_head": {nfe: [row, ...]}}`; empty dicts when no sampler
-    but the baseline was swept. An NFE with an untied sampler and another method has a `head_to_head` entry, empty
-    when no other method has a reading there.
+    Returns [`Frontiers`], empty when no sampler but the baseline was swept. An NFE with an untied sampler and another
+    method has a `head_to_head` entry, empty when no other method has a reading there.
     """
-    samplers = {
-        name: SamplerSpec.from_json(spec, f"samplers[{name!r}]")
-        for name, spec in (results.get("samplers") or {}).items()
-    }
-    paired = Aggregates.from_json(results["aggregates"]).paired
-    nfes = sorted({str(r.nfe) for r in runs if r.sampler != baseline and not r.is_main}, key=int)
-    by_sampler: dict = {}
-    head_to_head: dict = {}
+    nfes = sorted({r.nfe for r in runs if r.sampler != baseline and not r.is_main})
+    by_sampler: dict[str, dict[int, FrontierRow]] = {}
+    head_to_head: dict[int, list[HeadToHead]] = {}
     options = {"clusters": clusters, "num_resamples": num_resamples, "confidence": confidence, "generator": 0}
     for nfe in nfes:
         reference = _run_samples(runs, baseline, nfe, None)
@@ -396,14 +387,14 @@ def frontier_comparison(
             if sampler == baseline or len(frontier) < 2:
                 continue
             frontiers[sampler] = frontier
-            row = frontier_ratio(frontier, reference, **options)
-            raw = paired.get(sampler, {}).get(int(nfe))
+            raw = aggregates.paired.get(sampler, {}).get(nfe)
             entropies = [
                 sum(run.run_entropy for run in point) / len(point)
                 for point in frontier
                 if all(run.run_entropy is not None for run in point)
             ]
-            row.update(
+            by_sampler.setdefault(sampler, {})[nfe] = FrontierRow(
+                **frontier_ratio(frontier, reference, **options),
                 points=len(frontier),
                 frontier_entropy_range=[min(entropies), max(entropies)] if entropies else None,
                 raw_ratio=None if raw is None else raw.gen_ppl_ratio,
@@ -411,13 +402,12 @@ def frontier_comparison(
                 # its main runs are the baseline's, sample for sample: its frontier is the baseline's own
                 switched_off=frontier[0] == reference,
             )
-            by_sampler.setdefault(sampler, {})[nfe] = row
         untied = [name for name in frontiers if samplers[name].scheduler in (None, "untied")]
         # A method switched off is the baseline, not a rival.
         others = [
-            (row["ratio"], name)
+            (row.ratio, name)
             for name in frontiers
-            if name not in untied and not (row := by_sampler[name][nfe])["switched_off"] and row["ratio"] is not None
+            if name not in untied and not (row := by_sampler[name][nfe]).switched_off and row.ratio is not None
         ]
         if not untied or len(untied) == len(frontiers):
             continue  # nothing to set against each other
@@ -427,8 +417,8 @@ def frontier_comparison(
         best = min(others)[1]
         for name in untied:
             row = frontier_ratio(frontiers[name], reference, frontiers[best], **options)
-            head_to_head[nfe].append({"sampler": name, "against": best, **row})
-    return {"by_sampler": by_sampler, "head_to_head": head_to_head}
+            head_to_head[nfe].append(HeadToHead(name, best, **row))
+    return Frontiers(by_sampler, head_to_head)
 
 
 def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None = None) -> dict:
@@ -459,21 +449,19 @@ def analyse(results: dict, num_resamples: int = 1000, small_sample: bool | None 
         small_sample=small_sample,
     )
     results["aggregates"] = aggregates.to_json()
-    results["diversity_curves"] = diversity_curves(runs, knob, results["diversity_default"])
+    curves = diversity_curves(runs, results["diversity_default"])
+    results["diversity_curves"] = curves_to_json(curves, knob)
     results["equal_entropy_fit"] = FIT_DESCRIPTION
-    results["equal_entropy"] = equal_entropy_comparison(
-        aggregates,
-        results["diversity_curves"],
-        runs=runs,
-        knob=knob,
-        clusters=clusters,
-        num_resamples=num_resamples,
-    )
-    frontiers = frontier_comparison(
-        results, runs, results.get("baseline", BASELINE), clusters, num_resamples=num_resamples
-    )
-    if frontiers["by_sampler"]:  # only sweeps that swept more than the baseline (other reports hold no frontiers)
-        results["frontiers"] = frontiers
+    rows = equal_entropy_comparison(aggregates, curves, runs=runs, clusters=clusters, num_resamples=num_resamples)
+    results["equal_entropy"] = equal_entropy_to_json(rows)
+    samplers = {
+        name: SamplerSpec.from_json(spec, f"samplers[{name!r}]")
+        for name, spec in (results.get("samplers") or {}).items()
+    }
+    baseline = results.get("baseline", BASELINE)
+    frontiers = frontier_comparison(samplers, aggregates, runs, baseline, clusters, num_resamples=num_resamples)
+    if frontiers.by_sampler:  # only sweeps that swept more than the baseline (other reports hold no frontiers)
+        results["frontiers"] = frontiers.to_json()
     else:
         results.pop("frontiers", None)
     return results
