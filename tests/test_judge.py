@@ -5,6 +5,7 @@ import json
 import random
 import re
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from untied_sc.cli import main
 from untied_sc.generation import Sample, write_samples
 from untied_sc_lab.judge import (
     ChatClient,
+    JudgeKey,
     JudgeRequestError,
     blind_presentations,
     export_presentations,
@@ -29,6 +31,7 @@ from untied_sc_lab.judge import (
     run_judge,
     score_verdicts,
 )
+from untied_sc_lab.judge.records import PositionCounts
 from untied_sc_lab.judge.run import default_cache_path
 
 
@@ -81,13 +84,13 @@ def test_verdict_files_read_json_and_text_lines_and_refuse_conflicts(tmp_path):
 # ----------------------------------------------------------------------------------------------------------- scoring
 
 
-def _hand_key() -> dict:
+def _hand_key() -> JudgeKey:
     """Seven pairs; presentation `p<i>a` shows the candidate as A, `p<i>b` as B (the reversed order)."""
     presentations = {}
     for i in range(7):
         presentations[f"p{i}a"] = {"pair": i, "candidate": "A"}
         presentations[f"p{i}b"] = {"pair": i, "candidate": "B"}
-    return {
+    data = {
         "format": "untied-sc judge key v1",
         "baseline": "official",
         "candidate": "untied",
@@ -97,6 +100,7 @@ def _hand_key() -> dict:
         "pairs": [{"seed": 0, "batch": 0, "index": i, "nfe": 8} for i in range(7)],
         "presentations": presentations,
     }
+    return JudgeKey.from_json(data, "the hand-written key")
 
 
 # Verdicts as the judge wrote them (about positions A/B), and what they mean for the candidate (c) vs baseline (o):
@@ -133,56 +137,55 @@ def _hand_verdicts(tmp_path) -> dict:
 
 def test_score_of_a_hand_computed_example_with_ties_strong_weights_and_reversed_orders(tmp_path):
     result = score_verdicts(_hand_key(), _hand_verdicts(tmp_path), num_resamples=2000)
-    assert (result["wins"], result["ties"], result["losses"]) == (2, 2, 1)
-    assert result["num_pairs_scored"] == 5
-    assert (result["num_pairs_unparseable"], result["num_pairs_missing"]) == (1, 1)
-    assert result["unparseable_ids"] == ["p5b"] and result["missing_ids"] == ["p6b"]
-    assert result["num_observations"] == 18
-    assert result["win_rate"] == pytest.approx(0.4) and result["tie_rate"] == pytest.approx(0.4)
-    assert result["loss_rate"] == pytest.approx(0.2)
-    assert result["win_rate_non_tie"] == pytest.approx(2 / 3)
-    assert result["arena_score"] == pytest.approx(100 * 11.5 / 18)
-    by_pair = {p["pair"]: p for p in result["per_pair"]}
-    assert [by_pair[i]["score"] for i in range(5)] == [1.0, 0.25, 0.5, 0.5, 0.75]
-    assert [by_pair[i]["outcome"] for i in range(7)] == ["win", "loss", "tie", "tie", "win", "unparseable", "missing"]
-    assert result["verdicts"] == {"candidate>>": 3, "candidate>": 2, "tie": 1, "baseline>": 3, "baseline>>": 1}
-    assert result["position"] == {"A_preferred": 4, "B_preferred": 5, "tie": 1}
-    low, high = result["arena_score_ci"]
-    assert 0 <= low <= result["arena_score"] <= high <= 100
+    assert (result.wins, result.ties, result.losses) == (2, 2, 1)
+    assert result.num_pairs_scored == 5
+    assert (result.num_pairs_unparseable, result.num_pairs_missing) == (1, 1)
+    assert result.unparseable_ids == ("p5b",) and result.missing_ids == ("p6b",)
+    assert result.num_observations == 18
+    assert result.win_rate.value == pytest.approx(0.4) and result.tie_rate.value == pytest.approx(0.4)
+    assert result.loss_rate.value == pytest.approx(0.2)
+    assert result.win_rate_non_tie.value == pytest.approx(2 / 3)
+    assert result.arena_score.value == pytest.approx(100 * 11.5 / 18)
+    by_pair = {p.pair: p for p in result.per_pair}
+    assert [by_pair[i].score for i in range(5)] == [1.0, 0.25, 0.5, 0.5, 0.75]
+    assert [by_pair[i].outcome for i in range(7)] == ["win", "loss", "tie", "tie", "win", "unparseable", "missing"]
+    assert result.verdicts == {"candidate>>": 3, "candidate>": 2, "tie": 1, "baseline>": 3, "baseline>>": 1}
+    assert result.position == PositionCounts(a_preferred=4, b_preferred=5, tie=1)
+    low, high = result.arena_score.ci
+    assert 0 <= low <= result.arena_score.value <= high <= 100
 
 
 def test_mirroring_every_presentation_leaves_the_score_unchanged(tmp_path):
     """Showing each pair the other way round, with the judge's verdict mirrored too, is the same judgment."""
     key, verdicts = _hand_key(), _hand_verdicts(tmp_path)
-    sides = {i: {**p, "candidate": "B" if p["candidate"] == "A" else "A"} for i, p in key["presentations"].items()}
-    mirrored_key = {**key, "presentations": sides}
+    sides = {i: replace(p, candidate="B" if p.candidate == "A" else "A") for i, p in key.presentations.items()}
+    mirrored_key = replace(key, presentations=sides)
     mirror = {"A>>B": "B>>A", "A>B": "B>A", "A=B": "A=B", "B>A": "A>B", "B>>A": "A>>B", None: None}
-    for record in verdicts.values():
-        record.verdict = mirror[record.verdict]
-    original = score_verdicts(key, _hand_verdicts(tmp_path), num_resamples=500)
-    flipped = score_verdicts(mirrored_key, verdicts, num_resamples=500)
+    mirrored = {id_: replace(record, verdict=mirror[record.verdict]) for id_, record in verdicts.items()}
+    original = score_verdicts(key, verdicts, num_resamples=500)
+    flipped = score_verdicts(mirrored_key, mirrored, num_resamples=500)
     for name in ("wins", "ties", "losses", "arena_score", "win_rate_non_tie", "arena_score_ci"):
-        assert flipped[name] == original[name]
+        assert flipped.to_json()[name] == original.to_json()[name]
 
 
 def test_bootstrap_resamples_whole_pairs(tmp_path):
     """Three identical pairs, each c≫o then o>c (observations 1, 1, 1, 0): resampling pairs can only give 75, so the
     interval is a point; resampling single observations would not."""
     key = _hand_key()
-    key["num_pairs"], key["pairs"] = 3, key["pairs"][:3]
-    key["presentations"] = {k: v for k, v in key["presentations"].items() if v["pair"] < 3}
+    presentations = {k: v for k, v in key.presentations.items() if v.pair < 3}
+    key = replace(key, num_pairs=3, pairs=key.pairs[:3], presentations=presentations)
     path = tmp_path / "same.txt"
     path.write_text("p0a A>>B\np0b A>B\np1a A>>B\np1b A>B\np2a A>>B\np2b A>B\n")
     result = score_verdicts(key, read_verdicts(path))
-    assert result["bootstrap"]["num_resamples"] == 10_000 and result["bootstrap"]["unit"] == "pair"
-    assert result["arena_score"] == 75.0 and result["arena_score_ci"] == pytest.approx((75.0, 75.0))
-    assert result["win_rate_non_tie"] == 1.0
+    assert result.bootstrap.num_resamples == 10_000 and result.bootstrap.unit == "pair"
+    assert result.arena_score.value == 75.0 and result.arena_score.ci == pytest.approx((75.0, 75.0))
+    assert result.win_rate_non_tie.value == 1.0
 
 
 def test_bootstrap_is_reproducible_from_its_seed(tmp_path):
     key, verdicts = _hand_key(), _hand_verdicts(tmp_path)
     first = score_verdicts(key, verdicts, num_resamples=300, seed=3)
-    assert score_verdicts(key, verdicts, num_resamples=300, seed=3)["arena_score_ci"] == first["arena_score_ci"]
+    assert score_verdicts(key, verdicts, num_resamples=300, seed=3).arena_score.ci == first.arena_score.ci
 
 
 def test_verdicts_for_presentations_outside_the_key_are_an_error(tmp_path):
@@ -219,9 +222,9 @@ def test_pairs_match_same_seed_batch_index_nfe_and_knob():
     assert len(pairs) == 6  # 2 seeds × 3; the lone official sample and the temperature sweep have no partner
     for pair in pairs:
         o = pair.origin
-        assert pair.baseline == f"plain text 8/{o['seed']}/{o['index']}"
-        assert pair.candidate == f"fine text 8/{o['seed']}/{o['index']}"
-        assert o["batch"] == o["index"] // 2 and o["nfe"] == 8
+        assert pair.baseline == f"plain text 8/{o.seed}/{o.index}"
+        assert pair.candidate == f"fine text 8/{o.seed}/{o.index}"
+        assert o.batch == o.index // 2 and o.nfe == 8 and o.knobs == {}
     with pytest.raises(ValueError, match="No 'untied' sample at NFE 8 with knobs"):
         match_pairs(_benchmark_samples(), "official", "untied", nfe=8, knobs={"temperature": 0.9})
     with pytest.raises(ValueError, match="No 'official' sample at NFE 32"):
@@ -238,24 +241,24 @@ def test_export_shows_each_pair_in_both_orders_blind_to_method_and_nfe(tmp_path)
     text = (tmp_path / "out" / "prompts.jsonl").read_text()
     for revealing in ("official", "untied", "nfe", "NFE", "sampler", "seed", "pair", "candidate", "baseline"):
         assert revealing not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert all(list(line) == ["id", "answer_a", "answer_b"] for line in lines)
     prompts = read_prompts(tmp_path / "out" / "prompts.jsonl")
-    assert all(set(p) == {"id", "answer_a", "answer_b"} and re.fullmatch(r"[0-9a-f]{12}", p["id"]) for p in prompts)
+    assert all(re.fullmatch(r"[0-9a-f]{12}", p.id) for p in prompts)
     key = read_key(tmp_path / "out" / "key.json")
-    assert key["num_pairs"] == 6 and len(prompts) == 12 == len(key["presentations"])
+    assert key.num_pairs == 6 and len(prompts) == 12 == len(key.presentations)
     shown = {}
     for prompt in prompts:
-        where = key["presentations"][prompt["id"]]
-        pair = key["pairs"][where["pair"]]
-        candidate = prompt["answer_a"] if where["candidate"] == "A" else prompt["answer_b"]
-        baseline = prompt["answer_b"] if where["candidate"] == "A" else prompt["answer_a"]
-        assert candidate == f"fine text 8/{pair['seed']}/{pair['index']}"
-        assert baseline == f"plain text 8/{pair['seed']}/{pair['index']}"
-        shown.setdefault(where["pair"], []).append(where["candidate"])
+        where = key.presentations[prompt.id]
+        pair = key.pairs[where.pair]
+        candidate = prompt.answer_a if where.candidate == "A" else prompt.answer_b
+        baseline = prompt.answer_b if where.candidate == "A" else prompt.answer_a
+        assert candidate == f"fine text 8/{pair.seed}/{pair.index}"
+        assert baseline == f"plain text 8/{pair.seed}/{pair.index}"
+        shown.setdefault(where.pair, []).append(where.candidate)
     assert all(sorted(sides) == ["A", "B"] for sides in shown.values())  # each pair once in each order
     unshuffled = [(i, side) for i in range(6) for side in "BA"]
-    assert [(key["presentations"][p["id"]]["pair"], key["presentations"][p["id"]]["candidate"]) for p in prompts] != (
-        unshuffled
-    )
+    assert [(key.presentations[p.id].pair, key.presentations[p.id].candidate) for p in prompts] != unshuffled
     # the same seed gives the same files; existing files are kept unless --overwrite
     before = (tmp_path / "out" / "key.json").read_text()
     args = ["judge", "export", str(samples), "--nfe", "8", "--out", str(tmp_path / "out"), "--seed", "7"]
@@ -354,9 +357,9 @@ def judge_server():
 def _export(tmp_path, mumble: bool = False) -> tuple[Path, Path]:
     pairs = match_pairs(_benchmark_samples(), "official", "untied", nfe=8)
     if mumble:
-        pairs[0].candidate = "mumble mumble"
+        pairs[0] = replace(pairs[0], candidate="mumble mumble")
     paths = export_presentations(pairs, tmp_path / "export", "official", "untied", 8, seed=0)
-    return paths["prompts"], paths["key"]
+    return paths.prompts, paths.key
 
 
 def _client(server: FakeJudge, **options) -> ChatClient:
@@ -371,14 +374,14 @@ def test_run_retries_after_a_server_error_and_records_unparseable_replies(tmp_pa
     assert {r["path"] for r in judge_server.requests} == {"/v1/chat/completions"}
     assert {r["auth"] for r in judge_server.requests} == {"Bearer secret"}
     assert judge_server.requests[0]["body"]["model"] == "fake-judge"
-    assert summary["num_requests"] == 12 and summary["num_unparseable"] == 2  # both presentations of pair 0
+    assert summary.num_requests == 12 and summary.num_unparseable == 2  # both presentations of pair 0
     records = [json.loads(line) for line in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in records] == [p["id"] for p in read_prompts(prompts)]
+    assert [r["id"] for r in records] == [p.id for p in read_prompts(prompts)]
     assert sum(r["verdict"] is None for r in records) == 2
     assert "secret" not in default_cache_path(tmp_path / "verdicts.jsonl").read_text()
     result = score_verdicts(read_key(key), read_verdicts(tmp_path / "verdicts.jsonl"), num_resamples=200)
-    assert result["num_pairs_unparseable"] == 1 and result["num_unparseable"] == 2
-    assert (result["wins"], result["ties"], result["losses"], result["arena_score"]) == (5, 0, 0, 100.0)
+    assert result.num_pairs_unparseable == 1 and result.num_unparseable == 2
+    assert (result.wins, result.ties, result.losses, result.arena_score.value) == (5, 0, 0, 100.0)
 
 
 def test_run_asks_nothing_twice_thanks_to_its_cache(tmp_path, judge_server):
@@ -390,7 +393,7 @@ def test_run_asks_nothing_twice_thanks_to_its_cache(tmp_path, judge_server):
     with pytest.raises(FileExistsError):
         run_judge(prompts, out, _client(judge_server), progress=False)
     summary = run_judge(prompts, out, _client(judge_server), progress=False, overwrite=True)
-    assert len(judge_server.requests) == 12 and summary["num_cached"] == 12 and summary["num_requests"] == 0
+    assert len(judge_server.requests) == 12 and summary.num_cached == 12 and summary.num_requests == 0
     assert out.read_text() == first
 
 
@@ -406,7 +409,7 @@ def test_run_resumes_after_an_interruption(tmp_path, judge_server):
     judge_server.fail_after = None
     asked_before = len(judge_server.requests)  # 5 answered + 2 refused
     summary = run_judge(prompts, out, _client(judge_server), concurrency=3, progress=False)
-    assert summary["num_cached"] == 5 and summary["num_requests"] == 7
+    assert summary.num_cached == 5 and summary.num_requests == 7
     assert len(judge_server.requests) - asked_before == 7
     assert len(out.read_text().splitlines()) == 12
 
@@ -448,7 +451,7 @@ def test_cli_export_run_score_end_to_end(tmp_path, judge_server, monkeypatch):
     with pytest.raises(SystemExit):
         main(score)  # the report exists
     hand = tmp_path / "hand.txt"
-    hand.write_text("# by hand\n" + "".join(f"{p['id']} A=B\n" for p in read_prompts(out / "prompts.jsonl")))
+    hand.write_text("# by hand\n" + "".join(f"{p.id} A=B\n" for p in read_prompts(out / "prompts.jsonl")))
     assert main([*score[:2], str(hand), *score[3:], "--name", "hand", "--judge", "me"]) == 0
     report = json.loads((out / "hand.json").read_text())
     assert (report["ties"], report["arena_score"], report["judges"]) == (6, 50.0, ["me"])

@@ -5,7 +5,7 @@ OpenAI-compatible endpoint, and the Arena score, pair outcomes and win rate with
 One job per module: [`pairs`] matches samples, [`export`] blinds them into a prompts file and a key, [`prompt`] renders
 the judge prompt, [`client`] talks to the endpoint, [`cache`] keeps the replies, [`run`] drives a judging run,
 [`verdicts`] parses and reads verdicts, [`score`] computes the statistics, [`report`] writes them, [`cli`] is
-`untied-sc judge`. docs/judge.md describes the protocol and the file formats.
+`untied-sc judge`; [`records`] holds the files' typed records. docs/judge.md describes the protocol and the file formats.
 """
 
 from untied_sc.lazy_imports import lazy_attributes
@@ -17,10 +17,21 @@ __getattr__, __dir__, __all__ = lazy_attributes(
     {
         ".cache": ("ReplyCache", "request_key"),
         ".client": ("ChatClient", "ChatReply", "JudgeRequestError"),
-        ".export": ("blind_presentations", "export_presentations", "read_key", "read_prompts"),
+        ".export": ("ExportPaths", "blind_presentations", "export_presentations", "read_key", "read_prompts"),
         ".pairs": ("SamplePair", "match_pairs"),
         ".prompt": ("DEFAULT_PROMPT_FILE", "PromptTemplate", "load_template", "parse_template"),
-        ".report": ("format_markdown", "write_report"),
+        ".records": (
+            "CachedReply",
+            "JudgeKey",
+            "JudgeScore",
+            "PairOrigin",
+            "PairOutcome",
+            "Presentation",
+            "Prompt",
+            "RecordError",
+            "RunSummary",
+        ),
+        ".report": ("ReportPaths", "format_markdown", "write_report"),
         ".run": ("run_judge",),
         ".score": ("candidate_strength", "score_verdicts"),
         ".verdicts": ("VERDICTS", "VerdictRecord", "normalise_verdict", "parse_verdict", "read_verdicts"),

@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from .client import ChatReply
+from .records import CachedReply, ChatReply, RecordError
 
 
 def request_key(body: dict) -> str:
@@ -30,16 +30,13 @@ class ReplyCache:
         self._lock = threading.Lock()
         if self.path.exists():
             with self.path.open(encoding="utf-8") as handle:
-                for line in handle:
+                for number, line in enumerate(handle, start=1):
                     try:
-                        record = json.loads(line)
-                        reply = ChatReply(
-                            record["reply"], record.get("reasoning"), record.get("usage"), record.get("finish_reason")
-                        )
-                    except (json.JSONDecodeError, KeyError, TypeError):
+                        entry = CachedReply.from_json(json.loads(line), f"{self.path}, line {number}")
+                    except (json.JSONDecodeError, RecordError):
                         self.skipped_lines += 1  # a line torn by an interruption
                         continue
-                    self.replies[record["key"]] = reply
+                    self.replies[entry.key] = entry.reply
 
     def __contains__(self, key: str) -> bool:
         return key in self.replies
@@ -52,9 +49,7 @@ class ReplyCache:
 
     def add(self, key: str, reply: ChatReply, presentation_id: str | None = None) -> None:
         """Stores `reply` under `key` and appends it to the file (flushed and synced before returning)."""
-        record = {"key": key, "id": presentation_id, "reply": reply.content, "reasoning": reply.reasoning}
-        record.update(usage=reply.usage, finish_reason=reply.finish_reason)
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        line = json.dumps(CachedReply(key, presentation_id, reply).to_json(), ensure_ascii=False) + "\n"
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as handle:

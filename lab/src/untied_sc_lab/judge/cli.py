@@ -31,7 +31,7 @@ def _optional_float(value: str) -> float | None:
     return None if value.lower() == "none" else float(value)
 
 
-def export_command(args: argparse.Namespace) -> dict:
+def export_command(args: argparse.Namespace):
     from untied_sc.generation import read_samples
 
     from .export import export_presentations
@@ -54,13 +54,13 @@ def export_command(args: argparse.Namespace) -> dict:
         overwrite=args.overwrite,
     )
     print(
-        f"Wrote {2 * len(pairs)} presentations of {len(pairs)} pairs to {paths['prompts']} and their key to "
-        f"{paths['key']} (keep the key away from the judge)."
+        f"Wrote {2 * len(pairs)} presentations of {len(pairs)} pairs to {paths.prompts} and their key to "
+        f"{paths.key} (keep the key away from the judge)."
     )
-    return {name: str(path) for name, path in paths.items()}
+    return paths
 
 
-def run_command(args: argparse.Namespace) -> dict:
+def run_command(args: argparse.Namespace):
     import json
 
     from .client import ChatClient
@@ -71,9 +71,9 @@ def run_command(args: argparse.Namespace) -> dict:
     if not isinstance(options, dict):
         raise ValueError(f"--extra-body must be a JSON object, got {args.extra_body!r}.")
     if args.temperature is not None:
-        options["temperature"] = args.temperature
+        options.update(temperature=args.temperature)
     if args.max_tokens is not None:
-        options["max_tokens"] = args.max_tokens
+        options.update(max_tokens=args.max_tokens)
     client = ChatClient(
         args.endpoint,
         args.model,
@@ -94,18 +94,20 @@ def run_command(args: argparse.Namespace) -> dict:
         progress=not args.no_progress,
     )
     print(
-        f"Wrote {summary['num_presentations']} verdicts to {summary['out']} ({summary['num_requests']} requests sent, "
-        f"{summary['num_cached']} from the cache {summary['cache']})."
+        f"Wrote {summary.num_presentations} verdicts to {summary.out} ({summary.num_requests} requests sent, "
+        f"{summary.num_cached} from the cache {summary.cache})."
     )
-    if summary["num_unparseable"]:
+    if summary.num_unparseable:
         print(
-            f"{summary['num_unparseable']} replies had no verdict tag (recorded as null, not guessed): "
-            f"{', '.join(summary['unparseable_ids'][:10])}{' ...' if summary['num_unparseable'] > 10 else ''}"
+            f"{summary.num_unparseable} replies had no verdict tag (recorded as null, not guessed): "
+            f"{', '.join(summary.unparseable_ids[:10])}{' ...' if summary.num_unparseable > 10 else ''}"
         )
     return summary
 
 
-def score_command(args: argparse.Namespace) -> dict:
+def score_command(args: argparse.Namespace):
+    from dataclasses import replace
+
     from .export import read_key
     from .report import write_report
     from .score import score_verdicts
@@ -115,27 +117,24 @@ def score_command(args: argparse.Namespace) -> dict:
     result = score_verdicts(
         key, read_verdicts(args.verdicts), num_resamples=args.num_resamples, confidence=args.confidence, seed=args.seed
     )
-    if args.judge and not result["judges"]:
-        result["judges"] = [args.judge]
-    name = args.name or f"judge-{key['candidate']}-vs-{key['baseline']}-nfe{key['nfe']}"
+    if args.judge and not result.judges:
+        result = replace(result, judges=(args.judge,))
+    name = args.name or f"judge-{key.candidate}-vs-{key.baseline}-nfe{key.nfe}"
     paths = write_report(result, args.output_dir or Path(args.key).parent, name, overwrite=args.overwrite)
-    low, high = result["arena_score_ci"]
+    low, high = result.arena_score.ci
+    win_rate = result.win_rate_non_tie.value
     print(
-        f"{result['candidate']} vs {result['baseline']} at {result['nfe']} NFE over {result['num_pairs_scored']} "
-        f"pairs: {result['wins']} wins, {result['ties']} ties, {result['losses']} losses; Arena score "
-        f"{result['arena_score']:.1f} [{low:.1f}, {high:.1f}]"
-        + (
-            ""
-            if result["win_rate_non_tie"] is None
-            else f", wins {100 * result['win_rate_non_tie']:.1f}% of non-tie pairs"
-        )
+        f"{result.candidate} vs {result.baseline} at {result.nfe} NFE over {result.num_pairs_scored} "
+        f"pairs: {result.wins} wins, {result.ties} ties, {result.losses} losses; Arena score "
+        f"{result.arena_score.value:.1f} [{low:.1f}, {high:.1f}]"
+        + ("" if win_rate is None else f", wins {100 * win_rate:.1f}% of non-tie pairs")
     )
-    if result["num_pairs_unparseable"] or result["num_pairs_missing"]:
+    if result.num_pairs_unparseable or result.num_pairs_missing:
         print(
-            f"Left out: {result['num_pairs_unparseable']} pairs with an unparseable verdict, "
-            f"{result['num_pairs_missing']} with an unjudged presentation."
+            f"Left out: {result.num_pairs_unparseable} pairs with an unparseable verdict, "
+            f"{result.num_pairs_missing} with an unjudged presentation."
         )
-    print(f"Wrote {paths['json']} and {paths['md']}")
+    print(f"Wrote {paths.json} and {paths.md}")
     return result
 
 

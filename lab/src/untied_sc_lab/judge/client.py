@@ -14,23 +14,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .records import ChatReply, RecordError
+
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 
 class JudgeRequestError(RuntimeError):
     """A chat request that failed for good (a non-retryable HTTP error, or every retry used)."""
-
-
-@dataclass
-class ChatReply:
-    """What a judge answered: the message `content`, and the optional `reasoning_content` and `usage` some servers
-    send."""
-
-    content: str
-    reasoning: str | None = None
-    usage: dict | None = None
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -93,15 +84,7 @@ class ChatClient:
         for attempt in range(self.retries + 1):
             retry_after = None
             try:
-                payload = self._post(data)
-                choice = payload["choices"][0]
-                message = choice["message"]
-                return ChatReply(
-                    content=message.get("content") or "",
-                    reasoning=message.get("reasoning_content"),
-                    usage=payload.get("usage"),
-                    finish_reason=choice.get("finish_reason"),
-                )
+                return ChatReply.from_json(self._post(data), self.url)
             except urllib.error.HTTPError as error:
                 detail = error.read().decode("utf-8", "replace")[:500]
                 last = f"HTTP {error.code} from {self.url}: {detail}"
@@ -110,7 +93,7 @@ class ChatClient:
                 retry_after = error.headers.get("Retry-After") if error.headers else None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
                 last = f"cannot reach {self.url}: {error}"
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, TypeError) as error:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecordError, KeyError, IndexError, TypeError) as error:
                 last = f"{self.url} sent a reply that is not a chat completion ({type(error).__name__}: {error})"
             if attempt < self.retries:
                 self._wait(attempt, retry_after)

@@ -15,10 +15,12 @@ Files (`export_presentations` writes both; keep the key away from the judge):
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .pairs import SamplePair
+from .records import JudgeKey, Presentation, Prompt, optional
 
 
 KEY_FORMAT = "untied-sc judge key v1"
@@ -37,15 +39,15 @@ def _opaque_ids(count: int, rng: random.Random) -> list[str]:
     return ids
 
 
-def blind_presentations(pairs: Sequence[SamplePair], seed: int = 0) -> tuple[list[dict], dict[str, dict]]:
+def blind_presentations(pairs: Sequence[SamplePair], seed: int = 0) -> tuple[list[Prompt], dict[str, Presentation]]:
     """The shuffled presentations of `pairs` and their key.
 
     Pair i gives two presentations: (A, B) = (baseline, candidate) and (A, B) = (candidate, baseline). They are
     shuffled together with `random.Random(seed)`, which also draws the 12-hex-digit ids.
 
     Returns:
-        `(prompts, presentations)`: `prompts` a list of `{"id", "answer_a", "answer_b"}` in shuffled order;
-        `presentations` maps each id to `{"pair": i, "candidate": "A" | "B"}`.
+        `(prompts, presentations)`: `prompts` the [`Prompt`]s in shuffled order; `presentations` maps each id to its
+        [`Presentation`] (the pair, and the side the candidate is shown on).
     """
     rng = random.Random(seed)
     games = []
@@ -54,9 +56,17 @@ def blind_presentations(pairs: Sequence[SamplePair], seed: int = 0) -> tuple[lis
         games.append((i, "A", pair.candidate, pair.baseline))
     rng.shuffle(games)
     ids = _opaque_ids(len(games), rng)
-    prompts = [{"id": id_, "answer_a": a, "answer_b": b} for id_, (_, _, a, b) in zip(ids, games, strict=True)]
-    presentations = {id_: {"pair": i, "candidate": side} for id_, (i, side, _, _) in zip(ids, games, strict=True)}
+    prompts = [Prompt(id_, a, b) for id_, (_, _, a, b) in zip(ids, games, strict=True)]
+    presentations = {id_: Presentation(i, side) for id_, (i, side, _, _) in zip(ids, games, strict=True)}
     return prompts, presentations
+
+
+@dataclass(frozen=True)
+class ExportPaths:
+    """The two files of an export: the prompts the judge sees and the key kept from it."""
+
+    prompts: Path
+    key: Path
 
 
 def export_presentations(
@@ -70,64 +80,62 @@ def export_presentations(
     samples: str | None = None,
     key_path: str | os.PathLike | None = None,
     overwrite: bool = False,
-) -> dict[str, Path]:
+) -> ExportPaths:
     """Writes `out_dir/prompts.jsonl` and the key (default `out_dir/key.json`) for `pairs` (see the module docstring).
 
-    Raises `FileExistsError` when either file exists and `overwrite` is false. Returns `{"prompts": ..., "key": ...}`.
+    Raises `FileExistsError` when either file exists and `overwrite` is false.
     """
     folder = Path(out_dir)
-    paths = {"prompts": folder / PROMPTS_NAME, "key": Path(key_path) if key_path else folder / KEY_NAME}
-    existing = [str(path) for path in paths.values() if path.exists()]
+    paths = ExportPaths(folder / PROMPTS_NAME, Path(key_path) if key_path else folder / KEY_NAME)
+    existing = [str(path) for path in (paths.prompts, paths.key) if path.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{', '.join(existing)} exist(s); pass --overwrite to replace, or choose another --out.")
     prompts, presentations = blind_presentations(pairs, seed)
-    key = {
-        "format": KEY_FORMAT,
-        "baseline": baseline,
-        "candidate": candidate,
-        "nfe": nfe,
-        "knobs": dict(knobs or {}),
-        "samples": samples,
-        "seed": seed,
-        "num_pairs": len(pairs),
-        "pairs": [pair.origin for pair in pairs],
-        "presentations": presentations,
-    }
-    for path in paths.values():
+    key = JudgeKey(
+        format=KEY_FORMAT,
+        baseline=baseline,
+        candidate=candidate,
+        nfe=nfe,
+        knobs=dict(knobs or {}),
+        samples=samples,
+        seed=seed,
+        num_pairs=len(pairs),
+        pairs=tuple(pair.origin for pair in pairs),
+        presentations=presentations,
+    )
+    for path in (paths.prompts, paths.key):
         path.parent.mkdir(parents=True, exist_ok=True)
-    with paths["prompts"].open("w", encoding="utf-8") as handle:
+    with paths.prompts.open("w", encoding="utf-8") as handle:
         for prompt in prompts:
-            handle.write(json.dumps(prompt, ensure_ascii=False) + "\n")
-    paths["key"].write_text(json.dumps(key, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            handle.write(json.dumps(prompt.to_json(), ensure_ascii=False) + "\n")
+    paths.key.write_text(json.dumps(key.to_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return paths
 
 
-def read_key(path: str | os.PathLike) -> dict:
+def read_key(path: str | os.PathLike) -> JudgeKey:
     """Reads a key file written by [`export_presentations`], checking its format."""
     try:
-        key = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"Cannot read the key file {path}: {error}") from error
-    if not isinstance(key, dict) or key.get("format") != KEY_FORMAT:
+    if not isinstance(data, Mapping) or optional(data, "format") != KEY_FORMAT:
         raise ValueError(f"{path} is not a judge key file (written by `untied-sc judge export`).")
-    return key
+    return JudgeKey.from_json(data, str(path))
 
 
-def read_prompts(path: str | os.PathLike) -> list[dict]:
-    """Reads a prompts file written by [`export_presentations`]: `{"id", "answer_a", "answer_b"}` per line."""
+def read_prompts(path: str | os.PathLike) -> list[Prompt]:
+    """Reads a prompts file written by [`export_presentations`]: one [`Prompt`] per line."""
     prompts = []
     with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                prompt = json.loads(line)
+                data = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not JSON ({error}).") from error
-            if not all(isinstance(prompt.get(k), str) for k in ("id", "answer_a", "answer_b")):
-                raise ValueError(f"{path}, line {number}: expected string 'id', 'answer_a', 'answer_b'.")
-            prompts.append(prompt)
-    ids = [prompt["id"] for prompt in prompts]
+            prompts.append(Prompt.from_json(data, f"{path}, line {number}"))
+    ids = [prompt.id for prompt in prompts]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path} holds a presentation id twice.")
     return prompts

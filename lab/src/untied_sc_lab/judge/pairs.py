@@ -10,16 +10,19 @@ from dataclasses import dataclass
 
 from untied_sc.generation import RUN_KEYS, Sample
 
+from .records import PairOrigin
+
 
 # The diversity knobs a benchmark records per sample (`None`: the main run).
 KNOB_KEYS = tuple(key for key in RUN_KEYS if key not in ("sampler", "nfe", "seed"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplePair:
-    """One matched pair: where both samples come from (`origin`: seed, batch, index, NFE, knobs) and their texts."""
+    """One matched pair: where both samples come from ([`PairOrigin`]: seed, batch, index, NFE, knobs) and their
+    texts."""
 
-    origin: dict
+    origin: PairOrigin
     baseline: str
     candidate: str
 
@@ -29,16 +32,16 @@ def sample_knobs(sample: Sample) -> dict:
     return {key: sample.extra[key] for key in KNOB_KEYS if sample.extra.get(key) is not None}
 
 
-def _origin(sample: Sample, position: int) -> dict:
+def _origin(sample: Sample, position: int) -> PairOrigin:
     index = sample.extra.get("index", position)
-    return {"seed": sample.seed, "batch": sample.batch, "index": index, "nfe": sample.nfe, **sample_knobs(sample)}
+    return PairOrigin(sample.seed, sample.batch, index, sample.nfe, sample_knobs(sample))
 
 
-def _by_origin(samples: Sequence[Sample], sampler: str) -> dict[tuple, tuple[dict, Sample]]:
-    """`{origin key: (origin, sample)}` of one sampler's samples; a sample without `index` takes its position among
-    the samples of its run (sampler, NFE, seed, knobs)."""
+def _by_origin(samples: Sequence[Sample], sampler: str) -> dict[tuple, tuple[PairOrigin, Sample]]:
+    """`{origin's match key: (origin, sample)}` of one sampler's samples; a sample without `index` takes its position
+    among the samples of its run (sampler, NFE, seed, knobs)."""
     positions: dict[tuple, int] = {}
-    found: dict[tuple, tuple[dict, Sample]] = {}
+    found: dict[tuple, tuple[PairOrigin, Sample]] = {}
     for sample in samples:
         if sample.sampler != sampler:
             continue
@@ -46,11 +49,11 @@ def _by_origin(samples: Sequence[Sample], sampler: str) -> dict[tuple, tuple[dic
         position = positions.get(run, 0)
         positions[run] = position + 1
         origin = _origin(sample, position)
-        key = tuple(sorted(origin.items()))
+        key = origin.match_key()
         if key in found:
             raise ValueError(
-                f"Two {sampler!r} samples share seed {origin['seed']}, batch {origin['batch']}, index "
-                f"{origin['index']}, NFE {origin['nfe']}: the file holds a run twice. Keep one copy."
+                f"Two {sampler!r} samples share seed {origin.seed}, batch {origin.batch}, index {origin.index}, NFE "
+                f"{origin.nfe}: the file holds a run twice. Keep one copy."
             )
         found[key] = (origin, sample)
     return found

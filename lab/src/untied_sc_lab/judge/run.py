@@ -19,6 +19,7 @@ from .cache import ReplyCache, request_key
 from .client import ChatClient
 from .export import read_prompts
 from .prompt import PromptTemplate, load_template
+from .records import JudgedPresentation, RunSummary
 from .verdicts import parse_verdict
 
 
@@ -37,7 +38,7 @@ def run_judge(
     concurrency: int = 4,
     overwrite: bool = False,
     progress: bool = True,
-) -> dict:
+) -> RunSummary:
     """Judges every presentation of `prompts` and writes the verdicts file `out` (module docstring).
 
     Args:
@@ -50,8 +51,8 @@ def run_judge(
         progress (`bool`): show a tqdm bar.
 
     Returns:
-        `dict` with `num_presentations`, `num_requests` (sent this run), `num_cached` (answered from the cache),
-        `num_unparseable`, `unparseable_ids`, `out`, `cache`.
+        [`RunSummary`]: presentations judged, requests sent this run, replies taken from the cache, the unparseable
+        presentations, and the verdicts and cache files.
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -63,8 +64,8 @@ def run_judge(
     replies = ReplyCache(cache or default_cache_path(out))
     requests = []
     for item in items:
-        messages = template.messages(item["answer_a"], item["answer_b"])
-        requests.append((item["id"], messages, request_key(client.body(messages))))
+        messages = template.messages(item.answer_a, item.answer_b)
+        requests.append((item.id, messages, request_key(client.body(messages))))
     todo = {key: (id_, messages) for id_, messages, key in requests if key not in replies}
     num_cached = sum(key in replies for _, _, key in requests)
     num_unique = len({key for _, _, key in requests})  # identical presentations share one request
@@ -97,15 +98,7 @@ def run_judge(
             verdict = parse_verdict(reply.content)
             if verdict is None:
                 unparseable.append(id_)
-            record = {"id": id_, "verdict": verdict, "judge": client.model, "reply": reply.content}
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            record = JudgedPresentation(id_, verdict, client.model, reply.content)
+            handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
     partial.replace(out)
-    return {
-        "num_presentations": len(requests),
-        "num_requests": len(todo),
-        "num_cached": num_cached,
-        "num_unparseable": len(unparseable),
-        "unparseable_ids": unparseable,
-        "out": str(out),
-        "cache": str(replies.path),
-    }
+    return RunSummary(len(requests), len(todo), num_cached, tuple(unparseable), str(out), str(replies.path))

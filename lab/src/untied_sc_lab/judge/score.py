@@ -26,12 +26,23 @@ import torch
 from untied_sc.defaults import JUDGE_NUM_RESAMPLES
 
 from ..evaluation.statistics import cluster_resample_weights, percentile_interval
+from .records import (
+    SCORED_OUTCOMES,
+    STATISTICS,
+    BootstrapSettings,
+    Estimate,
+    JudgeKey,
+    JudgeScore,
+    PairOrigin,
+    PairOutcome,
+    PositionCounts,
+)
 from .verdicts import VERDICT_STRENGTH, VerdictRecord
 
 
 SCORE_FORMAT = "untied-sc judge score v1"
 NUM_RESAMPLES = JUDGE_NUM_RESAMPLES
-OUTCOMES = ("win", "tie", "loss")
+OUTCOMES = SCORED_OUTCOMES
 # Candidate-side strength (+2 candidate significantly better ... -2 baseline significantly better) -> observations
 # and their doubled sum (integers, so that s / n = 0.5 is decided exactly).
 OBSERVATIONS = {2: (3, 6), 1: (1, 2), 0: (1, 1), -1: (1, 0), -2: (3, 0)}
@@ -67,119 +78,105 @@ def _interval(estimates: torch.Tensor, confidence: float) -> tuple[float, float]
     return percentile_interval(finite, confidence) if finite.numel() else None
 
 
+def _preferred_side(verdict: str) -> str:
+    """The side a verdict prefers, whatever the candidate's: `"A"`, `"B"` or `"tie"`."""
+    return "A" if verdict.startswith("A>") else "B" if verdict.startswith("B>") else "tie"
+
+
+def _score_pair(origin: PairOrigin, pair: int, games: list[tuple[VerdictRecord | None, str]]) -> PairOutcome:
+    """A pair's outcome from its presentations' verdicts and the candidate's side in each (module docstring)."""
+    if any(record is None for record, _ in games):
+        return PairOutcome(origin, pair, "missing")
+    if any(record.verdict is None for record, _ in games):
+        return PairOutcome(origin, pair, "unparseable")
+    strengths = [candidate_strength(record.verdict, side) for record, side in games]
+    observations = sum(OBSERVATIONS[s][0] for s in strengths)
+    doubled = sum(OBSERVATIONS[s][1] for s in strengths)
+    return PairOutcome(
+        origin,
+        pair,
+        _pair_outcome(observations, doubled),
+        verdicts=tuple(CANDIDATE_SIDE_LABELS[s] for s in strengths),
+        observations=observations,
+        points=doubled / 2,
+        score=doubled / (2 * observations),
+    )
+
+
 def score_verdicts(
-    key: dict,
+    key: JudgeKey,
     verdicts: dict[str, VerdictRecord],
     num_resamples: int = NUM_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
-) -> dict:
+) -> JudgeScore:
     """Scores `verdicts` (from [`read_verdicts`]) through `key` (from [`read_key`]); definitions in the module
     docstring.
 
     Returns:
-        `dict` (JSON-ready) with the key's `baseline`, `candidate`, `nfe`; counts (`num_pairs`, `num_pairs_scored`,
-        `num_pairs_missing`, `num_pairs_unparseable`, `num_presentations`, `num_unparseable`, `num_observations`);
-        `wins`, `ties`, `losses`; `win_rate`, `tie_rate`, `loss_rate`, `win_rate_non_tie`, `arena_score` (0-100),
-        each with a `<name>_ci`; `verdicts` (candidate-side counts), `position` (how often A was preferred),
-        `bootstrap` settings, `unparseable_ids`, `missing_ids`, and `per_pair` (each pair's origin, candidate-side
-        verdicts, observations, score and outcome).
+        [`JudgeScore`]: the key's sides and NFE, the counts, outcomes, statistics with their intervals, the
+        candidate-side verdict counts, how often each position was preferred, the bootstrap settings, the ids left
+        out and each pair's [`PairOutcome`].
     """
-    presentations = key["presentations"]
+    presentations = key.presentations
     unknown = sorted(set(verdicts) - set(presentations))
     if unknown:
         raise ValueError(
             f"{len(unknown)} verdicts name presentations the key does not hold (e.g. {unknown[:3]}): wrong --key?"
         )
-    by_pair: dict[int, list[tuple[str, str]]] = {i: [] for i in range(key["num_pairs"])}
+    by_pair: dict[int, list[tuple[VerdictRecord | None, str]]] = {i: [] for i in range(key.num_pairs)}
     for id_, where in presentations.items():
-        by_pair[where["pair"]].append((id_, where["candidate"]))
+        by_pair[where.pair].append((verdicts.get(id_), where.candidate))
     unparseable_ids = sorted(id_ for id_, record in verdicts.items() if record.verdict is None)
     missing_ids = sorted(set(presentations) - set(verdicts))
-    position = Counter()
-    per_pair = []
-    for i, games in by_pair.items():
-        record = {**key["pairs"][i], "pair": i}
-        verdicts_of_pair = [verdicts.get(id_) for id_, _ in games]
-        if any(v is None for v in verdicts_of_pair):
-            per_pair.append({**record, "outcome": "missing"})
-            continue
-        if any(v.verdict is None for v in verdicts_of_pair):
-            per_pair.append({**record, "outcome": "unparseable"})
-            continue
-        strengths = [candidate_strength(v.verdict, side) for v, (_, side) in zip(verdicts_of_pair, games, strict=True)]
-        for v in verdicts_of_pair:
-            position["A" if v.verdict.startswith("A>") else "B" if v.verdict.startswith("B>") else "tie"] += 1
-        observations = sum(OBSERVATIONS[s][0] for s in strengths)
-        doubled = sum(OBSERVATIONS[s][1] for s in strengths)
-        per_pair.append(
-            {
-                **record,
-                "verdicts": [CANDIDATE_SIDE_LABELS[s] for s in strengths],
-                "observations": observations,
-                "points": doubled / 2,
-                "score": doubled / (2 * observations),
-                "outcome": _pair_outcome(observations, doubled),
-            }
-        )
-    scored = [p for p in per_pair if p["outcome"] in ("win", "tie", "loss")]
+    per_pair = [_score_pair(key.pairs[i], i, games) for i, games in by_pair.items()]
+    scored = [p for p in per_pair if p.scored]
     if not scored:
         raise ValueError(
             f"No pair has two parseable verdicts ({len(missing_ids)} presentations unjudged, {len(unparseable_ids)} "
             "unparseable); nothing to score."
         )
-    n = torch.tensor([p["observations"] for p in scored], dtype=torch.float64)
-    points = torch.tensor([p["points"] for p in scored], dtype=torch.float64)
-    outcome = {name: torch.tensor([p["outcome"] == name for p in scored], dtype=torch.float64) for name in OUTCOMES}
+    preferred = [_preferred_side(record.verdict) for p in per_pair if p.scored for record, _ in by_pair[p.pair]]
+    n = torch.tensor([p.observations for p in scored], dtype=torch.float64)
+    points = torch.tensor([p.points for p in scored], dtype=torch.float64)
+    outcome = {name: torch.tensor([p.outcome == name for p in scored], dtype=torch.float64) for name in OUTCOMES}
 
     def statistics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
         total = weights.sum(dim=-1)
         wins, ties, losses = (weights @ outcome[name] for name in OUTCOMES)
-        return {
-            "win_rate": wins / total,
-            "tie_rate": ties / total,
-            "loss_rate": losses / total,
-            "win_rate_non_tie": _ratio(wins, wins + losses),
-            "arena_score": 100 * (weights @ points) / (weights @ n),
-        }
+        rates = (wins / total, ties / total, losses / total, _ratio(wins, wins + losses))
+        return dict(zip(STATISTICS, (*rates, 100 * (weights @ points) / (weights @ n)), strict=True))
 
-    point = {name: float(value) for name, value in statistics(torch.ones(len(scored), dtype=torch.float64)).items()}
+    point = statistics(torch.ones(len(scored), dtype=torch.float64))
     resampled = statistics(cluster_resample_weights(range(len(scored)), num_resamples, seed))
-    counts = {
-        plural: int(outcome[name].sum()) for name, plural in zip(OUTCOMES, ("wins", "ties", "losses"), strict=True)
-    }
-    result = {
-        "format": SCORE_FORMAT,
-        "baseline": key["baseline"],
-        "candidate": key["candidate"],
-        "nfe": key["nfe"],
-        "knobs": key.get("knobs", {}),
-        "judges": sorted({v.judge for v in verdicts.values() if v.judge}),
-        "num_pairs": key["num_pairs"],
-        "num_pairs_scored": len(scored),
-        "num_pairs_missing": sum(p["outcome"] == "missing" for p in per_pair),
-        "num_pairs_unparseable": sum(p["outcome"] == "unparseable" for p in per_pair),
-        "num_presentations": len(presentations),
-        "num_unparseable": len(unparseable_ids),
-        "num_observations": int(n.sum()),
-        **counts,
-    }
-    for name, value in point.items():
-        result[name] = None if math.isnan(value) else value
-        result[f"{name}_ci"] = _interval(resampled[name], confidence)
-    strengths = Counter(label for p in scored for label in p["verdicts"])
-    result.update(
+    estimates = {}
+    for name in STATISTICS:
+        value = float(point[name])
+        estimates[name] = Estimate(None if math.isnan(value) else value, _interval(resampled[name], confidence))
+    wins, ties, losses = (int(outcome[name].sum()) for name in OUTCOMES)
+    strengths = Counter(label for p in scored for label in p.verdicts)
+    return JudgeScore(
+        format=SCORE_FORMAT,
+        baseline=key.baseline,
+        candidate=key.candidate,
+        nfe=key.nfe,
+        knobs=key.knobs,
+        judges=tuple(sorted({v.judge for v in verdicts.values() if v.judge})),
+        num_pairs=key.num_pairs,
+        num_pairs_scored=len(scored),
+        num_pairs_missing=sum(p.outcome == "missing" for p in per_pair),
+        num_pairs_unparseable=sum(p.outcome == "unparseable" for p in per_pair),
+        num_presentations=len(presentations),
+        num_unparseable=len(unparseable_ids),
+        num_observations=int(n.sum()),
+        wins=wins,
+        ties=ties,
+        losses=losses,
+        **estimates,
         verdicts={label: strengths[label] for label in CANDIDATE_SIDE_LABELS.values()},
-        position={"A_preferred": position["A"], "B_preferred": position["B"], "tie": position["tie"]},
-        bootstrap={
-            "num_resamples": num_resamples,
-            "confidence": confidence,
-            "unit": "pair",
-            "interval": "percentile",
-            "seed": seed,
-        },
-        unparseable_ids=unparseable_ids,
-        missing_ids=missing_ids,
-        per_pair=per_pair,
+        position=PositionCounts(preferred.count("A"), preferred.count("B"), preferred.count("tie")),
+        bootstrap=BootstrapSettings(num_resamples, confidence, "pair", "percentile", seed),
+        unparseable_ids=tuple(unparseable_ids),
+        missing_ids=tuple(missing_ids),
+        per_pair=tuple(per_pair),
     )
-    return result

@@ -28,9 +28,11 @@ Blank lines and lines starting with `#` are skipped.
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .records import optional, require
 
 
 VERDICTS = ("A>>B", "A>B", "A=B", "B>A", "B>>A")
@@ -77,7 +79,7 @@ def parse_verdict(reply: str | None) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class VerdictRecord:
     """One presentation's verdict as read from a file: `verdict` is canonical, or `None` when unparseable."""
 
@@ -86,6 +88,21 @@ class VerdictRecord:
     judge: str | None = None
     source: str = ""
 
+    @classmethod
+    def from_json(cls, data: Mapping, where: str) -> "VerdictRecord":
+        """A JSON line of a verdicts file: its `verdict` (`null`: unparseable), or without one its parsed `reply`."""
+        identifier = optional(data, "id")
+        if not isinstance(identifier, str):
+            raise ValueError(f"{where}: a JSON verdict record needs a string 'id', got keys {sorted(data)}.")
+        if "verdict" in data:
+            label = require(data, "verdict", "JSON verdict record", where)
+            verdict = None if label is None else _checked_label(str(label), where)
+        elif "reply" in data:
+            verdict = parse_verdict(require(data, "reply", "JSON verdict record", where))
+        else:
+            raise ValueError(f"{where}: a JSON verdict record needs 'verdict' (or 'reply'), got keys {sorted(data)}.")
+        return cls(identifier, verdict, optional(data, "judge"), where)
+
 
 def _parse_line(line: str, where: str) -> VerdictRecord:
     if line.startswith("{"):
@@ -93,18 +110,7 @@ def _parse_line(line: str, where: str) -> VerdictRecord:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{where}: not a JSON object ({error}).") from error
-        if not isinstance(record.get("id"), str):
-            raise ValueError(f"{where}: a JSON verdict record needs a string 'id', got keys {sorted(record)}.")
-        if "verdict" in record:
-            label = record["verdict"]
-            verdict = None if label is None else _checked_label(str(label), where)
-        elif "reply" in record:
-            verdict = parse_verdict(record["reply"])
-        else:
-            raise ValueError(
-                f"{where}: a JSON verdict record needs 'verdict' (or 'reply'), got keys {sorted(record)}."
-            )
-        return VerdictRecord(record["id"], verdict, record.get("judge"), where)
+        return VerdictRecord.from_json(record, where)
     fields = line.split()
     if len(fields) != 2:
         raise ValueError(f"{where}: expected 'ID VERDICT' (or a JSON object), got {line!r}.")
