@@ -1,5 +1,7 @@
 """`make demo` (`python -m untied_sc_lab.demo`) on a saved tiny pipeline with a tiny evaluator."""
 
+from pathlib import Path
+
 import torch
 
 from untied_sc import LangFlowPipeline, LangFlowScheduler
@@ -7,6 +9,9 @@ from untied_sc_lab.demo import main, sample_both
 
 from .conftest import langflow_from_golden
 from .tiny import tiny_evaluator, tiny_tokenizer
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def test_demo_prints_official_and_untied_samples_with_metrics(tmp_path, langflow_golden, capsys, monkeypatch):
@@ -75,17 +80,16 @@ def test_the_demo_says_why_an_untied_block_equals_the_official_one(langflow_gold
 
 def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
     import json
-    from pathlib import Path
 
     from untied_sc_lab.demo import equal_entropy_verdict
 
+    # the committed report, its untied readings at 8 NFE set to each case (read as the demo reads any report)
+    committed = json.loads((RESULTS / "langflow-small-equal-entropy-8-baselines.json").read_text())
+
     def report(frontier: dict, own: dict) -> Path:
-        results = {
-            "seeds": [0, 1, 2],
-            "num_samples": 128,
-            "frontiers": {"by_sampler": {"untied": {"8": frontier}}},
-            "equal_entropy": {"untied": {"8": own}},
-        }
+        results = json.loads(json.dumps(committed))
+        results["frontiers"]["by_sampler"]["untied"]["8"].update(frontier)
+        results["equal_entropy"]["untied"]["8"].update(own)
         (tmp_path / "tiny-equal-entropy-8-baselines.json").write_text(json.dumps(results))
         return tmp_path
 
@@ -103,6 +107,19 @@ def test_the_demo_takes_its_verdict_from_the_equal_entropy_benchmark(tmp_path):
     assert "at untied's own entropy (4.24 nats; official's is lower): official did better." in line
     line = equal_entropy_verdict(folder, 8, report({"ratio": 0.97, "ratio_ci": [0.9, 1.04]}, own))
     assert line.endswith(": no clear difference.") and equal_entropy_verdict(folder, 16, tmp_path) is None
+    # neither reading has an interval (the committed one at its own entropy has none): no verdict
+    assert equal_entropy_verdict(folder, 8, report({"ratio": None, "ratio_ci": None}, {"ratio_ci": None})) is None
+
+
+def test_the_demo_verdict_reads_the_committed_benchmark():
+    from untied_sc_lab.demo import equal_entropy_verdict
+
+    line = equal_entropy_verdict(Path("hub_artifacts/langflow-small"), 8, RESULTS)
+    assert line == (
+        "The benchmark at equal entropy (langflow-small-equal-entropy-8-baselines.json, 3 seeds × 128 pairs): "
+        "untied's GenPPL is 0.663 of official's (95 % interval [0.636, 0.692]) at official's entropy: untied did "
+        "better."
+    )
 
 
 def test_the_demo_finds_the_benchmarks_wherever_it_is_run_from(tmp_path, monkeypatch):

@@ -164,31 +164,74 @@ def test_a_samples_file_beside_a_record_that_is_not_a_report_has_no_headline_to_
     assert reports_of_samples(quality) == []
 
 
+# A committed report whose headline's parts the tests below replace: the headline reads any report as a record.
+COMMITTED = (
+    Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "langflow-small-equal-entropy-16-baselines.json"
+)
+
+
+def curve_row(ratio, ratio_ci) -> dict:
+    """A reading on the baseline's curve, the fields the headline does not read made up."""
+    return {
+        "entropy": 4.2,
+        "gen_ppl": 50.0,
+        "baseline_gen_ppl_at_entropy": 100.0,
+        "ratio": ratio,
+        "ratio_ci": ratio_ci,
+        "fraction_outside": 0.0,
+        "entropy_resampled": True,
+    }
+
+
+def frontier_row(ratio, ratio_ci, **more) -> dict:
+    """A reading on a sampler's own frontier, the fields the headline does not read made up."""
+    reading = {"entropy": 4.4, "gen_ppl": 50.0, "reference_gen_ppl": 100.0, "ratio": ratio, "ratio_ci": ratio_ci}
+    return {**reading, "fraction_outside": 0.0, "entropy_resampled": True, "points": 3, **more}
+
+
+def head_row(sampler: str, against: str, ratio, ratio_ci) -> dict:
+    """A head to head on the two frontiers, the fields the check does not read made up."""
+    reading = {key: value for key, value in frontier_row(ratio, ratio_ci).items() if key != "points"}
+    return {"sampler": sampler, "against": against, **reading}
+
+
+def headline_report(
+    paired: dict, equal_entropy: dict | None = None, frontiers: dict | None = None, heads=None
+) -> dict:
+    """The committed report with these paired cells, equal-entropy rows and frontier rows (`None`: none)."""
+    data = json.loads(COMMITTED.read_text())
+    data["aggregates"]["paired"] = paired
+    data["equal_entropy"] = equal_entropy or {}
+    data.pop("frontiers")
+    if frontiers is not None:
+        data["frontiers"] = {"by_sampler": frontiers, "head_to_head": heads or {}}
+    return data
+
+
 def test_the_headline_reads_the_baseline_curve_where_no_frontier_reaches_the_baseline_entropy():
+    from untied_sc_lab.experiments.report_record import Report
     from untied_sc_lab.experiments.rescore import headline_ratios
 
+    def headline(*args, **kwargs):
+        return headline_ratios(Report.from_json(headline_report(*args, **kwargs)))
+
     paired = {"untied": {"8": paired_cell(2.2, [2.0, 2.4])}}
-    curve = {"untied": {"8": {"ratio": 0.46, "ratio_ci": [0.45, 0.48]}}}
-    outside = {"by_sampler": {"untied": {"8": {"ratio": None, "ratio_ci": None}}}}
-    results = {"aggregates": {"by_sampler": {}, "paired": paired}, "equal_entropy": curve, "frontiers": outside}
-    reading, rows = headline_ratios(results)
-    assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
-    assert rows["untied"]["8"]["raw_ratio"] == 2.2 and rows["untied"]["8"]["raw_ratio_ci"] == [2.0, 2.4]
-    reached = {"by_sampler": {"untied": {"8": {"ratio": 0.7, "ratio_ci": [0.6, 0.8]}}}}
-    reading, rows = headline_ratios({**results, "frontiers": reached})
-    assert reading == "frontier" and rows["untied"]["8"]["ratio"] == 0.7
-    assert headline_ratios({"aggregates": {"by_sampler": {}, "paired": paired}})[0] is None
+    curve = {"untied": {"8": curve_row(0.46, [0.45, 0.48])}}
+    outside = {"untied": {"8": frontier_row(None, None)}}
+    reading, rows = headline(paired, curve, outside)
+    assert reading == "baseline curve" and rows["untied"][8].ratio == 0.46
+    assert rows["untied"][8].raw_ratio == 2.2 and list(rows["untied"][8].raw_ratio_ci) == [2.0, 2.4]
+    reached = {"untied": {"8": frontier_row(0.7, [0.6, 0.8])}}
+    reading, rows = headline(paired, curve, reached)
+    assert reading == "frontier" and rows["untied"][8].ratio == 0.7
+    reading, rows = headline(paired)
+    assert reading is None and rows["untied"][8].ratio is None and rows["untied"][8].raw_ratio == 2.2
     # a method its tuning switched off runs the baseline's samples: its frontier "reaches" trivially, and is not read
-    neutral = {"ratio": 1.0, "ratio_ci": [1.0, 1.0], "switched_off": True}
-    off = {"by_sampler": {**outside["by_sampler"], "Momentum": {"8": neutral}}}
+    neutral = frontier_row(1.0, [1.0, 1.0], switched_off=True)
     paired_off = {**paired, "Momentum": {"8": paired_cell(1.0, [1.0, 1.0])}}
-    reading, rows = headline_ratios(
-        {**results, "aggregates": {"by_sampler": {}, "paired": paired_off}, "frontiers": off}
-    )
-    assert reading == "baseline curve" and rows["untied"]["8"]["ratio"] == 0.46
-    reading, _ = headline_ratios(
-        {**results, "frontiers": {"by_sampler": {"Momentum": {"8": {**neutral, "switched_off": False}}}}}
-    )
+    reading, rows = headline(paired_off, curve, {**outside, "Momentum": {"8": neutral}})
+    assert reading == "baseline curve" and rows["untied"][8].ratio == 0.46
+    reading, _ = headline(paired, curve, {"Momentum": {"8": {**neutral, "switched_off": False}}})
     assert reading == "frontier"
 
 
@@ -196,15 +239,16 @@ def test_the_head_to_head_is_checked_number_by_number_too():
     from untied_sc_lab.experiments.rescore import compare_headlines
 
     paired = {"untied": {"16": paired_cell(0.9, [0.8, 1.0])}}
-    frontier = {"untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79]}}}
-    head = {"sampler": "untied", "against": "HiGS", "ratio": 0.96, "ratio_ci": [0.92, 0.99], "entropy": 4.4}
-    report = {
-        "aggregates": {"by_sampler": {}, "paired": paired},
-        "frontiers": {"by_sampler": frontier, "head_to_head": {"16": [head]}},
-    }
+    frontier = {"untied": {"16": frontier_row(0.76, [0.73, 0.79])}}
+    report = headline_report(
+        paired, frontiers=frontier, heads={"16": [head_row("untied", "HiGS", 0.96, [0.92, 0.99])]}
+    )
     check = compare_headlines(report, report)
     assert check["reproduced"] is True and check["max_relative_difference"] == 0.0
     assert check["head_to_head"] == {"16": {"untied vs HiGS": {"ratio": 0.96, "ratio_ci": [0.92, 0.99]}}}
+    assert check["by_sampler"] == {
+        "untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79], "raw_ratio": 0.9, "raw_ratio_ci": [0.8, 1.0]}}
+    }
     # an interval bound of the head to head off by 1 %: not reproduced, and by how much
     edited = json.loads(json.dumps(report))
     edited["frontiers"]["head_to_head"]["16"][0]["ratio_ci"][1] *= 1.01
@@ -212,7 +256,7 @@ def test_the_head_to_head_is_checked_number_by_number_too():
     assert check["reproduced"] is False
     assert check["max_relative_difference"] == pytest.approx(0.01 / 1.01)
     # a head to head that only the report gives (or a rival that changed) is named, not passed over
-    alone = {**report, "frontiers": {"by_sampler": frontier, "head_to_head": {"16": []}}}
+    alone = headline_report(paired, frontiers=frontier, heads={"16": []})
     check = compare_headlines(alone, report)
     assert (
         check["reproduced"] is False and ["head to head", "16", "untied vs HiGS", "ratio", "0"] in check["unmatched"]
@@ -229,8 +273,7 @@ def test_evaluate_prints_and_checks_the_reports_head_to_head(report, tmp_path, c
     folder.mkdir()
     shutil.copy(report["samples"], folder / "tiny.samples.jsonl.gz")
     claimed = json.loads(report["json"].read_text())
-    head = {"sampler": "untied", "against": "HiGS", "ratio": 0.9, "ratio_ci": [0.8, 1.0]}
-    claimed["frontiers"]["head_to_head"] = {"8": [head]}
+    claimed["frontiers"]["head_to_head"] = {"8": [head_row("untied", "HiGS", 0.9, [0.8, 1.0])]}
     (folder / "tiny.json").write_text(json.dumps(claimed))
     result, printed = _evaluate(folder / "tiny.samples.jsonl.gz", report["evaluator"], tmp_path / "e.json", capsys)
     assert result["headline"]["reproduced"] is False

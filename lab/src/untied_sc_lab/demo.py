@@ -28,6 +28,8 @@ from untied_sc.schedulers import UntiedSelfConditioningScheduler
 
 from .evaluation import evaluate_samples, load_evaluator
 from .evaluation.evaluator import describe_evaluator
+from .experiments.equal_entropy_records import EqualEntropyRow, FrontierRow
+from .experiments.report_record import Report
 
 
 ENTROPY_IDS = {"elf": "evaluator", "langflow": "generator"}  # whose token ids each protocol's entropy counts
@@ -105,22 +107,29 @@ def equal_entropy_verdict(folder: Path, steps: int, results: Path = RESULTS) -> 
     path = results / f"{folder.name}-equal-entropy-{steps}-baselines.json"
     if not path.is_file():
         return None
-    report = json.loads(path.read_text())
-    frontier = report.get("frontiers", {}).get("by_sampler", {}).get("untied", {}).get(str(steps)) or {}
-    own = report.get("equal_entropy", {}).get("untied", {}).get(str(steps)) or {}
-    if frontier.get("ratio") is not None and frontier.get("ratio_ci"):
+    report = Report.from_json(json.loads(path.read_text()))
+    frontier = report.frontiers.by_sampler.get("untied", {}).get(steps) if report.frontiers else None
+    own = report.equal_entropy.get("untied", {}).get(steps)
+    if _has_interval(frontier):
         row, where = frontier, "at official's entropy"
-    elif own.get("ratio") is not None and own.get("ratio_ci"):
-        row, where = own, f"at untied's own entropy ({own['entropy']:.2f} nats; official's is lower)"
+    elif _has_interval(own):
+        row, where = own, f"at untied's own entropy ({own.entropy:.2f} nats; official's is lower)"
     else:
         return None
-    low, high = row["ratio_ci"]
+    low, high = row.ratio_ci
     verdict = "untied did better" if high < 1 else "official did better" if low > 1 else "no clear difference"
+    settings = report.settings
     return (
-        f"The benchmark at equal entropy ({path.name}, {len(report['seeds'])} seeds × {report['num_samples']} "
-        f"pairs): untied's GenPPL is {row['ratio']:.3f} of official's (95 % interval [{low:.3f}, {high:.3f}]) "
+        f"The benchmark at equal entropy ({path.name}, {len(settings.seeds)} seeds × {settings.num_samples} "
+        f"pairs): untied's GenPPL is {row.ratio:.3f} of official's (95 % interval [{low:.3f}, {high:.3f}]) "
         f"{where}: {verdict}."
     )
+
+
+def _has_interval(row: EqualEntropyRow | FrontierRow | None) -> bool:
+    """A reading with a ratio and its interval (a frontier that misses the entropy, or too many resamples outside
+    the curve, leave one or both `None`)."""
+    return row is not None and row.ratio is not None and bool(row.ratio_ci)
 
 
 def correction_off_note(pipe, steps: int) -> str | None:

@@ -14,17 +14,19 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
-from ..evaluation.aggregates import Aggregates
 from ..runs.store import RUN_SETTINGS
-from .records import RunRecord, report_records
+from .control_records import ControlRow, EvaluatorControl, HeadlineRatios, NllCorrelation, RankAgreement, ScoredBy
+from .equal_entropy_records import HeadToHead
+from .records import RunRecord
 from .report import write_results
 from .report_import import read_report_runs
+from .report_record import Report
 from .sweep import score_sweep
 from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import DEFAULT_SCORING, ScoringSettings
@@ -115,25 +117,29 @@ def rescore_report(
     """
     report_path = Path(report_path)
     first, records, run_samples = read_report_runs(report_path, "--rescore")
-    if scoring.protocol not in (None, first["protocol"]):
+    # checked before the settings are: a report of another protocol is refused first, whatever else it lacks
+    protocol = first["protocol"]
+    if scoring.protocol not in (None, protocol):
         raise ValueError(
-            f"--rescore: {report_path} was scored under the {first['protocol']} protocol, not {scoring.protocol}: a "
+            f"--rescore: {report_path} was scored under the {protocol} protocol, not {scoring.protocol}: a "
             "rescoring keeps the first report's protocol."
         )
     generation = report_generation(first, records, run_samples, report_path)
+    first_report = Report.from_json(first)  # it records the sweep's settings ([`report_generation`] checked)
+    settings = first_report.settings
     if isinstance(scoring.evaluator, (str, os.PathLike)):
         evaluator_name = str(scoring.evaluator)
-    generation["model"] = name or rescored_report_name(first["model"], evaluator_name or "evaluator")
+    generation["model"] = name or rescored_report_name(settings.model, evaluator_name or "evaluator")
     if output_dir is not None and report_paths(output_dir, generation["model"])["json"].resolve() == (
         report_path.resolve()
     ):
         raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")
     results = score_sweep(
         generation,
-        replace(scoring, protocol=first["protocol"]),
+        replace(scoring, protocol=settings.protocol),
         command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         progress=progress,
-        main_only=first.get("main_only", False),
+        main_only=settings.main_only,
         evaluator_name=evaluator_name,
         scored=scored,
         store=store,
@@ -142,11 +148,11 @@ def rescore_report(
     where = Path(output_dir) if output_dir is not None else report_path.parent
     results["rescored_from"] = {
         "report": os.path.relpath(report_path, where),
-        "evaluator": first["evaluator"],
-        "evaluator_description": first.get("evaluator_description"),
+        "evaluator": settings.evaluator,
+        "evaluator_description": settings.evaluator_description,
     }
-    results["evaluator_control"] = evaluator_control(first, results)
-    results["samples_file"] = os.path.relpath(report_path.parent / first["samples_file"], where)
+    results["evaluator_control"] = control_of_reports(first_report, Report.from_json(results)).to_json()
+    results["samples_file"] = os.path.relpath(report_path.parent / settings.samples_file, where)
     if output_dir is not None:
         results["files"] = {key: str(path) for key, path in write_results(results, output_dir).items()}
     return results
@@ -191,7 +197,11 @@ def _ranks(values: Sequence[float]) -> list[float]:
     return ranks
 
 
-def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict]]]:
+# `{sampler: {nfe: HeadlineRatios}}`: each sampler's headline ([`headline_ratios`]).
+Headlines = Mapping[str, Mapping[int, HeadlineRatios]]
+
+
+def headline_ratios(report: Report) -> tuple[str | None, Headlines]:
     """Each sampler's headline per NFE: the GenPPL ratio to the baseline at equal entropy with its interval, beside
     the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
     on its own frontier at the baseline's entropy where every sampler was swept (`"frontier"`), else, and where no
@@ -199,48 +209,51 @@ def headline_ratios(results: dict) -> tuple[str | None, dict[str, dict[str, dict
     at the sampler's entropy (`"baseline curve"`), else none (`None`; raw ratios only). A method its tuning switched
     off runs the baseline's samples, so its frontier is the baseline's own and reaches the baseline's entropy
     trivially: it does not count as a frontier that reaches it."""
-    frontiers = (results.get("frontiers") or {}).get("by_sampler") or {}
+    frontiers = report.frontiers.by_sampler if report.frontiers is not None else {}
     reached = any(
-        row.get("ratio") is not None and not row.get("switched_off")
-        for by_nfe in frontiers.values()
-        for row in by_nfe.values()
+        row.ratio is not None and not row.switched_off for by_nfe in frontiers.values() for row in by_nfe.values()
     )
-    reading = "frontier" if reached else "baseline curve" if results.get("equal_entropy") else None
-    rows = frontiers if reading == "frontier" else results.get("equal_entropy") or {}
-    out: dict[str, dict[str, dict]] = {}
-    for sampler, by_nfe in Aggregates.from_json(results["aggregates"]).paired.items():
-        for steps, cell in by_nfe.items():
-            nfe = str(steps)  # the rows' JSON key
-            row = rows.get(sampler, {}).get(nfe) or {}
-            out.setdefault(sampler, {})[nfe] = {
-                "ratio": row.get("ratio"),
-                "ratio_ci": row.get("ratio_ci"),
-                "raw_ratio": cell.gen_ppl_ratio,
-                "raw_ratio_ci": cell.gen_ppl_ratio_headline_ci or cell.gen_ppl_ratio_ci,
-            }
+    reading = "frontier" if reached else "baseline curve" if report.equal_entropy else None
+    rows = frontiers if reading == "frontier" else report.equal_entropy
+    out: dict[str, dict[int, HeadlineRatios]] = {}
+    for sampler, by_nfe in report.aggregates.paired.items():
+        for nfe, cell in by_nfe.items():
+            row = rows.get(sampler, {}).get(nfe)
+            out.setdefault(sampler, {})[nfe] = HeadlineRatios(
+                None if row is None else row.ratio,
+                None if row is None else row.ratio_ci,
+                cell.gen_ppl_ratio,
+                cell.gen_ppl_ratio_headline_ci or cell.gen_ppl_ratio_ci,
+            )
     return reading, out
 
 
-def _rank_agreement(first: dict, second: dict, key: str) -> dict[str, dict]:
-    """Per NFE, Kendall's τ-b of the samplers' `key` ratios under the two evaluators, over those with both."""
+def _rank_agreement(first: Headlines, second: Headlines, raw: bool) -> dict[int, RankAgreement]:
+    """Per NFE, Kendall's τ-b of the samplers' ratios (raw or at equal entropy) under the two evaluators, over those
+    with both."""
+
+    def ratio(headlines: Headlines, sampler: str, nfe: int) -> float | None:
+        row = headlines.get(sampler, {}).get(nfe)
+        return None if row is None else row.ratios(raw)[0]
+
     agreement = {}
-    for nfe in sorted({nfe for by_nfe in first.values() for nfe in by_nfe}, key=int):
+    for nfe in sorted({nfe for by_nfe in first.values() for nfe in by_nfe}):
         ranked = [
             sampler
-            for sampler, by_nfe in first.items()
-            if by_nfe.get(nfe, {}).get(key) is not None and second.get(sampler, {}).get(nfe, {}).get(key) is not None
+            for sampler in first
+            if ratio(first, sampler, nfe) is not None and ratio(second, sampler, nfe) is not None
         ]
-        tau = kendall_tau([first[s][nfe][key] for s in ranked], [second[s][nfe][key] for s in ranked])
-        agreement[nfe] = {"kendall_tau": tau, "num_ranked": len(ranked), "ranked": ranked}
+        tau = kendall_tau([ratio(first, s, nfe) for s in ranked], [ratio(second, s, nfe) for s in ranked])
+        agreement[nfe] = RankAgreement(tau, len(ranked), ranked)
     return agreement
 
 
-def _nll_correlation(first: dict, second: dict) -> dict:
+def _nll_correlation(first: Report, second: Report) -> NllCorrelation:
     """Per-sample NLL per token under the two evaluators, over the samples both scored. A run holding the very
     samples of another (a comparison sampler at its neutral knob runs as official) has the same scores under both
     evaluators as that one: it is counted once."""
     seen, a, b = set(), [], []
-    for mine, theirs in zip(report_records(first), report_records(second), strict=True):
+    for mine, theirs in zip(first.runs, second.runs, strict=True):
         x, y = mine.scores.per_sample.mean_nll, theirs.scores.per_sample.mean_nll
         key = json.dumps([x, y])
         if key in seen:
@@ -250,41 +263,46 @@ def _nll_correlation(first: dict, second: dict) -> dict:
             if u is not None and v is not None and math.isfinite(u) and math.isfinite(v):
                 a.append(u)
                 b.append(v)
-    return {
-        "measure": "per-sample NLL per token (each evaluator's own tokens)",
-        "num_samples": len(a),
-        "pearson": pearson(a, b),
-        "spearman": pearson(_ranks(a), _ranks(b)),
+    measure = "per-sample NLL per token (each evaluator's own tokens)"
+    return NllCorrelation(measure, len(a), pearson(a, b), pearson(_ranks(a), _ranks(b)))
+
+
+def _scored_by(report: Report) -> ScoredBy:
+    return ScoredBy(report.settings.evaluator, report.settings.evaluator_description)
+
+
+def control_of_reports(first: Report, second: Report) -> EvaluatorControl:
+    """[`evaluator_control`] of two reports read into records."""
+    reading, mine = headline_ratios(first)
+    _, theirs = headline_ratios(second)
+    by_sampler = {
+        sampler: {nfe: ControlRow(row, theirs.get(sampler, {}).get(nfe)) for nfe, row in by_nfe.items()}
+        for sampler, by_nfe in mine.items()
     }
+    return EvaluatorControl(
+        _scored_by(first),
+        _scored_by(second),
+        reading,
+        by_sampler,
+        _rank_agreement(mine, theirs, raw=False),
+        _rank_agreement(mine, theirs, raw=True),
+        _nll_correlation(first, second),
+    )
 
 
-def evaluator_control(first: dict, second: dict) -> dict:
+def evaluator_control(first: Mapping, second: Mapping) -> dict:
     """
     Two reports of the same runs under two evaluators, side by side: each sampler's headline ([`headline_ratios`])
     under both, the rank agreement of the samplers per NFE (Kendall's τ-b, over the samplers each report can rank) at
     equal entropy and raw, and the correlation of the per-sample NLLs.
 
     Returns:
-        `dict` with `first` and `second` (evaluator and its description), `reading` (the equal-entropy reading),
-        `by_sampler` (`{sampler: {nfe: {"first": ratios, "second": ratios}}}`), `rank_agreement` (`{"equal_entropy"
-        | "raw": {nfe: {"kendall_tau", "num_ranked", "ranked"}}}`) and `nll_correlation`.
+        `dict`, the report's `evaluator_control` ([`EvaluatorControl.to_json`]): `first` and `second` (evaluator and
+        its description), `reading` (the equal-entropy reading), `by_sampler` (`{sampler: {nfe: {"first": ratios,
+        "second": ratios}}}`), `rank_agreement` (`{"equal_entropy" | "raw": {nfe: {"kendall_tau", "num_ranked",
+        "ranked"}}}`) and `nll_correlation`.
     """
-    reading, mine = headline_ratios(first)
-    _, theirs = headline_ratios(second)
-    return {
-        "first": {key: first.get(key) for key in ("evaluator", "evaluator_description")},
-        "second": {key: second.get(key) for key in ("evaluator", "evaluator_description")},
-        "reading": reading,
-        "by_sampler": {
-            sampler: {nfe: {"first": row, "second": theirs.get(sampler, {}).get(nfe)} for nfe, row in by_nfe.items()}
-            for sampler, by_nfe in mine.items()
-        },
-        "rank_agreement": {
-            "equal_entropy": _rank_agreement(mine, theirs, "ratio"),
-            "raw": _rank_agreement(mine, theirs, "raw_ratio"),
-        },
-        "nll_correlation": _nll_correlation(first, second),
-    }
+    return control_of_reports(Report.from_json(first), Report.from_json(second)).to_json()
 
 
 # `untied-sc evaluate` on a report's samples reproduces its headline when every number agrees to this (relative): the
@@ -317,43 +335,59 @@ def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict
     return found
 
 
-def head_to_head_ratios(results: dict) -> dict[str, dict[str, dict]]:
+def head_to_head_ratios(report: Report) -> dict[int, dict[str, HeadToHead]]:
     """The report's head to head at equal entropy (each untied sampler against the best other method, both on their
-    own frontiers): `{nfe: {"<sampler> vs <against>": {"ratio", "ratio_ci"}}}`; empty where there is none."""
-    rows = ((results.get("frontiers") or {}).get("head_to_head")) or {}
-    return {
-        nfe: {
-            f"{row['sampler']} vs {row['against']}": {key: row.get(key) for key in ("ratio", "ratio_ci")} for row in by
-        }
-        for nfe, by in rows.items()
-        if by
-    }
+    own frontiers): `{nfe: {"<sampler> vs <against>": HeadToHead}}`; empty where there is none."""
+    heads = report.frontiers.head_to_head if report.frontiers is not None else {}
+    return {nfe: {f"{row.sampler} vs {row.against}": row for row in rows} for nfe, rows in heads.items() if rows}
 
 
-def _flat_numbers(by_sampler: dict) -> dict[tuple, float | None]:
-    """Every number of a [`headline_ratios`] table by (sampler, NFE, field, position)."""
+# The numbers a headline row gives, and a head to head's ([`compare_headlines`] checks each).
+HEADLINE_FIELDS = ("ratio", "raw_ratio", "ratio_ci", "raw_ratio_ci")
+HEAD_TO_HEAD_FIELDS = ("ratio", "ratio_ci")
+
+
+def _flat_numbers(
+    table: Mapping[object, Mapping[object, object]], fields: tuple[str, ...]
+) -> dict[tuple, float | None]:
+    """Every number of a two-level table of records (a [`headline_ratios`] or [`head_to_head_ratios`] one) by
+    (first key, second key, field, position), the keys as the report's JSON spells them."""
     numbers = {}
-    for sampler, by_nfe in by_sampler.items():
-        for nfe, row in by_nfe.items():
-            for field_name in ("ratio", "raw_ratio", "ratio_ci", "raw_ratio_ci"):
-                value = row.get(field_name)
+    for outer, by_inner in table.items():
+        for inner, row in by_inner.items():
+            for field_name in fields:
+                value = getattr(row, field_name)
                 values = list(value) if isinstance(value, (list, tuple)) else [value]
                 for position, number in enumerate(values):
-                    numbers[(sampler, nfe, field_name, position)] = number
+                    numbers[(str(outer), str(inner), field_name, position)] = number
     return numbers
 
 
-def compare_headlines(computed: dict, report: dict) -> dict:
+def _headlines_json(headlines: Headlines) -> dict[str, dict[str, dict]]:
+    return {sampler: {str(nfe): row.to_json() for nfe, row in by_nfe.items()} for sampler, by_nfe in headlines.items()}
+
+
+def _heads_json(heads: Mapping[int, Mapping[str, HeadToHead]]) -> dict[str, dict[str, dict]]:
+    return {
+        str(nfe): {pair: {key: getattr(row, key) for key in HEAD_TO_HEAD_FIELDS} for pair, row in by_pair.items()}
+        for nfe, by_pair in heads.items()
+    }
+
+
+def compare_headlines(computed: Mapping, report: Mapping) -> dict:
     """[`headline_ratios`] and [`head_to_head_ratios`] of freshly scored runs against a report's: the largest relative
     difference over every number both give, the numbers only one gives, and whether the report is reproduced
-    ([`HEADLINE_TOLERANCE`])."""
-    reading, ours = headline_ratios(computed)
-    report_reading, theirs = headline_ratios(report)
-    heads, reported_heads = head_to_head_ratios(computed), head_to_head_ratios(report)
-    mine, reported = _flat_numbers(ours), _flat_numbers(theirs)
+    ([`HEADLINE_TOLERANCE`]). The tables are returned as the JSON `untied-sc evaluate` writes (NFEs as strings)."""
+    computed_report, reported_report = Report.from_json(computed), Report.from_json(report)
+    reading, ours = headline_ratios(computed_report)
+    report_reading, theirs = headline_ratios(reported_report)
+    heads, reported_heads = head_to_head_ratios(computed_report), head_to_head_ratios(reported_report)
+    mine, reported = _flat_numbers(ours, HEADLINE_FIELDS), _flat_numbers(theirs, HEADLINE_FIELDS)
     # keyed apart from the samplers' rows: ("head to head", NFE, pair, field, position)
-    mine.update({("head to head", *key): value for key, value in _flat_numbers(heads).items()})
-    reported.update({("head to head", *key): value for key, value in _flat_numbers(reported_heads).items()})
+    mine.update({("head to head", *key): value for key, value in _flat_numbers(heads, HEAD_TO_HEAD_FIELDS).items()})
+    reported.update(
+        {("head to head", *key): value for key, value in _flat_numbers(reported_heads, HEAD_TO_HEAD_FIELDS).items()}
+    )
     largest, unmatched = 0.0, []
     for key in sorted(set(mine) | set(reported), key=str):
         a, b = mine.get(key), reported.get(key)
@@ -364,10 +398,10 @@ def compare_headlines(computed: dict, report: dict) -> dict:
         largest = max(largest, abs(a - b) / max(abs(b), 1e-300))
     return {
         "reading": reading,
-        "by_sampler": ours,
-        "reported": theirs,
-        "head_to_head": heads,
-        "reported_head_to_head": reported_heads,
+        "by_sampler": _headlines_json(ours),
+        "reported": _headlines_json(theirs),
+        "head_to_head": _heads_json(heads),
+        "reported_head_to_head": _heads_json(reported_heads),
         "max_relative_difference": largest,
         "unmatched": unmatched,
         "reproduced": reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
