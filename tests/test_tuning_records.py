@@ -12,6 +12,7 @@ from untied_sc_lab.experiments.tuning_records import (
     BankComparison,
     BankScores,
     KnobTuning,
+    SampledBank,
     TunedWhenSampled,
     TuningRecord,
 )
@@ -107,3 +108,11 @@ def test_what_a_generation_sampled_is_read_by_int_nfe_and_written_back():
     assert tuned.sampled[8] == ["official", "HiGS"] and json.dumps(tuned.to_json()) == json.dumps(data)
     with pytest.raises(ValueError, match="tuned_when_sampled has no 'protocol'"):
         TunedWhenSampled.from_json({"evaluator": "tiny", "sampled": {}})
+
+
+def test_the_sampled_bank_of_a_generation_round_trips_and_names_what_it_lacks():
+    data = {"seed": 10000, "seed_space": "tuning", "num_samples": 4, "batch_size": 2, "budget": 2}
+    data.update(confidence=0.95, curve_values=[0.8, 1.2], extrapolate=0.02)
+    assert json.dumps(SampledBank.from_json(data).to_json()) == json.dumps(data)
+    with pytest.raises(ValueError, match="baseline_candidates.bank has no 'extrapolate'"):
+        SampledBank.from_json({k: v for k, v in data.items() if k != "extrapolate"}, "baseline_candidates.bank")

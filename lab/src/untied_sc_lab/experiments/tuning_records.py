@@ -425,3 +425,39 @@ class TunedWhenSampled:
     def to_json(self) -> dict:
         sampled = write_steps_table({n: list(names) for n, names in self.sampled.items()})
         return {"evaluator": self.evaluator, "protocol": self.protocol, "sampled": sampled}
+
+
+@dataclass(frozen=True)
+class SampledBank:
+    """
+    The tuning bank a `--tune-here` generation sampled, with the search's settings (`benchmark --store DIR` replays
+    the search on it): its seed, seed space, size and batches, and the rule's budget, confidence, official's curve
+    values (`None`: the family's) and extrapolation.
+    """
+
+    seed: int
+    seed_space: str
+    num_samples: int
+    batch_size: int
+    budget: int
+    confidence: float
+    curve_values: Sequence[float] | None
+    extrapolate: float
+
+    @classmethod
+    def from_json(cls, data: Mapping, where: str = "the sampled tuning bank") -> "SampledBank":
+        fields = {name: _required(data, name, where) for name in cls.__dataclass_fields__ if name != "curve_values"}
+        return cls(**fields, curve_values=data.get("curve_values"))
+
+    def to_json(self) -> dict:
+        curve_values = None if self.curve_values is None else list(self.curve_values)
+        return {
+            "seed": self.seed,
+            "seed_space": self.seed_space,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "budget": self.budget,
+            "confidence": self.confidence,
+            "curve_values": curve_values,
+            "extrapolate": self.extrapolate,
+        }
