@@ -33,6 +33,7 @@ from untied_sc_lab.experiments.benchmark_options import TUNING_DEFAULTS
 from untied_sc_lab.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
 from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep
 from untied_sc_lab.experiments.sweep_settings import DEFAULT_TUNING
+from untied_sc_lab.experiments.tuning_records import RATIO_FIELDS
 from untied_sc_lab.runs.store import RunStore
 from untied_sc_lab.tuning import search
 from untied_sc_lab.tuning.baseline_knobs import is_neutral, neutral_knobs
@@ -294,23 +295,25 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
     from untied_sc_lab.tuning.tune import tune_coefficients
 
     pipe = _pipe("langflow", langflow_golden, ace=False)
-    assert untied_tuning_record(pipe, [8]) == {"8": None}
+    assert untied_tuning_record(pipe, [8]) == {8: None}
     result = tune_coefficients(pipe, [8], num_samples=4, batch_size=2, budget=2, evaluator=evaluator, progress=False)[
         0
     ]
     record = untied_tuning_record(pipe, [8, 16])
-    assert record["16"] is None and record["8"]["seed"] == 10_000 and record["8"]["num_samples"] == 4
-    assert record["8"]["seed_space"] == "tuning" and record["8"]["rule"] == RULE and record["8"]["budget"] == 2
-    assert record["8"]["chosen"] == result.chosen and record["8"]["outcome"] == result.outcome
+    tuned = record[8]
+    assert record[16] is None and tuned.seed == 10_000 and tuned.num_samples == 4 and tuned.layout == "untied"
+    assert tuned.seed_space == "tuning" and tuned.rule == RULE and tuned.budget == 2
+    assert tuned.chosen == result.chosen and tuned.outcome == result.outcome
     run = result.best.run if result.kept else result.curve.default
-    assert record["8"]["chosen_scores"]["gen_ppl"] == pytest.approx(run.gen_ppl)
-    assert record["8"]["edges"] == result.edges and set(result.edges) == {"eta_r", "eta_t", "eta_o", "alpha"}
+    assert tuned.chosen_scores.gen_ppl == pytest.approx(run.gen_ppl)
+    assert tuned.edges == result.edges and set(result.edges) == {"eta_r", "eta_t", "eta_o", "alpha"}
     # a report of the untied sampler alone names the rule from its record, and where its pick lies on each knob
     from untied_sc_lab.experiments.report import _knob_lines
-    from untied_sc_lab.experiments.tuning_records import KnobTuning
+    from untied_sc_lab.experiments.tuning_records import KnobTuning, untied_to_json
 
     tuning = {"seed": 10_000, "seed_space": "tuning", "num_samples": 4, "batch_size": 2, "evaluator": "tiny"}
-    tuning.update(protocol="langflow", budget=2, confidence=0.95, samplers={}, untied={"untied": record})
+    tuning.update(protocol="langflow", budget=2, confidence=0.95, ace=None, samplers={})
+    tuning.update(untied=untied_to_json({"untied": record}))
     text = "\n".join(_knob_lines(KnobTuning.from_json(tuning)))
     assert f"at most): {RULE}." in text
     row = next(line for line in text.splitlines() if line.startswith("| untied | 8 |"))
@@ -324,9 +327,10 @@ def test_the_record_says_how_the_untied_coefficients_were_chosen(langflow_golden
         "best_vs_official": {"mean_delta_nll_ci": [-0.19, -0.015]},
     }
     pipe.scheduler.register_to_config(tuning_by_steps={"8": old})
-    legacy = untied_tuning_record(pipe, [8])["8"]
-    assert legacy["outcome"] == "accepted" and legacy["rule"].startswith("earlier rule: entropy guard of 0.05")
-    assert legacy["seed_space"] == "benchmark"
+    legacy = untied_tuning_record(pipe, [8])[8]
+    assert legacy.outcome == "accepted" and legacy.rule.startswith("earlier rule: entropy guard of 0.05")
+    assert legacy.seed_space == "benchmark" and legacy.layout == "untied grid" and legacy.chosen_scores.entropy == 4.44
+    assert list(legacy.to_json()["chosen_scores"]) == ["gen_ppl", "entropy"]
 
 
 def _without_timings(tree):
@@ -342,7 +346,8 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     family, keep, pipes, evaluator, tmp_path, monkeypatch
 ):
     if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the picks run too
-        monkeypatch.setattr(search, "keep_test", lambda best, *args: ({"ratio": None}, best is not None))
+        unread = dict.fromkeys(RATIO_FIELDS)  # a comparison's fields, none read
+        monkeypatch.setattr(search, "keep_test", lambda best, *args: (unread, best is not None))
     pipe = pipes[family]
     scoring = ScoringSettings(evaluator, num_resamples=50)
     samplers, record = tune_baselines(pipe, BASELINES, evaluator, TUNING, progress=False)

@@ -28,12 +28,20 @@ from ..runs.store import StoreScoring, open_store, samples_fingerprint
 from ..tuning.baseline_knobs import is_neutral, search_methods
 from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
-from .baselines import ace_record, apply_knob_choices, tune_baselines, untied_tuning_record
+from .baselines import ace_record, apply_knob_choices, tune_baselines, tuning_bank, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
 from .records import RunRecord
 from .sweep import generate_sweep, place_pipeline, score_sweep
 from .sweep_parts import CANDIDATES_KEY
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, SweepSettings, TuningSettings
+from .tuning_records import (
+    AceDirection,
+    KnobTuning,
+    SampledBank,
+    TunedWhenSampled,
+    untied_from_json,
+    untied_to_json,
+)
 
 
 BANK_PREFIX = "tuning bank: "
@@ -147,22 +155,22 @@ def generate_baseline_candidates(
         log=log,
     )
     bank_seconds = time.perf_counter() - began
+    ace = ace_record(pipe)
+    untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
     candidates = {
         "samplers": {name: spec.to_json() for name, spec in samplers.items()},
-        "bank": {
-            "seed": tune_seed,
-            "seed_space": "tuning",
-            "num_samples": tuning.num_samples,
-            "batch_size": batch_size,
-            "budget": tuning.budget,
-            "confidence": tuning.confidence,
-            "curve_values": None if tuning.curve_values is None else list(tuning.curve_values),
-            "extrapolate": tuning.extrapolate,
-        },
-        "untied": {
-            name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"
-        },
-        "ace": ace_record(pipe),
+        "bank": SampledBank(
+            tune_seed,
+            "tuning",
+            tuning.num_samples,
+            batch_size,
+            tuning.budget,
+            tuning.confidence,
+            tuning.curve_values,
+            tuning.extrapolate,
+        ).to_json(),
+        "untied": untied_to_json(untied),
+        "ace": None if ace is None else ace.to_json(),
     }
     only = {n: {name for name, spec in tuned.items() if _chosen_source(name, spec, n) == name} for n in nfe}
     generation = generate_sweep(
@@ -178,11 +186,11 @@ def generate_baseline_candidates(
     generation["runs"] += bank_records
     generation["seconds"] += bank_seconds
     generation[CANDIDATES_KEY] = candidates
-    generation["tuned_when_sampled"] = {
-        "evaluator": evaluator_name,
-        "protocol": protocol or default_protocol(family_of(pipe)),
-        "sampled": {str(n): [name for name in tuned if name in only[n]] for n in nfe},
-    }
+    generation["tuned_when_sampled"] = TunedWhenSampled(
+        evaluator_name,
+        protocol or default_protocol(family_of(pipe)),
+        {n: [name for name in tuned if name in only[n]] for n in nfe},
+    ).to_json()
     return generation
 
 
@@ -201,7 +209,7 @@ def choose_from_bank(
     eval_batch_size: int = 8,
     progress: bool = True,
     scoring=None,
-) -> tuple[dict[str, dict], dict]:
+) -> tuple[dict[str, SamplerSpec], KnobTuning, dict]:
     """
     Scores the tuning bank stored in a [`generate_baseline_candidates`] result and replays the search of every
     comparison sampler at every NFE on those scores ([`search_methods`]).
@@ -216,15 +224,16 @@ def choose_from_bank(
             (the first imported one scored again as a check), the others scored and stored.
 
     Returns:
-        `(samplers, record)` as [`tune_baselines`] returns them, the record with two more keys: `bank_scores`, every
-        bank run's scores under its [`samples_fingerprint`] (what a later `--store-from` imports).
+        `(samplers, tuning, bank_scores)`: the specs as [`tune_baselines`] returns them, the tuning record
+        ([`KnobTuning`], its evaluator `None`: the caller names it) and every bank run's scores under its
+        [`samples_fingerprint`] (what a later `--store-from` imports).
     """
     candidates = generation[CANDIDATES_KEY]
     samplers = {
         name: SamplerSpec.from_json(spec, f"{CANDIDATES_KEY}.samplers[{name!r}]")
         for name, spec in candidates["samplers"].items()
     }
-    settings = candidates["bank"]
+    settings = SampledBank.from_json(candidates["bank"], f"{CANDIDATES_KEY}.bank")
     family = generation["family"]
     protocol = protocol or default_protocol(family)
     runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
@@ -263,32 +272,36 @@ def choose_from_bank(
             generation["nfe"],
             family,
             diversity_knob(family),
-            resampling_clusters(family, settings["num_samples"], settings["batch_size"]),
-            settings["budget"],
-            settings.get("curve_values"),
-            settings["extrapolate"],
-            settings["confidence"],
+            resampling_clusters(family, settings.num_samples, settings.batch_size),
+            settings.budget,
+            settings.curve_values,
+            settings.extrapolate,
+            settings.confidence,
         )
     finally:
         bar.close()
-    bank = {key: settings[key] for key in ("seed", "seed_space", "num_samples", "batch_size")}
-    bank.update(
-        evaluator=None,  # the caller names it
-        protocol=protocol,
-        budget=settings["budget"],
-        confidence=settings["confidence"],
-        ace=candidates.get("ace"),
+    ace = candidates.get("ace")
+    bank = tuning_bank(
+        settings.seed,
+        settings.num_samples,
+        settings.batch_size,
+        None,  # the caller names the evaluator
+        protocol,
+        settings.budget,
+        settings.confidence,
+        None if ace is None else AceDirection.from_json(ace, f"{CANDIDATES_KEY}.ace"),
+        settings.seed_space,
     )
-    samplers, record = apply_knob_choices(samplers, results, generation["nfe"], bank, candidates["untied"])
-    record["bank_scores"] = bank_scores
-    return samplers, record
+    untied = untied_from_json(candidates["untied"])
+    samplers, tuning = apply_knob_choices(samplers, results, generation["nfe"], bank, untied)
+    return samplers, tuning, bank_scores
 
 
-def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec], record: Mapping) -> dict:
+def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec], tuning: KnobTuning) -> dict:
     """
     The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs (main and
     diversity) at its chosen knobs, official's where it chose the neutral value, under its own name and in the
-    one-machine run's order; the bank left out; the tuned `samplers` and the tuning `record` in place of the
+    one-machine run's order; the bank left out; the tuned `samplers` and the `tuning` record in place of the
     candidates.
     """
     knob = generation["diversity_knob"]
@@ -313,7 +326,7 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec],
         samplers={name: spec.to_json() for name, spec in samplers.items()},
         runs=runs,
         coefficients=coefficients,
-        knob_tuning=dict(record),
+        knob_tuning=tuning.to_json(),
     )
     return selected
 
@@ -321,10 +334,11 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec],
 def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
     message = f"The generation holds no benchmark run of {source!r} at NFE {n}, which the report needs."
     tuned = generation.get("tuned_when_sampled")
-    if tuned and source not in tuned["sampled"].get(str(n), [source]):
+    tuned = None if tuned is None else TunedWhenSampled.from_json(tuned)
+    if tuned and source not in tuned.sampled.get(n, [source]):
         return (
-            f"{message} Its NFE {n} was tuned with {tuned['evaluator']} under the {tuned['protocol']} protocol, "
-            f"which chose otherwise and sampled only {', '.join(tuned['sampled'][str(n)])}: score it with that "
+            f"{message} Its NFE {n} was tuned with {tuned.evaluator} under the {tuned.protocol} protocol, "
+            f"which chose otherwise and sampled only {', '.join(tuned.sampled[n])}: score it with that "
             "evaluator and protocol."
         )
     return f"{message} The store is incomplete or was edited: sample that part again with --generate-only."
@@ -358,11 +372,14 @@ def score_baseline_candidates(
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
         protocol_used = protocol or default_protocol(generation["family"])
         bank_scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
-    samplers, record = choose_from_bank(generation, loaded, protocol, eval_batch_size, progress, bank_scoring)
-    record["evaluator"] = name
+    samplers, tuning, bank_scores = choose_from_bank(
+        generation, loaded, protocol, eval_batch_size, progress, bank_scoring
+    )
     # The bank's scores go beside the tuning record, which stays the one-machine run's.
-    bank = {key: record.pop(key) for key in ("bank_scores", "bank_scores_reused") if key in record}
-    selected = {**select_chosen_runs(generation, samplers, record), **bank}
+    selected = {
+        **select_chosen_runs(generation, samplers, replace(tuning, evaluator=name)),
+        "bank_scores": bank_scores,
+    }
     return score_sweep(
         selected, replace(scoring, evaluator=loaded), evaluator_name=name, progress=progress, **score_kwargs
     )

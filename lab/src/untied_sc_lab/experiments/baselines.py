@@ -9,12 +9,12 @@ command reproduces the whole comparison.
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
 from untied_sc.families import default_protocol
 from untied_sc.generation import SamplerSpec, check_ace_statistics, check_runs, refuse_leaked_seeds
-from untied_sc.per_nfe import write_steps_table
 from untied_sc.schedulers import COMPARISON_METHODS, stored_tuning
 from untied_sc.seeds import check_seed
 
@@ -22,69 +22,60 @@ from ..tuning.baseline_knobs import knob_record, tune_knobs
 from ..tuning.tune import scoring_evaluator
 from .definitions import normalise_samplers
 from .sweep_settings import DEFAULT_TUNING, SweepSettings, TuningSettings
+from .tuning_records import AceDirection, BankScores, KnobTuning, TuningRecord, UntiedRecords
 
 
-def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict:
+def untied_tuning_record(pipe, nfe: Sequence[int]) -> dict[int, TuningRecord | None]:
     """Per NFE, how the untied sampler's coefficients were chosen: `untied-sc tune`'s record in the scheduler config
     (its bank, rule and outcome), or `None` where they were not tuned (calibrated or preset coefficients). Records of
     the entropy-guard rule (no equal-entropy objective; the bundled folders' 32- and 64-NFE ones) say so in `rule`."""
     tuning = stored_tuning(pipe.scheduler.config)
-    by_steps = {}
-    for n in nfe:
-        record = tuning[n].fields if n in tuning else None
-        if not record:
-            by_steps[n] = None
-            continue
-        common = {
-            "seed": record["seed"],
-            "seed_space": record.get("seed_space", "benchmark"),  # records before the seed spaces: benchmark seeds
-            "num_samples": record["num_samples"],
-        }
-        if "rule" in record:
-            by_steps[n] = {
-                **common,
-                "rule": record["rule"],
-                "budget": record["budget"],
-                "candidates_tried": record["candidates_tried"],
-                "chosen": dict(record["chosen"]),
-                "chosen_scores": dict(record["chosen_scores"]),
-                "best_vs_official": record["best_vs_official"],
-                "on_edge": record["on_edge"],
-                "edges": dict(record["edges"]),
-                "outcome": record["outcome"],
-            }
-            continue
-        comparison = record.get("best_vs_official")
-        if comparison is None:
-            outcome = "no admissible candidate"
-        else:
-            outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
-        by_steps[n] = {
-            **common,
-            "rule": f"earlier rule: entropy guard of {record.get('max_entropy_drop')} nats, lowest raw GenPPL",
-            "chosen": {key: value for key, value in record["chosen"].items() if key not in ("gen_ppl", "entropy")},
-            "chosen_scores": {"gen_ppl": record["chosen"]["gen_ppl"], "entropy": record["chosen"]["entropy"]},
-            "max_entropy_drop": record.get("max_entropy_drop"),
-            "outcome": outcome,
-        }
-    return write_steps_table(by_steps)
+    return {n: _untied_record(tuning[n].fields) if n in tuning and tuning[n].fields else None for n in nfe}
 
 
-def ace_record(pipe) -> dict | None:
+def _untied_record(record: Mapping) -> TuningRecord:
+    """One NFE's record of `untied-sc tune` (a scheduler config's `tuning_by_steps` entry) as the report's: the one
+    rule's record holds every field the report keeps (its own, such as the search's candidates, stay in the config)."""
+    where = "the untied sampler's tuning record"
+    record = {"seed_space": "benchmark", **record}  # records before the seed spaces: benchmark seeds
+    if "rule" in record:
+        return TuningRecord.from_json(record, where)
+    comparison = record.get("best_vs_official")
+    if comparison is None:
+        outcome = "no admissible candidate"
+    else:
+        outcome = "accepted" if comparison["mean_delta_nll_ci"][1] < 0 else "no win beyond noise"
+    guard = record.get("max_entropy_drop")
+    chosen = record["chosen"]  # that rule kept the pick's bank scores beside its knobs
+    return TuningRecord(
+        seed=record["seed"],
+        seed_space=record["seed_space"],
+        num_samples=record["num_samples"],
+        rule=f"earlier rule: entropy guard of {guard} nats, lowest raw GenPPL",
+        chosen={key: value for key, value in chosen.items() if key not in ("gen_ppl", "entropy")},
+        chosen_scores=BankScores(chosen["gen_ppl"], chosen["entropy"]),
+        max_entropy_drop=guard,
+        outcome=outcome,
+    )
+
+
+def ace_record(pipe) -> AceDirection | None:
     """Which ACE direction the ACE samplers ran with: its estimation settings and the sha256 of its values (`None`
     without the component). Parts of one comparison must share it."""
     statistics = getattr(pipe, "ace_statistics", None)
     if statistics is None:
         return None
-    config = statistics.config
     direction = statistics.direction.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
-    return {
-        **{
-            key: config[key] for key in ("seed", "seed_space", "num_trajectories", "num_inference_steps", "batch_size")
-        },
-        "model_fingerprint": config["model_fingerprint"],
-        "direction_sha256": hashlib.sha256(direction).hexdigest(),
-    }
+    sha256 = hashlib.sha256(direction).hexdigest()
+    return AceDirection.from_json({**statistics.config, "direction_sha256": sha256}, "the ACE statistics' config")
+
+
+def comparison_record(result) -> TuningRecord:
+    """A comparison method's [`SearchResult`] as the report's record ([`knob_record`]: the search's own record, the
+    bank scores of what runs and the neutral values)."""
+    return TuningRecord.from_json(
+        knob_record(result), f"the {result.method} search at NFE {result.num_inference_steps}"
+    )
 
 
 def tune_baselines(
@@ -129,7 +120,8 @@ def tune_baselines(
 
     Returns:
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
-        tuning record ([`knob_record`] per sampler and NFE, the bank, the rule, and the untied sampler's own).
+        tuning record's JSON ([`KnobTuning`]: the bank, the rule, [`comparison_record`] per sampler and NFE, and the
+        untied sampler's own).
     """
     samplers = normalise_samplers(settings.samplers)
     nfe, batch_size = settings.nfe, settings.batch_size
@@ -161,45 +153,61 @@ def tune_baselines(
         evaluator_name=evaluator_name,
         log=log,
     )
-    bank = {
-        "seed": tune_seed,
-        "seed_space": "tuning",
-        "num_samples": tuning.num_samples,
-        "batch_size": batch_size,
-        "evaluator": evaluator_name,
-        "protocol": protocol or default_protocol(pipe.family),
-        "budget": tuning.budget,
-        "confidence": tuning.confidence,
-    }
+    bank = tuning_bank(
+        tune_seed,
+        tuning.num_samples,
+        batch_size,
+        evaluator_name,
+        protocol or default_protocol(pipe.family),
+        tuning.budget,
+        tuning.confidence,
+        ace_record(pipe),
+    )
     untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
-    return apply_knob_choices(samplers, results, nfe, {**bank, "ace": ace_record(pipe)}, untied)
+    tuned, record = apply_knob_choices(samplers, results, nfe, bank, untied)
+    return tuned, record.to_json()
+
+
+def tuning_bank(
+    seed: int,
+    num_samples: int,
+    batch_size: int,
+    evaluator: str | None,
+    protocol: str,
+    budget: int,
+    confidence: float,
+    ace: AceDirection | None,
+    seed_space: str = "tuning",
+) -> KnobTuning:
+    """The tuning bank's settings as a [`KnobTuning`] with no sampler tuned yet."""
+    return KnobTuning(
+        seed, seed_space, num_samples, batch_size, evaluator, protocol, confidence, budget, None, {}, {}, ace
+    )
 
 
 def apply_knob_choices(
-    samplers: Mapping[str, SamplerSpec], results: Sequence, nfe: Sequence[int], bank: Mapping, untied: Mapping
-) -> tuple[dict[str, SamplerSpec], dict]:
+    samplers: Mapping[str, SamplerSpec], results: Sequence, nfe: Sequence[int], bank: KnobTuning, untied: UntiedRecords
+) -> tuple[dict[str, SamplerSpec], KnobTuning]:
     """
     The sampler specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the tuning record: the
-    `bank`'s settings, [`knob_record`] per sampler and NFE, and the untied samplers' own records (`untied`).
+    `bank`'s settings, [`comparison_record`] per sampler and NFE, and the untied samplers' own records (`untied`).
 
     Args:
         samplers (`Mapping[str, SamplerSpec]`): the normalised sampler set.
         results (`Sequence[SearchResult]`): one per (comparison method, NFE).
         nfe (`Sequence[int]`): the NFEs.
-        bank (`Mapping`): the tuning bank's settings (seed, seed space, size, batch size, evaluator, protocol, budget)
-            and the ACE direction's [`ace_record`].
-        untied (`Mapping`): [`untied_tuning_record`] per untied sampler.
+        bank ([`KnobTuning`]): the tuning bank's settings ([`tuning_bank`]: seed, size, batch size, evaluator,
+            protocol, budget and the ACE direction's [`ace_record`]).
+        untied (`UntiedRecords`): [`untied_tuning_record`] per untied sampler.
     """
     by_method = {(result.method, result.num_inference_steps): result for result in results}
     tuned = dict(samplers)
-    per_sampler = {}
+    methods, records = {}, {}
     for name, spec in samplers.items():
         method = spec.scheduler
         if method not in COMPARISON_METHODS:
             continue
         tuned[name] = spec.with_knobs({n: by_method[method, n].chosen for n in nfe})
-        per_sampler[name] = {
-            "method": method,
-            "by_steps": write_steps_table({n: knob_record(by_method[method, n]) for n in nfe}),
-        }
-    return tuned, {**bank, "samplers": per_sampler, "untied": dict(untied)}
+        methods[name] = method
+        records[name] = {n: comparison_record(by_method[method, n]) for n in nfe}
+    return tuned, replace(bank, samplers=records, untied=dict(untied), methods=methods)
