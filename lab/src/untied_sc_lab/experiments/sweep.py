@@ -275,15 +275,10 @@ def score_sweep(
     began = time.perf_counter()
     evaluator, eval_batch_size, max_length = scoring.evaluator, scoring.eval_batch_size, scoring.max_length
     family, knob = generation["family"], generation["diversity_knob"]
+    records = [RunRecord.from_sampled(run, knob) for run in generation["runs"]]
     if main_only:
-        main = [run for run in generation["runs"] if run[knob] is None]
-        generation = {
-            **generation,
-            "runs": main,
-            "diversity_values": [],
-            "diversity_samplers": [],
-            "diversity_nfe": [],
-        }
+        records = [record for record in records if record.is_main]
+        generation = {**generation, "diversity_values": [], "diversity_samplers": [], "diversity_nfe": []}
     protocol = scoring.protocol or default_protocol(family)
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
@@ -297,7 +292,6 @@ def score_sweep(
     scored = dict(scored or {})
     store = open_store(store)
     parts = None if store is None else StoreScoring(store, description, protocol, eval_batch_size, max_length)
-    records = [RunRecord.from_sampled(run, knob) for run in generation["runs"]]
     for record in tqdm(records, desc=f"scoring {generation['model']}", disable=not progress):
         key = samples_key(record.samples)
         if key not in scored:
@@ -327,10 +321,10 @@ def score_sweep(
         "diversity_default": knob_default,
         "command": generation["command"],
         "main_only": main_only,
-        **({"knob_tuning": generation["knob_tuning"]} if "knob_tuning" in generation else {}),
-        **({"parts": generation["parts"]} if "parts" in generation else {}),  # a merged sweep's
+        **_kept(generation, "knob_tuning"),
+        **_kept(generation, "parts"),  # a merged sweep's
         **({"store": store.record()} if store is not None else _kept(generation, "store")),
-        **({"reused_samples": generation["reused_samples"]} if "reused_samples" in generation else {}),
+        **_kept(generation, "reused_samples"),
         # --experiment baselines scored on another machine: the tuning bank's scores, for a later --store-from
         **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
     }
@@ -342,8 +336,8 @@ def score_sweep(
     results["scoring_seconds"] = time.perf_counter() - began
     results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
     if output_dir is not None:
-        samples = [sample for run in generation["runs"] for sample in run["samples"]]
-        results["samples_file"] = f"{results['model']}.samples.jsonl.gz"
+        samples = [sample for record in records for sample in record.samples]
+        results["samples_file"] = f"{generation['model']}.samples.jsonl.gz"
         results["files"] = {k: str(v) for k, v in write_results(results, output_dir, samples).items()}
     return results
 
