@@ -1,9 +1,10 @@
 """The untied flow-map sampler's statistics as the `flowmap_statistics` component of `FlowMapPipeline`, on the
-recorded tiny FMLM* model: saved and loaded with the folder (or from a folder or Hub repo of their own), checked
-against the network, and handed to the scheduler in the run's context, giving the direct scheduler run token for
-token.
+recorded tiny FMLM* model: saved and loaded with the folder (or from a folder or Hub repo of their own, which
+`save_flowmap_statistics` / `push_flowmap_statistics` write), checked against the network (at float32 or bf16),
+and handed to the scheduler in the run's context, giving the direct scheduler run token for token.
 """
 
+import copy
 import json
 
 import pytest
@@ -13,8 +14,10 @@ from safetensors.torch import load_file, save_file
 from untied_sc.models.flowmap_transformer import FlowMapTransformerModel
 from untied_sc.pipelines import load_pipeline
 from untied_sc.pipelines.pipeline_flowmap import FlowMapPipeline
+from untied_sc.pipelines.statistics_repo import BASE_CHECKPOINT_FILE, BaseCheckpoint
 from untied_sc.schedulers.flowmap_statistics import FORMAT_VERSION, FlowMapStatistics
 from untied_sc.schedulers.run_context import RunContext
+from untied_sc.schedulers.sampler_statistics import model_fingerprint
 from untied_sc.schedulers.scheduling_flowmap import UntiedFlowMapLMScheduler
 
 from .hub_server import local_hub  # noqa: F401  (the session's server fixture)
@@ -204,3 +207,138 @@ def test_statistics_from_a_hub_repo_of_their_own(
         FlowMapPipeline.from_pretrained(base, flowmap_statistics="someone/no-such-statistics")
     with pytest.raises(TypeError, match="flowmap_statistics_revision"):
         FlowMapPipeline.from_pretrained(base, flowmap_statistics_revision=commit)
+
+
+PUBLISHED = {"flowmap_statistics/config.json", "flowmap_statistics/diffusion_pytorch_model.safetensors"}
+PUBLISHED |= {BASE_CHECKPOINT_FILE, "README.md"}
+
+
+def files(folder) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def base(tmp_path, model):  # noqa: F811
+    """A pipeline folder without statistics."""
+    folder = tmp_path / "base"
+    FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE).save_pretrained(folder)
+    return folder
+
+
+def test_saved_statistics_load_back_with_the_base(tmp_path, base, model, statistics, one_thread):  # noqa: F811
+    pipe = FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE, flowmap_statistics=statistics)
+    written = pipe.save_flowmap_statistics(tmp_path / "stats", repo_id="someone/fmlm-stats")
+    assert written == tmp_path / "stats" and files(written) == PUBLISHED
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "stats"]  # no staging folder left behind
+    record = BaseCheckpoint.from_json((written / BASE_CHECKPOINT_FILE).read_text())
+    assert (record.family, record.pipeline_class) == ("flowmap", "FlowMapPipeline")
+    assert record.model_fingerprint == statistics.config.model_fingerprint == model_fingerprint(model)
+    card = (written / "README.md").read_text()
+    assert 'FlowMapPipeline.from_pretrained("BASE_DIR", flowmap_statistics="someone/fmlm-stats")' in card
+    assert "UntiedFlowMapLMScheduler.from_config" in card and "coefficients" not in card
+    reference = sample(pipe)
+    for load in (FlowMapPipeline.from_pretrained, load_pipeline):
+        loaded = load(base, flowmap_statistics=written)
+        assert torch.equal(loaded.flowmap_statistics.basis, statistics.basis)
+        assert torch.equal(sample(loaded).sequences, reference.sequences)
+    with pytest.raises(ValueError, match=r"no flow-map statistics to save: compute them first .*flowmap_statistics\("):
+        FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE).save_flowmap_statistics(tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_statistics_folder_is_replaced_only_with_consent_and_whole(
+    tmp_path,
+    base,
+    model,  # noqa: F811
+    statistics,  # noqa: F811
+    monkeypatch,
+    one_thread,
+):
+    folder = tmp_path / "stats"
+    FlowMapPipeline(model, untied(), flowmap_statistics=statistics).save_flowmap_statistics(folder)
+    before = {name: (folder / name).read_bytes() for name in PUBLISHED}
+    other = FlowMapStatistics.build(
+        model, statistics.basis, statistics.rho_sq, {STEPS: torch.full((STEPS,), 0.25)}, sc_cfg_scale=SCALE
+    )
+    pipe = FlowMapPipeline(model, untied(), flowmap_statistics=other)
+    with pytest.raises(FileExistsError) as refused:
+        pipe.save_flowmap_statistics(folder)
+    assert str(folder) in str(refused.value) and "overwrite=True" in str(refused.value)
+    assert {name: (folder / name).read_bytes() for name in PUBLISHED} == before
+
+    # An error while writing leaves the folder as it was, and no half-written folder beside it.
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FlowMapStatistics, "save_pretrained", fail)
+        with pytest.raises(RuntimeError, match="disk full"):
+            pipe.save_flowmap_statistics(folder, overwrite=True)
+    assert {name: (folder / name).read_bytes() for name in PUBLISHED} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "stats"]
+
+    pipe.save_flowmap_statistics(folder, overwrite=True)
+    assert files(folder) == PUBLISHED
+    loaded = FlowMapPipeline.from_pretrained(base, flowmap_statistics=folder)
+    assert torch.equal(loaded.flowmap_statistics.for_steps(STEPS), torch.full((STEPS,), 0.25))
+
+
+def test_statistics_pushed_to_the_hub_load_back_by_repo_id(
+    hub,  # noqa: F811
+    loopback_guard,  # noqa: F811
+    base,
+    model,  # noqa: F811
+    statistics,  # noqa: F811
+    one_thread,
+):
+    pipe = FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE, flowmap_statistics=statistics)
+    commit = pipe.push_flowmap_statistics("someone/fmlm-pushed-statistics")
+    loaded = FlowMapPipeline.from_pretrained(
+        base, flowmap_statistics="someone/fmlm-pushed-statistics", flowmap_statistics_revision=commit
+    )
+    assert torch.equal(sample(loaded).sequences, sample(pipe).sequences)
+    assert set(hub.files("someone/fmlm-pushed-statistics")) == PUBLISHED | {".gitattributes"}  # no weights
+    assert torch.equal(
+        sample(load_pipeline(base, flowmap_statistics="someone/fmlm-pushed-statistics")).sequences,
+        sample(pipe).sequences,
+    )
+
+
+def test_a_bf16_pipeline_takes_statistics_of_its_network_and_refuses_another(
+    tmp_path,
+    base,
+    model,  # noqa: F811
+    statistics,  # noqa: F811
+    one_thread,
+):
+    FlowMapPipeline(model, untied(), flowmap_statistics=statistics).save_flowmap_statistics(tmp_path / "stats")
+    pipe = FlowMapPipeline.from_pretrained(base, flowmap_statistics=tmp_path / "stats", dtype=torch.bfloat16)
+    assert pipe.transformer.dtype == torch.bfloat16
+    assert model_fingerprint(pipe.transformer) != statistics.config.model_fingerprint  # rounding changed the hash
+    assert sample(pipe).sequences.shape == (2, 8)  # the run's own check accepts it too
+    again = pipe.save_flowmap_statistics(tmp_path / "again")  # and publishes them under the float32 fingerprint
+    record = BaseCheckpoint.from_json((again / BASE_CHECKPOINT_FILE).read_text())
+    assert record.model_fingerprint == statistics.config.model_fingerprint
+    rounded = tmp_path / "rounded"  # weights stored in bf16, loaded as they are
+    FlowMapPipeline(copy.deepcopy(model).to(torch.bfloat16), untied(), sc_cfg_scale=SCALE).save_pretrained(rounded)
+    assert (
+        FlowMapPipeline.from_pretrained(
+            rounded, flowmap_statistics=tmp_path / "stats", dtype=torch.bfloat16
+        ).flowmap_statistics.config.model_fingerprint
+        == statistics.config.model_fingerprint
+    )
+
+    other = tmp_path / "other"
+    FlowMapPipeline(other_weights(model), untied(), sc_cfg_scale=SCALE).save_pretrained(other)
+    config = tmp_path / "stats" / "flowmap_statistics" / "config.json"
+    for dtype in (torch.bfloat16, torch.float32):
+        with pytest.raises(ValueError, match="belong to another model") as refused:
+            FlowMapPipeline.from_pretrained(other, flowmap_statistics=tmp_path / "stats", dtype=dtype)
+        assert str(config) in str(refused.value)
+
+    # Statistics that record no rounded fingerprint are matched to float32 weights only, saying why.
+    recorded = json.loads(config.read_text())
+    config.write_text(json.dumps({**recorded, "rounded_fingerprints": None}))
+    with pytest.raises(ValueError, match="holds them in torch.bfloat16: rounding changes the hash"):
+        FlowMapPipeline.from_pretrained(base, flowmap_statistics=tmp_path / "stats", dtype=torch.bfloat16)
+    assert FlowMapPipeline.from_pretrained(base, flowmap_statistics=tmp_path / "stats").flowmap_statistics is not None

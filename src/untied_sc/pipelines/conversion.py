@@ -8,8 +8,6 @@ interruption leaves no half-written pipeline behind.
 """
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from ..families import family_names, get_family
@@ -17,6 +15,7 @@ from ..hub import HUB_KWARGS
 from ..models.official_settings import UnconditionalCheckpointError
 from .official_text2text import CONDITIONAL_OPTIONS, is_conditional_elf
 from .pipeline_elf_text2text import ELFText2TextPipeline
+from .saving import replace_atomically
 
 
 def _refuse_non_empty(output: Path, overwrite: bool) -> None:
@@ -33,19 +32,7 @@ def save_atomically(pipe, output: str | os.PathLike, overwrite: bool = False) ->
     """
     output = Path(output).expanduser()
     _refuse_non_empty(output, overwrite)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
-        pipe.save_pretrained(staging)
-        if output.is_dir() and not output.is_symlink():
-            shutil.rmtree(output)
-        elif output.exists() or output.is_symlink():
-            output.unlink()
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return output
+    return replace_atomically(output, pipe.save_pretrained)
 
 
 def convert_official(

@@ -16,6 +16,7 @@ from ..schedulers.scheduling_flowmap import CDEQScheduler, FlowMapLMScheduler
 from .artifact_checks import check_pipeline_folder, check_statistics_folder
 from .conversion import save_atomically
 from .outputs import LanguageFlowPipelineOutput
+from .saving import FlowMapStatisticsSavingMixin
 
 
 # The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),
@@ -57,7 +58,7 @@ def load_flowmap_statistics(
     return FlowMapStatistics.from_pretrained(component), component / "config.json"
 
 
-class FlowMapPipeline(DiffusionPipeline):
+class FlowMapPipeline(FlowMapStatisticsSavingMixin, DiffusionPipeline):
     r"""
     Samples token sequences from an FMLM*, ELF* or ELF-teacher network with one of the official samplers: the
     scheduler says which ([`FlowMapLMScheduler`]: ctm or flow_map, for FMLM*; [`CDEQScheduler`]: cdeq, for ELF*;

@@ -1,9 +1,12 @@
 """What a pipeline writes: diffusers' `save_pretrained` guarded against mixing two models in one folder, the model
-card and provenance of a converted pipeline, the remote-code module file, and the sampler statistics on their own."""
+card and provenance of a converted pipeline, the remote-code module file, and the sampler statistics (a flow map's
+too) on their own."""
 
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .remote_code import saved_class_name, write_remote_code
@@ -28,6 +31,27 @@ def clear_folder(folder: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def replace_atomically(output: Path, write: Callable[[Path], object]) -> Path:
+    """
+    `write(folder)` into a temporary folder beside `output`, then renamed onto it (replacing what was there): `output`
+    is either the complete folder or untouched, whatever error or interruption comes in between. Whether `output` may
+    be replaced is the caller's to check first.
+    """
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        write(staging)
+        if output.is_dir() and not output.is_symlink():
+            shutil.rmtree(output)
+        elif output.exists() or output.is_symlink():
+            output.unlink()
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
 
 
 class SavingMixin:
@@ -84,6 +108,8 @@ class SavingMixin:
         their revision and commit where known, and the weights' fingerprint) and a model card, README.md, saying how
         to load it: `from_pretrained(BASE, sampler_statistics=save_directory)`.
 
+        The folder is written whole beside `save_directory` and renamed onto it: an error leaves it as it was.
+
         Args:
             save_directory (`str` or `os.PathLike`): the folder to write (refused when not empty, unless
                 `overwrite`).
@@ -134,3 +160,49 @@ class SavingMixin:
         """
         super().save_config(save_directory, *args, **kwargs)
         write_remote_code(Path(save_directory))
+
+
+class FlowMapStatisticsSavingMixin:
+    """The statistics methods of [`FlowMapPipeline`]: its `flowmap_statistics` saved and pushed on their own, by the
+    same path as [`SavingMixin.save_sampler_statistics`] / [`SavingMixin.push_sampler_statistics`]."""
+
+    def save_flowmap_statistics(
+        self, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
+    ) -> Path:
+        """
+        Saves this pipeline's flow-map statistics on their own, as a statistics folder (no weights):
+        `flowmap_statistics/` (the component), `base_checkpoint.json` (the weights' fingerprint) and a model card,
+        README.md, saying how to load it: `FlowMapPipeline.from_pretrained(BASE, flowmap_statistics=save_directory)`.
+        Written whole beside `save_directory` and renamed onto it: an error leaves it as it was.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): the folder to write (refused when not empty, unless
+                `overwrite`).
+            repo_id (`str`, *optional*): the repo the folder will be uploaded to, for the model card's instructions.
+            overwrite (`bool`, defaults to `False`): replace a non-empty folder.
+
+        Returns:
+            The folder written.
+        """
+        return SavingMixin.save_sampler_statistics(self, save_directory, repo_id=repo_id, overwrite=overwrite)
+
+    def push_flowmap_statistics(
+        self,
+        repo_id: str,
+        commit_message: str | None = None,
+        private: bool | None = None,
+        token: str | None = None,
+        create_pr: bool = False,
+        save_directory: str | os.PathLike | None = None,
+    ) -> str:
+        """
+        Uploads this pipeline's flow-map statistics on their own (the folder [`save_flowmap_statistics`] writes) to
+        the Hub repo `repo_id`, created where missing; the arguments and the failure are
+        [`SavingMixin.push_sampler_statistics`]'s (default message: "Flow-map statistics for <the base weights>").
+
+        Returns:
+            The commit hash of the upload.
+        """
+        return SavingMixin.push_sampler_statistics(
+            self, repo_id, commit_message, private, token, create_pr, save_directory
+        )

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..hub import HUB_KWARGS, check_endpoint, resolve_local, upload_folder_to_hub
@@ -35,8 +35,16 @@ from ..schedulers.coefficients import (
     tables_config,
     tuning_table,
 )
-from ..schedulers.sampler_statistics import SamplerStatistics, input_projection_weights, model_fingerprint
+from ..schedulers.flowmap_statistics import FAMILY as FLOWMAP_FAMILY
+from ..schedulers.flowmap_statistics import FlowMapStatistics
+from ..schedulers.sampler_statistics import (
+    CalibratedStatistics,
+    SamplerStatistics,
+    input_projection_weights,
+    model_fingerprint,
+)
 from .artifact_checks import CONVERSION_RECORD
+from .saving import replace_atomically
 
 
 BASE_CHECKPOINT_FILE = "base_checkpoint.json"
@@ -54,6 +62,68 @@ DOWNLOAD_PATTERNS = [
     "model_index.json",
     "scheduler/scheduler_config.json",
 ]
+
+
+@dataclass(frozen=True)
+class StatisticsLayout:
+    """
+    What a statistics folder of one kind of pipeline holds, and what its model card says.
+
+    Args:
+        component (`str`): the statistics component, its folder in the statistics folder and the loading keyword
+            (`from_pretrained(BASE, sampler_statistics=DIR)`).
+        statistics_class (`type`): the component's class.
+        coefficients (`bool`): whether the scheduler config's per-NFE tables (`coefficients.json`) travel with them.
+        compute_hint (`str`): how to compute statistics for a pipeline that has none.
+        imports (`str`): the card's import of the pipeline class and the untied scheduler (`{cls}`: the class).
+        scheduler_swap (`str`): the card's line that samples with the untied scheduler.
+        contents (`str`): the card's sentence saying what the folder holds.
+        tag (`str`): the card's tag of the kind.
+    """
+
+    component: str
+    statistics_class: type[CalibratedStatistics]
+    coefficients: bool
+    compute_hint: str
+    imports: str
+    scheduler_swap: str
+    contents: str
+    tag: str
+
+
+SAMPLER_LAYOUT = StatisticsLayout(
+    component="sampler_statistics",
+    statistics_class=SamplerStatistics,
+    coefficients=True,
+    compute_hint="calibrate it first (`pipe.calibrate(nfe=[8])` or `untied-sc calibrate PIPELINE_DIR --nfe 8`)",
+    imports="from untied_sc import {cls}, UntiedSelfConditioningScheduler",
+    scheduler_swap="pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)  # the untied "
+    "sampler",
+    contents="Sampler statistics and coefficients of the untied self-conditioning sampler (`untied-sc`) for one model, "
+    "without its weights: `sampler_statistics/` (the pipeline component), `coefficients.json` (the scheduler "
+    f"config's per-NFE coefficients and tuning records) and `{BASE_CHECKPOINT_FILE}` (the weights they belong "
+    "to).",
+    tag="sampler-statistics",
+)
+FLOWMAP_LAYOUT = StatisticsLayout(
+    component="flowmap_statistics",
+    statistics_class=FlowMapStatistics,
+    coefficients=False,  # the flow-map scheduler's strength is a setting of its own, no calibrated table
+    compute_hint="compute them first (`untied_sc.calibration.flowmap.flowmap_statistics(pipe.transformer, "
+    'FlowMapLMScheduler(self_conditioning="chained"), [N], sc_cfg_scale=...)`, then '
+    "`pipe.register_modules(flowmap_statistics=...)`)",
+    imports="from untied_sc import {cls}\nfrom untied_sc.schedulers.scheduling_flowmap import UntiedFlowMapLMScheduler",
+    scheduler_swap="pipe.scheduler = UntiedFlowMapLMScheduler.from_config(pipe.scheduler.config, eta_r=1.0)  # the "
+    "untied flow-map sampler",
+    contents="Statistics of the untied flow-map sampler (`untied-sc`) for one model, without its weights: "
+    f"`flowmap_statistics/` (the pipeline component) and `{BASE_CHECKPOINT_FILE}` (the weights they belong to).",
+    tag="flowmap-statistics",
+)
+
+
+def statistics_layout(pipe) -> StatisticsLayout:
+    """The layout of `pipe`'s statistics: a flow map's `flowmap_statistics`, else Algorithm 1's `sampler_statistics`."""
+    return FLOWMAP_LAYOUT if pipe.family == FLOWMAP_FAMILY else SAMPLER_LAYOUT
 
 
 @dataclass(frozen=True)
@@ -339,19 +409,19 @@ def base_checkpoint(pipe) -> BaseCheckpoint:
 # --- writing ------------------------------------------------------------------------------------------------------
 
 
-def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
+def _load_lines(record: BaseCheckpoint, layout: StatisticsLayout, repo: str, steps: int) -> list[str]:
     """The model card's loading instructions for a base as recorded (sampling at `steps`, a calibrated NFE)."""
     cls = record.pipeline_class
-    swap = "pipe.scheduler = UntiedSelfConditioningScheduler.from_config(pipe.scheduler.config)  # the untied sampler"
+    swap, keyword = layout.scheduler_swap, layout.component
     call = f"texts = pipe(batch_size=4, num_inference_steps={steps}).texts"
     if cls == "ELFText2TextPipeline":  # a conditional model generates from a source text
         call = f'texts = pipe(prompt=["A source text."], num_inference_steps={steps}).texts'
-    python = ["```python", f"from untied_sc import {cls}, UntiedSelfConditioningScheduler", ""]
+    python = ["```python", *layout.imports.format(cls=cls).splitlines(), ""]
     if record.pipeline is not None:
         pin = f', revision="{record.pipeline.pin}"' if record.pipeline.pin else ""
         return [
             *python,
-            f'pipe = {cls}.from_pretrained("{record.pipeline.repo_id}"{pin}, sampler_statistics="{repo}")',
+            f'pipe = {cls}.from_pretrained("{record.pipeline.repo_id}"{pin}, {keyword}="{repo}")',
             swap,
             call,
             "```",
@@ -369,8 +439,8 @@ def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
             "```",
             "",
             *python,
-            f'pipe = {cls}.from_pretrained("BASE_DIR", sampler_statistics="{repo}")',
-            f'# or in one step: {cls}.from_official("{official.repo_id}"{pin_python}, sampler_statistics="{repo}")',
+            f'pipe = {cls}.from_pretrained("BASE_DIR", {keyword}="{repo}")',
+            f'# or in one step: {cls}.from_official("{official.repo_id}"{pin_python}, {keyword}="{repo}")',
             swap,
             call,
             "```",
@@ -379,16 +449,18 @@ def _load_lines(record: BaseCheckpoint, repo: str, steps: int) -> list[str]:
         "The base is a local pipeline folder: load it with these statistics.",
         "",
         *python,
-        f'pipe = {cls}.from_pretrained("BASE_DIR", sampler_statistics="{repo}")',
+        f'pipe = {cls}.from_pretrained("BASE_DIR", {keyword}="{repo}")',
         swap,
         call,
         "```",
     ]
 
 
-def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics, scheduler_config, repo: str) -> str:
+def statistics_model_card(
+    record: BaseCheckpoint, statistics: CalibratedStatistics, scheduler_config, repo: str, layout=SAMPLER_LAYOUT
+) -> str:
     """The README.md of a statistics repo."""
-    header = ["---", "library_name: untied-sc", "tags:", "- untied-sc", f"- {record.family}", "- sampler-statistics"]
+    header = ["---", "library_name: untied-sc", "tags:", "- untied-sc", f"- {record.family}", f"- {layout.tag}"]
     base_model = record.pipeline or record.official
     if base_model is not None:
         header.append(f"base_model: {base_model.repo_id}")
@@ -397,7 +469,8 @@ def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics,
     rows = [f"| base weights | {record.describe()} |", f"| model fingerprint | `{record.model_fingerprint}` |"]
     rows.append(f"| calibrated NFEs | {', '.join(map(str, steps)) or 'none'} |")
     table = read_steps_table(scheduler_config.get("coefficients_by_steps"), "coefficients_by_steps")  # as stored
-    tuning = stored_tuning(scheduler_config)
+    table = table if layout.coefficients else {}
+    tuning = stored_tuning(scheduler_config) if layout.coefficients else {}
     for n in sorted(table):
         entry = ", ".join(f"{name} {value:g}" for name, value in table[n].items())
         tuned = " (tuned)" if n in tuning else ""
@@ -405,12 +478,9 @@ def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics,
     lines = [
         *header,
         "",
-        f"# Sampler statistics for {record.describe()}",
+        f"# {statistics.statistics_name.capitalize()} for {record.describe()}",
         "",
-        "Sampler statistics and coefficients of the untied self-conditioning sampler (`untied-sc`) for one model, "
-        "without its weights: `sampler_statistics/` (the pipeline component), `coefficients.json` (the scheduler "
-        f"config's per-NFE coefficients and tuning records) and `{BASE_CHECKPOINT_FILE}` (the weights they belong "
-        "to). Loading checks the weights' fingerprint and refuses statistics of another model.",
+        f"{layout.contents} Loading checks the weights' fingerprint and refuses statistics of another model.",
         "",
         "| | |",
         "|---|---|",
@@ -418,44 +488,50 @@ def statistics_model_card(record: BaseCheckpoint, statistics: SamplerStatistics,
         "",
         "## Use",
         "",
-        *_load_lines(record, repo, steps[0] if steps else 8),
+        *_load_lines(record, layout, repo, steps[0] if steps else 8),
         "",
     ]
     return "\n".join(lines)
 
 
 def _refuse_non_empty(folder: Path, overwrite: bool) -> None:
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        if not overwrite:
-            raise FileExistsError(
-                f"{folder} already exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it, or "
-                "name a new folder."
-            )
-        shutil.rmtree(folder) if folder.is_dir() and not folder.is_symlink() else folder.unlink()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
+        raise FileExistsError(
+            f"{folder} already exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it, or "
+            "name a new folder."
+        )
 
 
 def save_statistics_folder(
     pipe, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
 ) -> Path:
-    """[`LanguageFlowPipeline.save_sampler_statistics`]'s body: the statistics repo of `pipe` in `save_directory`."""
-    statistics = getattr(pipe, "sampler_statistics", None)
+    """
+    `save_sampler_statistics` / `save_flowmap_statistics`'s body: the statistics repo of `pipe` in `save_directory`
+    ([`statistics_layout`]), written whole into a folder beside it and renamed onto it ([`replace_atomically`]), so
+    that an error leaves the folder as it was.
+    """
+    layout = statistics_layout(pipe)
+    statistics = getattr(pipe, layout.component, None)
     if statistics is None:
         raise ValueError(
-            "The pipeline has no sampler statistics to save: calibrate it first (`pipe.calibrate(nfe=[8])` or "
-            "`untied-sc calibrate PIPELINE_DIR --nfe 8`)."
+            f"The pipeline has no {layout.statistics_class.statistics_name} to save: {layout.compute_hint}."
         )
     statistics.check_model(pipe.transformer)  # never publish statistics of another model under this one's name
     folder = Path(save_directory).expanduser()
     _refuse_non_empty(folder, overwrite)
-    folder.mkdir(parents=True, exist_ok=True)
-    record = base_checkpoint(pipe)
-    statistics.save_pretrained(folder / "sampler_statistics")
-    coefficients = {key: pipe.scheduler.config.get(key) for key in SCHEDULER_KEYS}
-    (folder / COEFFICIENTS_FILE).write_text(json.dumps(coefficients, indent=2, sort_keys=True) + "\n")
-    (folder / BASE_CHECKPOINT_FILE).write_text(record.to_json())
-    card = statistics_model_card(record, statistics, pipe.scheduler.config, repo_id or str(folder))
-    (folder / "README.md").write_text(card, encoding="utf-8")
-    return folder
+    # The statistics' own fingerprint: the float32 weights', also for a network loaded in bf16 (which they matched).
+    record = replace(base_checkpoint(pipe), model_fingerprint=statistics.config.model_fingerprint)
+    card = statistics_model_card(record, statistics, pipe.scheduler.config, repo_id or str(folder), layout)
+
+    def write(staging: Path) -> None:
+        statistics.save_pretrained(staging / layout.component)
+        if layout.coefficients:
+            coefficients = {key: pipe.scheduler.config.get(key) for key in SCHEDULER_KEYS}
+            (staging / COEFFICIENTS_FILE).write_text(json.dumps(coefficients, indent=2, sort_keys=True) + "\n")
+        (staging / BASE_CHECKPOINT_FILE).write_text(record.to_json())
+        (staging / "README.md").write_text(card, encoding="utf-8")
+
+    return replace_atomically(folder, write)
 
 
 def push_statistics(
@@ -467,7 +543,7 @@ def push_statistics(
     create_pr: bool = False,
     save_directory: str | os.PathLike | None = None,
 ) -> str:
-    """[`LanguageFlowPipeline.push_sampler_statistics`]'s body; returns the commit hash of the upload."""
+    """`push_sampler_statistics` / `push_flowmap_statistics`'s body; returns the commit hash of the upload."""
     check_endpoint()  # before anything is written
     if save_directory is None:
         folder = Path(tempfile.mkdtemp(prefix="untied-sc-statistics-"))
@@ -475,7 +551,8 @@ def push_statistics(
     else:
         folder, kept = Path(save_directory).expanduser(), True
     save_statistics_folder(pipe, folder, repo_id=repo_id, overwrite=not kept)
-    message = commit_message or f"Sampler statistics for {base_checkpoint(pipe).describe()}"
+    name = statistics_layout(pipe).statistics_class.statistics_name.capitalize()
+    message = commit_message or f"{name} for {base_checkpoint(pipe).describe()}"
     commit = upload_folder_to_hub(
         folder, repo_id, token=token, private=private, commit_message=message, create_pr=create_pr
     )

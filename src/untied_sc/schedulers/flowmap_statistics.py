@@ -4,13 +4,32 @@ import torch
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401  (diffusers finds the loading method here)
 
-from .sampler_statistics import CalibratedStatistics, MatchedWeights, model_family, model_fingerprint
+from .sampler_statistics import (
+    CalibratedStatistics,
+    MatchedWeights,
+    input_projection_weights,
+    model_family,
+    model_fingerprint,
+)
 
 
 # The layout of this component: the overlap basis, ρ² and the per-step cosine distances of each calibrated number of
 # steps, as buffers. A folder of any other version is refused.
 FORMAT_VERSION = 1
 FAMILY = "flowmap"
+# The precisions a flow-map network is loaded at besides float32 (a bf16 or fp16 pipeline): the statistics record what
+# the same network's input projections hash to once rounded to each, so that they are matched to it at any of them.
+ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`"bfloat16"` for `torch.bfloat16`: the key of `rounded_fingerprints`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def rounded_fingerprints(model: torch.nn.Module) -> dict[str, str]:
+    """What `model`'s input projections hash to rounded to each of [`ROUNDED_DTYPES`], by dtype name."""
+    return {dtype_name(dtype): model_fingerprint(model, rounded_to=dtype) for dtype in ROUNDED_DTYPES}
 
 
 def check_flowmap_format_version(config: dict, where: str) -> None:
@@ -43,6 +62,9 @@ class FlowMapStatistics(CalibratedStatistics):
         rank (`int`): number r of overlap directions.
         calibrated_steps (`list[int]`): the calibrated numbers of steps.
         model_fingerprint (`str`): [`model_fingerprint`] of the model the statistics were computed for.
+        rounded_fingerprints (`dict[str, str]`, *optional*): per dtype name (`"bfloat16"`, `"float16"`), the
+            fingerprint of the same weights rounded to it: the network loaded at that precision is the same network.
+            Statistics without it are matched to float32 weights only.
         format_version (`int`): layout version of this component ([`FORMAT_VERSION`], the only one read).
         solver_config (`dict`, *optional*): the official scheduler's configuration of the calibration runs.
         sc_cfg_scale (`float`, *optional*), num_trajectories (`int`, *optional*), seed (`int`, *optional*),
@@ -64,6 +86,7 @@ class FlowMapStatistics(CalibratedStatistics):
         rank: int = 128,
         calibrated_steps: list[int] | None = None,
         model_fingerprint: str = "",
+        rounded_fingerprints: dict | None = None,
         format_version: int = FORMAT_VERSION,
         solver_config: dict | None = None,
         sc_cfg_scale: float | None = None,
@@ -94,6 +117,7 @@ class FlowMapStatistics(CalibratedStatistics):
             rank=basis.shape[1],
             calibrated_steps=sorted(cosine_distance),
             model_fingerprint=model_fingerprint(model),
+            rounded_fingerprints=rounded_fingerprints(model),
             **record,
         )
         with torch.no_grad():
@@ -140,9 +164,19 @@ class FlowMapStatistics(CalibratedStatistics):
     def _promised(self) -> str:
         return f"calibrated_steps {sorted(self.config.calibrated_steps or [])}"
 
+    def _expected_fingerprint(self, model: torch.nn.Module) -> str:
+        """The recorded fingerprint at the precision `model` holds its input projections in (bf16, fp16 or float32):
+        the same network loaded in bf16 is the network the statistics were computed for."""
+        dtypes = {weight.dtype for weight in input_projection_weights(model)}
+        recorded = self.config.get("rounded_fingerprints") or {}
+        if len(dtypes) == 1 and dtype_name(next(iter(dtypes))) in recorded:
+            return recorded[dtype_name(next(iter(dtypes)))]
+        return self.config.model_fingerprint
+
     def check_model(self, model: torch.nn.Module, where: str | None = None) -> None:
         """Raises if these statistics were computed for another model: not a flow map, another latent width
-        (`latent_dim`) or input-projection weights of another fingerprint. `where`: the file they were read from."""
+        (`latent_dim`) or input-projection weights of another fingerprint (at the precision the model holds them in,
+        [`_expected_fingerprint`]). `where`: the file they were read from."""
         family = model_family(model)
         if family != FAMILY:
             raise ValueError(

@@ -63,11 +63,16 @@ def input_projection_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     )
 
 
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of the input-projection weights (float32 bytes), identifying the model statistics belong to."""
+def model_fingerprint(model: torch.nn.Module, rounded_to: torch.dtype | None = None) -> str:
+    """
+    A short hash of the input-projection weights (float32 bytes), identifying the model statistics belong to.
+    `rounded_to`: the hash of the weights rounded to that dtype first, what the same network loaded at that precision
+    hashes to.
+    """
     digest = hashlib.sha256()
     for weight in input_projection_weights(model):
-        tensor = weight.detach().to("cpu", torch.float32).contiguous()
+        tensor = weight.detach().to("cpu")
+        tensor = (tensor if rounded_to is None else tensor.to(rounded_to)).to(torch.float32).contiguous()
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -214,12 +219,13 @@ class CalibratedStatistics(ModelMixin, ConfigMixin):
                 f"The {name} are for latent width {config.latent_dim}{field}, the model has {width}: they "
                 f"belong to another model. Recalibrate with {recalibrate}."
             )
-        if self._matched_weights.holds(model, config.model_fingerprint):
+        expected = self._expected_fingerprint(model)
+        if self._matched_weights.holds(model, expected):
             return
         fingerprint = model_fingerprint(model)
-        if fingerprint != config.model_fingerprint:
+        if fingerprint != expected:
             dtypes = {weight.dtype for weight in input_projection_weights(model)} - {torch.float32}
-            if dtypes:  # a float32 hash cannot match rounded weights
+            if dtypes and expected == config.model_fingerprint:  # a float32 hash cannot match rounded weights
                 raise ValueError(
                     f"The {name}' fingerprint {config.model_fingerprint!r} hashes the model's "
                     f"input-projection weights at the precision they were calibrated with, and this model holds them "
@@ -229,11 +235,15 @@ class CalibratedStatistics(ModelMixin, ConfigMixin):
                     f"precision with {recalibrate}."
                 )
             raise ValueError(
-                f"The {name} were computed for a model with fingerprint {config.model_fingerprint!r}, "
+                f"The {name} were computed for a model with fingerprint {expected!r}, "
                 f"but this model's input projections hash to {fingerprint!r}: they belong to another model (or the "
                 f"weights changed). Recalibrate with {recalibrate}."
             )
         self._matched_weights.remember(model, fingerprint)
+
+    def _expected_fingerprint(self, model: torch.nn.Module) -> str:
+        """The fingerprint `model`'s input projections must hash to: the one recorded at calibration."""
+        return self.config.model_fingerprint
 
 
 class SamplerStatistics(CalibratedStatistics):
