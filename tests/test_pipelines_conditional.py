@@ -23,6 +23,7 @@ from untied_sc.schedulers import noise, scheduling_elf
 from untied_sc.schedulers.comparison_names import COMPARISON_METHODS, comparison_scheduler_class
 
 from .conftest import DRAW_TOLERANCE, FIXTURES, NETWORK_TOLERANCE, TRAJECTORY_BOUNDS, assert_official_grid
+from .test_baselines import ZERO_STRENGTH
 from .tiny import tiny_tokenizer
 
 
@@ -261,15 +262,6 @@ def test_the_usage_examples_run_as_written(tmp_path, monkeypatch):
         exec(compile(example, "docs/usage.md", "exec"), scope)
         assert all(isinstance(text, str) for text in scope["out"].texts)
     assert len(scope["out"].texts) == 1
-
-
-ZERO_STRENGTH = {
-    "momentum": {"momentum_beta": 1.0},
-    "higs": {"higs_weight": 0.0},
-    "ace": {"ace_strength": 0.0},
-    "higs_ace": {"higs_weight": 0.0, "ace_strength": 0.0},
-    "multistep": {"multistep_strength": 0.0},
-}
 
 
 @pytest.mark.parametrize("case", CASES)
