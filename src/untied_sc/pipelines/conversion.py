@@ -13,9 +13,9 @@ from pathlib import Path
 from ..families import family_names, get_family
 from ..hub import HUB_KWARGS
 from ..models.official_settings import UnconditionalCheckpointError
+from .atomic_folder import replace_atomically
 from .official_text2text import CONDITIONAL_OPTIONS, is_conditional_elf
 from .pipeline_elf_text2text import ELFText2TextPipeline
-from .saving import replace_atomically
 
 
 def _refuse_non_empty(output: Path, overwrite: bool) -> None:

@@ -5,8 +5,6 @@ too) on their own."""
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from .remote_code import saved_class_name, write_remote_code
@@ -31,27 +29,6 @@ def clear_folder(folder: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-
-
-def replace_atomically(output: Path, write: Callable[[Path], object]) -> Path:
-    """
-    `write(folder)` into a temporary folder beside `output`, then renamed onto it (replacing what was there): `output`
-    is either the complete folder or untouched, whatever error or interruption comes in between. Whether `output` may
-    be replaced is the caller's to check first.
-    """
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
-        write(staging)
-        if output.is_dir() and not output.is_symlink():
-            shutil.rmtree(output)
-        elif output.exists() or output.is_symlink():
-            output.unlink()
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return output
 
 
 class SavingMixin:

@@ -44,7 +44,7 @@ from ..schedulers.sampler_statistics import (
     model_fingerprint,
 )
 from .artifact_checks import CONVERSION_RECORD
-from .saving import replace_atomically
+from .atomic_folder import replace_atomically
 
 
 BASE_CHECKPOINT_FILE = "base_checkpoint.json"
