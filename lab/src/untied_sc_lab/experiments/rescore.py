@@ -20,6 +20,7 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
+from ..evaluation.aggregates import by_sampler_to_json
 from ..runs.store import RUN_SETTINGS
 from .control_records import ControlRow, EvaluatorControl, HeadlineRatios, NllCorrelation, RankAgreement, ScoredBy
 from .equal_entropy_records import HeadToHead
@@ -363,10 +364,6 @@ def _flat_numbers(
     return numbers
 
 
-def _headlines_json(headlines: Headlines) -> dict[str, dict[str, dict]]:
-    return {sampler: {str(nfe): row.to_json() for nfe, row in by_nfe.items()} for sampler, by_nfe in headlines.items()}
-
-
 def _heads_json(heads: Mapping[int, Mapping[str, HeadToHead]]) -> dict[str, dict[str, dict]]:
     return {
         str(nfe): {pair: {key: getattr(row, key) for key in HEAD_TO_HEAD_FIELDS} for pair, row in by_pair.items()}
@@ -398,8 +395,8 @@ def compare_headlines(computed: Mapping, report: Mapping) -> dict:
         largest = max(largest, abs(a - b) / max(abs(b), 1e-300))
     return {
         "reading": reading,
-        "by_sampler": _headlines_json(ours),
-        "reported": _headlines_json(theirs),
+        "by_sampler": by_sampler_to_json(ours, HeadlineRatios.to_json),
+        "reported": by_sampler_to_json(theirs, HeadlineRatios.to_json),
         "head_to_head": _heads_json(heads),
         "reported_head_to_head": _heads_json(reported_heads),
         "max_relative_difference": largest,
