@@ -246,6 +246,15 @@ def test_saved_statistics_load_back_with_the_base(tmp_path, base, model, statist
     assert not (tmp_path / "none").exists()
 
 
+def test_a_statistics_folder_whose_record_names_other_weights_is_refused(tmp_path, base, model, statistics):  # noqa: F811
+    pipe = FlowMapPipeline(model, untied(), sc_cfg_scale=SCALE, flowmap_statistics=statistics)
+    written = pipe.save_flowmap_statistics(tmp_path / "stats")
+    path = written / BASE_CHECKPOINT_FILE
+    path.write_text(path.read_text().replace(statistics.config.model_fingerprint, "0" * 16))
+    with pytest.raises(ValueError, match=r"base_checkpoint\.json records fingerprint '0+'.*save_flowmap_statistics"):
+        FlowMapPipeline.from_pretrained(base, flowmap_statistics=written)
+
+
 def test_a_statistics_folder_is_replaced_only_with_consent_and_whole(
     tmp_path,
     base,

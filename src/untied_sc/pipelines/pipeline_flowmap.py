@@ -17,6 +17,7 @@ from .artifact_checks import check_pipeline_folder, check_statistics_folder
 from .conversion import save_atomically
 from .outputs import LanguageFlowPipelineOutput
 from .saving import FlowMapStatisticsSavingMixin
+from .statistics_repo import BASE_CHECKPOINT_FILE, BaseCheckpoint
 
 
 # The SC-CFG scale w of the official evaluation configs: FMLM* 5.0 (`configs/sampling_configs/owt_FMLM_star.yml`),
@@ -43,7 +44,10 @@ def load_flowmap_statistics(
     hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in HUB_KWARGS and key != "revision"}
     try:
         folder = resolve_local(
-            source, [f"{STATISTICS}/*", "config.json", "*.safetensors"], revision=revision, **hub_kwargs
+            source,
+            [f"{STATISTICS}/*", "config.json", "*.safetensors", BASE_CHECKPOINT_FILE],
+            revision=revision,
+            **hub_kwargs,
         )
     except FileNotFoundError as error:
         raise FileNotFoundError(f"The flow-map statistics {str(source)!r} could not be read: {error}") from None
@@ -55,7 +59,18 @@ def load_flowmap_statistics(
             "(`pipe.flowmap_statistics.save_pretrained(DIR)`)."
         )
     check_statistics_folder(component, FlowMapStatistics)
-    return FlowMapStatistics.from_pretrained(component), component / "config.json"
+    statistics = FlowMapStatistics.from_pretrained(component)
+    # a statistics folder's (`save_flowmap_statistics`) record of the weights they belong to
+    record = folder / BASE_CHECKPOINT_FILE
+    if component != folder and record.is_file():
+        base = BaseCheckpoint.from_json(record.read_text(encoding="utf-8"), str(record))
+        if base.model_fingerprint != statistics.config.model_fingerprint:
+            raise ValueError(
+                f"{record} records fingerprint {base.model_fingerprint!r}, its {STATISTICS}/ "
+                f"{statistics.config.model_fingerprint!r}: the folder mixes two computations. Save the statistics "
+                "again with `pipe.save_flowmap_statistics(DIR)`."
+            )
+    return statistics, component / "config.json"
 
 
 class FlowMapPipeline(FlowMapStatisticsSavingMixin, DiffusionPipeline):
