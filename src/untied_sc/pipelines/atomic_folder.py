@@ -6,6 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def refuse_non_empty(folder: Path, overwrite: bool, how: str) -> None:
+    """Refuses to write over a non-empty `folder` (somebody's) unless `overwrite`; `how` says how to consent."""
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
+        raise FileExistsError(f"{folder} already exists and is not empty; {how} to replace it, or name a new folder.")
+
+
 def replace_atomically(output: Path, write: Callable[[Path], object]) -> Path:
     """
     `write(folder)` into a temporary folder beside `output`, then renamed onto it (replacing what was there): `output`

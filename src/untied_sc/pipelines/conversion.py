@@ -13,16 +13,9 @@ from pathlib import Path
 from ..families import family_names, get_family
 from ..hub import HUB_KWARGS
 from ..models.official_settings import UnconditionalCheckpointError
-from .atomic_folder import replace_atomically
+from .atomic_folder import refuse_non_empty, replace_atomically
 from .official_text2text import CONDITIONAL_OPTIONS, is_conditional_elf
 from .pipeline_elf_text2text import ELFText2TextPipeline
-
-
-def _refuse_non_empty(output: Path, overwrite: bool) -> None:
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
-        raise FileExistsError(
-            f"{output} already exists and is not empty; pass --overwrite to replace it, or name a new folder."
-        )
 
 
 def save_atomically(pipe, output: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -31,7 +24,7 @@ def save_atomically(pipe, output: str | os.PathLike, overwrite: bool = False) ->
     complete folder or untouched. A non-empty `output` is refused unless `overwrite` (then it is replaced).
     """
     output = Path(output).expanduser()
-    _refuse_non_empty(output, overwrite)
+    refuse_non_empty(output, overwrite, "pass --overwrite")
     return replace_atomically(output, pipe.save_pretrained)
 
 
@@ -44,7 +37,7 @@ def convert_official(
     """
     if family not in family_names():
         raise ValueError(f"family must be one of {sorted(family_names())}, got {family!r}.")
-    _refuse_non_empty(Path(output).expanduser(), overwrite)  # before any download or load
+    refuse_non_empty(Path(output).expanduser(), overwrite, "pass --overwrite")  # before any download or load
     pipeline_class = get_family(family).pipeline.load()
     if family == "elf":
         pipeline_class, kwargs = conversion_pipeline_class(pipeline_class, source, kwargs)

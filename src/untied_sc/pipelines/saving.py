@@ -161,7 +161,9 @@ class FlowMapStatisticsSavingMixin:
         Returns:
             The folder written.
         """
-        return SavingMixin.save_sampler_statistics(self, save_directory, repo_id=repo_id, overwrite=overwrite)
+        from .statistics_repo import save_statistics_folder
+
+        return save_statistics_folder(self, save_directory, repo_id=repo_id, overwrite=overwrite)
 
     def push_flowmap_statistics(
         self,
@@ -180,6 +182,6 @@ class FlowMapStatisticsSavingMixin:
         Returns:
             The commit hash of the upload.
         """
-        return SavingMixin.push_sampler_statistics(
-            self, repo_id, commit_message, private, token, create_pr, save_directory
-        )
+        from .statistics_repo import push_statistics
+
+        return push_statistics(self, repo_id, commit_message, private, token, create_pr, save_directory)

@@ -44,7 +44,7 @@ from ..schedulers.sampler_statistics import (
     model_fingerprint,
 )
 from .artifact_checks import CONVERSION_RECORD
-from .atomic_folder import replace_atomically
+from .atomic_folder import refuse_non_empty, replace_atomically
 
 
 BASE_CHECKPOINT_FILE = "base_checkpoint.json"
@@ -494,14 +494,6 @@ def statistics_model_card(
     return "\n".join(lines)
 
 
-def _refuse_non_empty(folder: Path, overwrite: bool) -> None:
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
-        raise FileExistsError(
-            f"{folder} already exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it, or "
-            "name a new folder."
-        )
-
-
 def save_statistics_folder(
     pipe, save_directory: str | os.PathLike, repo_id: str | None = None, overwrite: bool = False
 ) -> Path:
@@ -518,7 +510,7 @@ def save_statistics_folder(
         )
     statistics.check_model(pipe.transformer)  # never publish statistics of another model under this one's name
     folder = Path(save_directory).expanduser()
-    _refuse_non_empty(folder, overwrite)
+    refuse_non_empty(folder, overwrite, "pass overwrite=True (CLI: --overwrite)")
     # The statistics' own fingerprint: the float32 weights', also for a network loaded in bf16 (which they matched).
     record = replace(base_checkpoint(pipe), model_fingerprint=statistics.config.model_fingerprint)
     card = statistics_model_card(record, statistics, pipe.scheduler.config, repo_id or str(folder), layout)

@@ -167,11 +167,10 @@ class FlowMapStatistics(CalibratedStatistics):
     def _expected_fingerprint(self, model: torch.nn.Module) -> str:
         """The recorded fingerprint at the precision `model` holds its input projections in (bf16, fp16 or float32):
         the same network loaded in bf16 is the network the statistics were computed for."""
-        dtypes = {weight.dtype for weight in input_projection_weights(model)}
-        recorded = self.config.get("rounded_fingerprints") or {}
-        if len(dtypes) == 1 and dtype_name(next(iter(dtypes))) in recorded:
-            return recorded[dtype_name(next(iter(dtypes)))]
-        return self.config.model_fingerprint
+        names = {dtype_name(weight.dtype) for weight in input_projection_weights(model)}
+        recorded = self.config.rounded_fingerprints or {}
+        (name,) = names if len(names) == 1 else (None,)
+        return recorded.get(name, self.config.model_fingerprint)
 
     def check_model(self, model: torch.nn.Module, where: str | None = None) -> None:
         """Raises if these statistics were computed for another model: not a flow map, another latent width
