@@ -62,11 +62,11 @@ def test_scoring_reuses_the_scores_of_a_run_whose_samples_were_already_scored(pi
 
     settings = replace(TINY, seeds=[0])
     generation = generate_sweep(pipes["langflow"], settings, command="pytest", progress=False, name="tiny")
-    official = next(run for run in generation["runs"] if run["sampler"] == "official")
+    official = next(run for run in generation.runs if run.sampler == "official")
     # As the baselines report holds a comparison sampler that chose its neutral knob: official's samples, own name.
-    twin = {**official, "sampler": "twin", "samples": [replace(s, sampler="twin") for s in official["samples"]]}
-    doubled = {**generation, "samplers": {**generation["samplers"], "twin": {"scheduler": "official"}}}
-    doubled["runs"] = [*generation["runs"], twin]
+    twin = replace(official, sampler="twin", samples=[replace(s, sampler="twin") for s in official.samples])
+    samplers = {**generation.samplers, "twin": SamplerSpec.of({"scheduler": "official"})}
+    doubled = replace(generation, samplers=samplers, runs=(*generation.runs, twin))
     calls = []
     # the scorer runs the model's body and projects only the scored positions onto the vocabulary
     hook = evaluator[0].model.register_forward_hook(lambda module, args, output: calls.append(1))
@@ -468,7 +468,7 @@ def test_sampling_and_scoring_apart_give_the_numbers_of_one_sweep(tmp_path, pipe
     path = store_sweep(RunStore(tmp_path / "store"), generation)
     assert path.parent == tmp_path / "store" / "sweeps"
     loaded = read_stored_sweeps(RunStore(tmp_path / "store"))  # another process, as on the scoring machine
-    assert [run["samples"] for run in loaded["runs"]] == [run["samples"] for run in generation["runs"]]
+    assert loaded == generation  # settings, runs and samples
     apart = score_sweep(loaded, scoring, output_dir=tmp_path, command="score")
     assert len(apart["runs"]) == len(whole["runs"]) == 2 * 2 + 2
     for one, other in zip(whole["runs"], apart["runs"], strict=True):
@@ -505,31 +505,31 @@ def test_parts_sampled_at_different_nfes_merge_into_the_one_command_sweep(tmp_pa
         for n in (8, 4)
     }
     merged = merge_generations([parts[8], parts[4]])
-    assert merged["nfe"] == [4, 8] and merged["command"] == "nfe 8 ; nfe 4"
-    key = ("sampler", "nfe", "seed", "temperature")
-    assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
-    assert [r["samples"] for r in merged["runs"]] == [r["samples"] for r in whole["runs"]]
-    assert merged["coefficients"] == whole["coefficients"]
+    assert merged.nfe == (4, 8) and merged.command == "nfe 8 ; nfe 4"
+    assert [r.key for r in merged.runs] == [r.key for r in whole.runs]
+    assert [r.samples for r in merged.runs] == [r.samples for r in whole.runs]
+    assert merged.coefficients == whole.coefficients
     scoring = ScoringSettings(evaluator, num_resamples=50)
     scored = [score_sweep(g, scoring, progress=False) for g in (whole, merged)]
     untimed = [
         {k: v for k, v in r["aggregates"]["paired"]["untied"]["8"].items() if "throughput" not in k} for r in scored
     ]
     assert untimed[0] == untimed[1] and scored[0]["equal_entropy"] == scored[1]["equal_entropy"]
-    assert merged["device"] == whole["device"] and merged["torch"] == whole["torch"]  # one machine: named once
+    assert merged.device == whole.device and merged.torch == whole.torch  # one machine: named once
 
     # Parts from two machines merge (pairs stay within an NFE); the merged sweep names each machine with its NFEs.
-    on_gpu = {**parts[8], "device": "cuda:0 (NVIDIA H200)", "torch": "2.11.0+cu130"}
+    on_gpu = replace(parts[8], device="cuda:0 (NVIDIA H200)", torch="2.11.0+cu130")
     mixed = merge_generations([on_gpu, parts[4]])
-    assert mixed["device"] == f"{whole['device']} at NFE 4; cuda:0 (NVIDIA H200) at NFE 8"
-    assert mixed["torch"] == f"{whole['torch']} at NFE 4; 2.11.0+cu130 at NFE 8"
-    assert [(part["nfe"], part["device"]) for part in mixed["parts"]] == [
-        ([8], "cuda:0 (NVIDIA H200)"),
-        ([4], whole["device"]),
-    ]
+    assert mixed.device == f"{whole.device} at NFE 4; cuda:0 (NVIDIA H200) at NFE 8"
+    assert mixed.torch == f"{whole.torch} at NFE 4; 2.11.0+cu130 at NFE 8"
+    assert [(part.nfe, part.device) for part in mixed.parts] == [((8,), "cuda:0 (NVIDIA H200)"), ((4,), whole.device)]
     report = score_sweep(mixed, scoring, progress=False, output_dir=tmp_path / "mixed")
     markdown = (tmp_path / "mixed" / "tiny.md").read_text()
-    assert report["parts"] == mixed["parts"] and "NFE 8: sampled in" in markdown and "cuda:0 (NVIDIA H200)" in markdown
+    assert (
+        report["parts"] == [part.to_json() for part in mixed.parts]
+        and "NFE 8: sampled in" in markdown
+        and "cuda:0 (NVIDIA H200)" in markdown
+    )
 
     # An NFE sampled by two parts of a store, or a part of another sweep: refused, naming both parts.
     store = RunStore(tmp_path / "store")
@@ -587,8 +587,8 @@ def test_an_earlier_report_read_into_a_store_lends_its_scores_to_the_runs_whose_
         score_sweep(parts[0], replace(under, max_length=3), store=store_of("short", max_length=3), progress=False)
     elf = score_sweep(parts[0], replace(under, protocol="elf"), store=store_of("elf"), progress=False)
     assert elf["store"]["scores_read"] == 0
-    edited = [{**run, "samples": [replace(s, text=s.text + " x") for s in run["samples"]]} for run in parts[0]["runs"]]
-    edited_report = score_sweep({**parts[0], "runs": edited}, under, store=store_of("edited"), progress=False)
+    edited = [replace(run, samples=[replace(s, text=s.text + " x") for s in run.samples]) for run in parts[0].runs]
+    edited_report = score_sweep(replace(parts[0], runs=tuple(edited)), under, store=store_of("edited"), progress=False)
     assert edited_report["store"]["scores_read"] == 0
     # a report scored before per-sample entropies were kept lends none of its scores
     older = json.loads(report.read_text())

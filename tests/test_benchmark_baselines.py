@@ -22,15 +22,12 @@ from untied_sc.generation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, TuningSettings, run_sweep
-from untied_sc_lab.experiments.baseline_generation import (
-    CANDIDATES_KEY,
-    generate_baseline_candidates,
-    score_baseline_candidates,
-)
+from untied_sc_lab.experiments.baseline_generation import generate_baseline_candidates, score_baseline_candidates
 from untied_sc_lab.experiments.baselines import tune_baselines
 from untied_sc_lab.experiments.benchmark_cli import _tuning_settings
 from untied_sc_lab.experiments.benchmark_options import TUNING_DEFAULTS
 from untied_sc_lab.experiments.definitions import BASELINE_METHODS, experiment_samplers, with_preset
+from untied_sc_lab.experiments.generation_record import CANDIDATES_KEY
 from untied_sc_lab.experiments.stored_sweeps import read_stored_sweeps, store_sweep
 from untied_sc_lab.experiments.sweep_settings import DEFAULT_TUNING
 from untied_sc_lab.experiments.tuning_records import RATIO_FIELDS
@@ -358,7 +355,7 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     assert two["knob_tuning"] == one["knob_tuning"] and two["samplers"] == one["samplers"]
     outcomes = {entry["by_steps"]["8"]["outcome"] for entry in two["knob_tuning"]["samplers"].values()}
     assert "accepted" in outcomes or keep == "rule"
-    sampled = set(generation["tuned_when_sampled"]["sampled"]["8"])
+    sampled = set(generation.tuned_when_sampled.sampled[8])
     accepted = {
         name
         for name, entry in two["knob_tuning"]["samplers"].items()
@@ -393,9 +390,9 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
     for part in parts:
         store_sweep(store, part)
     merged = read_stored_sweeps(store)
-    assert merged[CANDIDATES_KEY] == whole[CANDIDATES_KEY]
-    assert sorted((r["sampler"], r["nfe"]) for r in merged["runs"]) == sorted(
-        (r["sampler"], r["nfe"]) for r in whole["runs"]
+    assert merged.candidates == whole.candidates
+    assert sorted((r.sampler, r.nfe) for r in merged.sampled_runs) == sorted(
+        (r.sampler, r.nfe) for r in whole.sampled_runs
     )
     scored = [
         score_baseline_candidates(g, ScoringSettings(evaluator, num_resamples=50), progress=False)
@@ -404,9 +401,9 @@ def test_tuned_parts_sampled_per_nfe_merge_into_the_one_command_comparison(langf
     assert scored[0]["knob_tuning"] == scored[1]["knob_tuning"]
     assert [r["per_sample"] for r in scored[0]["runs"]] == [r["per_sample"] for r in scored[1]["runs"]]
     assert _without_timings(scored[0]["aggregates"]) == _without_timings(scored[1]["aggregates"])
-    assert scored[1]["knob_tuning"]["ace"]["direction_sha256"] == merged[CANDIDATES_KEY]["ace"]["direction_sha256"]
-    other = copy.deepcopy(parts[1])
-    other[CANDIDATES_KEY]["ace"]["direction_sha256"] = "another direction"
+    assert scored[1]["knob_tuning"]["ace"]["direction_sha256"] == merged.candidates.ace.direction_sha256
+    candidates = parts[1].candidates
+    other = replace(parts[1], candidates=replace(candidates, ace=replace(candidates.ace, direction_sha256="another")))
     store_sweep(store, other)  # the part sampled again, with another direction: it replaces its entry
     with pytest.raises(ValueError, match="differ in baseline_candidates.ace"):
         read_stored_sweeps(store)

@@ -234,14 +234,14 @@ def test_small_elf_batches_give_more_grids_each_seeded_by_its_batch(elf_golden, 
     settings = SweepSettings(nfe=[8], seeds=[3], num_samples=8, batch_size=2, samplers={"official": {}})
     with pytest.warns(UserWarning, match=r"4 independent time grids.*fewer than 48.*more seeds"):
         generation = generate_sweep(pipe, settings, progress=False, name="tiny", command="pytest")
-    samples = generation["runs"][0]["samples"]
-    assert generation["batch_size"] == 2 and [s.batch for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
+    samples = generation.runs[0].samples
+    assert generation.batch_size == 2 and [s.batch for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
     for b in range(4):
         direct = pipe(batch_size=2, num_inference_steps=8, generator=torch.Generator().manual_seed(batch_seed(3, b)))
         assert [s.text for s in samples[2 * b : 2 * b + 2]] == direct.texts
     with pytest.warns(UserWarning):
         again = generate_sweep(pipe, settings, progress=False, name="tiny", command="pytest")
-    assert [s.ids for s in again["runs"][0]["samples"]] == [s.ids for s in samples]
+    assert [s.ids for s in again.runs[0].samples] == [s.ids for s in samples]
     results = score_sweep(
         generation, ScoringSettings(tiny_evaluator(), num_resamples=20), progress=False, output_dir=tmp_path
     )

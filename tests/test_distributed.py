@@ -173,11 +173,9 @@ def test_benchmark_generate_only_with_two_processes_writes_the_one_process_gener
 
     # the benchmark's untied run is what `untied-sc generate` writes for the same seed and batch size
     assert main(generate_argv(saved, tmp_path / "generated.jsonl")) == 0
-    [untied] = [run for run in read_stored_sweeps(RunStore(tmp_path / "one"))["runs"] if run["sampler"] == "untied"]
+    [untied] = [run for run in read_stored_sweeps(RunStore(tmp_path / "one")).runs if run.sampler == "untied"]
     generated = [json.loads(line) for line in (tmp_path / "generated.jsonl").read_text().splitlines()]
-    assert [(s["text"], s["ids"], s["batch"]) for s in generated] == [
-        (s.text, s.ids, s.batch) for s in untied["samples"]
-    ]
+    assert [(s["text"], s["ids"], s["batch"]) for s in generated] == [(s.text, s.ids, s.batch) for s in untied.samples]
 
 
 def test_evaluate_with_two_processes_writes_the_one_process_scores_of_a_report(tmp_path):

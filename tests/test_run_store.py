@@ -183,7 +183,7 @@ def test_a_stopped_scoring_resumes_from_the_store_and_gives_the_whole_scorings_r
     import untied_sc_lab.experiments.sweep as sweep_module
 
     whole = _score(generation, evaluator)
-    runs = len(generation["runs"])
+    runs = len(generation.runs)
     scorer, calls = sweep_module.evaluate_samples, []
 
     def stopping(*args, **kwargs):  # the process is stopped while it scores its fourth run
@@ -274,10 +274,10 @@ def test_a_run_with_another_spec_or_setting_is_sampled_again(tmp_path, pipe, cou
     counted.clear()
     other = {"official": {}, "untied": {"eta_r": 0.25}}
     extended = generate_sweep(pipe, replace(TINY, samplers=other), store=store, **OPTIONS)
-    assert extended["store"]["samples_read"] == 2 and counted == [1, 2, 2]  # official read; untied sampled
+    assert extended.store.samples_read == 2 and counted == [1, 2, 2]  # official read; untied sampled
     counted.clear()
     more = generate_sweep(pipe, replace(TINY, batch_size=4), store=store, **OPTIONS)
-    assert more["store"]["samples_read"] == 0 and counted == [1] * 4  # another batch size: other samples
+    assert more.store.samples_read == 0 and counted == [1] * 4  # another batch size: other samples
 
 
 def test_samples_drawn_elsewhere_are_refused(tmp_path, pipe):
@@ -319,11 +319,10 @@ def test_a_sweep_sampled_in_parts_into_a_store_scores_as_the_one_command_sweep(t
         )
     assert len(_entries(tmp_path / "store", "sweeps")) == 2
     merged = read_stored_sweeps(RunStore(tmp_path / "store"))
-    assert merged["nfe"] == [4, 8] and sorted(merged["command"].split(" ; ")) == ["nfe 4", "nfe 8"]
-    key = ("sampler", "nfe", "seed", "temperature")
-    assert [tuple(r[k] for k in key) for r in merged["runs"]] == [tuple(r[k] for k in key) for r in whole["runs"]]
-    assert [r["samples"] for r in merged["runs"]] == [r["samples"] for r in whole["runs"]]
-    assert merged["coefficients"] == whole["coefficients"]
+    assert merged.nfe == (4, 8) and sorted(merged.command.split(" ; ")) == ["nfe 4", "nfe 8"]
+    assert [r.key for r in merged.runs] == [r.key for r in whole.runs]
+    assert [r.samples for r in merged.runs] == [r.samples for r in whole.runs]
+    assert merged.coefficients == whole.coefficients
     scored = [_score(g, evaluator) for g in (whole, merged)]
     untimed = ("seconds", "samples_per_second")
     assert [[{k: v for k, v in r.items() if k not in untimed} for r in s["runs"]] for s in scored] == 2 * [
@@ -347,15 +346,13 @@ def test_a_stored_sweep_with_an_edited_or_foreign_entry_is_refused(tmp_path, gen
 
     store = RunStore(tmp_path / "store")
     path = store_sweep(store, generation)
-    entry = store.samples_path(sweep_run_key(generation, generation["runs"][-1]))
+    entry = store.samples_path(sweep_run_key(generation, generation.runs[-1]))
     stored = json.loads(gzip.decompress(entry.read_bytes()))
     entry.write_bytes(gzip.compress(json.dumps({**stored, "texts": stored["texts"][:-1]}).encode()))
     with pytest.raises(ValueError, match=f"{entry} holds 3 samples of .*, not the 4 that {path} lists: .*edited"):
         read_stored_sweeps(store)
     entry.write_bytes(gzip.compress(json.dumps(stored).encode()))
-    assert [run["samples"] for run in read_stored_sweeps(store)["runs"]] == [
-        run["samples"] for run in generation["runs"]
-    ]
+    assert [run.samples for run in read_stored_sweeps(store).runs] == [run.samples for run in generation.runs]
     foreign = tmp_path / "store" / "sweeps" / "copied.json"
     foreign.write_text(json.dumps({"model": "tiny"}))
     with pytest.raises(ValueError, match=f"{foreign} is not a sampled sweep of this store"):

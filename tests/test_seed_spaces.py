@@ -108,7 +108,7 @@ def test_the_readme_calibration_seed_0_leaves_the_default_benchmark_seeds_usable
     generation = generate_sweep(
         langflow_pipe, SweepSettings([8], [0, 1, 2], num_samples=2, batch_size=2), progress=False
     )
-    assert len(generation["runs"]) == 6  # official and untied at 3 seeds
+    assert len(generation.runs) == 6  # official and untied at 3 seeds
 
 
 def _with_config(component, **changes):

@@ -10,6 +10,7 @@ __getattr__, __dir__, __all__ = lazy_attributes(
     __name__,
     {
         ".aggregation": ("aggregate", "genppl_ratio_intervals"),
+        ".generation_record": ("Generation",),
         ".generate": ("generate_samples",),
         ".report": ("format_markdown", "write_results"),
         ".rescore": ("evaluator_control", "rescore_report"),

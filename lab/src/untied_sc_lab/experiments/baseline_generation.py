@@ -30,18 +30,10 @@ from ..tuning.search import BankRun
 from ..tuning.tune import run_key, score_bank_samples, scoring_evaluator
 from .baselines import ace_record, apply_knob_choices, tune_baselines, tuning_bank, untied_tuning_record
 from .definitions import BASELINE, normalise_samplers
-from .records import RunRecord
+from .generation_record import BankSample, BaselineCandidates, Generation
 from .sweep import generate_sweep, place_pipeline, score_sweep
-from .sweep_parts import CANDIDATES_KEY
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_TUNING, ScoringSettings, SweepSettings, TuningSettings
-from .tuning_records import (
-    AceDirection,
-    KnobTuning,
-    SampledBank,
-    TunedWhenSampled,
-    untied_from_json,
-    untied_to_json,
-)
+from .tuning_records import KnobTuning, SampledBank, TunedWhenSampled
 
 
 BANK_PREFIX = "tuning bank: "
@@ -78,7 +70,7 @@ def generate_baseline_candidates(
     name: str | None = None,
     command: str | None = None,
     device=None,
-) -> dict:
+) -> Generation:
     """
     `--experiment baselines --generate-only --tune-here`: the comparison samplers tuned here on the bank, then the
     benchmark runs of the chosen values, unscored (module docstring).
@@ -103,8 +95,8 @@ def generate_baseline_candidates(
 
     Returns:
         A [`generate_sweep`] result of the tuned samplers (each method sampled only where its choice is not neutral),
-        with the bank's runs, `baseline_candidates` (the sampler set, the bank's settings and how the untied
-        coefficients were chosen) and `tuned_when_sampled` (the evaluator, the protocol and the runs sampled per NFE).
+        with the bank's runs, its `candidates` (the sampler set, the bank's settings and how the untied coefficients
+        were chosen) and `tuned_when_sampled` (the evaluator, the protocol and the runs sampled per NFE).
     """
     if evaluator is None:
         raise ValueError(
@@ -121,27 +113,18 @@ def generate_baseline_candidates(
     knob = diversity_knob(family_of(pipe))
     loaded, loaded_name = scoring_evaluator(evaluator)
     evaluator_name = evaluator_name or loaded_name
-    bank_records = []
+    bank_runs = []
     began = time.perf_counter()
 
     def keep(spec, n, call_kwargs, texts, ids):
-        samples = run_samples(texts, ids, tune_seed, batch_size, bank_label(spec, call_kwargs), n, **{knob: None})
-        bank_records.append(
-            {
-                "sampler": bank_label(spec, call_kwargs),
-                "nfe": n,
-                "seed": tune_seed,
-                knob: None,  # a bank run is no diversity run of the benchmark: its knob is in `call`
-                "bank_key": bank_key(n, spec, call_kwargs),
-                "spec": spec.to_json(),
-                "call": dict(call_kwargs),
-                "num_samples": tuning.num_samples,
-                "seconds": 0.0,
-                "samples": samples,
-            }
+        label = bank_label(spec, call_kwargs)
+        samples = run_samples(texts, ids, tune_seed, batch_size, label, n, **{knob: None})
+        key = bank_key(n, spec, call_kwargs)
+        bank_runs.append(
+            BankSample(label, n, tune_seed, key, spec, dict(call_kwargs), tuning.num_samples, 0.0, samples)
         )
 
-    tuned, record = tune_baselines(
+    tuned, _ = tune_baselines(
         pipe,
         replace(settings, samplers=samplers),
         loaded,
@@ -157,21 +140,16 @@ def generate_baseline_candidates(
     bank_seconds = time.perf_counter() - began
     ace = ace_record(pipe)
     untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
-    candidates = {
-        "samplers": {name: spec.to_json() for name, spec in samplers.items()},
-        "bank": SampledBank(
-            tune_seed,
-            "tuning",
-            tuning.num_samples,
-            batch_size,
-            tuning.budget,
-            tuning.confidence,
-            tuning.curve_values,
-            tuning.extrapolate,
-        ).to_json(),
-        "untied": untied_to_json(untied),
-        "ace": None if ace is None else ace.to_json(),
-    }
+    bank = SampledBank(
+        tune_seed,
+        "tuning",
+        tuning.num_samples,
+        batch_size,
+        tuning.budget,
+        tuning.confidence,
+        tuning.curve_values,
+        tuning.extrapolate,
+    )
     only = {n: {name for name, spec in tuned.items() if _chosen_source(name, spec, n) == name} for n in nfe}
     generation = generate_sweep(
         pipe,
@@ -183,15 +161,17 @@ def generate_baseline_candidates(
         state=state,
         only=only,
     )
-    generation["runs"] += bank_records
-    generation["seconds"] += bank_seconds
-    generation[CANDIDATES_KEY] = candidates
-    generation["tuned_when_sampled"] = TunedWhenSampled(
-        evaluator_name,
-        protocol or default_protocol(family_of(pipe)),
-        {n: [name for name in tuned if name in only[n]] for n in nfe},
-    ).to_json()
-    return generation
+    return replace(
+        generation,
+        bank_runs=tuple(bank_runs),
+        seconds=generation.seconds + bank_seconds,
+        candidates=BaselineCandidates(samplers, bank, untied, ace),
+        tuned_when_sampled=TunedWhenSampled(
+            evaluator_name,
+            protocol or default_protocol(family_of(pipe)),
+            {n: [name for name in tuned if name in only[n]] for n in nfe},
+        ),
+    )
 
 
 def _chosen_source(name: str, spec: SamplerSpec, n: int) -> str:
@@ -203,19 +183,19 @@ def _chosen_source(name: str, spec: SamplerSpec, n: int) -> str:
 
 
 def choose_from_bank(
-    generation: Mapping,
+    generation: Generation,
     evaluator,
     protocol: str | None = None,
     eval_batch_size: int = 8,
     progress: bool = True,
     scoring=None,
-) -> tuple[dict[str, SamplerSpec], KnobTuning, dict]:
+) -> tuple[dict[str, SamplerSpec], KnobTuning, dict[str, BankRun]]:
     """
     Scores the tuning bank stored in a [`generate_baseline_candidates`] result and replays the search of every
     comparison sampler at every NFE on those scores ([`search_methods`]).
 
     Args:
-        generation (`Mapping`): the result (or its [`read_stored_sweeps`] reading).
+        generation ([`Generation`]): the result (or its [`read_stored_sweeps`] reading).
         evaluator: a loaded `(model, tokenizer)` pair.
         protocol (`str`, *optional*): the scoring protocol (default: the model's family).
         eval_batch_size (`int`): the evaluator's batch size.
@@ -228,15 +208,16 @@ def choose_from_bank(
         ([`KnobTuning`], its evaluator `None`: the caller names it) and every bank run's scores under its
         [`samples_fingerprint`] (what a later `--store-from` imports).
     """
-    candidates = generation[CANDIDATES_KEY]
-    samplers = {
-        name: SamplerSpec.from_json(spec, f"{CANDIDATES_KEY}.samplers[{name!r}]")
-        for name, spec in candidates["samplers"].items()
-    }
-    settings = SampledBank.from_json(candidates["bank"], f"{CANDIDATES_KEY}.bank")
-    family = generation["family"]
+    candidates = generation.candidates
+    if candidates is None:
+        raise ValueError(
+            f"The sampled sweep of {generation.model} holds no tuning bank: it was not sampled with "
+            "`--experiment baselines --generate-only --tune-here`. Score it without --experiment baselines."
+        )
+    settings = candidates.bank
+    family = generation.family
     protocol = protocol or default_protocol(family)
-    runs = {run["bank_key"]: run for run in generation["runs"] if "bank_key" in run}
+    runs = {run.key: run for run in generation.bank_runs}
     bank_scores = {}
     bar = tqdm(total=len(runs), desc="scoring the tuning bank", disable=not progress)
     scored: dict[str, BankRun] = {}
@@ -254,22 +235,23 @@ def choose_from_bank(
             )
 
         def fresh() -> dict:
-            return score_bank_samples(run["samples"], evaluator, protocol, eval_batch_size).to_json()
+            return score_bank_samples(run.samples, evaluator, protocol, eval_batch_size).to_json()
 
-        label = f"bank run {run['sampler']} at NFE {n}"
-        stored = fresh() if scoring is None else scoring.scored(run["samples"], fresh, label, lambda r: r["nll_sum"])
+        label = f"bank run {run.sampler} at NFE {n}"
+        stored = fresh() if scoring is None else scoring.scored(run.samples, fresh, label, lambda r: r["nll_sum"])
         result = BankRun.from_json(stored)
-        bank_scores[samples_fingerprint(run["samples"])] = result.to_json()
+        bank_scores[samples_fingerprint(run.samples)] = result
         scored[key] = result
         bar.update()
         return result
 
+    samplers = candidates.samplers
     methods = [m for m in dict.fromkeys(spec.scheduler for spec in samplers.values()) if m in COMPARISON_METHODS]
     try:
         results = search_methods(
             score,
             methods,
-            generation["nfe"],
+            generation.nfe,
             family,
             diversity_knob(family),
             resampling_clusters(family, settings.num_samples, settings.batch_size),
@@ -280,7 +262,6 @@ def choose_from_bank(
         )
     finally:
         bar.close()
-    ace = candidates.get("ace")
     bank = tuning_bank(
         settings.seed,
         settings.num_samples,
@@ -289,29 +270,25 @@ def choose_from_bank(
         protocol,
         settings.budget,
         settings.confidence,
-        None if ace is None else AceDirection.from_json(ace, f"{CANDIDATES_KEY}.ace"),
+        candidates.ace,
         settings.seed_space,
     )
-    untied = untied_from_json(candidates["untied"])
-    samplers, tuning = apply_knob_choices(samplers, results, generation["nfe"], bank, untied)
+    samplers, tuning = apply_knob_choices(samplers, results, generation.nfe, bank, candidates.untied)
     return samplers, tuning, bank_scores
 
 
-def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec], tuning: KnobTuning) -> dict:
+def select_chosen_runs(generation: Generation, samplers: Mapping[str, SamplerSpec], tuning: KnobTuning) -> Generation:
     """
     The generation as the one-machine run would have sampled it: each comparison sampler's benchmark runs (main and
     diversity) at its chosen knobs, official's where it chose the neutral value, under its own name and in the
     one-machine run's order; the bank left out; the tuned `samplers` and the `tuning` record in place of the
     candidates.
     """
-    knob = generation["diversity_knob"]
-    by_run = {record.key: record for record in (RunRecord.from_sampled(run, knob) for run in generation["runs"])}
-    plan = [(name, n, seed, None) for n in generation["nfe"] for seed in generation["seeds"] for name in samplers]
-    for value in generation.get("diversity_values") or ():
-        for n in generation.get("diversity_nfe") or generation["nfe"]:
-            plan += [
-                (name, n, seed, value) for seed in generation["seeds"] for name in generation["diversity_samplers"]
-            ]
+    by_run = {run.key: run for run in generation.runs}
+    plan = [(name, n, seed, None) for n in generation.nfe for seed in generation.seeds for name in samplers]
+    for value in generation.diversity_values:
+        for n in generation.diversity_nfe or generation.nfe:
+            plan += [(name, n, seed, value) for seed in generation.seeds for name in generation.diversity_samplers]
     runs = []
     for name, n, seed, value in plan:
         source = _chosen_source(name, samplers[name], n)
@@ -319,22 +296,23 @@ def select_chosen_runs(generation: Mapping, samplers: Mapping[str, SamplerSpec],
         if run is None:
             raise ValueError(_missing_chosen_run(generation, source, n))
         samples = [sample if source == name else replace(sample, sampler=name) for sample in run.samples]
-        runs.append(replace(run, sampler=name, samples=samples).to_sampled(knob))
-    coefficients = {name: value for name, value in (generation.get("coefficients") or {}).items() if name in samplers}
-    selected = {key: value for key, value in generation.items() if key not in (CANDIDATES_KEY, "tuned_when_sampled")}
-    selected.update(
-        samplers={name: spec.to_json() for name, spec in samplers.items()},
-        runs=runs,
+        runs.append(replace(run, sampler=name, samples=samples))
+    coefficients = {name: value for name, value in (generation.coefficients or {}).items() if name in samplers}
+    return replace(
+        generation,
+        samplers=dict(samplers),
+        runs=tuple(runs),
+        bank_runs=(),
         coefficients=coefficients,
-        knob_tuning=tuning.to_json(),
+        knob_tuning=tuning,
+        candidates=None,
+        tuned_when_sampled=None,
     )
-    return selected
 
 
-def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
+def _missing_chosen_run(generation: Generation, source: str, n: int) -> str:
     message = f"The generation holds no benchmark run of {source!r} at NFE {n}, which the report needs."
-    tuned = generation.get("tuned_when_sampled")
-    tuned = None if tuned is None else TunedWhenSampled.from_json(tuned)
+    tuned = generation.tuned_when_sampled
     if tuned and source not in tuned.sampled.get(n, [source]):
         return (
             f"{message} Its NFE {n} was tuned with {tuned.evaluator} under the {tuned.protocol} protocol, "
@@ -345,7 +323,7 @@ def _missing_chosen_run(generation: Mapping, source: str, n: int) -> str:
 
 
 def score_baseline_candidates(
-    generation: Mapping,
+    generation: Generation,
     scoring: ScoringSettings = DEFAULT_SCORING,
     *,
     progress: bool = True,
@@ -357,7 +335,7 @@ def score_baseline_candidates(
     [`score_sweep`] with the same evaluator (loaded once).
 
     Args:
-        generation (`Mapping`): the result (or its [`read_stored_sweeps`] reading).
+        generation ([`Generation`]): the result (or its [`read_stored_sweeps`] reading).
         scoring ([`ScoringSettings`]): as in [`score_sweep`]; its evaluator a name or a loaded `(model, tokenizer)`
             pair, its protocol and scoring batch size also the bank's.
         progress: as in [`score_sweep`].
@@ -370,16 +348,15 @@ def score_baseline_candidates(
     bank_scoring = None
     if store is not None:
         description = describe_evaluator(name, next(loaded[0].parameters()).dtype)
-        protocol_used = protocol or default_protocol(generation["family"])
+        protocol_used = protocol or default_protocol(generation.family)
         bank_scoring = StoreScoring(store, description, protocol_used, eval_batch_size, None, kind="bank")
     samplers, tuning, bank_scores = choose_from_bank(
         generation, loaded, protocol, eval_batch_size, progress, bank_scoring
     )
     # The bank's scores go beside the tuning record, which stays the one-machine run's.
-    selected = {
-        **select_chosen_runs(generation, samplers, replace(tuning, evaluator=name)),
-        "bank_scores": bank_scores,
-    }
+    selected = replace(
+        select_chosen_runs(generation, samplers, replace(tuning, evaluator=name)), bank_scores=bank_scores
+    )
     return score_sweep(
         selected, replace(scoring, evaluator=loaded), evaluator_name=name, progress=progress, **score_kwargs
     )

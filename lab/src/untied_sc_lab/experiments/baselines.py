@@ -92,7 +92,7 @@ def tune_baselines(
     on_sampled=None,
     evaluator_name: str | None = None,
     log: Callable[[str], None] | None = None,
-) -> tuple[dict[str, dict], dict]:
+) -> tuple[dict[str, SamplerSpec], KnobTuning]:
     """
     Checks the sweep up front, then tunes every comparison sampler at every NFE on the tuning bank.
 
@@ -120,7 +120,7 @@ def tune_baselines(
 
     Returns:
         `(samplers, record)`: the specs with each comparison sampler's chosen knobs as `knobs_by_steps`, and the
-        tuning record's JSON ([`KnobTuning`]: the bank, the rule, [`comparison_record`] per sampler and NFE, and the
+        tuning record ([`KnobTuning`]: the bank, the rule, [`comparison_record`] per sampler and NFE, and the
         untied sampler's own).
     """
     samplers = normalise_samplers(settings.samplers)
@@ -164,8 +164,7 @@ def tune_baselines(
         ace_record(pipe),
     )
     untied = {name: untied_tuning_record(pipe, nfe) for name, spec in samplers.items() if spec.scheduler == "untied"}
-    tuned, record = apply_knob_choices(samplers, results, nfe, bank, untied)
-    return tuned, record.to_json()
+    return apply_knob_choices(samplers, results, nfe, bank, untied)
 
 
 def tuning_bank(

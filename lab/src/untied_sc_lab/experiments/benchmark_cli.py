@@ -43,14 +43,16 @@ def _rescore(args, name: str) -> dict:
 def _score_stored_sweep(args, scoring, outputs: dict) -> dict:
     """`--store DIR` without a pipeline: [`score_sweep`] on the `--generate-only` sweep stored in DIR, whose pipeline
     and sweep options it fixes."""
-    from .baseline_generation import CANDIDATES_KEY, score_baseline_candidates
+    from dataclasses import replace
+
+    from .baseline_generation import score_baseline_candidates
     from .stored_sweeps import read_stored_sweeps
     from .sweep import score_sweep
 
     generation = read_stored_sweeps(outputs["store"])
     if args.name:
-        generation["model"] = args.name
-    if CANDIDATES_KEY in generation:  # --experiment baselines: choose the knobs on the stored bank first
+        generation = replace(generation, model=args.name)
+    if generation.candidates is not None:  # --experiment baselines: choose the knobs on the stored bank first
         evaluator_kwargs = {key: outputs.pop(key) for key in ("cache_dir", "dtype")}
         evaluator_kwargs["device"] = args.device or "cpu"
         return score_baseline_candidates(
@@ -117,8 +119,7 @@ def _tune_baselines(args, settings, state, store):
         evaluator_name=args.evaluator,
         log=_tuning_log(args),
     )
-    record["evaluator"] = args.evaluator
-    return pipe, replace(settings, samplers=samplers), record
+    return pipe, replace(settings, samplers=samplers), replace(record, evaluator=args.evaluator)
 
 
 def _scoring_settings(args):
@@ -280,10 +281,10 @@ def _benchmark_into(args, name: str | None, state) -> dict | None:
         if not is_main_process(state):
             return None
         where = store_sweep(outputs["store"], generation)  # the store carries the sweep
-        count = sum(len(run["samples"]) for run in generation["runs"])
+        count = sum(len(run.samples) for run in generation.sampled_runs)
         print(
-            f"Sampled {count} samples in {len(generation['runs'])} runs in {generation['seconds']:.1f} s on "
-            f"{generation['device']} into {where}. Score them with: untied-sc benchmark --store {args.store}"
+            f"Sampled {count} samples in {len(generation.sampled_runs)} runs in {generation.seconds:.1f} s on "
+            f"{generation.device} into {where}. Score them with: untied-sc benchmark --store {args.store}"
         )
         return generation
     # baselines: the pipeline loaded, checked and tuned on; otherwise its folder, loaded by the sweep

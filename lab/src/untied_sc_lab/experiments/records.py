@@ -2,8 +2,8 @@
 (sampler, NFE, seed, diversity knob value), its sampling seconds, its samples once sampled and its scores once
 scored ([`RunScores`], with the per-sample columns the intervals resample, [`PerSample`]).
 
-A report holds its runs' JSON layout and a generation its sampled runs' layout: [`RunRecord.to_json`] /
-[`RunRecord.from_json`] and [`RunRecord.to_sampled`] / [`RunRecord.from_sampled`] cross those boundaries, key for key
+A report holds its runs' JSON layout and a stored generation its sampled runs' layout: [`RunRecord.to_json`] /
+[`RunRecord.from_json`] and [`RunRecord.to_stored`] / [`RunRecord.from_stored`] cross those boundaries, key for key
 in the order the committed reports have them (they re-render byte for byte). A record holds the diversity knob's
 value; its name (`temperature`, `decode_temperature`, `sc_cfg_scale`) is the report's `diversity_knob`, given to
 each of those four.
@@ -173,20 +173,14 @@ class RunRecord:
         return replace(self, samples=None, scores=RunScores.from_result(result, self.seconds))
 
     @classmethod
-    def from_sampled(cls, run: Mapping, knob: str) -> "RunRecord":
-        """A generation's sampled run (`sampler`, `nfe`, `seed`, the knob, `seconds`, `samples`)."""
-        return cls(run["sampler"], run["nfe"], run["seed"], run[knob], run["seconds"], run["samples"])
+    def from_stored(cls, run: Mapping, knob: str, samples: Sequence[Sample] | None = None) -> "RunRecord":
+        """A stored generation's run (`sampler`, `nfe`, `seed`, the knob, `seconds`), with its `samples` where
+        given (a run store files them apart)."""
+        return cls(run["sampler"], run["nfe"], run["seed"], run[knob], run["seconds"], samples)
 
-    def to_sampled(self, knob: str) -> dict:
-        """The run as a generation holds it ([`from_sampled`])."""
-        return {
-            "sampler": self.sampler,
-            "nfe": self.nfe,
-            "seed": self.seed,
-            knob: self.value,
-            "seconds": self.seconds,
-            "samples": self.samples,
-        }
+    def to_stored(self, knob: str) -> dict:
+        """The run as a stored generation lists it ([`from_stored`]), without its samples."""
+        return {"sampler": self.sampler, "nfe": self.nfe, "seed": self.seed, knob: self.value, "seconds": self.seconds}
 
     @classmethod
     def from_json(cls, data: Mapping, knob: str) -> "RunRecord":

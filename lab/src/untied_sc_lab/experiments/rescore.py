@@ -24,12 +24,12 @@ from ..evaluation.aggregates import by_sampler_to_json
 from ..runs.store import RUN_SETTINGS
 from .control_records import ControlRow, EvaluatorControl, HeadlineRatios, NllCorrelation, RankAgreement, ScoredBy
 from .equal_entropy_records import HeadToHead
+from .generation_record import GENERATION_FORMAT, Generation
 from .records import RunRecord
 from .report import write_results
 from .report_import import read_report_runs
 from .report_record import Report
 from .sweep import score_sweep
-from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import DEFAULT_SCORING, ScoringSettings
 
 
@@ -58,7 +58,7 @@ def report_generation(
     records: Sequence[RunRecord],
     run_samples: Sequence[Sequence],
     path: str | os.PathLike = "the report",
-) -> dict:
+) -> Generation:
     """The generation a report was scored from, rebuilt from its record, its runs and the samples of each run (in the
     report's order, [`read_report_runs`]): the same runs, knob values, timings and samples, for [`score_sweep`].
     Scores of the first evaluator (the tuning bank's among them) are left behind."""
@@ -68,17 +68,17 @@ def report_generation(
             f"--rescore: {path} does not record {', '.join(missing)}: it was written before those were kept, so its "
             "runs cannot be rebuilt. Score its samples with `untied-sc evaluate` instead."
         )
-    knob = report["diversity_knob"]
-    runs = [
-        replace(record, samples=samples, scores=None) for record, samples in zip(records, run_samples, strict=True)
-    ]
-    return {
+    settings = {
         "format": GENERATION_FORMAT,
         **{key: report[key] for key in GENERATION_SETTINGS},
         **{key: report[key] for key in OPTIONAL_SETTINGS if key in report},
-        "seconds": report.get("sampling_seconds", sum(run.seconds for run in runs)),
-        "runs": [run.to_sampled(knob) for run in runs],
+        "seconds": report.get("sampling_seconds", sum(record.seconds for record in records)),
+        "runs": [],
     }
+    runs = [
+        replace(record, samples=samples, scores=None) for record, samples in zip(records, run_samples, strict=True)
+    ]
+    return replace(Generation.from_json(settings, f"--rescore: {path}"), runs=tuple(runs))
 
 
 def rescore_report(
@@ -130,8 +130,8 @@ def rescore_report(
     settings = first_report.settings
     if isinstance(scoring.evaluator, (str, os.PathLike)):
         evaluator_name = str(scoring.evaluator)
-    generation["model"] = name or rescored_report_name(settings.model, evaluator_name or "evaluator")
-    if output_dir is not None and report_paths(output_dir, generation["model"])["json"].resolve() == (
+    generation = replace(generation, model=name or rescored_report_name(settings.model, evaluator_name or "evaluator"))
+    if output_dir is not None and report_paths(output_dir, generation.model)["json"].resolve() == (
         report_path.resolve()
     ):
         raise ValueError(f"--rescore: {report_path} would be replaced by its own rescoring; give another --name.")

@@ -25,6 +25,7 @@ import shlex
 import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -46,19 +47,19 @@ from untied_sc.generation import (
     tokenizer_description,
     warn_few_clusters,
 )
-from untied_sc.per_nfe import write_steps_table
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matched_setting
 
 from ..evaluation.evaluator import describe_evaluator, load_evaluator
 from ..evaluation.io import evaluate_samples, samples_key
-from ..runs.store import RunKey, RunStore, StoreScoring, open_store
+from ..runs.store import RunKey, RunStore, StoreRecord, StoreScoring, open_store
 from .aggregation import analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
+from .generation_record import Generation
 from .records import RunRecord
 from .report import write_results
-from .sweep_parts import GENERATION_FORMAT
 from .sweep_settings import DEFAULT_SCORING, DEFAULT_SWEEP, ScoringSettings, SweepSettings
+from .tuning_records import KnobTuning
 
 
 BATCH_SEED_RULE = "1_000_003 * seed + batch_index"  # as reports record it ([`batch_seed`] in the benchmark space)
@@ -90,11 +91,6 @@ def _sweep_runs(
     return plan
 
 
-def _kept(generation: Mapping, key: str) -> dict:
-    """`{key: generation[key]}` where the generation holds it, else nothing."""
-    return {key: generation[key]} if key in generation else {}
-
-
 def place_pipeline(pipe, state=None, device: str | torch.device | None = None) -> None:
     """Moves `pipe` where a sweep samples: `device`, or under several processes each process's own
     ([`process_device`]); left where it is when neither names one."""
@@ -121,10 +117,10 @@ def generate_sweep(
     progress: bool = True,
     device: str | torch.device | None = None,
     state=None,
-    knob_tuning: dict | None = None,
+    knob_tuning: KnobTuning | None = None,
     only: Mapping[int, Collection[str]] | None = None,
     store: str | os.PathLike | RunStore | None = None,
-) -> dict:
+) -> Generation:
     """The sampling half of [`run_sweep`]: generates every run of the sweep and returns it, unscored.
 
     The arguments are [`run_sweep`]'s, and `only`: per NFE, the samplers to sample there (the others' runs are left
@@ -138,11 +134,9 @@ def generate_sweep(
     it back and [`score_sweep`] scores it, with the same numbers as [`run_sweep`] on the same samples.
 
     Returns:
-        `dict` with the sweep's settings (`model`, `family`, `pipeline_class`, `nfe`, `seeds`, `num_samples`,
-        `batch_size`, `samplers`, `diversity_*`), `coefficients` (η_R, η_T, η_O, α each untied sampler ran with, by
-        NFE), `device`, `num_processes`, `torch`, `command`, `seconds` (wall time) and
-        `runs`: one dict per (sampler, NFE, seed[, knob value]) with `seconds` of sampling (its slowest process's)
-        and its `samples` ([`Sample`]s).
+        [`Generation`]: the sweep's settings, the coefficients (η_R, η_T, η_O, α each untied sampler ran with, by
+        NFE), where it ran, its wall time, and one [`RunRecord`] per (sampler, NFE, seed[, knob value]) with its
+        sampling seconds (its slowest process's) and its samples ([`Sample`]s).
     """
     began = time.perf_counter()
     nfe, seeds, num_samples, batch_size = settings.nfe, settings.seeds, settings.num_samples, settings.batch_size
@@ -174,20 +168,33 @@ def generate_sweep(
     check_ace_statistics(pipe, samplers, source)
     check_runs(pipe, samplers, plan, source)
     store = open_store(store)
-    header = {
-        "format": GENERATION_FORMAT,
-        "model": name,
-        "family": family,
-        "pipeline_class": type(pipe).__name__,
-        "generator_tokenizer": tokenizer_description(pipe.tokenizer),
-        "nfe": list(nfe),
-        "seeds": list(seeds),
-        "num_samples": num_samples,
-        "batch_size": batch_size,
-        "batch_seed": BATCH_SEED_RULE,
-        "samplers": {sampler: spec.to_json() for sampler, spec in samplers.items()},
-    }
-    run_settings = {**header, "diversity_knob": knob}  # every one of [`RUN_SETTINGS`], as the generation records it
+    device_name = str(pipe.device) + (
+        f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else ""
+    )
+    sweep = Generation(
+        model=name,
+        family=family,
+        pipeline_class=type(pipe).__name__,
+        generator_tokenizer=tokenizer_description(pipe.tokenizer),
+        nfe=tuple(nfe),
+        seeds=tuple(seeds),
+        num_samples=num_samples,
+        batch_size=batch_size,
+        batch_seed=BATCH_SEED_RULE,
+        samplers=samplers,
+        coefficients={},
+        baseline=BASELINE,
+        diversity_knob=knob,
+        diversity_values=tuple(diversity_values or ()),
+        diversity_samplers=tuple(diversity_samplers) if diversity_values else (),
+        diversity_nfe=tuple(diversity_nfe or nfe) if diversity_values else (),
+        device=device_name + (f", {num_processes} processes" if num_processes > 1 else ""),
+        num_processes=num_processes,
+        torch=torch.__version__,
+        command=command,
+        seconds=0.0,
+        knob_tuning=knob_tuning,
+    )
 
     original_scheduler = pipe.scheduler
     progress_config = dict(getattr(pipe, "_progress_bar_config", {}))
@@ -217,7 +224,7 @@ def generate_sweep(
             if store is None:
                 samples, seconds = sample()
             else:
-                key = RunKey.of(run_settings, spec, coefficients.get(sampler, {}).get(n), n, seed, value)
+                key = RunKey.of(sweep.run_settings, spec, coefficients.get(sampler, {}).get(n), n, seed, value)
                 samples, seconds = store.sampled(
                     key,
                     sampler,
@@ -225,33 +232,21 @@ def generate_sweep(
                     lambda sample=sample: sample(batch_size)[0],
                     partial(run_samples, seed=seed, batch_size=batch_size, sampler=sampler, nfe=n, **{knob: value}),
                 )
-            runs.append(RunRecord(sampler, n, seed, value, seconds, samples).to_sampled(knob))
+            runs.append(RunRecord(sampler, n, seed, value, seconds, samples))
     finally:
         pipe.scheduler = original_scheduler
         pipe.set_progress_bar_config(**progress_config)
-    return {
-        **header,
-        "coefficients": {sampler: write_steps_table(by_steps) for sampler, by_steps in coefficients.items()},
-        "baseline": BASELINE,
-        "diversity_knob": knob,
-        "diversity_values": list(diversity_values or []),
-        "diversity_samplers": list(diversity_samplers) if diversity_values else [],
-        "diversity_nfe": list(diversity_nfe or nfe) if diversity_values else [],
-        "device": str(pipe.device)
-        + (f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else "")
-        + (f", {num_processes} processes" if num_processes > 1 else ""),
-        "num_processes": num_processes,  # a run's `seconds` are its slowest process's
-        "torch": torch.__version__,
-        "command": command,
-        "seconds": time.perf_counter() - began,
-        **({"knob_tuning": knob_tuning} if knob_tuning is not None else {}),
-        **({"store": store.record()} if store is not None else {}),
-        "runs": runs,
-    }
+    return replace(
+        sweep,
+        coefficients=coefficients,
+        seconds=time.perf_counter() - began,
+        store=None if store is None else StoreRecord.from_json(store.record()),
+        runs=tuple(runs),
+    )
 
 
 def score_sweep(
-    generation: dict,
+    generation: Generation,
     scoring: ScoringSettings = DEFAULT_SCORING,
     *,
     output_dir: str | os.PathLike | None = None,
@@ -274,11 +269,11 @@ def score_sweep(
     _check_evaluator_options(evaluator_kwargs)
     began = time.perf_counter()
     evaluator, eval_batch_size, max_length = scoring.evaluator, scoring.eval_batch_size, scoring.max_length
-    family, knob = generation["family"], generation["diversity_knob"]
-    records = [RunRecord.from_sampled(run, knob) for run in generation["runs"]]
+    family, knob = generation.family, generation.diversity_knob
+    records = list(generation.runs)
     if main_only:
         records = [record for record in records if record.is_main]
-        generation = {**generation, "diversity_values": [], "diversity_samplers": [], "diversity_nfe": []}
+        generation = replace(generation, diversity_values=(), diversity_samplers=(), diversity_nfe=())
     protocol = scoring.protocol or default_protocol(family)
     if isinstance(evaluator, (str, os.PathLike)):
         evaluator_name = str(evaluator)
@@ -292,7 +287,7 @@ def score_sweep(
     scored = dict(scored or {})
     store = open_store(store)
     parts = None if store is None else StoreScoring(store, description, protocol, eval_batch_size, max_length)
-    for record in tqdm(records, desc=f"scoring {generation['model']}", disable=not progress):
+    for record in tqdm(records, desc=f"scoring {generation.model}", disable=not progress):
         key = samples_key(record.samples)
         if key not in scored:
 
@@ -305,39 +300,52 @@ def score_sweep(
         runs.append(record.scored(scored[key]).to_json(knob))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
-    settings = ("model", "family", "pipeline_class", "nfe", "seeds", "num_samples", "batch_size", "batch_seed")
+    account = generation.store.to_json() if generation.store is not None else None  # where it was sampled
+    if store is not None:
+        account = store.record()  # this scoring's store: it counts the sampling's runs too
     results = {
-        **{key: generation[key] for key in settings},
+        "model": generation.model,
+        "family": generation.family,
+        "pipeline_class": generation.pipeline_class,
+        "nfe": list(generation.nfe),
+        "seeds": list(generation.seeds),
+        "num_samples": generation.num_samples,
+        "batch_size": generation.batch_size,
+        "batch_seed": generation.batch_seed,
         "protocol": protocol,
         "evaluator": evaluator_name,
         "evaluator_description": description,
-        "samplers": generation["samplers"],
-        "coefficients": generation.get("coefficients"),  # absent from rescored reports that record none
-        "generator_tokenizer": generation.get("generator_tokenizer"),
-        **{key: generation[key] for key in ("baseline", "diversity_knob", "diversity_values")},
-        **{key: generation[key] for key in ("diversity_samplers", "diversity_nfe", "device", "torch")},
-        "num_processes": generation.get("num_processes", 1),  # absent from rescored reports that record none (1)
+        "samplers": generation.samplers_json(),
+        "coefficients": generation.coefficients_json(),  # absent from rescored reports that record none
+        "generator_tokenizer": generation.generator_tokenizer,
+        "baseline": generation.baseline,
+        "diversity_knob": knob,
+        "diversity_values": list(generation.diversity_values),
+        "diversity_samplers": list(generation.diversity_samplers),
+        "diversity_nfe": list(generation.diversity_nfe),
+        "device": generation.device,
+        "torch": generation.torch,
+        "num_processes": generation.num_processes,
         "runs": runs,
         "diversity_default": knob_default,
-        "command": generation["command"],
+        "command": generation.command,
         "main_only": main_only,
-        **_kept(generation, "knob_tuning"),
-        **_kept(generation, "parts"),  # a merged sweep's
-        **({"store": store.record()} if store is not None else _kept(generation, "store")),
-        **_kept(generation, "reused_samples"),
-        # --experiment baselines scored on another machine: the tuning bank's scores, for a later --store-from
-        **{key: generation[key] for key in ("bank_scores", "bank_scores_reused") if key in generation},
+        **({} if generation.knob_tuning is None else {"knob_tuning": generation.knob_tuning.to_json()}),
+        **({} if generation.parts is None else {"parts": [part.to_json() for part in generation.parts]}),
+        **({} if account is None else {"store": account}),
     }
-    if command is not None and command != generation["command"]:
+    if generation.bank_scores is not None:  # --experiment baselines scored on another machine, for a --store-from
+        results["bank_scores"] = {key: run.to_json() for key, run in generation.bank_scores.items()}
+    if command is not None and command != generation.command:
         results["scoring_command"] = command
         results["scoring_device"] = str(next(evaluator[0].parameters()).device)
     analyse(results, num_resamples=scoring.num_resamples)
-    results["sampling_seconds"] = generation["seconds"]
+    results["sampling_seconds"] = generation.seconds
     results["scoring_seconds"] = time.perf_counter() - began
     results["wall_seconds"] = results["sampling_seconds"] + results["scoring_seconds"]
     if output_dir is not None:
         samples = [sample for record in records for sample in record.samples]
-        results["samples_file"] = f"{generation['model']}.samples.jsonl.gz"
+        results["samples_file"] = f"{generation.model}.samples.jsonl.gz"
         results["files"] = {k: str(v) for k, v in write_results(results, output_dir, samples).items()}
     return results
 
@@ -353,7 +361,7 @@ def run_sweep(
     progress: bool = True,
     device: str | torch.device | None = None,
     state=None,
-    knob_tuning: dict | None = None,
+    knob_tuning: KnobTuning | None = None,
     store: str | os.PathLike | RunStore | None = None,
     **evaluator_kwargs,
 ) -> dict | None:
@@ -375,7 +383,7 @@ def run_sweep(
         state: the [`untied_sc.distributed.process_state`] of several processes (`accelerate launch`): sampling is
             split across them by batch ([`generate_sweep`]); the main process alone scores and writes, the others
             return `None`. Scoring is not split: it runs once, on the main process.
-        knob_tuning (`dict`, *optional*): the record of how the comparison samplers' knobs were chosen
+        knob_tuning ([`KnobTuning`], *optional*): the record of how the comparison samplers' knobs were chosen
             ([`untied_sc_lab.experiments.baselines.tune_baselines`]), kept in the results and the report.
         store (`str`, `os.PathLike` or [`RunStore`], *optional*): a store folder that keeps every run sampled and
             scored, so that a stopped sweep resumes and does only the missing work ([`generate_sweep`],

@@ -4,19 +4,20 @@ process per NFE on one GPU, or parts on several machines), merged into the sweep
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from untied_sc.generation import SamplerSpec
 
 from ..runs.store import RUN_SETTINGS
+from .generation_record import CANDIDATES_KEY, Generation
+from .provenance import SampledPart
+from .records import RunRecord
 
-
-GENERATION_FORMAT = "untied-sc benchmark generation"  # the `format` of a [`generate_sweep`] result
-CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a sampled sweep
 
 # What every part of a merged sweep must share: the model, the settings that decide a run's samples
-# ([`RUN_SETTINGS`]) and the sampler set. `device` and `torch` may differ between parts: every pair, knob choice and
-# throughput ratio stays within one NFE, so within one part, and the report names each part's machine
-# ([`merge_generations`]).
+# ([`RUN_SETTINGS`]) and the sampler set (a stored part's file is named after them, with its `format`). `device` and
+# `torch` may differ between parts: every pair, knob choice and throughput ratio stays within one NFE, so within one
+# part, and the report names each part's machine ([`merge_generations`]).
 SHARED_SETTINGS = (
     "format",
     "model",
@@ -29,7 +30,7 @@ SHARED_SETTINGS = (
 )
 
 
-def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | None = None) -> dict:
+def merge_generations(generations: Sequence[Generation], names: Sequence[str] | None = None) -> Generation:
     """
     One generation from parts that sampled disjoint sets of NFEs of the same sweep (the same model, seeds, batch
     size and samplers: [`SHARED_SETTINGS`]). The runs are put in the one-part order, so the merged generation scores
@@ -39,7 +40,7 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
     `device` and `torch` then name each part's, by NFE.
 
     Args:
-        generations (`Sequence[Mapping]`): the parts ([`generate_sweep`] results, or the parts of a run store that
+        generations (`Sequence[Generation]`): the parts ([`generate_sweep`] results, or the parts of a run store that
             [`read_stored_sweeps`] reads).
         names (`Sequence[str]`, *optional*): the parts' names (their files in the store), for errors.
 
@@ -47,22 +48,18 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
         ValueError: when the parts differ in a shared setting or overlap in an NFE (the error names both parts).
     """
     if len(generations) == 1:
-        return dict(generations[0])
+        return generations[0]
     names = list(names) if names is not None else [f"part {i + 1}" for i in range(len(generations))]
     first = generations[0]
     for name, part in zip(names[1:], generations[1:], strict=True):
-        differing = [key for key in SHARED_SETTINGS if _shared(part, key) != _shared(first, key)]
-        if CANDIDATES_KEY in part or CANDIDATES_KEY in first:
-            ours, theirs = part.get(CANDIDATES_KEY) or {}, first.get(CANDIDATES_KEY) or {}
+        differing = [key for key in SHARED_SETTINGS if key != "format" and _shared(part, key) != _shared(first, key)]
+        if part.candidates is not None or first.candidates is not None:
             differing += [
                 f"{CANDIDATES_KEY}.{key}"
-                for key in ("samplers", "variants", "bank")
-                if ours.get(key) != theirs.get(key)
+                for key in ("samplers", "bank", "ace")
+                if getattr(part.candidates, key, None) != getattr(first.candidates, key, None)
             ]
-            if "ace" in ours and "ace" in theirs and ours["ace"] != theirs["ace"]:  # parts sampled with other ACE
-                differing.append(f"{CANDIDATES_KEY}.ace")
-        if "knob_tuning" in part or "knob_tuning" in first:
-            differing += ["knob_tuning"] if part.get("knob_tuning") != first.get("knob_tuning") else []
+        differing += ["knob_tuning"] if part.knob_tuning != first.knob_tuning else []
         if differing:
             raise ValueError(
                 f"{name} and {names[0]} are not parts of one sweep: they differ in {', '.join(differing)}. Merge only "
@@ -70,45 +67,57 @@ def merge_generations(generations: Sequence[Mapping], names: Sequence[str] | Non
             )
     seen: dict[int, str] = {}
     for name, part in zip(names, generations, strict=True):
-        for n in part["nfe"]:
+        for n in part.nfe:
             if n in seen:
                 raise ValueError(f"{name} and {seen[n]} both sampled NFE {n}: merge parts with disjoint --nfe.")
             seen[n] = name
-    nfe = sorted(seen)
-    diversity_nfe = sorted({n for part in generations for n in part.get("diversity_nfe") or []})
+    nfe = tuple(sorted(seen))
     coefficients: dict[str, dict] = {}
     for part in generations:
-        for sampler, by_steps in (part.get("coefficients") or {}).items():
+        for sampler, by_steps in (part.coefficients or {}).items():
             coefficients.setdefault(sampler, {}).update(by_steps)
-    samplers = _merged_specs([_part_specs(part) for part in generations])
-    merged = {**first, "nfe": nfe, "diversity_nfe": diversity_nfe, "coefficients": coefficients, "samplers": samplers}
-    merged["seconds"] = sum(part["seconds"] for part in generations)
-    merged["command"] = " ; ".join(part["command"] for part in generations)
-    merged["parts"] = [
-        {key: part.get(key) for key in ("nfe", "command", "seconds", "device", "torch")} for part in generations
-    ]
-    for key in ("device", "torch"):
-        merged[key] = _by_part(generations, key)
-    tuned_here = [part["tuned_when_sampled"] for part in generations if "tuned_when_sampled" in part]
+    tuned_here = [part.tuned_when_sampled for part in generations if part.tuned_when_sampled is not None]
+    tuned = None
     if tuned_here:  # `--tune-here` parts: what each sampled, by NFE
-        sampled = {n: names for tuned in tuned_here for n, names in tuned["sampled"].items()}
-        merged["tuned_when_sampled"] = {**tuned_here[0], "sampled": sampled}
-    if CANDIDATES_KEY in first:
+        tuned = replace(tuned_here[0], sampled={n: runs for t in tuned_here for n, runs in t.sampled.items()})
+    candidates = first.candidates
+    if candidates is not None:
         untied: dict[str, dict] = {}
         for part in generations:
-            for sampler, by_steps in part[CANDIDATES_KEY]["untied"].items():
+            for sampler, by_steps in part.candidates.untied.items():
                 untied.setdefault(sampler, {}).update(by_steps)
-        merged[CANDIDATES_KEY] = {**first[CANDIDATES_KEY], "untied": untied}
-    merged["runs"] = sorted((run for part in generations for run in part["runs"]), key=_run_order(merged))
-    return merged
+        candidates = replace(candidates, untied=untied)
+    merged = replace(
+        first,
+        nfe=nfe,
+        diversity_nfe=tuple(sorted({n for part in generations for n in part.diversity_nfe})),
+        coefficients=coefficients,
+        samplers=_merged_specs([part.samplers for part in generations]),
+        seconds=sum(part.seconds for part in generations),
+        command=" ; ".join(part.command for part in generations),
+        parts=tuple(
+            SampledPart(part.nfe, part.command, part.seconds, part.device, part.torch) for part in generations
+        ),
+        device=_by_part(generations, "device"),
+        torch=_by_part(generations, "torch"),
+        tuned_when_sampled=tuned,
+        candidates=candidates,
+    )
+    return replace(
+        merged,
+        runs=tuple(sorted((run for part in generations for run in part.runs), key=_run_order(merged))),
+        bank_runs=tuple(
+            sorted((run for part in generations for run in part.bank_runs), key=lambda r: nfe.index(r.nfe))
+        ),
+    )
 
 
-def _by_part(generations: Sequence[Mapping], key: str) -> str:
+def _by_part(generations: Sequence[Generation], key: str) -> str:
     """A setting the parts may differ in, as one string: the value when all share it, else each value with its NFEs
     ("cuda:0 (NVIDIA H200) at NFE 8, 16; cpu at NFE 64")."""
     nfe_by_value: dict[str, list[int]] = {}
     for part in generations:
-        nfe_by_value.setdefault(str(part.get(key)), []).extend(part["nfe"])
+        nfe_by_value.setdefault(str(getattr(part, key)), []).extend(part.nfe)
     if len(nfe_by_value) == 1:
         return next(iter(nfe_by_value))
     return "; ".join(
@@ -117,46 +126,32 @@ def _by_part(generations: Sequence[Mapping], key: str) -> str:
     )
 
 
-def _part_specs(generation: Mapping) -> dict[str, SamplerSpec]:
-    """A part's sampler specs, read from its JSON."""
-    return {name: SamplerSpec.from_json(spec, f"samplers[{name!r}]") for name, spec in generation["samplers"].items()}
-
-
-def _merged_specs(parts: Sequence[Mapping[str, SamplerSpec]]) -> dict[str, dict]:
-    """The merged sweep's sampler specs, as JSON: the first part's, a spec's per-NFE knobs (the baselines' grid
-    values) those of every part's NFEs."""
+def _merged_specs(parts: Sequence[Mapping[str, SamplerSpec]]) -> dict[str, SamplerSpec]:
+    """The merged sweep's sampler specs: the first part's, a spec's per-NFE knobs (the baselines' grid values) those
+    of every part's NFEs."""
     merged = {}
     for name, spec in parts[0].items():
         if spec.knobs_by_steps is not None:
             spec = spec.with_knobs(
                 {n: knobs for part in parts for n, knobs in (part[name].knobs_by_steps or {}).items()}
             )
-        merged[name] = spec.to_json()
+        merged[name] = spec
     return merged
 
 
-def _shared(generation: Mapping, key: str):
+def _shared(generation: Generation, key: str):
     """A setting as the parts must share it: sampler specs without their per-NFE knobs."""
     if key != "samplers":
-        return generation.get(key)
-    return {name: spec.without_knobs() for name, spec in _part_specs(generation).items()}
+        return getattr(generation, key)
+    return {name: spec.without_knobs() for name, spec in generation.samplers.items()}
 
 
-def _run_order(generation: Mapping):
-    """The one-part order of runs: main runs (NFE, seed, sampler), then diversity runs (value, NFE, seed, sampler),
-    then anything else (a tuning bank) by NFE."""
-    knob = generation["diversity_knob"]
-    nfe, seeds = generation["nfe"], generation["seeds"]
-    samplers = list(generation["samplers"])
-    values = list(generation.get("diversity_values") or [])
+def _run_order(generation: Generation):
+    """The one-part order of runs: main runs (NFE, seed, sampler), then diversity runs (value, NFE, seed, sampler)."""
+    nfe, seeds, samplers = generation.nfe, generation.seeds, list(generation.samplers)
 
-    def key(run: Mapping) -> tuple:
-        n = nfe.index(run["nfe"])
-        if run["sampler"] not in samplers:  # the sort is stable: a part's own order within an NFE
-            return (2, 0, n, 0, 0)
-        place = (seeds.index(run["seed"]), samplers.index(run["sampler"]))
-        if run[knob] is None:
-            return (0, 0, n, *place)
-        return (1, values.index(run[knob]), n, *place)
+    def key(run: RunRecord) -> tuple:
+        place = (nfe.index(run.nfe), seeds.index(run.seed), samplers.index(run.sampler))
+        return (0, 0, *place) if run.value is None else (1, generation.diversity_values.index(run.value), *place)
 
     return key
