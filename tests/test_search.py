@@ -141,14 +141,14 @@ def test_the_keep_rule_reads_the_pick_at_equal_entropy_on_matched_pairs():
     # 10 % better at equal entropy on every pair: kept
     steady = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0), curve())
     assert steady.kept and steady.outcome == "accepted" and steady.chosen == steady.best.knobs
-    assert steady.comparison["ratio"] == pytest.approx(0.9) and steady.comparison["ratio_ci"][1] < 1
+    assert steady.comparison.ratio == pytest.approx(0.9) and steady.comparison.ratio_ci[1] < 1
     # the same mean, pairs scattered by ±1 nat: within noise, ACE runs at its neutral value
     noisy = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0, spread=1.0), curve())
     assert not noisy.kept and noisy.outcome == "no win at equal entropy beyond noise"
     assert noisy.chosen == {"ace_strength": NEUTRAL["ace"]["ace_strength"]}
     # 10 % lower raw GenPPL bought with 0.05 nats less entropy: a loss at equal entropy, not kept
     cheap = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 4.95), curve())
-    assert cheap.comparison["ratio"] > 1 and not cheap.kept
+    assert cheap.comparison.ratio > 1 and not cheap.kept
     record = steady.record()
     assert record["budget"] == 20 and record["candidates_tried"] == len(record["candidates"])
     assert record["official_curve"]["knob"] == "temperature" and "objective" in record["candidates"][0]
@@ -178,9 +178,11 @@ def test_match_entropy_finds_the_temperature_at_official_entropy():
         runs.append(temperature)
         return bank_run(100.0, 4.96 + 0.8 * (temperature - 1.0) + 0.2 * (temperature - 1.0) ** 2)
 
-    match = match_entropy(score, 5.0, (1.0, bank_run(100.0, 4.96)), slope=1.0, lowest=0.05)
-    assert abs(match["entropy"] - 5.0) <= match["tolerance"] and match["value"] > 1.0
-    assert len(runs) <= 3 and [r["value"] for r in match["runs"]] == runs
+    match = match_entropy(score, 5.0, (1.0, bank_run(100.0, 4.96)), slope=1.0, lowest=0.05, knob="temperature")
+    assert abs(match.entropy - 5.0) <= match.tolerance and match.value > 1.0
+    assert len(runs) <= 3 and [run.value for run in match.runs] == runs
     # a knob that cannot move entropy far enough the wrong way (ELF's decode temperature cannot go below 0)
-    stuck = match_entropy(lambda v: bank_run(100.0, 5.1), 5.0, (0.0, bank_run(100.0, 5.1)), slope=1.0, lowest=0.0)
-    assert stuck["value"] is None
+    stuck = match_entropy(
+        lambda v: bank_run(100.0, 5.1), 5.0, (0.0, bank_run(100.0, 5.1)), slope=1.0, lowest=0.0, knob="temperature"
+    )
+    assert stuck.value is None
