@@ -330,7 +330,7 @@ def equal_entropy_comparison(
             candidate = [] if runs is None else _run_samples(runs, sampler, nfe, None)
             if candidate:
                 points = [_run_samples(runs, baseline, nfe, None if p.default else p.value) for p in curve]
-                bootstrap = equal_entropy_ratio(
+                reading = equal_entropy_ratio(
                     candidate,
                     points,
                     clusters,
@@ -338,7 +338,7 @@ def equal_entropy_comparison(
                     confidence=confidence,
                     generator=0,
                 )
-                interval, outside, resampled = bootstrap.ratio_ci, bootstrap.fraction_outside, bootstrap.entropy_resampled
+                interval, outside, resampled = reading.ratio_ci, reading.fraction_outside, reading.entropy_resampled
             ratio = None if reference is None else ppl / reference
             row = EqualEntropyRow(entropy, ppl, reference, ratio, interval, outside, resampled)
             out.setdefault(sampler, {})[nfe] = row
