@@ -84,7 +84,7 @@ def reading(folder: Path, nfe: int, spec: dict, call: dict) -> dict:
         "call": call,
         "official": curve.default.scores(),
         "raw_ratio": raw,
-        **comparison,
+        **comparison.to_json(),
         "interval_below_1": kept,
     }
 

@@ -21,6 +21,7 @@ from untied_sc.generation import SamplerSpec
 from untied_sc.generation.sampling import build_scheduler
 from untied_sc.pipelines import load_pipeline
 from untied_sc.schedulers.comparison_names import comparison_scheduler_class
+from untied_sc_lab.evaluation.curves import EntropyRatio
 from untied_sc_lab.experiments import ScoringSettings, SweepSettings, TuningSettings, run_sweep
 from untied_sc_lab.experiments.baseline_generation import generate_baseline_candidates, score_baseline_candidates
 from untied_sc_lab.experiments.baselines import tune_baselines
@@ -343,7 +344,7 @@ def test_tuning_here_then_scoring_elsewhere_gives_the_one_machine_report(
     family, keep, pipes, evaluator, tmp_path, monkeypatch
 ):
     if keep == "every best value":  # the tiny bank wins nothing beyond noise: make the picks run too
-        unread = dict.fromkeys(RATIO_FIELDS)  # a comparison's fields, none read
+        unread = EntropyRatio(**dict.fromkeys(RATIO_FIELDS), entropy_resampled=False)  # a comparison, none read
         monkeypatch.setattr(search, "keep_test", lambda best, *args: (unread, best is not None))
     pipe = pipes[family]
     scoring = ScoringSettings(evaluator, num_resamples=50)

@@ -174,6 +174,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, f
 def test_a_small_bank_warns_with_the_interval_it_gives(folder, capsys):
     from types import SimpleNamespace
 
+    from untied_sc_lab.evaluation.curves import EntropyRatio
     from untied_sc_lab.tuning.tune import small_bank_warning
 
     argv = ["calibrate", str(folder), "--nfe", "4", "--bank-size", "2", "--batch-size", "2", "--no-progress"]
@@ -184,7 +185,8 @@ def test_a_small_bank_warns_with_the_interval_it_gives(folder, capsys):
     )
     assert main([*argv[:3], "12", argv[4], "16", *argv[6:]]) == 0  # a new NFE, on a bank of 16
     assert "warning" not in capsys.readouterr().err
-    result = SimpleNamespace(num_inference_steps=8, comparison={"ratio": 0.8, "ratio_ci": [0.41, 1.62]})
+    reading = EntropyRatio(4.0, 80.0, 100.0, 0.8, (0.41, 1.62), 0.0, True)
+    result = SimpleNamespace(num_inference_steps=8, comparison=reading)
     warning = small_bank_warning(4, [result])
     assert warning.startswith("warning: a tuning bank of 4 samples (95 % intervals of the GenPPL ratio: NFE 8: ")
     assert "[0.410, 1.620]) is too small" in warning and "--num-samples 64" in warning

@@ -317,16 +317,18 @@ def test_equal_entropy_ratio_on_a_convex_curve_reads_between_the_points():
         num_resamples=50,
     )
     reference = gen_ppl_on_curve(curve_h, curve_ppl, 4.5)
-    assert result["baseline_gen_ppl_at_entropy"] == pytest.approx(reference)
-    assert result["ratio"] == pytest.approx(50.0 / reference) and reference < math.sqrt(curve_ppl[1] * curve_ppl[2])
-    assert result["ratio_ci"] == pytest.approx([result["ratio"]] * 2) and result["fraction_outside"] == 0.0
+    assert result.baseline_gen_ppl_at_entropy == pytest.approx(reference)
+    assert result.ratio == pytest.approx(50.0 / reference) and reference < math.sqrt(curve_ppl[1] * curve_ppl[2])
+    assert result.ratio_ci == pytest.approx((result.ratio,) * 2) and result.fraction_outside == 0.0
+    assert result.entropy_resampled and result.entropy == pytest.approx(4.5) and result.gen_ppl == pytest.approx(50.0)
     outside = equal_entropy_ratio(
         runs(50.0, 6.5),
         [runs(p, h) for p, h in zip(curve_ppl, curve_h, strict=True)],
         clusters=range(4),
         num_resamples=50,
     )
-    assert outside["ratio"] is None and outside["ratio_ci"] is None and outside["fraction_outside"] == 1.0
+    assert outside.ratio is None and outside.ratio_ci is None and outside.fraction_outside == 1.0
+    assert outside.baseline_gen_ppl_at_entropy is None
 
 
 def test_token_level_repetition_sees_loops_inside_words():

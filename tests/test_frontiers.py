@@ -41,27 +41,29 @@ def test_a_sampler_on_its_own_frontier_at_official_entropy():
     # 20 % better than official at every entropy; its tuned point sits 0.05 nats below official's entropy
     better = frontier(0.8, [4.95, 4.85, 5.1])
     row = frontier_ratio(better, official, num_resamples=200)
-    assert row["entropy"] == pytest.approx(5.0) and row["ratio"] == pytest.approx(0.8, rel=1e-6)
-    assert row["ratio_ci"] == pytest.approx([0.8, 0.8], rel=1e-6)  # no noise, no spread
+    assert row.entropy == pytest.approx(5.0) and row.ratio == pytest.approx(0.8, rel=1e-6)
+    assert row.ratio_ci == pytest.approx((0.8, 0.8), rel=1e-6)  # no noise, no spread
+    assert row.reference_gen_ppl == pytest.approx(100.0) and row.gen_ppl == pytest.approx(80.0, rel=1e-6)
     # its raw ratio at its tuned point would read 0.8 · exp(−5.5 · 0.05) ≈ 0.61: the frontier removes that
     assert better[0][0].run_entropy < 5.0
     # head to head: two frontiers read at the same entropy
     worse = frontier(0.9, [5.02, 4.9, 5.2])
     head = frontier_ratio(better, official, worse, num_resamples=200)
-    assert head["ratio"] == pytest.approx(0.8 / 0.9, rel=1e-6)
+    assert head.ratio == pytest.approx(0.8 / 0.9, rel=1e-6) and head.reference_gen_ppl == pytest.approx(90.0, rel=1e-6)
     # a frontier that does not reach official's entropy: outside, no ratio
     far = frontier(0.5, [4.5, 4.6])
-    assert frontier_ratio(far, official, num_resamples=50)["ratio"] is None
+    outside = frontier_ratio(far, official, num_resamples=50)
+    assert outside.ratio is None and outside.gen_ppl is None and outside.ratio_ci is None
 
 
 def test_noisy_pairs_widen_the_interval_and_every_frontier_point_is_resampled_alike():
     official = [run(100.0, 5.0, spread=0.5)]
     noisy = frontier(0.95, [4.95, 4.85, 5.1], spread=0.5)  # the same per-sample pattern as official: matched
     matched = frontier_ratio(noisy, official, num_resamples=300)
-    assert matched["ratio_ci"][0] == pytest.approx(matched["ratio_ci"][1], rel=1e-6)  # the pattern cancels
+    assert matched.ratio_ci[0] == pytest.approx(matched.ratio_ci[1], rel=1e-6)  # the pattern cancels
     shuffled = [[run(95 * math.exp(5.5 * (h - 5)), h, spread=-0.5)] for h in (4.95, 4.85, 5.1)]  # opposite pattern
     unmatched = frontier_ratio(shuffled, official, num_resamples=300)
-    assert unmatched["ratio_ci"][0] < 0.95 < unmatched["ratio_ci"][1]
+    assert unmatched.ratio_ci[0] < 0.95 < unmatched.ratio_ci[1]
 
 
 def _record(sampler, nfe, seed, value, ppl, entropy, n=8):

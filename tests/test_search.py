@@ -1,15 +1,19 @@
 """The one tuning rule (`calibration/search.py`): search, edges, objective at equal entropy, keep rule, matching."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
+from untied_sc_lab.experiments.tuning_records import RATIO_FIELDS, BankComparison
 from untied_sc_lab.tuning.search import (
     METHOD_KNOBS,
     NEUTRAL,
     START,
     BankRun,
     Candidate,
+    EntropyMatch,
     Knob,
     OfficialCurve,
     coordinate_search,
@@ -17,6 +21,9 @@ from untied_sc_lab.tuning.search import (
     match_entropy,
     tune_method,
 )
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "hub_artifacts"
 
 
 SLOPE = 5.5  # log-GenPPL per nat, as on LangFlow-small's official temperature curve
@@ -141,14 +148,14 @@ def test_the_keep_rule_reads_the_pick_at_equal_entropy_on_matched_pairs():
     # 10 % better at equal entropy on every pair: kept
     steady = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0), curve())
     assert steady.kept and steady.outcome == "accepted" and steady.chosen == steady.best.knobs
-    assert steady.comparison["ratio"] == pytest.approx(0.9) and steady.comparison["ratio_ci"][1] < 1
+    assert steady.comparison.ratio == pytest.approx(0.9) and steady.comparison.ratio_ci[1] < 1
     # the same mean, pairs scattered by ±1 nat: within noise, ACE runs at its neutral value
     noisy = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0, spread=1.0), curve())
     assert not noisy.kept and noisy.outcome == "no win at equal entropy beyond noise"
     assert noisy.chosen == {"ace_strength": NEUTRAL["ace"]["ace_strength"]}
     # 10 % lower raw GenPPL bought with 0.05 nats less entropy: a loss at equal entropy, not kept
     cheap = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 4.95), curve())
-    assert cheap.comparison["ratio"] > 1 and not cheap.kept
+    assert cheap.comparison.ratio > 1 and not cheap.kept
     record = steady.record()
     assert record["budget"] == 20 and record["candidates_tried"] == len(record["candidates"])
     assert record["official_curve"]["knob"] == "temperature" and "objective" in record["candidates"][0]
@@ -178,9 +185,60 @@ def test_match_entropy_finds_the_temperature_at_official_entropy():
         runs.append(temperature)
         return bank_run(100.0, 4.96 + 0.8 * (temperature - 1.0) + 0.2 * (temperature - 1.0) ** 2)
 
-    match = match_entropy(score, 5.0, (1.0, bank_run(100.0, 4.96)), slope=1.0, lowest=0.05)
-    assert abs(match["entropy"] - 5.0) <= match["tolerance"] and match["value"] > 1.0
-    assert len(runs) <= 3 and [r["value"] for r in match["runs"]] == runs
+    match = match_entropy(score, 5.0, (1.0, bank_run(100.0, 4.96)), slope=1.0, lowest=0.05, knob="temperature")
+    assert abs(match.entropy - 5.0) <= match.tolerance and match.value > 1.0
+    assert len(runs) <= 3 and [run.value for run in match.runs] == runs
     # a knob that cannot move entropy far enough the wrong way (ELF's decode temperature cannot go below 0)
-    stuck = match_entropy(lambda v: bank_run(100.0, 5.1), 5.0, (0.0, bank_run(100.0, 5.1)), slope=1.0, lowest=0.0)
-    assert stuck["value"] is None
+    stuck = match_entropy(
+        lambda v: bank_run(100.0, 5.1), 5.0, (0.0, bank_run(100.0, 5.1)), slope=1.0, lowest=0.0, knob="temperature"
+    )
+    assert stuck.value is None
+
+
+def test_the_keep_tests_comparison_writes_what_a_report_reads_back():
+    steady = tune_method("ace", 8, START["ace"], lambda k: bank_run(official_at(5.0) * 0.9, 5.0), curve())
+    written = steady.record()["best_vs_official"]
+    assert list(written) == list(RATIO_FIELDS) and isinstance(written["ratio_ci"], list)
+    read = BankComparison.from_json(written)
+    assert (read.ratio, tuple(read.ratio_ci)) == (steady.comparison.ratio, steady.comparison.ratio_ci)
+    assert read.to_json() == written
+
+
+def test_the_bundled_entropy_matching_records_round_trip():
+    records = [
+        record["entropy_matching"]
+        for folder in sorted(ARTIFACTS.iterdir())
+        for record in json.loads((folder / "scheduler" / "scheduler_config.json").read_text())[
+            "tuning_by_steps"
+        ].values()
+        if record.get("entropy_matching")
+    ]
+    assert any(r["value"] is None for r in records) and any(r["value"] is not None for r in records)
+    for record in records:
+        match = EntropyMatch.from_json(record)
+        assert match.to_json() == record and match.knob in ("temperature", "decode_temperature")
+        assert len(match.runs) == len(record["runs"]) and match.tolerance == record["tolerance"]
+
+
+def test_an_entropy_matching_that_tried_no_step_writes_its_short_layout():
+    stuck = match_entropy(
+        lambda v: bank_run(100.0, 5.1), 5.0, (1.0, bank_run(100.0, 5.1)), 0.0, 0.05, knob="temperature"
+    )
+    written = stuck.to_json()
+    assert written == {"knob": "temperature", "value": None, "target_entropy": 5.0, "runs": []}
+    assert EntropyMatch.from_json(written) == stuck
+    tried = match_entropy(
+        lambda v: bank_run(100.0, 4.8 + 0.1 * v), 5.0, (1.0, bank_run(100.0, 4.9)), 0.1, 0.05, knob="temperature"
+    )
+    written = tried.to_json()
+    assert list(written) == ["knob", "value", "entropy", "gen_ppl", "target_entropy", "tolerance", "runs"]
+    assert tried.value == 2.0 and list(written["runs"][0]) == ["value", "gen_ppl", "entropy"]
+    assert EntropyMatch.from_json(written) == tried
+
+
+def test_an_entropy_matching_record_without_a_field_names_it():
+    record = {"knob": "temperature", "value": None, "target_entropy": 5.0, "runs": [{"value": 1.1, "gen_ppl": 90.0}]}
+    with pytest.raises(ValueError, match=r"entropy_matching.runs\[0\] has no 'entropy'"):
+        EntropyMatch.from_json(record)
+    with pytest.raises(ValueError, match="entropy_matching has no 'target_entropy'"):
+        EntropyMatch.from_json({"knob": "temperature", "value": None, "runs": []})

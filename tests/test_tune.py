@@ -169,7 +169,7 @@ def test_a_stopped_tuning_resumes_from_its_store(langflow_golden, evaluator, tun
     assert (
         len(entries)
         == len(lines)
-        == 5 + len(first.candidates) + len(first.extra.get("entropy_matching", {}).get("runs", []))
+        == 5 + len(first.candidates) + (len(first.entropy_matching.runs) if first.entropy_matching else 0)
     )
     stored = RunStore(folder).bank_runs()
     assert {(key.nfe, key.num_samples, key.evaluator_dtype, key.seed_space) for key, _ in stored} == {

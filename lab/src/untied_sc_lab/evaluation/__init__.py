@@ -11,7 +11,14 @@ from untied_sc.lazy_imports import lazy_attributes
 __getattr__, __dir__, __all__ = lazy_attributes(
     __name__,
     {
-        ".curves": ("FIT_DESCRIPTION", "RunSamples", "equal_entropy_ratio", "gen_ppl_on_curve", "monotone_cubic"),
+        ".curves": (
+            "FIT_DESCRIPTION",
+            "EntropyRatio",
+            "RunSamples",
+            "equal_entropy_ratio",
+            "gen_ppl_on_curve",
+            "monotone_cubic",
+        ),
         ".evaluator": ("SMOLLM2_NAME", "default_cache_dir", "evaluator_context_size", "load_evaluator"),
         ".io": ("compare_results", "evaluate_runs", "evaluate_samples"),
         ".metrics": (

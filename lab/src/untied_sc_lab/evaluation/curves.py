@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .aggregates import listed
 from .statistics import cluster_resample_weights, percentile_interval
 
 
@@ -137,6 +138,50 @@ def _series(runs: Sequence[RunSamples], weights: list[torch.Tensor]) -> tuple[to
     return torch.stack(ppl).mean(0), torch.stack(entropy).mean(0), resampled
 
 
+@dataclass(frozen=True)
+class EntropyRatio:
+    """
+    A candidate's GenPPL over the baseline curve's at the candidate's entropy ([`equal_entropy_ratio`]).
+
+    Args:
+        entropy (`float`), gen_ppl (`float`): the candidate's.
+        baseline_gen_ppl_at_entropy (`float`, *optional*): the curve's GenPPL there; `None` outside its range.
+        ratio (`float`, *optional*): `gen_ppl` over it; `None` outside.
+        ratio_ci (`tuple[float, float]`, *optional*): its interval; `None` when more than (1 - c)/2 of the resamples
+            fall outside the curve's range, since one tail of the interval is then unknown.
+        fraction_outside (`float`): the fraction of the resamples outside the curve's range.
+        entropy_resampled (`bool`): whether the per-sample entropies were resampled with the NLLs.
+    """
+
+    entropy: float
+    gen_ppl: float
+    baseline_gen_ppl_at_entropy: float | None
+    ratio: float | None
+    ratio_ci: tuple[float, float] | None
+    fraction_outside: float
+    entropy_resampled: bool
+
+    def to_json(self) -> dict:
+        """The reading as a tuning record's `best_vs_official` holds it: the readings, the ratio and its interval (a
+        list), and the fraction outside; the record has no `entropy_resampled`."""
+        return {
+            "entropy": self.entropy,
+            "gen_ppl": self.gen_ppl,
+            "baseline_gen_ppl_at_entropy": self.baseline_gen_ppl_at_entropy,
+            "ratio": self.ratio,
+            "ratio_ci": listed(self.ratio_ci),
+            "fraction_outside": self.fraction_outside,
+        }
+
+
+def _interval(boot: torch.Tensor, inside: bool, outside: float, confidence: float) -> tuple[float, float] | None:
+    """The percentile interval of the finite resampled ratios `boot` (NaN: outside a range); `None` when the estimate
+    lies outside (`inside` false) or more than (1 - c)/2 of the resamples do (one tail is then unknown)."""
+    if not inside or outside > (1 - confidence) / 2:
+        return None
+    return percentile_interval(boot[~boot.isnan()], confidence)
+
+
 def equal_entropy_ratio(
     candidate: Sequence[RunSamples],
     curve: Sequence[Sequence[RunSamples]],
@@ -145,7 +190,7 @@ def equal_entropy_ratio(
     confidence: float = 0.95,
     generator: torch.Generator | int | None = 0,
     extrapolate: float = 0.0,
-) -> dict:
+) -> EntropyRatio:
     """The candidate's GenPPL over the baseline curve's GenPPL at the candidate's entropy, with a cluster bootstrap
     interval that re-fits the curve on every resample.
 
@@ -160,9 +205,7 @@ def equal_entropy_ratio(
             ([`monotone_cubic`]); further out a ratio is `None`.
 
     Returns:
-        `dict` with `entropy`, `gen_ppl`, `baseline_gen_ppl_at_entropy` and `ratio` (`None` outside the curve's
-        range), `ratio_ci` (`None` when more than (1 - c)/2 of the resamples fall outside the curve's range, since
-        one tail of the interval is then unknown), `fraction_outside` (of the resamples) and `entropy_resampled`.
+        [`EntropyRatio`].
     """
     seeds = len(candidate)
     sizes = [len(run.nll_sum) for run in candidate]
@@ -199,18 +242,15 @@ def equal_entropy_ratio(
     boot = estimates[0] / estimates[2]
     outside = float(boot.isnan().double().mean())
     inside = math.isfinite(reference)
-    interval = None
-    if inside and outside <= (1 - confidence) / 2:
-        interval = list(percentile_interval(boot[~boot.isnan()], confidence))
-    return {
-        "entropy": entropy,
-        "gen_ppl": ppl,
-        "baseline_gen_ppl_at_entropy": reference if inside else None,
-        "ratio": ppl / reference if inside else None,
-        "ratio_ci": interval,
-        "fraction_outside": outside,
-        "entropy_resampled": resampled,
-    }
+    return EntropyRatio(
+        entropy,
+        ppl,
+        reference if inside else None,
+        ppl / reference if inside else None,
+        _interval(boot, inside, outside, confidence),
+        outside,
+        resampled,
+    )
 
 
 def _check_runs(groups: Sequence[Sequence[RunSamples]], clusters: Sequence) -> None:
@@ -234,6 +274,28 @@ def _read_frontier(nodes, entropy: torch.Tensor, extrapolate: float) -> torch.Te
     return torch.tensor(values, dtype=torch.float64)
 
 
+@dataclass(frozen=True)
+class FrontierReading:
+    """
+    Two frontiers read at a reference run's entropy ([`frontier_ratio`]).
+
+    Args:
+        entropy (`float`): the reference's entropy, where both are read.
+        gen_ppl (`float`, *optional*): the numerator frontier's GenPPL there; `None` outside its range.
+        reference_gen_ppl (`float`, *optional*): the denominator frontier's (or the reference's own); `None` outside.
+        ratio (`float`, *optional*): the one over the other; `None` where either is outside.
+        ratio_ci, fraction_outside, entropy_resampled: as in [`EntropyRatio`].
+    """
+
+    entropy: float
+    gen_ppl: float | None
+    reference_gen_ppl: float | None
+    ratio: float | None
+    ratio_ci: tuple[float, float] | None
+    fraction_outside: float
+    entropy_resampled: bool
+
+
 def frontier_ratio(
     numerator: Sequence[Sequence[RunSamples]],
     reference: Sequence[RunSamples],
@@ -243,7 +305,7 @@ def frontier_ratio(
     confidence: float = 0.95,
     generator: torch.Generator | int | None = 0,
     extrapolate: float = 0.0,
-) -> dict:
+) -> FrontierReading:
     """Two samplers compared at the entropy of a reference run, each read on its own frontier: the GenPPL of the
     `numerator` frontier at the reference's entropy over that of the `denominator` frontier there (by default the
     reference's own GenPPL), with a cluster bootstrap interval that re-fits both frontiers on every resample.
@@ -259,9 +321,7 @@ def frontier_ratio(
         clusters, num_resamples, confidence, generator, extrapolate: as in [`equal_entropy_ratio`].
 
     Returns:
-        `dict` with `entropy` (the reference's), `gen_ppl` and `reference_gen_ppl` (the two frontiers read there;
-        `None` outside a frontier's range), `ratio`, `ratio_ci` (`None` when more than (1 - c)/2 of the resamples
-        fall outside a range), `fraction_outside` and `entropy_resampled`.
+        [`FrontierReading`].
     """
     sizes = [len(run.nll_sum) for run in reference]
     if not numerator or (denominator is not None and not denominator):
@@ -291,15 +351,12 @@ def frontier_ratio(
     boot = boot_top / boot_bottom
     outside = float(boot.isnan().double().mean())
     inside = math.isfinite(top) and math.isfinite(bottom)
-    interval = None
-    if inside and outside <= (1 - confidence) / 2:
-        interval = list(percentile_interval(boot[~boot.isnan()], confidence))
-    return {
-        "entropy": entropy,
-        "gen_ppl": top if math.isfinite(top) else None,
-        "reference_gen_ppl": bottom if math.isfinite(bottom) else None,
-        "ratio": top / bottom if inside else None,
-        "ratio_ci": interval,
-        "fraction_outside": outside,
-        "entropy_resampled": resampled,
-    }
+    return FrontierReading(
+        entropy,
+        top if math.isfinite(top) else None,
+        bottom if math.isfinite(bottom) else None,
+        top / bottom if inside else None,
+        _interval(boot, inside, outside, confidence),
+        outside,
+        resampled,
+    )

@@ -330,7 +330,7 @@ def equal_entropy_comparison(
             candidate = [] if runs is None else _run_samples(runs, sampler, nfe, None)
             if candidate:
                 points = [_run_samples(runs, baseline, nfe, None if p.default else p.value) for p in curve]
-                bootstrap = equal_entropy_ratio(
+                reading = equal_entropy_ratio(
                     candidate,
                     points,
                     clusters,
@@ -338,9 +338,7 @@ def equal_entropy_comparison(
                     confidence=confidence,
                     generator=0,
                 )
-                interval, outside, resampled = (
-                    bootstrap[key] for key in ("ratio_ci", "fraction_outside", "entropy_resampled")
-                )
+                interval, outside, resampled = reading.ratio_ci, reading.fraction_outside, reading.entropy_resampled
             ratio = None if reference is None else ppl / reference
             row = EqualEntropyRow(entropy, ppl, reference, ratio, interval, outside, resampled)
             out.setdefault(sampler, {})[nfe] = row
@@ -393,9 +391,9 @@ def frontier_comparison(
                 for point in frontier
                 if all(run.run_entropy is not None for run in point)
             ]
-            by_sampler.setdefault(sampler, {})[nfe] = FrontierRow(
-                **frontier_ratio(frontier, reference, **options),
-                points=len(frontier),
+            by_sampler.setdefault(sampler, {})[nfe] = FrontierRow.from_reading(
+                frontier_ratio(frontier, reference, **options),
+                len(frontier),
                 frontier_entropy_range=[min(entropies), max(entropies)] if entropies else None,
                 raw_ratio=None if raw is None else raw.gen_ppl_ratio,
                 raw_ratio_ci=None if raw is None else raw.gen_ppl_ratio_ci,
@@ -416,8 +414,8 @@ def frontier_comparison(
             continue
         best = min(others)[1]
         for name in untied:
-            row = frontier_ratio(frontiers[name], reference, frontiers[best], **options)
-            head_to_head[nfe].append(HeadToHead(name, best, **row))
+            reading = frontier_ratio(frontiers[name], reference, frontiers[best], **options)
+            head_to_head[nfe].append(HeadToHead.from_reading(name, best, reading))
     return Frontiers(by_sampler, head_to_head)
 
 

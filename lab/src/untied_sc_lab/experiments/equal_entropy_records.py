@@ -8,8 +8,13 @@ are `int` in memory.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..evaluation.aggregates import by_sampler_from_json, by_sampler_to_json
+
+
+if TYPE_CHECKING:  # the curves pull in torch; the records only read a reading's fields
+    from ..evaluation.curves import FrontierReading
 
 
 # The keys of a reading at an entropy, in the reports' order: the baseline's curve at a sampler's entropy
@@ -34,6 +39,11 @@ READING_KEYS = (
 )
 FRONTIER_KEYS = (*READING_KEYS, "points", "frontier_entropy_range", "raw_ratio", "raw_ratio_ci", "switched_off")
 HEAD_TO_HEAD_KEYS = ("sampler", "against", *READING_KEYS)
+
+
+def _reading_fields(reading: "FrontierReading") -> dict:
+    """A frontier reading's fields under the names a frontier row and a head-to-head share ([`READING_KEYS`])."""
+    return {key: getattr(reading, key) for key in READING_KEYS}
 
 
 def _json(record, keys: tuple[str, ...]) -> dict:
@@ -115,6 +125,11 @@ class FrontierRow:
     switched_off: bool = False
 
     @classmethod
+    def from_reading(cls, reading: "FrontierReading", points: int, **more) -> "FrontierRow":
+        """A sampler's frontier read at the baseline's entropy, with its `points` and the optional fields `more`."""
+        return cls(**_reading_fields(reading), points=points, **more)
+
+    @classmethod
     def from_json(cls, data: Mapping) -> "FrontierRow":
         optional = {key: data[key] for key in FRONTIER_KEYS[len(READING_KEYS) + 1 :] if key in data}
         return cls(**{key: data[key] for key in (*READING_KEYS, "points")}, **optional)
@@ -143,6 +158,10 @@ class HeadToHead:
     ratio_ci: Sequence[float] | None
     fraction_outside: float | None
     entropy_resampled: bool
+
+    @classmethod
+    def from_reading(cls, sampler: str, against: str, reading: "FrontierReading") -> "HeadToHead":
+        return cls(sampler, against, **_reading_fields(reading))
 
     @classmethod
     def from_json(cls, data: Mapping) -> "HeadToHead":

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE
 from untied_sc.sampling_methods import Knob, methods
 
-from ..evaluation.curves import equal_entropy_ratio, gen_ppl_on_curve
+from ..evaluation.curves import EntropyRatio, equal_entropy_ratio, gen_ppl_on_curve
 from ..runs.bank_run import BankRun
 
 
@@ -126,7 +126,9 @@ class Candidate:
 
 @dataclass
 class SearchResult:
-    """The search of one method at one NFE (module docstring)."""
+    """The search of one method at one NFE (module docstring): `comparison` is the keep test's reading of the pick
+    (`None` without one); `entropy_matching` the diversity knob's value at official's entropy, where `untied-sc tune`
+    set it ([`EntropyMatch`])."""
 
     method: str
     num_inference_steps: int
@@ -137,11 +139,11 @@ class SearchResult:
     candidates: list[Candidate]
     best: Candidate | None
     edges: dict[str, str]
-    comparison: dict | None
+    comparison: EntropyRatio | None
     kept: bool
     chosen: dict
     confidence: float = TUNE_CONFIDENCE
-    extra: dict = field(default_factory=dict)
+    entropy_matching: EntropyMatch | None = None
 
     @property
     def outcome(self) -> str:
@@ -162,11 +164,11 @@ class SearchResult:
             "best": None if self.best is None else self.best.record(self.curve),
             "edges": dict(self.edges),
             "on_edge": any(state.startswith("edge") for state in self.edges.values()),
-            "best_vs_official": self.comparison,
+            "best_vs_official": None if self.comparison is None else self.comparison.to_json(),
             "confidence": self.confidence,
             "outcome": self.outcome,
             "chosen": dict(self.chosen),
-            **self.extra,
+            **({} if self.entropy_matching is None else {"entropy_matching": self.entropy_matching.to_json()}),
         }
 
 
@@ -318,12 +320,12 @@ def _line_search(knob: Knob, best: Candidate, factors, phase: str, evaluate) -> 
 
 def keep_test(
     best: Candidate | None, curve: OfficialCurve, clusters: Sequence | None, confidence: float = TUNE_CONFIDENCE
-) -> tuple[dict | None, bool]:
+) -> tuple[EntropyRatio | None, bool]:
     """Step 5: the pick's equal-entropy ratio against the official curve on the bank, with its cluster bootstrap
     interval (generator 0: the decision is a function of the scores); kept when the interval lies below 1."""
     if best is None:
         return None, False
-    result = equal_entropy_ratio(
+    comparison = equal_entropy_ratio(
         [best.run.samples()],
         [[run.samples()] for _, run in curve.usable()],
         clusters,
@@ -331,11 +333,7 @@ def keep_test(
         generator=0,
         extrapolate=curve.extrapolate,
     )
-    comparison = {
-        key: result[key] for key in ("entropy", "gen_ppl", "baseline_gen_ppl_at_entropy", "ratio", "ratio_ci")
-    }
-    comparison["fraction_outside"] = result["fraction_outside"]
-    return comparison, comparison["ratio_ci"] is not None and comparison["ratio_ci"][1] < 1
+    return comparison, comparison.ratio_ci is not None and comparison.ratio_ci[1] < 1
 
 
 def tune_method(
@@ -376,6 +374,80 @@ def tune_method(
     )
 
 
+def _required(data: Mapping, name: str, where: str):
+    """`data[name]`, or an error naming the field and the record that lacks it."""
+    if name not in data:
+        raise ValueError(f"{where} has no {name!r}: an entropy-matching record needs it.")
+    return data[name]
+
+
+@dataclass(frozen=True)
+class MatchRun:
+    """One run of the entropy matching: the diversity knob's `value` and the bank's GenPPL and entropy there."""
+
+    value: float
+    gen_ppl: float
+    entropy: float | None
+
+    @classmethod
+    def from_json(cls, data: Mapping, where: str = "an entropy-matching run") -> MatchRun:
+        return cls(*(_required(data, name, where) for name in ("value", "gen_ppl", "entropy")))
+
+    def to_json(self) -> dict:
+        return {"value": self.value, "gen_ppl": self.gen_ppl, "entropy": self.entropy}
+
+
+@dataclass(frozen=True)
+class EntropyMatch:
+    """
+    The diversity knob's value at which a sampler runs at official's entropy on the bank ([`match_entropy`]), as the
+    tuning record's `entropy_matching` holds it.
+
+    Args:
+        knob (`str`): the diversity knob.
+        value (`float`, *optional*): the measured value closest to the target (6 decimals); `None` when even the
+            closest is no nearer than the knob's default (the knob cannot reach the target).
+        target_entropy (`float`): official's entropy.
+        runs (`tuple[MatchRun, ...]`): the runs the matching scored (the default's own run is not one).
+        entropy (`float`, *optional*), gen_ppl (`float`, *optional*): the sampler's at `value` (at the default where
+            `value` is `None`); `None` where no step was tried.
+        tolerance (`float`, *optional*): the nats within which the steps stop; `None` where no step was tried (the
+            run at the default has no entropy, or official's entropy does not rise with the knob), and then the record
+            holds only `knob`, `value`, `target_entropy` and `runs`.
+    """
+
+    knob: str
+    value: float | None
+    target_entropy: float
+    runs: tuple[MatchRun, ...] = ()
+    entropy: float | None = None
+    gen_ppl: float | None = None
+    tolerance: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping, where: str = "entropy_matching") -> EntropyMatch:
+        def need(name: str):
+            return _required(data, name, where)
+
+        runs = tuple(MatchRun.from_json(run, f"{where}.runs[{i}]") for i, run in enumerate(need("runs")))
+        tried = {} if "tolerance" not in data else {name: need(name) for name in ("entropy", "gen_ppl", "tolerance")}
+        return cls(need("knob"), need("value"), need("target_entropy"), runs, **tried)
+
+    def to_json(self) -> dict:
+        runs = [run.to_json() for run in self.runs]
+        if self.tolerance is None:
+            return {"knob": self.knob, "value": self.value, "target_entropy": self.target_entropy, "runs": runs}
+        return {
+            "knob": self.knob,
+            "value": self.value,
+            "entropy": self.entropy,
+            "gen_ppl": self.gen_ppl,
+            "target_entropy": self.target_entropy,
+            "tolerance": self.tolerance,
+            "runs": runs,
+        }
+
+
 def match_entropy(
     score: Callable[[float], BankRun],
     target: float,
@@ -384,17 +456,18 @@ def match_entropy(
     lowest: float,
     tolerance: float = 0.002,
     max_runs: int = 3,
-) -> dict:
-    """The value of the diversity knob at which a sampler runs at the `target` entropy (official's), on the bank.
+    *,
+    knob: str,
+) -> EntropyMatch:
+    """The value of the diversity `knob` at which a sampler runs at the `target` entropy (official's), on the bank.
 
     Secant steps from `first` (the knob's default and the sampler's run there), the first step along `slope` (official's
     entropy per unit of the knob, from its curve); at most `max_runs` runs, stopping within `tolerance` nats. The knob
-    stays ≥ `lowest`. Returns the measured value closest to the target (`value`, its `entropy`, `gen_ppl`) and every
-    `run`; `value` is `None` when even the closest is no nearer than the default (the knob cannot reach the target).
+    stays ≥ `lowest`. Returns the measured value closest to the target and every run ([`EntropyMatch`]).
     """
     points = [first]
     if first[1].entropy is None or slope <= 0:
-        return {"value": None, "target_entropy": target, "runs": []}
+        return EntropyMatch(knob, None, target)
     for _ in range(max_runs):
         (v1, r1) = points[-1]
         if abs(r1.entropy - target) <= tolerance:
@@ -411,14 +484,16 @@ def match_entropy(
         points.append((value, score(value)))
     value, run = min(points, key=lambda p: abs(p[1].entropy - target) if p[1].entropy is not None else math.inf)
     improved = value != first[0] and abs(run.entropy - target) < abs(first[1].entropy - target)
-    return {
-        "value": round(value, 6) if improved else None,
-        "entropy": run.entropy if improved else first[1].entropy,
-        "gen_ppl": run.gen_ppl if improved else first[1].gen_ppl,
-        "target_entropy": target,
-        "tolerance": tolerance,
-        "runs": [{"value": v, **r.scores()} for v, r in points[1:]],
-    }
+    at = run if improved else first[1]
+    return EntropyMatch(
+        knob,
+        round(value, 6) if improved else None,
+        target,
+        tuple(MatchRun(v, r.gen_ppl, r.entropy) for v, r in points[1:]),
+        at.entropy,
+        at.gen_ppl,
+        tolerance,
+    )
 
 
 def curve_slope(curve: OfficialCurve) -> float:

@@ -67,6 +67,7 @@ from ..runs.store import BankRunKey, RunStore, open_store
 from .search import (
     KNOB_DEFAULTS,
     BankRun,
+    EntropyMatch,
     OfficialCurve,
     SearchResult,
     curve_slope,
@@ -340,7 +341,7 @@ def tune_coefficients(
                 confidence,
             )
             if match and result.kept:
-                result.extra["entropy_matching"] = entropy_matching(
+                result.entropy_matching = entropy_matching(
                     lambda value, n=n, chosen=result.chosen: scorer(n, method_spec("untied", chosen), **{knob: value}),
                     curve,
                     result.best.run,
@@ -376,13 +377,12 @@ def bank_settings(seed, num_samples, batch_size, evaluator_name, protocol, confi
     }
 
 
-def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, run: BankRun) -> dict:
+def entropy_matching(score: Callable[[float], BankRun], curve: OfficialCurve, run: BankRun) -> EntropyMatch:
     """The diversity knob's value at which the kept choice (scored at the knob's default: `run`) runs at official's
     entropy on the bank ([`match_entropy`]); LangFlow's temperature stays > 0, ELF's decode temperature ≥ 0."""
     default = KNOB_DEFAULTS[curve.knob]
     lowest = 0.0 if curve.knob == "decode_temperature" else 0.05
-    match = match_entropy(score, curve.default.entropy, (default, run), curve_slope(curve), lowest)
-    return {"knob": curve.knob, **match}
+    return match_entropy(score, curve.default.entropy, (default, run), curve_slope(curve), lowest, knob=curve.knob)
 
 
 def calibrated_coefficients(scheduler_config: Mapping, num_inference_steps: int) -> dict[str, float] | None:
@@ -404,12 +404,12 @@ def _write_coefficients(scheduler, results: Sequence[SearchResult], bank: Mappin
     for result in results:
         n = result.num_inference_steps
         calibrated = calibrated_coefficients(scheduler.config, n) or result.start
-        matching = result.extra.get("entropy_matching")
-        knob = matching["knob"] if matching and matching["value"] is not None else None
+        matching = result.entropy_matching
+        matched = matching is not None and matching.value is not None
         coefficients[n] = StepCoefficients(
             **{name: float(result.chosen[name]) for name in COEFFICIENT_NAMES},
-            knob=knob,
-            knob_value=None if knob is None else float(matching["value"]),
+            knob=matching.knob if matched else None,
+            knob_value=float(matching.value) if matched else None,
         )
         tuning[n] = TuningRecord(
             {
@@ -448,24 +448,23 @@ def format_tuning(results: Sequence[SearchResult]) -> str:
     for result in results:
         head = f"\nNFE {result.num_inference_steps}, {result.method}: {len(result.candidates)} of {result.budget} candidates"
         comparison = result.comparison
-        if comparison is None or comparison["ratio"] is None:
+        if comparison is None or comparison.ratio is None:
             lines.append(f"{head}; no candidate inside official's curve: {result.outcome}.")
             continue
-        interval = comparison["ratio_ci"]
+        interval = comparison.ratio_ci
         shown = "no interval (outside the curve)" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
         edges = ", ".join(f"{name}: {state}" for name, state in result.edges.items())
         lines.append(
-            f"{head}; best vs official at equal entropy on the bank: GenPPL ratio {comparison['ratio']:.3f} {shown}: "
+            f"{head}; best vs official at equal entropy on the bank: GenPPL ratio {comparison.ratio:.3f} {shown}: "
             f"{result.outcome}. Edges: {edges}."
         )
-        matching = result.extra.get("entropy_matching")
+        matching = result.entropy_matching
         if matching:
-            value = matching["value"]
             lines.append(
-                f"Entropy matching: {matching['knob']} = {value} gives entropy {matching['entropy']:.4f} (official "
-                f"{matching['target_entropy']:.4f})."
-                if value is not None
-                else f"Entropy matching: the {matching['knob']} cannot reach official's entropy; none stored."
+                f"Entropy matching: {matching.knob} = {matching.value} gives entropy {matching.entropy:.4f} (official "
+                f"{matching.target_entropy:.4f})."
+                if matching.value is not None
+                else f"Entropy matching: the {matching.knob} cannot reach official's entropy; none stored."
             )
     return "\n".join(lines)
 
@@ -483,9 +482,8 @@ def small_bank_warning(num_samples: int, results: Sequence | None = None) -> str
         return None
     intervals = []
     for result in results or ():
-        comparison = result.comparison or {}
-        if comparison.get("ratio_ci"):
-            low, high = comparison["ratio_ci"]
+        if result.comparison is not None and result.comparison.ratio_ci:
+            low, high = result.comparison.ratio_ci
             intervals.append(f"NFE {result.num_inference_steps}: [{low:.3f}, {high:.3f}]")
     given = f" (95 % intervals of the GenPPL ratio: {'; '.join(intervals)})" if intervals else ""
     return (
