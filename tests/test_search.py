@@ -238,7 +238,10 @@ def test_an_entropy_matching_that_tried_no_step_writes_its_short_layout():
 
 def test_an_entropy_matching_record_without_a_field_names_it():
     record = {"knob": "temperature", "value": None, "target_entropy": 5.0, "runs": [{"value": 1.1, "gen_ppl": 90.0}]}
-    with pytest.raises(ValueError, match=r"entropy_matching.runs\[0\] has no 'entropy'"):
+    lacks = r"entropy_matching.runs\[0\]: the entropy-matching record lacks the field 'entropy'"
+    with pytest.raises(ValueError, match=lacks):
         EntropyMatch.from_json(record)
-    with pytest.raises(ValueError, match="entropy_matching has no 'target_entropy'"):
+    with pytest.raises(
+        ValueError, match="entropy_matching: the entropy-matching record lacks the field 'target_entropy'"
+    ):
         EntropyMatch.from_json({"knob": "temperature", "value": None, "runs": []})

@@ -85,7 +85,7 @@ def _first_record(layout: str) -> tuple[dict, str]:
 def test_a_record_without_a_field_is_refused_naming_the_field_and_the_record(layout, field):
     record, _ = _first_record(layout)
     broken = {key: value for key, value in record.items() if key != field}
-    with pytest.raises(ValueError, match=rf"somewhere has no '{field}'"):
+    with pytest.raises(ValueError, match=rf"somewhere: the tuning record lacks the field '{field}'"):
         TuningRecord.from_json(broken, "somewhere")
 
 
@@ -94,11 +94,14 @@ def test_a_report_without_a_tuning_field_is_refused_naming_where():
     sampler = next(iter(data["samplers"]))
     broken = copy.deepcopy(data)
     del broken["samplers"][sampler]["by_steps"]["8"]["chosen"]
-    with pytest.raises(ValueError, match=rf"knob_tuning.samplers\['{sampler}'\].by_steps\['8'\] has no 'chosen'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"knob_tuning.samplers\['{sampler}'\].by_steps\['8'\]: the tuning record lacks the field 'chosen'",
+    ):
         KnobTuning.from_json(broken)
-    with pytest.raises(ValueError, match="knob_tuning has no 'confidence'"):
+    with pytest.raises(ValueError, match="knob_tuning: the tuning record lacks the field 'confidence'"):
         KnobTuning.from_json({key: value for key, value in data.items() if key != "confidence"})
-    with pytest.raises(ValueError, match="has no 'entropy'"):
+    with pytest.raises(ValueError, match="lacks the field 'entropy'"):
         BankComparison.from_json({"ratio": 0.9, "ratio_ci": [0.8, 1.0]})
 
 
@@ -106,7 +109,7 @@ def test_what_a_generation_sampled_is_read_by_int_nfe_and_written_back():
     data = {"evaluator": "tiny", "protocol": "langflow", "sampled": {"8": ["official", "HiGS"], "16": ["official"]}}
     tuned = TunedWhenSampled.from_json(data)
     assert tuned.sampled[8] == ["official", "HiGS"] and json.dumps(tuned.to_json()) == json.dumps(data)
-    with pytest.raises(ValueError, match="tuned_when_sampled has no 'protocol'"):
+    with pytest.raises(ValueError, match="tuned_when_sampled: the tuning record lacks the field 'protocol'"):
         TunedWhenSampled.from_json({"evaluator": "tiny", "sampled": {}})
 
 
@@ -114,5 +117,5 @@ def test_the_sampled_bank_of_a_generation_round_trips_and_names_what_it_lacks():
     data = {"seed": 10000, "seed_space": "tuning", "num_samples": 4, "batch_size": 2, "budget": 2}
     data.update(confidence=0.95, curve_values=[0.8, 1.2], extrapolate=0.02)
     assert json.dumps(SampledBank.from_json(data).to_json()) == json.dumps(data)
-    with pytest.raises(ValueError, match="baseline_candidates.bank has no 'extrapolate'"):
+    with pytest.raises(ValueError, match="baseline_candidates.bank: the tuning record lacks the field 'extrapolate'"):
         SampledBank.from_json({k: v for k, v in data.items() if k != "extrapolate"}, "baseline_candidates.bank")

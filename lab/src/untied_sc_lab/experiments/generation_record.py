@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from untied_sc.generation import Sample, SamplerSpec
 from untied_sc.per_nfe import read_steps_table, write_steps_table
 
+from ..record_fields import require
 from ..runs.store import RUN_SETTINGS, StoreRecord
 from ..tuning.search import BankRun
 from .provenance import SampledPart
@@ -31,6 +32,8 @@ from .tuning_records import (
 
 GENERATION_FORMAT = "untied-sc benchmark generation"  # the `format` of a stored generation
 CANDIDATES_KEY = "baseline_candidates"  # the baselines experiment's tuning-bank candidates in a stored generation
+
+_SWEEP = "sampled benchmark sweep"  # how a missing field's error names the record
 
 Coefficients = Mapping[str, Mapping[int, Mapping[str, float]]]  # {sampler: {nfe: {coefficient: value}}}
 
@@ -77,7 +80,7 @@ class BankSample:
     @classmethod
     def from_json(cls, data: Mapping, where: str) -> "BankSample":
         def field(name: str):
-            return _field(data, name, where)
+            return require(data, name, _SWEEP, where)
 
         spec = SamplerSpec.from_json(field("spec"), f"{where}.spec")
         return cls(
@@ -115,13 +118,13 @@ class BaselineCandidates:
     def from_json(cls, data: Mapping, where: str = CANDIDATES_KEY) -> "BaselineCandidates":
         samplers = {
             name: SamplerSpec.from_json(spec, f"{where}.samplers[{name!r}]")
-            for name, spec in _field(data, "samplers", where).items()
+            for name, spec in require(data, "samplers", _SWEEP, where).items()
         }
-        ace = _field(data, "ace", where)
+        ace = require(data, "ace", _SWEEP, where)
         return cls(
             samplers,
-            SampledBank.from_json(_field(data, "bank", where), f"{where}.bank"),
-            untied_from_json(_field(data, "untied", where)),
+            SampledBank.from_json(require(data, "bank", _SWEEP, where), f"{where}.bank"),
+            untied_from_json(require(data, "untied", _SWEEP, where)),
             None if ace is None else AceDirection.from_json(ace, f"{where}.ace"),
         )
 
@@ -255,14 +258,14 @@ class Generation:
         """
         if not isinstance(data, Mapping) or data.get("format") != GENERATION_FORMAT:
             raise ValueError(f"{where} is not a sampled benchmark sweep (its format is not {GENERATION_FORMAT!r}).")
-        knob = _field(data, "diversity_knob", where)
+        knob = require(data, "diversity_knob", _SWEEP, where)
         runs, bank_runs = [], []
-        for i, run in enumerate(_field(data, "runs", where)):
+        for i, run in enumerate(require(data, "runs", _SWEEP, where)):
             if "bank_key" in run:
                 bank_runs.append(BankSample.from_json(run, f"{where}: runs[{i}]"))
             else:
                 for name in ("sampler", "nfe", "seed", knob, "seconds"):
-                    _field(run, name, f"{where}: runs[{i}]")
+                    require(run, name, _SWEEP, f"{where}: runs[{i}]")
                 runs.append(RunRecord.from_stored(run, knob))
         coefficients = data.get("coefficients")
         if coefficients is not None:
@@ -275,19 +278,19 @@ class Generation:
             data.get(key) for key in ("knob_tuning", "store", CANDIDATES_KEY, "tuned_when_sampled", "bank_scores")
         )
         return cls(
-            **{name: _field(data, name, where) for name in _SETTINGS},
-            nfe=tuple(_field(data, "nfe", where)),
-            seeds=tuple(_field(data, "seeds", where)),
+            **{name: require(data, name, _SWEEP, where) for name in _SETTINGS},
+            nfe=tuple(require(data, "nfe", _SWEEP, where)),
+            seeds=tuple(require(data, "seeds", _SWEEP, where)),
             samplers={
                 name: SamplerSpec.from_json(spec, f"{where}: samplers[{name!r}]")
-                for name, spec in _field(data, "samplers", where).items()
+                for name, spec in require(data, "samplers", _SWEEP, where).items()
             },
             coefficients=coefficients,
             generator_tokenizer=data.get("generator_tokenizer"),
             diversity_knob=knob,
-            diversity_values=tuple(_field(data, "diversity_values", where)),
-            diversity_samplers=tuple(_field(data, "diversity_samplers", where)),
-            diversity_nfe=tuple(_field(data, "diversity_nfe", where)),
+            diversity_values=tuple(require(data, "diversity_values", _SWEEP, where)),
+            diversity_samplers=tuple(require(data, "diversity_samplers", _SWEEP, where)),
+            diversity_nfe=tuple(require(data, "diversity_nfe", _SWEEP, where)),
             num_processes=data.get("num_processes", 1),
             runs=tuple(runs),
             bank_runs=tuple(bank_runs),
@@ -314,10 +317,3 @@ _SETTINGS = (
     "command",
     "seconds",
 )
-
-
-def _field(data: Mapping, name: str, where: str):
-    """`data[name]`, or an error naming the field and where it is missing."""
-    if name not in data:
-        raise ValueError(f"{where} has no {name!r}: a sampled benchmark sweep records it.")
-    return data[name]

@@ -132,7 +132,7 @@ class SampledPart:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "SampledPart":
-        return cls(data["nfe"], data["command"], data["seconds"], data["device"], data["torch"])
+        return cls(tuple(data["nfe"]), data["command"], data["seconds"], data["device"], data["torch"])
 
     def to_json(self) -> dict:
         return {

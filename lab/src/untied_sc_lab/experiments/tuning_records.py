@@ -15,13 +15,10 @@ from typing import Any
 from untied_sc.per_nfe import read_steps_table, write_steps_table
 
 from ..evaluation.aggregates import by_sampler_from_json, by_sampler_to_json
+from ..record_fields import require
 
 
-def _required(data: Mapping, name: str, where: str) -> Any:
-    """`data[name]`, or an error naming the field and the record that lacks it."""
-    if name not in data:
-        raise ValueError(f"{where} has no {name!r}: a tuning record needs it.")
-    return data[name]
+_RECORD = "tuning record"  # how a missing field's error names the record
 
 
 def _in_order(fields: dict, sorted_keys: bool) -> dict:
@@ -44,7 +41,9 @@ class BankScores:
 
     @classmethod
     def from_json(cls, data: Mapping, where: str = "bank scores") -> "BankScores":
-        return cls(_required(data, "gen_ppl", where), _required(data, "entropy", where), _sorted_keys(data))
+        return cls(
+            require(data, "gen_ppl", _RECORD, where), require(data, "entropy", _RECORD, where), _sorted_keys(data)
+        )
 
     def to_json(self) -> dict:
         return _in_order({"gen_ppl": self.gen_ppl, "entropy": self.entropy}, self.sorted_keys)
@@ -83,7 +82,7 @@ class BankComparison:
     @classmethod
     def from_json(cls, data: Mapping, where: str = "a comparison with official") -> "BankComparison":
         names = DELTA_FIELDS if "num_pairs" in data else RATIO_FIELDS
-        return cls(**{name: _required(data, name, where) for name in names}, sorted_keys=_sorted_keys(data))
+        return cls(**{name: require(data, name, _RECORD, where) for name in names}, sorted_keys=_sorted_keys(data))
 
     def to_json(self) -> dict:
         names = DELTA_FIELDS if self.is_paired_delta else RATIO_FIELDS
@@ -91,7 +90,7 @@ class BankComparison:
 
 
 def _comparison(data: Mapping, where: str) -> BankComparison | None:
-    comparison = _required(data, "best_vs_official", where)
+    comparison = require(data, "best_vs_official", _RECORD, where)
     return None if comparison is None else BankComparison.from_json(comparison, f"{where}.best_vs_official")
 
 
@@ -159,7 +158,7 @@ class TuningRecord:
     @classmethod
     def from_json(cls, data: Mapping, where: str = "a tuning record") -> "TuningRecord":
         def need(name: str) -> Any:
-            return _required(data, name, where)
+            return require(data, name, _RECORD, where)
 
         common = {
             "chosen": need("chosen"),
@@ -305,7 +304,7 @@ class AceDirection:
 
     @classmethod
     def from_json(cls, data: Mapping, where: str = "knob_tuning.ace") -> "AceDirection":
-        return cls(**{name: _required(data, name, where) for name in cls.__dataclass_fields__})
+        return cls(**{name: require(data, name, _RECORD, where) for name in cls.__dataclass_fields__})
 
     def to_json(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -358,14 +357,14 @@ class KnobTuning:
         where = "knob_tuning"
 
         def need(name: str) -> Any:
-            return _required(data, name, where)
+            return require(data, name, _RECORD, where)
 
         samplers, methods = {}, {}
         for sampler, entry in need("samplers").items():
             at = f"{where}.samplers[{sampler!r}]"
-            methods[sampler] = _required(entry, "method", at)
+            methods[sampler] = require(entry, "method", _RECORD, at)
             samplers[sampler] = read_steps_table(
-                _required(entry, "by_steps", at),
+                require(entry, "by_steps", _RECORD, at),
                 f"{at}.by_steps",
                 lambda _n, record, record_at: TuningRecord.from_json(record, record_at),
             )
@@ -419,8 +418,8 @@ class TunedWhenSampled:
 
     @classmethod
     def from_json(cls, data: Mapping, where: str = "tuned_when_sampled") -> "TunedWhenSampled":
-        sampled = read_steps_table(_required(data, "sampled", where), f"{where}.sampled")
-        return cls(_required(data, "evaluator", where), _required(data, "protocol", where), sampled)
+        sampled = read_steps_table(require(data, "sampled", _RECORD, where), f"{where}.sampled")
+        return cls(require(data, "evaluator", _RECORD, where), require(data, "protocol", _RECORD, where), sampled)
 
     def to_json(self) -> dict:
         sampled = write_steps_table({n: list(names) for n, names in self.sampled.items()})
@@ -446,7 +445,9 @@ class SampledBank:
 
     @classmethod
     def from_json(cls, data: Mapping, where: str = "the sampled tuning bank") -> "SampledBank":
-        fields = {name: _required(data, name, where) for name in cls.__dataclass_fields__ if name != "curve_values"}
+        fields = {
+            name: require(data, name, _RECORD, where) for name in cls.__dataclass_fields__ if name != "curve_values"
+        }
         return cls(**fields, curve_values=data.get("curve_values"))
 
     def to_json(self) -> dict:

@@ -12,7 +12,8 @@ import os
 import threading
 from pathlib import Path
 
-from .records import CachedReply, ChatReply, RecordError
+from ..record_fields import RecordError
+from .records import CachedReply, ChatReply
 
 
 def request_key(body: dict) -> str:

@@ -14,7 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .records import ChatReply, RecordError
+from ..record_fields import RecordError
+from .records import ChatReply
 
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429})

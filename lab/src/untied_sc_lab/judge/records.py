@@ -5,13 +5,15 @@
 [`BootstrapSettings`]).
 
 Each crosses the file boundary with `from_json(data, where)` / `to_json()`, key for key in the order the committed
-files have them (they are written again byte for byte). A missing field is a [`RecordError`] (a `ValueError`) naming
-the field, the record and `where` (the file, and its line for a JSONL file).
+files have them (they are written again byte for byte). A missing field is a [`RecordError`] (a `ValueError`, from
+`record_fields.py`) naming the field, the record and `where` (the file, and its line for a JSONL file).
 """
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..record_fields import optional, require
 
 
 # The fields of a pair's origin other than its diversity knobs (a knob is any further field).
@@ -21,24 +23,6 @@ STATISTICS = ("win_rate", "tie_rate", "loss_rate", "win_rate_non_tie", "arena_sc
 # A pair's outcomes: the scored ones, then the two that leave a pair out.
 SCORED_OUTCOMES = ("win", "tie", "loss")
 UNSCORED_OUTCOMES = ("missing", "unparseable")
-
-
-class RecordError(ValueError):
-    """A record read from a file that is not a JSON object or lacks a field."""
-
-
-def require(data: Any, name: str, record: str, where: str) -> Any:
-    """`data[name]`, or a [`RecordError`] naming the missing field, the record and where it was read."""
-    if not isinstance(data, Mapping):
-        raise RecordError(f"{where}: a {record} must be a JSON object, got {type(data).__name__}.")
-    if name not in data:
-        raise RecordError(f"{where}: the {record} lacks the field {name!r} (it has {sorted(data)}).")
-    return data[name]
-
-
-def optional(data: Mapping, name: str, default: Any = None) -> Any:
-    """`data[name]`, or `default` where the field is absent (an optional field of a record)."""
-    return data[name] if name in data else default
 
 
 def _interval(ci: Sequence[float] | None) -> tuple[float, float] | None:

@@ -42,6 +42,7 @@ from untied_sc.defaults import EXTRAPOLATE, TUNE_BUDGET, TUNE_CONFIDENCE
 from untied_sc.sampling_methods import Knob, methods
 
 from ..evaluation.curves import EntropyRatio, equal_entropy_ratio, gen_ppl_on_curve
+from ..record_fields import require
 from ..runs.bank_run import BankRun
 
 
@@ -374,11 +375,7 @@ def tune_method(
     )
 
 
-def _required(data: Mapping, name: str, where: str):
-    """`data[name]`, or an error naming the field and the record that lacks it."""
-    if name not in data:
-        raise ValueError(f"{where} has no {name!r}: an entropy-matching record needs it.")
-    return data[name]
+_MATCHING = "entropy-matching record"  # how a missing field's error names the record
 
 
 @dataclass(frozen=True)
@@ -391,7 +388,7 @@ class MatchRun:
 
     @classmethod
     def from_json(cls, data: Mapping, where: str = "an entropy-matching run") -> MatchRun:
-        return cls(*(_required(data, name, where) for name in ("value", "gen_ppl", "entropy")))
+        return cls(*(require(data, name, _MATCHING, where) for name in ("value", "gen_ppl", "entropy")))
 
     def to_json(self) -> dict:
         return {"value": self.value, "gen_ppl": self.gen_ppl, "entropy": self.entropy}
@@ -427,7 +424,7 @@ class EntropyMatch:
     @classmethod
     def from_json(cls, data: Mapping, where: str = "entropy_matching") -> EntropyMatch:
         def need(name: str):
-            return _required(data, name, where)
+            return require(data, name, _MATCHING, where)
 
         runs = tuple(MatchRun.from_json(run, f"{where}.runs[{i}]") for i, run in enumerate(need("runs")))
         tried = {} if "tolerance" not in data else {name: need(name) for name in ("entropy", "gen_ppl", "tolerance")}
