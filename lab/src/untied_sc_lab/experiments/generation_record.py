@@ -15,8 +15,8 @@ from untied_sc.generation import Sample, SamplerSpec
 from untied_sc.per_nfe import read_steps_table, write_steps_table
 
 from ..record_fields import require
+from ..runs.bank_run import BankRun
 from ..runs.store import RUN_SETTINGS, StoreRecord
-from ..tuning.search import BankRun
 from .provenance import SampledPart
 from .records import RunRecord
 from .tuning_records import (

@@ -171,6 +171,7 @@ def generate_sweep(
     device_name = str(pipe.device) + (
         f" ({torch.cuda.get_device_name(pipe.device)})" if pipe.device.type == "cuda" else ""
     )
+    # The settings first (the store's run keys read them); the coefficients, wall time and runs once sampled.
     sweep = Generation(
         model=name,
         family=family,
@@ -300,9 +301,9 @@ def score_sweep(
         runs.append(record.scored(scored[key]).to_json(knob))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
-    account = generation.store.to_json() if generation.store is not None else None  # where it was sampled
+    account = generation.store.to_json() if generation.store is not None else None  # the sampling's store
     if store is not None:
-        account = store.record()  # this scoring's store: it counts the sampling's runs too
+        account = store.record()  # the scoring's (under `run_sweep` the same store, its sampled runs counted too)
     results = {
         "model": generation.model,
         "family": generation.family,
