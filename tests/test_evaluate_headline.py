@@ -81,7 +81,10 @@ def test_evaluate_reproduces_the_reports_headline_from_its_samples(report, tmp_p
     assert headline["reading"] == ("frontier" if reached else "baseline curve")
     assert headline["reproduced"] is True and headline["max_relative_difference"] <= 1e-4
     assert headline["unmatched"] == []
+    keys = ["reading", "by_sampler", "reported", "head_to_head", "reported_head_to_head", "max_relative_difference"]
+    assert list(headline) == [*keys, "unmatched", "reproduced", "report"]
     row = headline["by_sampler"]["untied"]["8"]
+    assert list(row) == ["ratio", "ratio_ci", "raw_ratio", "raw_ratio_ci"]
     reported = (saved["frontiers"]["by_sampler"] if reached else saved["equal_entropy"])["untied"]["8"]
     for key in ("ratio", "ratio_ci"):  # None where the tiny samplers lie outside that curve too
         assert (row[key] is None and reported[key] is None) or row[key] == pytest.approx(reported[key], rel=1e-4)
@@ -244,26 +247,66 @@ def test_the_head_to_head_is_checked_number_by_number_too():
         paired, frontiers=frontier, heads={"16": [head_row("untied", "HiGS", 0.96, [0.92, 0.99])]}
     )
     check = compare_headlines(report, report)
-    assert check["reproduced"] is True and check["max_relative_difference"] == 0.0
-    assert check["head_to_head"] == {"16": {"untied vs HiGS": {"ratio": 0.96, "ratio_ci": [0.92, 0.99]}}}
-    assert check["by_sampler"] == {
-        "untied": {"16": {"ratio": 0.76, "ratio_ci": [0.73, 0.79], "raw_ratio": 0.9, "raw_ratio_ci": [0.8, 1.0]}}
-    }
+    assert check.reproduced is True and check.max_relative_difference == 0.0 and check.report is None
+    # NFEs are ints in memory, each pair the frontiers' own head to head record
+    head = check.head_to_head[16]["untied vs HiGS"]
+    assert (head.sampler, head.against, head.ratio, list(head.ratio_ci)) == ("untied", "HiGS", 0.96, [0.92, 0.99])
+    row = check.by_sampler["untied"][16]
+    assert (row.ratio, list(row.ratio_ci), row.raw_ratio, list(row.raw_ratio_ci)) == (
+        0.76,
+        [0.73, 0.79],
+        0.9,
+        [0.8, 1.0],
+    )
+    assert check.reported == check.by_sampler and check.reported_head_to_head == check.head_to_head
     # an interval bound of the head to head off by 1 %: not reproduced, and by how much
     edited = json.loads(json.dumps(report))
     edited["frontiers"]["head_to_head"]["16"][0]["ratio_ci"][1] *= 1.01
     check = compare_headlines(report, edited)
-    assert check["reproduced"] is False
-    assert check["max_relative_difference"] == pytest.approx(0.01 / 1.01)
+    assert check.reproduced is False
+    assert check.max_relative_difference == pytest.approx(0.01 / 1.01)
     # a head to head that only the report gives (or a rival that changed) is named, not passed over
     alone = headline_report(paired, frontiers=frontier, heads={"16": []})
     check = compare_headlines(alone, report)
-    assert (
-        check["reproduced"] is False and ["head to head", "16", "untied vs HiGS", "ratio", "0"] in check["unmatched"]
-    )
+    assert check.reproduced is False and ("head to head", "16", "untied vs HiGS", "ratio", "0") in check.unmatched
     other = json.loads(json.dumps(report))
     other["frontiers"]["head_to_head"]["16"][0]["against"] = "DPM-Solver++(2M)"
-    assert compare_headlines(other, report)["reproduced"] is False
+    assert compare_headlines(other, report).reproduced is False
+
+
+def test_the_headline_check_writes_the_json_evaluate_writes_key_for_key():
+    from dataclasses import replace
+
+    from untied_sc_lab.experiments.rescore import compare_headlines
+
+    paired = {"untied": {"16": paired_cell(0.9, [0.8, 1.0])}, "HiGS": {"16": paired_cell(0.95, [0.9, 1.0])}}
+    frontier = {"untied": {"16": frontier_row(0.76, [0.73, 0.79])}, "HiGS": {"16": frontier_row(0.8, None)}}
+    heads = {"16": [head_row("untied", "HiGS", 0.96, [0.92, 0.99])]}
+    computed = headline_report(paired, frontiers=frontier)
+    check = replace(compare_headlines(computed, headline_report(paired, frontiers=frontier, heads=heads)), report="r")
+    untied = {"ratio": 0.76, "ratio_ci": [0.73, 0.79], "raw_ratio": 0.9, "raw_ratio_ci": [0.8, 1.0]}
+    higs = {"ratio": 0.8, "ratio_ci": None, "raw_ratio": 0.95, "raw_ratio_ci": [0.9, 1.0]}
+    by_sampler = {"untied": {"16": untied}, "HiGS": {"16": higs}}
+    # the layout `untied-sc evaluate` has always written under `headline`, in its order
+    expected = {
+        "reading": "frontier",
+        "by_sampler": by_sampler,
+        "reported": by_sampler,
+        "head_to_head": {},
+        "reported_head_to_head": {"16": {"untied vs HiGS": {"ratio": 0.96, "ratio_ci": [0.92, 0.99]}}},
+        "max_relative_difference": 0.0,
+        "unmatched": [
+            ["head to head", "16", "untied vs HiGS", "ratio", "0"],
+            ["head to head", "16", "untied vs HiGS", "ratio_ci", "0"],
+            ["head to head", "16", "untied vs HiGS", "ratio_ci", "1"],
+        ],
+        "reproduced": False,
+        "report": "r",
+    }
+    assert json.dumps(check.to_json()) == json.dumps(expected)
+    # nothing to check against: the same keys, `report` and `reproduced` null
+    nothing = replace(check, report=None, reproduced=None).to_json()
+    assert list(nothing) == list(expected) and nothing["report"] is None and nothing["reproduced"] is None
 
 
 def test_evaluate_prints_and_checks_the_reports_head_to_head(report, tmp_path, capsys):

@@ -224,7 +224,7 @@ def _evaluate_into(
         result = {"runs": runs}
         headline = check_report_headline(args, samples, runs, evaluator, described)
         if headline is not None:
-            result["headline"] = headline
+            result["headline"] = headline.to_json()
     else:
         result = evaluate_samples(samples, **options)
         result["evaluator"] = described

@@ -20,11 +20,10 @@ from pathlib import Path
 
 from untied_sc.output_paths import report_paths, rescored_report_name
 
-from ..evaluation.aggregates import by_sampler_to_json
 from ..runs.store import RUN_SETTINGS
 from .control_records import ControlRow, EvaluatorControl, HeadlineRatios, NllCorrelation, RankAgreement, ScoredBy
-from .equal_entropy_records import HeadToHead
 from .generation_record import GENERATION_FORMAT, Generation
+from .headline_records import HEAD_TO_HEAD_FIELDS, HeadlineCheck, Headlines, HeadsToHead
 from .records import RunRecord
 from .report import write_results
 from .report_import import read_report_runs
@@ -198,10 +197,6 @@ def _ranks(values: Sequence[float]) -> list[float]:
     return ranks
 
 
-# `{sampler: {nfe: HeadlineRatios}}`: each sampler's headline ([`headline_ratios`]).
-Headlines = Mapping[str, Mapping[int, HeadlineRatios]]
-
-
 def headline_ratios(report: Report) -> tuple[str | None, Headlines]:
     """Each sampler's headline per NFE: the GenPPL ratio to the baseline at equal entropy with its interval, beside
     the raw paired ratio with its headline interval. The equal-entropy reading is the report's headline: each sampler
@@ -336,16 +331,15 @@ def reports_of_samples(samples_path: str | os.PathLike) -> list[tuple[Path, dict
     return found
 
 
-def head_to_head_ratios(report: Report) -> dict[int, dict[str, HeadToHead]]:
+def head_to_head_ratios(report: Report) -> HeadsToHead:
     """The report's head to head at equal entropy (each untied sampler against the best other method, both on their
     own frontiers): `{nfe: {"<sampler> vs <against>": HeadToHead}}`; empty where there is none."""
     heads = report.frontiers.head_to_head if report.frontiers is not None else {}
     return {nfe: {f"{row.sampler} vs {row.against}": row for row in rows} for nfe, rows in heads.items() if rows}
 
 
-# The numbers a headline row gives, and a head to head's ([`compare_headlines`] checks each).
+# The numbers a headline row gives ([`compare_headlines`] checks each, and a head to head's `HEAD_TO_HEAD_FIELDS`).
 HEADLINE_FIELDS = ("ratio", "raw_ratio", "ratio_ci", "raw_ratio_ci")
-HEAD_TO_HEAD_FIELDS = ("ratio", "ratio_ci")
 
 
 def _flat_numbers(
@@ -364,17 +358,10 @@ def _flat_numbers(
     return numbers
 
 
-def _heads_json(heads: Mapping[int, Mapping[str, HeadToHead]]) -> dict[str, dict[str, dict]]:
-    return {
-        str(nfe): {pair: {key: getattr(row, key) for key in HEAD_TO_HEAD_FIELDS} for pair, row in by_pair.items()}
-        for nfe, by_pair in heads.items()
-    }
-
-
-def compare_headlines(computed: Mapping, report: Mapping) -> dict:
+def compare_headlines(computed: Mapping, report: Mapping) -> HeadlineCheck:
     """[`headline_ratios`] and [`head_to_head_ratios`] of freshly scored runs against a report's: the largest relative
     difference over every number both give, the numbers only one gives, and whether the report is reproduced
-    ([`HEADLINE_TOLERANCE`]). The tables are returned as the JSON `untied-sc evaluate` writes (NFEs as strings)."""
+    ([`HEADLINE_TOLERANCE`]). The report checked against is left for the caller to name (`report=None`)."""
     computed_report, reported_report = Report.from_json(computed), Report.from_json(report)
     reading, ours = headline_ratios(computed_report)
     report_reading, theirs = headline_ratios(reported_report)
@@ -390,16 +377,16 @@ def compare_headlines(computed: Mapping, report: Mapping) -> dict:
         a, b = mine.get(key), reported.get(key)
         if a is None or b is None:
             if (a is None) != (b is None):
-                unmatched.append(list(map(str, key)))
+                unmatched.append(tuple(map(str, key)))
             continue
         largest = max(largest, abs(a - b) / max(abs(b), 1e-300))
-    return {
-        "reading": reading,
-        "by_sampler": by_sampler_to_json(ours, HeadlineRatios.to_json),
-        "reported": by_sampler_to_json(theirs, HeadlineRatios.to_json),
-        "head_to_head": _heads_json(heads),
-        "reported_head_to_head": _heads_json(reported_heads),
-        "max_relative_difference": largest,
-        "unmatched": unmatched,
-        "reproduced": reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
-    }
+    return HeadlineCheck(
+        reading,
+        ours,
+        theirs,
+        heads,
+        reported_heads,
+        largest,
+        unmatched,
+        reading == report_reading and not unmatched and largest <= HEADLINE_TOLERANCE,
+    )
