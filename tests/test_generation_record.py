@@ -120,9 +120,7 @@ def test_a_stored_generation_without_a_field_is_refused_naming_the_field_and_the
         with pytest.raises(RecordError, match=f"sweeps/a.json: the sampled benchmark sweep lacks the field '{field}'"):
             Generation.from_json({key: value for key, value in data.items() if key != field}, "sweeps/a.json")
     run = {key: value for key, value in data["runs"][0].items() if key != "temperature"}
-    with pytest.raises(
-        RecordError, match=r"a.json: runs\[0\]: the sampled benchmark sweep lacks the field 'temperature'"
-    ):
+    with pytest.raises(RecordError, match=r"a.json: runs\[0\]: the sampled run lacks the field 'temperature'"):
         Generation.from_json({**data, "runs": [run]}, "a.json")
     with pytest.raises(ValueError, match="is not a sampled benchmark sweep"):
         Generation.from_json({**data, "format": "something else"})

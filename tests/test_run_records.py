@@ -55,7 +55,7 @@ def _result(count: int = 2) -> dict:
 def test_a_scored_run_is_recorded_in_the_reports_layout():
     samples = [Sample("a", [1, 2], seed=0, batch=0), Sample("b", [3], seed=0, batch=0)]
     stored = {"sampler": "untied", "nfe": 8, "seed": 0, "temperature": None, "seconds": 0.5}
-    sampled = RunRecord.from_stored(stored, "temperature", samples)
+    sampled = RunRecord.from_stored(stored, "temperature", "a stored run", samples)
     assert sampled.samples is samples and sampled.is_main and sampled.to_stored("temperature") == stored
     with pytest.raises(ValueError, match="not scored"):
         sampled.to_json("temperature")

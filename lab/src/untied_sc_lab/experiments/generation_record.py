@@ -264,9 +264,7 @@ class Generation:
             if "bank_key" in run:
                 bank_runs.append(BankSample.from_json(run, f"{where}: runs[{i}]"))
             else:
-                for name in ("sampler", "nfe", "seed", knob, "seconds"):
-                    require(run, name, _SWEEP, f"{where}: runs[{i}]")
-                runs.append(RunRecord.from_stored(run, knob))
+                runs.append(RunRecord.from_stored(run, knob, f"{where}: runs[{i}]"))
         coefficients = data.get("coefficients")
         if coefficients is not None:
             coefficients = {

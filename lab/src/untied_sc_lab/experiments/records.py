@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from untied_sc.generation import Sample
 
 from ..evaluation.metrics import samples_per_second
+from ..record_fields import require
 
 
 # A run's scores that get a mean ± SE over seeds, as [`evaluate_samples`] names them, in the report's order (the
@@ -173,10 +174,11 @@ class RunRecord:
         return replace(self, samples=None, scores=RunScores.from_result(result, self.seconds))
 
     @classmethod
-    def from_stored(cls, run: Mapping, knob: str, samples: Sequence[Sample] | None = None) -> "RunRecord":
+    def from_stored(cls, run: Mapping, knob: str, where: str, samples: Sequence[Sample] | None = None) -> "RunRecord":
         """A stored generation's run (`sampler`, `nfe`, `seed`, the knob, `seconds`), with its `samples` where
-        given (a run store files them apart)."""
-        return cls(run["sampler"], run["nfe"], run["seed"], run[knob], run["seconds"], samples)
+        given (a run store files them apart); a missing field is named with `where`."""
+        fields = [require(run, name, "sampled run", where) for name in ("sampler", "nfe", "seed", knob, "seconds")]
+        return cls(*fields, samples)
 
     def to_stored(self, knob: str) -> dict:
         """The run as a stored generation lists it ([`from_stored`]), without its samples."""

@@ -52,7 +52,7 @@ from untied_sc.schedulers import UntiedSelfConditioningScheduler, entropy_matche
 
 from ..evaluation.evaluator import describe_evaluator, load_evaluator
 from ..evaluation.io import evaluate_samples, samples_key
-from ..runs.store import RunKey, RunStore, StoreRecord, StoreScoring, open_store
+from ..runs.store import RunKey, RunStore, StoreScoring, open_store
 from .aggregation import analyse
 from .definitions import BASELINE, DEFAULT_SAMPLERS, normalise_samplers
 from .generation_record import Generation
@@ -241,7 +241,7 @@ def generate_sweep(
         sweep,
         coefficients=coefficients,
         seconds=time.perf_counter() - began,
-        store=None if store is None else StoreRecord.from_json(store.record()),
+        store=None if store is None else store.account(),
         runs=tuple(runs),
     )
 
@@ -301,9 +301,7 @@ def score_sweep(
         runs.append(record.scored(scored[key]).to_json(knob))
 
     knob_default = 1.0 if knob == "temperature" else 0.0  # the official sampler's value
-    account = generation.store.to_json() if generation.store is not None else None  # the sampling's store
-    if store is not None:
-        account = store.record()  # the scoring's (under `run_sweep` the same store, its sampled runs counted too)
+    account = generation.store if store is None else store.account()  # under `run_sweep` one store for both
     results = {
         "model": generation.model,
         "family": generation.family,
@@ -333,7 +331,7 @@ def score_sweep(
         "main_only": main_only,
         **({} if generation.knob_tuning is None else {"knob_tuning": generation.knob_tuning.to_json()}),
         **({} if generation.parts is None else {"parts": [part.to_json() for part in generation.parts]}),
-        **({} if account is None else {"store": account}),
+        **({} if account is None else {"store": account.to_json()}),
     }
     if generation.bank_scores is not None:  # --experiment baselines scored on another machine, for a --store-from
         results["bank_scores"] = {key: run.to_json() for key, run in generation.bank_scores.items()}

@@ -419,14 +419,17 @@ class RunStore:
         if source is None:
             self.scores_written += 1
 
-    def record(self) -> dict:
-        """The report's account of the store ([`StoreRecord`]'s JSON): the folder, and how many runs were read and
-        written here."""
+    def account(self) -> StoreRecord:
+        """The report's account of the store: the folder, and how many runs were read and written here."""
         counts = (self.samples_read, self.samples_written, self.scores_read, self.scores_written)
         imported = list(self.imports) or None
         return StoreRecord(
             str(self.folder), *counts, list(self.checked), self.banks_read, self.banks_written, imported
-        ).to_json()
+        )
+
+    def record(self) -> dict:
+        """[`account`] as the report's `store` holds it."""
+        return self.account().to_json()
 
 
 @dataclass
